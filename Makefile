@@ -1,0 +1,34 @@
+# Everything nerkit needs is installed from here: `make demo` and `make test` work on a fresh machine.
+PYTHON ?= python3
+VENV ?= .venv
+# torch is chosen here: the default pin takes the local CPU wheel on the project's machines;
+# elsewhere use e.g. `make TORCH="torch --index-url https://download.pytorch.org/whl/cu124" test`.
+TORCH ?= torch==2.13.0
+NERKIT_DATA ?= $(abspath ../shared/data)
+PY := $(VENV)/bin/python
+NERKIT := $(VENV)/bin/nerkit
+STAMP := $(VENV)/.installed-stamp
+
+export NERKIT_DATA
+
+.PHONY: install demo test bench bench-quick clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --disable-pip-version-check $(TORCH)
+	$(PY) -m pip install -q --disable-pip-version-check -e ".[test,fast]"
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(NERKIT) data stats data/sample/train.bio data/sample/dev.bio data/sample/test.bio
+	$(NERKIT) train --config configs/demo.yaml --out runs/demo
+	$(NERKIT) eval --model runs/demo --data data/sample/test.bio
+	$(NERKIT) predict --model runs/demo data/sample/texts.txt --format inline
+
+test: $(STAMP)
+	$(PY) -m pytest -q -p no:cacheprovider
+
+clean:
+	rm -rf runs .pytest_cache

@@ -1,0 +1,5 @@
+"""`python -m nerkit` runs the command-line interface."""
+
+from nerkit.cli import main
+
+main()

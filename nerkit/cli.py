@@ -1,0 +1,165 @@
+"""The `nerkit` command line: each command parses its options, calls one function, and prints.
+
+A `UserError` anywhere ends the program with its message and exit code 2; `--debug` (anywhere on
+the command line) shows the traceback instead.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from nerkit.errors import UserError
+
+app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, no_args_is_help=True,
+                  help="nerkit: train, evaluate and apply Chinese named-entity recognisers.")
+data_app = typer.Typer(no_args_is_help=True, help="Inspect, check and convert corpus files.")
+app.add_typer(data_app, name="data")
+
+
+def _echo_json(obj) -> None:
+    typer.echo(json.dumps(obj, ensure_ascii=False, indent=2))
+
+
+@app.command()
+def train(
+    config: Path = typer.Option(..., "--config", "-c", help="YAML config file."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Model directory (default: the config's output_dir)."),
+    set_: List[str] = typer.Option([], "--set", help="Override a config value: --set train.lr=0.01 (repeatable)."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the fully resolved config and exit."),
+    force: bool = typer.Option(False, "--force", help="Replace a non-empty output directory."),
+):
+    """Train a model from a YAML config."""
+    from nerkit.config import config_to_yaml, load_config
+
+    cfg = load_config(config, set_)
+    if out is not None:
+        cfg.output_dir = str(out)
+    if dry_run:
+        typer.echo(config_to_yaml(cfg), nl=False)
+        return
+    from nerkit.train import train as run_training
+
+    metrics = run_training(cfg, force=force)
+    summary = {k: metrics[k] for k in ("best_epoch", "epochs", "stopped")}
+    summary["dev_f1"] = round(100 * metrics["dev"]["f1"], 2)
+    if "test" in metrics:
+        summary["test_f1"] = round(100 * metrics["test"]["f1"], 2)
+    typer.echo(json.dumps(summary))
+
+
+@app.command("eval")
+def evaluate(
+    model: Path = typer.Option(..., "--model", "-m", help="Model directory."),
+    data: Path = typer.Option(..., "--data", "-d", help="Gold corpus (CoNLL or .jsonl)."),
+    output: Optional[Path] = typer.Option(None, "--output", help="Write `char gold predicted` lines here."),
+    as_json: bool = typer.Option(False, "--json", help="Print the metrics as JSON."),
+    batch_size: int = typer.Option(128, "--batch-size"),
+    repair: bool = typer.Option(False, "--repair", help="Read invalid tag transitions as conlleval does."),
+    device: str = typer.Option("cpu", "--device", help="cpu | cuda | auto"),
+):
+    """Entity-level precision, recall and F1 of a model on a gold corpus."""
+    from nerkit.corpus import read_corpus
+    from nerkit.evaluate import format_table
+    from nerkit.files import atomic_write_text
+    from nerkit.pipeline import Pipeline
+    from nerkit.predict import eval_output
+
+    pipe = Pipeline.load(model, device=device)
+    corpus = read_corpus(data, repair=repair)
+    metrics, predicted = pipe.evaluate_sentences(corpus.sentences, batch_size)
+    if output:
+        atomic_write_text(output, eval_output(corpus.sentences, predicted, corpus.scheme))
+    if as_json:
+        typer.echo(json.dumps({k: metrics[k] for k in ("precision", "recall", "f1", "per_type")}))
+    else:
+        typer.echo(format_table(metrics))
+
+
+@app.command()
+def predict(
+    source: str = typer.Argument("-", help="Text file, one text per line; - reads stdin."),
+    model: Path = typer.Option(..., "--model", "-m", help="Model directory."),
+    fmt: str = typer.Option("jsonl", "--format", "-f", help="jsonl | conll | inline"),
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write here instead of stdout."),
+    batch_size: int = typer.Option(64, "--batch-size"),
+    device: str = typer.Option("cpu", "--device", help="cpu | cuda | auto"),
+):
+    """Tag every line of a text file (or stdin)."""
+    from nerkit.pipeline import Pipeline
+    from nerkit.predict import FORMATS, predict_stream
+
+    if fmt not in FORMATS:
+        raise UserError(f"unknown --format {fmt!r}", fix=f"use one of {', '.join(FORMATS)}")
+    pipe = Pipeline.load(model, device=device)
+    predict_stream(pipe, source, str(output) if output else None, fmt, batch_size)
+
+
+@data_app.command("stats")
+def data_stats(
+    files: List[Path] = typer.Argument(..., help="Corpus files."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+):
+    """Sentences, characters, entities per type, lengths, scheme, invalid transitions, sha256."""
+    from nerkit.corpus import corpus_stats, format_stats
+
+    stats = [corpus_stats(f) for f in files]
+    if as_json:
+        _echo_json(stats)
+    else:
+        typer.echo("\n\n".join(format_stats(s) for s in stats))
+
+
+@data_app.command("validate")
+def data_validate(
+    file: Path = typer.Argument(..., help="Corpus file."),
+    repair: Optional[Path] = typer.Option(None, "--repair", help="Write a repaired copy here."),
+):
+    """Check a corpus strictly; with --repair OUT, fix invalid transitions and write the result."""
+    from nerkit.corpus import read_corpus, write_corpus
+
+    corpus = read_corpus(file, repair=repair is not None)
+    if repair is not None:
+        write_corpus(repair, corpus.sentences, corpus.scheme)
+        typer.echo(f"{file}: repaired {corpus.repaired} tags ({corpus.invalid_transitions} invalid transitions); "
+                   f"wrote {repair}")
+    else:
+        typer.echo(f"{file}: OK, {len(corpus.sentences)} sentences, {corpus.scheme.upper()}, "
+                   f"types {', '.join(corpus.types) or '-'}")
+
+
+@data_app.command("convert")
+def data_convert(
+    source: Path = typer.Argument(..., help="Input corpus (CoNLL or .jsonl)."),
+    target: Path = typer.Argument(..., help="Output file."),
+    to: str = typer.Option(..., "--to", help="bio | bioes | bmes | jsonl"),
+    repair: bool = typer.Option(False, "--repair", help="Fix invalid transitions while reading."),
+):
+    """Convert between tag schemes and formats."""
+    from nerkit.corpus import read_corpus, write_corpus
+
+    corpus = read_corpus(source, repair=repair)
+    write_corpus(target, corpus.sentences, to)
+    typer.echo(f"{source} ({corpus.scheme}) -> {target} ({to}), {len(corpus.sentences)} sentences")
+
+
+def main() -> None:
+    debug = "--debug" in sys.argv[1:]
+    if debug:
+        sys.argv = [a for a in sys.argv if a != "--debug"]
+    try:
+        app()
+    except UserError as e:
+        if debug:
+            raise
+        print(f"nerkit: error: {e}", file=sys.stderr)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        print("nerkit: interrupted", file=sys.stderr)
+        sys.exit(130)
+    except BrokenPipeError:
+        sys.exit(0)

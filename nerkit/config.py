@@ -1,0 +1,311 @@
+"""Typed configuration: dataclasses loaded from YAML, with `${VAR}` interpolation, dotted
+`--set section.key=value` overrides, type coercion and unknown-key errors that suggest a fix.
+
+The `encoder` section is `name:` plus the fields of that encoder's own `Config` dataclass.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+import re
+import types
+import typing
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from nerkit.errors import ConfigError
+
+
+@dataclass
+class DataConfig:
+    train: str | None = None
+    dev: str | None = None  # when absent, a seeded dev split is carved from train
+    test: str | None = None  # reported once at the end, never used for selection
+    dev_split: float = 0.05
+    split_seed: int = 13
+    max_len: int = 250  # longer training sentences are split at punctuation, never inside an entity
+    normalize: bool = False  # NFKC full-width -> half-width on the model's input only
+    repair: bool = False  # fix invalid tag transitions as conlleval reads them
+    scheme: str = "auto"  # the scheme the model tags in: auto (the training file's) | bio | bioes | bmes
+    limit: int = 0  # use only the first N training sentences (0 = all)
+
+
+@dataclass
+class EmbeddingsConfig:
+    char_dim: int = 100
+    bichar_dim: int = 100  # 0 turns bigram features off
+    word_dim: int = 50  # lexicon words (FLAT)
+    char_vectors: str | None = None  # word2vec text format, optional
+    bichar_vectors: str | None = None
+    word_vectors: str | None = None
+    min_freq: int = 1
+    bichar_min_freq: int = 1
+    dropout: float = 0.5
+    freeze: bool = False  # keep pretrained vectors fixed
+
+
+@dataclass
+class LexiconConfig:
+    source: str = "jieba"  # jieba | path to a word list | path to a word2vec file (its vocabulary)
+    min_len: int = 2
+    max_len: int = 10
+    min_freq: int = 0
+    max_words: int = 400  # lattice cap: words kept per sentence
+    drop: str = "longest_first"  # longest_first | frequency
+
+
+@dataclass
+class EncoderConfig:
+    name: str = "bilstm"
+    options: Any = None  # the encoder's own Config dataclass instance
+
+
+@dataclass
+class CRFConfig:
+    constrain_training: bool = False  # decoding is always constrained; this also masks the likelihood
+    dropout: float = 0.0  # on encoder outputs before the emission layer ("output dropout")
+
+
+@dataclass
+class TrainConfig:
+    epochs: int = 20
+    batch_size: int = 32
+    eval_batch_size: int = 128
+    optimizer: str = "adam"  # sgd | adam | adamw
+    lr: float = 1e-3
+    momentum: float = 0.9
+    weight_decay: float = 0.0
+    warmup_steps: int = 0
+    schedule: str = "constant"  # constant | linear | inverse_time
+    decay: float = 0.05  # inverse_time: lr / (1 + decay * epoch)
+    clip_norm: float = 5.0  # 0 = off
+    clip_value: float = 0.0  # 0 = off
+    patience: int = 5  # epochs without dev improvement before stopping (0 = never stop early)
+    seed: int = 42
+    device: str = "auto"  # auto | cpu | cuda
+    threads: int = 0  # torch intra-op threads (0 = torch's default)
+    max_steps: int = 0  # stop after N optimiser steps (0 = no limit)
+    time_budget: float = 0.0  # seconds (0 = no limit)
+    checkpoint_every: int = 0  # steps between resumable checkpoints (0 = at epoch ends only)
+    eval_every_epochs: int = 1
+
+
+@dataclass
+class Config:
+    data: DataConfig = field(default_factory=DataConfig)
+    embeddings: EmbeddingsConfig = field(default_factory=EmbeddingsConfig)
+    lexicon: LexiconConfig = field(default_factory=LexiconConfig)
+    encoder: EncoderConfig = field(default_factory=EncoderConfig)
+    crf: CRFConfig = field(default_factory=CRFConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    output_dir: str = "runs/model"
+
+
+CHOICES = {
+    ("data", "scheme"): ("auto", "bio", "bioes", "bmes"),
+    ("lexicon", "drop"): ("longest_first", "frequency"),
+    ("train", "optimizer"): ("sgd", "adam", "adamw"),
+    ("train", "schedule"): ("constant", "linear", "inverse_time"),
+    ("train", "device"): ("auto", "cpu", "cuda"),
+}
+_SECTIONS = {f.name: f for f in fields(Config)}
+_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+DEFAULT_VARS = {"NERKIT_DATA": "data"}
+
+
+def _suggest(key: str, valid) -> str:
+    close = difflib.get_close_matches(key, list(valid), n=1, cutoff=0.5)
+    if close:
+        return f"did you mean {close[0]!r}?"
+    return f"valid keys: {', '.join(sorted(valid))}"
+
+
+def interpolate(value: str, where: str) -> str:
+    def sub(m):
+        name, default = m.group(1), m.group(2)
+        if name in os.environ:
+            return os.environ[name]
+        if default is not None:
+            return default
+        if name in DEFAULT_VARS:
+            return DEFAULT_VARS[name]
+        raise ConfigError(f"environment variable {name} is not set", where=where,
+                          fix=f"export {name}=... or write ${{{name}:-default}}")
+    return _VAR.sub(sub, value)
+
+
+def _coerce(value: Any, annotation, where: str) -> Any:
+    """Coerce a YAML value to a field's type: PyYAML reads `1e-3` as a string, users write `"32"`."""
+    if isinstance(annotation, str):
+        annotation = eval(annotation, {"Any": Any}, {})  # from __future__ annotations
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(annotation) if a is not type(None)]
+        if value is None or (isinstance(value, str) and value.lower() in ("null", "none", "~")):
+            return None
+        return _coerce(value, args[0], where)
+    if annotation is Any:
+        return value
+    if isinstance(value, str):
+        value = interpolate(value, where)
+    try:
+        if annotation is bool:
+            if isinstance(value, bool):
+                return value
+            if isinstance(value, str) and value.lower() in ("true", "yes", "on", "1", "false", "no", "off", "0"):
+                return value.lower() in ("true", "yes", "on", "1")
+            if isinstance(value, int) and value in (0, 1):
+                return bool(value)
+            raise ValueError
+        if annotation is int:
+            if isinstance(value, bool):
+                raise ValueError
+            if isinstance(value, float):
+                if not value.is_integer():
+                    raise ValueError
+                return int(value)
+            if isinstance(value, str):
+                f = float(value)
+                if not f.is_integer():
+                    raise ValueError
+                return int(f)
+            return int(value)
+        if annotation is float:
+            if isinstance(value, bool):
+                raise ValueError
+            return float(value)
+        if annotation is str:
+            if isinstance(value, (dict, list)):
+                raise ValueError
+            return str(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{value!r} is not a valid {annotation.__name__}", where=where) from None
+    return value
+
+
+def _fill(cls, values: dict, section: str, source: str):
+    """Build dataclass `cls` from `values`, naming `section.key` and `source` in every error."""
+    if values is None:
+        values = {}
+    if not isinstance(values, dict):
+        raise ConfigError(f"section {section!r} must be a mapping of keys to values", where=source)
+    known = {f.name: f for f in fields(cls)}
+    kwargs = {}
+    for key, value in values.items():
+        if key not in known:
+            raise ConfigError(f"unknown key {section}.{key}", where=source, fix=_suggest(key, known))
+        kwargs[key] = _coerce(value, known[key].type, f"{source}: {section}.{key}")
+        choices = CHOICES.get((section, key))
+        if choices and kwargs[key] not in choices:
+            raise ConfigError(f"{section}.{key} = {kwargs[key]!r} is not one of {', '.join(choices)}", where=source)
+        if isinstance(kwargs[key], (int, float)) and not isinstance(kwargs[key], bool) and kwargs[key] < 0:
+            raise ConfigError(f"{section}.{key} = {kwargs[key]} must not be negative", where=source)
+    return cls(**kwargs)
+
+
+def _encoder_config(values: dict, source: str, file_keys: set[str]) -> EncoderConfig:
+    from nerkit.encoders import ENCODERS
+
+    values = dict(values or {})
+    name = str(values.pop("name", "bilstm"))
+    if name not in ENCODERS:
+        raise ConfigError(f"unknown encoder {name!r}", where=f"{source}: encoder.name",
+                          fix=f"use one of {', '.join(sorted(ENCODERS))}")
+    option_cls = ENCODERS[name].Config
+    known = {f.name for f in fields(option_cls)}
+    # Keys written in the file for another encoder are dropped when `--set encoder.name=` switches
+    # encoders; keys given on the command line stay strict.
+    dropped = sorted(k for k in values if k not in known and k in file_keys)
+    for k in dropped:
+        values.pop(k)
+    return EncoderConfig(name, _fill(option_cls, values, "encoder", source))
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    if "=" not in text:
+        raise ConfigError(f"override {text!r} has no '='", fix="write --set section.key=value, e.g. --set train.lr=0.01")
+    key, raw = text.split("=", 1)
+    path = key.strip().split(".")
+    if not all(path):
+        raise ConfigError(f"override key {key!r} is malformed", fix="write --set section.key=value")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    return path, value
+
+
+def build_config(raw: dict, source: str = "<config>", overrides: list[str] = ()) -> Config:
+    raw = dict(raw or {})
+    file_encoder_keys = set((raw.get("encoder") or {}).keys()) if isinstance(raw.get("encoder"), dict) else set()
+    for text in overrides:
+        path, value = parse_override(text)
+        if path[0] not in _SECTIONS:
+            raise ConfigError(f"unknown key {path[0]!r} in --set {text}", fix=_suggest(path[0], _SECTIONS))
+        if len(path) == 1:
+            raw[path[0]] = value
+            continue
+        if len(path) != 2:
+            raise ConfigError(f"override {text!r} is nested too deep", fix="write --set section.key=value")
+        section = raw.get(path[0])
+        section = dict(section) if isinstance(section, dict) else {}
+        section[path[1]] = value
+        raw[path[0]] = section
+        if path[0] == "encoder":
+            file_encoder_keys.discard(path[1])
+    for key in raw:
+        if key not in _SECTIONS:
+            raise ConfigError(f"unknown section {key!r}", where=source, fix=_suggest(key, _SECTIONS))
+    config = Config(
+        data=_fill(DataConfig, raw.get("data"), "data", source),
+        embeddings=_fill(EmbeddingsConfig, raw.get("embeddings"), "embeddings", source),
+        lexicon=_fill(LexiconConfig, raw.get("lexicon"), "lexicon", source),
+        encoder=_encoder_config(raw.get("encoder"), source, file_encoder_keys),
+        crf=_fill(CRFConfig, raw.get("crf"), "crf", source),
+        train=_fill(TrainConfig, raw.get("train"), "train", source),
+        output_dir=_coerce(raw.get("output_dir", "runs/model"), str, f"{source}: output_dir"),
+    )
+    if not 0 <= config.data.dev_split < 1:
+        raise ConfigError(f"data.dev_split = {config.data.dev_split} must be in [0, 1)", where=source)
+    if config.train.batch_size < 1:
+        raise ConfigError("train.batch_size must be at least 1", where=source)
+    return config
+
+
+def load_config(path: str | Path, overrides: list[str] = ()) -> Config:
+    path = Path(path)
+    if not path.exists():
+        raise ConfigError("config file not found", where=str(path), fix="check the path, e.g. configs/demo.yaml")
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark else str(path)
+        raise ConfigError(f"not valid YAML ({getattr(e, 'problem', e)})", where=where) from None
+    except UnicodeDecodeError:
+        raise ConfigError("the config is not UTF-8 text", where=str(path)) from None
+    if raw is not None and not isinstance(raw, dict):
+        raise ConfigError("the config must be a mapping of sections", where=str(path))
+    return build_config(raw or {}, str(path), overrides)
+
+
+def config_to_dict(config: Config) -> dict:
+    out = {}
+    for f in fields(Config):
+        value = getattr(config, f.name)
+        if f.name == "encoder":
+            out["encoder"] = {"name": value.name, **dataclasses.asdict(value.options)}
+        elif dataclasses.is_dataclass(value):
+            out[f.name] = dataclasses.asdict(value)
+        else:
+            out[f.name] = value
+    return out
+
+
+def config_to_yaml(config: Config) -> str:
+    return yaml.safe_dump(config_to_dict(config), sort_keys=False, allow_unicode=True)

@@ -1,0 +1,490 @@
+"""Corpus reading, writing and checking: char-per-line CoNLL (BIO, BIOES, BMES) and JSON-lines spans.
+
+Tags <-> spans conversion lives here and only here. Spans are token offsets, end exclusive; for
+char-per-line files a token is a character, so they are offsets into the sentence text.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import unicodedata
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from nerkit.errors import CorpusError
+from nerkit.files import atomic_write_text
+
+SCHEMES = ("bio", "bioes", "bmes")
+_TAG_RE = re.compile(r"^([BIMES])-(\S+)$")
+_SEPARATOR = re.compile(r"[ \t]+")  # only ASCII space and tab separate columns: U+3000 may be a token
+# Where a long sentence may be cut, best first: after a sentence end, then after a clause break.
+_STRONG_BREAKS = set("。！？!?；;…")
+_WEAK_BREAKS = set("，,、：:）)」』”\"")
+
+
+@dataclass(frozen=True)
+class Span:
+    start: int
+    end: int  # exclusive
+    type: str
+
+
+@dataclass
+class Sentence:
+    tokens: list[str]
+    tags: list[str] | None = None
+    line: int = 0  # 1-based line of the first token in its file (0 when not from a file)
+    offset: int = 0  # token offset of this piece inside the sentence it was split from
+
+    @property
+    def text(self) -> str:
+        return "".join(self.tokens)
+
+    def spans(self) -> list[Span]:
+        return tags_to_spans(self.tags or [])
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+
+@dataclass
+class Corpus:
+    path: str
+    sentences: list[Sentence]
+    scheme: str
+    invalid_transitions: int = 0  # found while reading (each one fixed when repair=True)
+    repaired: int = 0  # tags changed by repair
+    types: list[str] = field(default_factory=list)
+
+
+# ---------------------------------------------------------------------------------------------
+# Tags and spans
+
+
+def split_tag(tag: str) -> tuple[str, str | None]:
+    """`B-PER` -> ("B", "PER"); `O` -> ("O", None). The type is everything after the first '-'."""
+    if tag == "O":
+        return "O", None
+    m = _TAG_RE.match(tag)
+    if not m:
+        raise ValueError(f"unknown tag {tag!r}")
+    return m.group(1), m.group(2)
+
+
+def detect_scheme(tags) -> str:
+    """BMES if any M- tag, BIOES if any E-/S- tag, else BIO. Raises ValueError on I- mixed with M-."""
+    prefixes = {t[0] for t in tags if t != "O"}
+    if "M" in prefixes and "I" in prefixes:
+        raise ValueError("the tags mix I- (BIO/BIOES) and M- (BMES)")
+    if "M" in prefixes:
+        return "bmes"
+    if prefixes & {"E", "S"}:
+        return "bioes"
+    return "bio"
+
+
+def tags_to_spans(tags: list[str]) -> list[Span]:
+    """Entities as conlleval reads them: an inside tag that does not continue an open entity of
+    its type (an orphan, or a type change) opens a new entity; E- and S- close one."""
+    spans: list[Span] = []
+    start, kind = None, None
+    for i, tag in enumerate(tags):
+        prefix, typ = split_tag(tag)
+        continues = start is not None and kind == typ and prefix in ("I", "M", "E")
+        if not continues and start is not None:
+            spans.append(Span(start, i, kind))
+            start, kind = None, None
+        if prefix == "O":
+            continue
+        if start is None:
+            start, kind = i, typ
+        if prefix in ("E", "S"):
+            spans.append(Span(start, i + 1, kind))
+            start, kind = None, None
+    if start is not None:
+        spans.append(Span(start, len(tags), kind))
+    return spans
+
+
+def spans_to_tags(length: int, spans: list[Span], scheme: str) -> list[str]:
+    if scheme not in SCHEMES:
+        raise ValueError(f"unknown scheme {scheme!r}; use one of {', '.join(SCHEMES)}")
+    inside = "M" if scheme == "bmes" else "I"
+    tags = ["O"] * length
+    for s in spans:
+        if scheme == "bio":
+            tags[s.start] = f"B-{s.type}"
+            for i in range(s.start + 1, s.end):
+                tags[i] = f"I-{s.type}"
+        elif s.end - s.start == 1:
+            tags[s.start] = f"S-{s.type}"
+        else:
+            tags[s.start] = f"B-{s.type}"
+            for i in range(s.start + 1, s.end - 1):
+                tags[i] = f"{inside}-{s.type}"
+            tags[s.end - 1] = f"E-{s.type}"
+    return tags
+
+
+def convert_tags(tags: list[str], scheme: str) -> list[str]:
+    return spans_to_tags(len(tags), tags_to_spans(tags), scheme)
+
+
+def scheme_tags(types: list[str], scheme: str) -> list[str]:
+    """Every tag of `scheme` over `types`, in a fixed order (O first)."""
+    prefixes = {"bio": "BI", "bioes": "BIES", "bmes": "BMES"}[scheme]
+    return ["O"] + [f"{p}-{t}" for t in sorted(types) for p in prefixes]
+
+
+def invalid_transition(prev: str | None, tag: str, scheme: str) -> str | None:
+    """Why `prev -> tag` breaks `scheme` (prev None = sentence start, tag None = sentence end)."""
+    p_prefix, p_type = split_tag(prev) if prev else ("O", None)
+    if tag is None:
+        if scheme != "bio" and p_prefix in ("B", "I", "M"):
+            return f"the entity {prev} is not closed before the sentence ends (expected E-{p_type})"
+        return None
+    prefix, typ = split_tag(tag)
+    open_entity = p_prefix in ("B", "I", "M") and (scheme == "bio" or p_prefix != "E")
+    if prefix in ("I", "M", "E"):
+        if not open_entity:
+            where = "at the sentence start" if prev is None else f"after {prev}"
+            return f"{tag} {where} continues no entity (expected B-{typ} first)"
+        if p_type != typ:
+            return f"{tag} after {prev} changes the type inside an entity"
+        return None
+    if scheme != "bio" and open_entity:
+        return f"{tag} after {prev}: the entity {prev} is not closed (expected E-{p_type})"
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading
+
+
+def _decode(path: Path, data: bytes) -> str:
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data[: e.start].count(b"\n") + 1
+        raise CorpusError(
+            f"bytes at offset {e.start} are not UTF-8 ({data[e.start:e.start + 4]!r})",
+            where=f"{path}:{line}",
+            fix="convert the file to UTF-8, e.g. `iconv -f GBK -t UTF-8 IN > OUT`",
+        ) from None
+    return text[1:] if text.startswith("\ufeff") else text  # a BOM is accepted and dropped
+
+
+def _read_bytes(path: str | Path) -> tuple[Path, bytes]:
+    path = Path(path)
+    if not path.exists():
+        raise CorpusError("no such file", where=str(path), fix="check the path (and NERKIT_DATA)")
+    if path.is_dir():
+        raise CorpusError("is a directory, not a corpus file", where=str(path))
+    data = path.read_bytes()
+    if not data.strip():
+        raise CorpusError("the file is empty", where=str(path), fix="point to a corpus with sentences")
+    return path, data
+
+
+def read_corpus(path: str | Path, repair: bool = False, strict: bool = True) -> Corpus:
+    """Read a corpus, CoNLL or JSON-lines (by extension .jsonl/.json). With `strict`, an invalid
+    tag transition is an error unless `repair` fixes it as conlleval reads it; without `strict`
+    they are only counted (for `nerkit data stats`)."""
+    if str(path).endswith((".jsonl", ".json")):
+        return read_jsonl(path)
+    return read_conll(path, repair=repair, strict=strict)
+
+
+def read_conll(path: str | Path, repair: bool = False, strict: bool = True) -> Corpus:
+    path, data = _read_bytes(path)
+    text = _decode(path, data)
+    sentences: list[Sentence] = []
+    tokens: list[str] = []
+    tags: list[str] = []
+    first_line = 0
+    columns = None
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    for number, raw in enumerate(lines, 1):
+        line = raw[:-1] if raw.endswith("\r") else raw
+        where = f"{path}:{number}"
+        if not line.strip(" \t"):
+            if tokens:
+                sentences.append(Sentence(tokens, tags, first_line))
+                tokens, tags = [], []
+            continue
+        if "\x00" in line:
+            raise CorpusError("the line contains a NUL byte", where=where,
+                              fix="the file is probably binary or UTF-16; convert it to UTF-8 text")
+        if line[0] in " \t":
+            raise CorpusError(f"empty token (the line starts with a separator: {line!r})", where=where,
+                              fix="each line is `char TAG`; remove the leading space or tab")
+        parts = _SEPARATOR.split(line.rstrip(" \t"))
+        if len(parts) < 2:
+            raise CorpusError(f"expected 2 columns `char TAG`, found 1 ({line!r})", where=where,
+                              fix="add the tag after a space or tab (O outside entities)")
+        if columns is None:
+            columns = len(parts)
+        elif len(parts) != columns:
+            raise CorpusError(
+                f"expected {columns} columns as on the file's first token line, found {len(parts)} ({line!r})",
+                where=where, fix="use the same number of columns on every line",
+            )
+        tag = parts[-1]
+        if tag != "O" and not _TAG_RE.match(tag):
+            hint = f"tags are case-sensitive: did you mean {tag.upper()}?" if _TAG_RE.match(tag.upper()) or tag.upper() == "O" \
+                else "use O or B-/I-/M-/E-/S- followed by a type, e.g. B-PER"
+            raise CorpusError(f"unknown tag {tag!r}", where=where, fix=hint)
+        if not tokens:
+            first_line = number
+        tokens.append(parts[0])
+        tags.append(tag)
+    if tokens:
+        sentences.append(Sentence(tokens, tags, first_line))
+    if not sentences:
+        raise CorpusError("the file has no sentences (only blank lines)", where=str(path))
+    all_tags = {t for s in sentences for t in s.tags}
+    try:
+        scheme = detect_scheme(all_tags)
+    except ValueError as e:
+        first_m = next(s.line + s.tags.index(t) for s in sentences for t in s.tags if t.startswith("M-"))
+        raise CorpusError(str(e), where=f"{path}:{first_m}", fix="use one scheme per file (BIO, BIOES or BMES)") from None
+    corpus = Corpus(str(path), sentences, scheme)
+    _check_transitions(corpus, repair=repair, strict=strict)
+    corpus.types = sorted({s.type for sent in sentences for s in sent.spans()})
+    return corpus
+
+
+def _check_transitions(corpus: Corpus, repair: bool, strict: bool) -> None:
+    for sent in corpus.sentences:
+        bad = [(i, why) for i, why in _transition_problems(sent.tags, corpus.scheme)]
+        if not bad:
+            continue
+        corpus.invalid_transitions += len(bad)
+        if repair:
+            fixed = convert_tags(sent.tags, corpus.scheme)
+            corpus.repaired += sum(a != b for a, b in zip(fixed, sent.tags))
+            sent.tags = fixed
+        elif strict:
+            i, why = bad[0]
+            line = sent.line + min(i, len(sent.tags) - 1)
+            raise CorpusError(f"invalid transition: {why}", where=f"{corpus.path}:{line}",
+                              fix="fix the tag, or pass --repair (config data.repair: true) to read it as conlleval does")
+
+
+def _transition_problems(tags: list[str], scheme: str):
+    prev = None
+    for i, tag in enumerate(tags + [None]):
+        why = invalid_transition(prev, tag, scheme)
+        if why:
+            yield i, why
+        prev = tag
+
+
+def read_jsonl(path: str | Path) -> Corpus:
+    path, data = _read_bytes(path)
+    text = _decode(path, data)
+    sentences = []
+    for number, line in enumerate(text.split("\n"), 1):
+        if not line.strip():
+            continue
+        where = f"{path}:{number}"
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise CorpusError(f"not valid JSON ({e.msg} at column {e.colno})", where=where,
+                              fix='each line is {"text": "...", "entities": [{"start": 0, "end": 2, "type": "PER"}]}') from None
+        if not isinstance(record, dict) or not isinstance(record.get("text"), str):
+            raise CorpusError('the record has no "text" string', where=where)
+        sent_text = record["text"]
+        spans = []
+        for ent in record.get("entities", []):
+            try:
+                span = Span(int(ent["start"]), int(ent["end"]), str(ent["type"]))
+            except (KeyError, TypeError, ValueError):
+                raise CorpusError(f"entity {ent!r} needs integer start, end and a type", where=where) from None
+            if not 0 <= span.start < span.end <= len(sent_text):
+                raise CorpusError(f"entity {ent!r} is outside the text of {len(sent_text)} characters",
+                                  where=where, fix="offsets count characters, end exclusive")
+            spans.append(span)
+        spans.sort(key=lambda s: (s.start, s.end))
+        for a, b in zip(spans, spans[1:]):
+            if b.start < a.end:
+                raise CorpusError(f"entities {a} and {b} overlap", where=where,
+                                  fix="flat NER allows no nested or overlapping entities")
+        sentences.append(Sentence(list(sent_text), spans_to_tags(len(sent_text), spans, "bioes"), number))
+    if not sentences:
+        raise CorpusError("the file has no sentences", where=str(path))
+    corpus = Corpus(str(path), sentences, "bioes")
+    corpus.types = sorted({s.type for sent in sentences for s in sent.spans()})
+    return corpus
+
+
+# ---------------------------------------------------------------------------------------------
+# Writing
+
+
+def format_conll(sentences: list[Sentence], scheme: str) -> str:
+    out = []
+    for sent in sentences:
+        tags = convert_tags(sent.tags, scheme)
+        out.extend(f"{tok} {tag}\n" for tok, tag in zip(sent.tokens, tags))
+        out.append("\n")
+    return "".join(out)
+
+
+def format_jsonl(sentences: list[Sentence]) -> str:
+    lines = []
+    for sent in sentences:
+        ents = [{"start": s.start, "end": s.end, "type": s.type} for s in sent.spans()]
+        lines.append(json.dumps({"text": sent.text, "entities": ents}, ensure_ascii=False) + "\n")
+    return "".join(lines)
+
+
+def write_corpus(path: str | Path, sentences: list[Sentence], to: str) -> None:
+    """Write `sentences` as `to` in bio|bioes|bmes (CoNLL) or jsonl, atomically."""
+    if to == "jsonl":
+        if any(len(t) != 1 for s in sentences for t in s.tokens):
+            raise CorpusError("JSON-lines offsets count characters, but some tokens are longer than one character",
+                              where=str(path))
+        atomic_write_text(path, format_jsonl(sentences))
+    elif to in SCHEMES:
+        atomic_write_text(path, format_conll(sentences, to))
+    else:
+        raise CorpusError(f"unknown output format {to!r}", fix="use bio, bioes, bmes or jsonl")
+
+
+# ---------------------------------------------------------------------------------------------
+# Normalisation and splitting
+
+
+def normalize_char(ch: str) -> str:
+    """NFKC for one character (full-width -> half-width and the like), kept only when it stays
+    one character, so every offset into the normalised text is an offset into the original."""
+    folded = unicodedata.normalize("NFKC", ch)
+    return folded if len(folded) == 1 else ch
+
+
+def normalize_text(text: str) -> str:
+    return "".join(normalize_char(c) for c in text)
+
+
+def cut_points(tokens: list[str], max_len: int, spans: list[Span] = ()) -> list[int]:
+    """Where to cut `tokens` into pieces of at most `max_len`: never inside an entity, preferably
+    after sentence punctuation, then after a clause break, else at the furthest allowed point.
+    Returns the start offsets of the pieces (the first is 0). An entity longer than `max_len`
+    stays whole, so its piece is longer."""
+    n = len(tokens)
+    if max_len <= 0 or n <= max_len:
+        return [0]
+    blocked = [False] * (n + 1)  # blocked[p]: cutting before token p would split an entity
+    for s in spans:
+        for p in range(s.start + 1, s.end):
+            blocked[p] = True
+    starts = [0]
+    start = 0
+    while n - start > max_len:
+        best = {0: None, 1: None, 2: None}
+        for p in range(start + max_len, start, -1):
+            if blocked[p]:
+                continue
+            prev = tokens[p - 1]
+            rank = 0 if prev in _STRONG_BREAKS else 1 if prev in _WEAK_BREAKS else 2
+            if best[rank] is None:
+                best[rank] = p
+            if rank == 0:
+                break
+        cut = best[0] or best[1] or best[2]
+        if cut is None:  # an entity longer than max_len: cut right after it
+            cut = next(p for p in range(start + max_len + 1, n + 1) if not blocked[p] or p == n)
+            if cut == n:
+                break
+        starts.append(cut)
+        start = cut
+    return starts
+
+
+def split_sentence(sent: Sentence, max_len: int) -> list[Sentence]:
+    """Pieces of at most `max_len` tokens, never cutting an entity; each piece knows its offset."""
+    starts = cut_points(sent.tokens, max_len, sent.spans() if sent.tags else ())
+    if len(starts) == 1:
+        return [sent]
+    ends = starts[1:] + [len(sent.tokens)]
+    pieces = []
+    for a, b in zip(starts, ends):
+        tags = sent.tags[a:b] if sent.tags is not None else None
+        pieces.append(Sentence(sent.tokens[a:b], tags, sent.line + a if sent.line else 0, sent.offset + a))
+    return pieces
+
+
+# ---------------------------------------------------------------------------------------------
+# Statistics
+
+
+# The standard files, by sha256: many versions of these benchmarks circulate, and results are only
+# comparable on the same one.
+KNOWN_FILES = {
+    "98a5c331fa6e3e51858a3b9f98ae618b253947aaf7f39f9f51a3a8caa171431e": "MSRA train (SIGHAN 2006, BMES, 46,364 sentences)",
+    "9cebc5ce1ea06477d1230d17be90daafa670e78f07eb628c27103af4a6e6dc3b": "MSRA test (SIGHAN 2006, BMES, as used by Lattice LSTM/FLAT)",
+    "fbacf4110b131354270b7ff470c88eb84645f0ed8df30c3e409dde437cb45e70": "People's Daily 1998 train (zjy-ucas/ChineseNER example.train)",
+    "7d8e6fcd1745e6adcb99d90307d84c3a0f9f8ff5ee6fe62ca27646cb765fc38a": "People's Daily 1998 dev (zjy-ucas/ChineseNER example.dev)",
+    "233299005f941a4b055e38aadcf3ee853e44bc1f88166078d3b52b26b77ea362": "People's Daily 1998 test (zjy-ucas/ChineseNER example.test)",
+}
+
+
+def sha256_file(path: str | Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _percentile(sorted_values: list[int], q: float) -> int:
+    if not sorted_values:
+        return 0
+    k = min(len(sorted_values) - 1, max(0, round(q / 100 * (len(sorted_values) - 1))))
+    return sorted_values[k]
+
+
+def corpus_stats(path: str | Path) -> dict:
+    corpus = read_corpus(path, strict=False)
+    lengths = sorted(len(s) for s in corpus.sentences)
+    per_type: dict[str, int] = {}
+    for sent in corpus.sentences:
+        for span in sent.spans():
+            per_type[span.type] = per_type.get(span.type, 0) + 1
+    digest = sha256_file(path)
+    return {
+        "file": str(path),
+        "sentences": len(corpus.sentences),
+        "characters": sum(lengths),
+        "entities": dict(sorted(per_type.items())),
+        "entities_total": sum(per_type.values()),
+        "scheme": corpus.scheme,
+        "length": {"p50": _percentile(lengths, 50), "p90": _percentile(lengths, 90),
+                   "p95": _percentile(lengths, 95), "p99": _percentile(lengths, 99), "max": lengths[-1]},
+        "invalid_transitions": corpus.invalid_transitions,
+        "sha256": digest,
+        "known_as": KNOWN_FILES.get(digest),
+    }
+
+
+def format_stats(stats: dict) -> str:
+    lines = [f"{stats['file']}"]
+    if stats["known_as"]:
+        lines.append(f"  known file    {stats['known_as']}")
+    lines += [
+        f"  sha256        {stats['sha256']}",
+        f"  scheme        {stats['scheme'].upper()}",
+        f"  sentences     {stats['sentences']:,}",
+        f"  characters    {stats['characters']:,}",
+        f"  entities      {stats['entities_total']:,}  ("
+        + ", ".join(f"{t} {n:,}" for t, n in stats["entities"].items()) + ")",
+        "  length        " + ", ".join(f"{k} {v}" for k, v in stats["length"].items()),
+        f"  invalid transitions  {stats['invalid_transitions']}",
+    ]
+    return "\n".join(lines)

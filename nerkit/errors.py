@@ -1,0 +1,35 @@
+"""User-facing errors: anything a user can fix (a file, a config key, a corpus line).
+
+The CLI turns a `UserError` into a one-line message and exit code 2; everything else is a bug
+and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+
+class UserError(Exception):
+    """An error the user can fix. `where` is `FILE` or `FILE:LINE`; `fix` says what to do."""
+
+    def __init__(self, message: str, where: str | None = None, fix: str | None = None):
+        self.message = message
+        self.where = where
+        self.fix = fix
+        super().__init__(str(self))
+
+    def __str__(self) -> str:
+        text = f"{self.where}: {self.message}" if self.where else self.message
+        if self.fix:
+            text += f"; {self.fix}"
+        return text
+
+
+class CorpusError(UserError):
+    """A malformed corpus file, always with `FILE:LINE`."""
+
+
+class ConfigError(UserError):
+    """A bad config file, key or value."""
+
+
+class ModelDirError(UserError):
+    """A model directory that is missing, incomplete, of another format version, or unsafe."""

@@ -1,0 +1,51 @@
+"""Entity-level scoring: strict span match (same start, end and type), overall and per type.
+
+This is the only scoring code: training's dev F1 and `nerkit eval` both call `score`. Spans are
+read from tags as conlleval reads them, so the figures equal conlleval's on the same file.
+"""
+
+from __future__ import annotations
+
+from nerkit.corpus import Span
+
+
+def _prf(correct: int, predicted: int, gold: int) -> dict:
+    p = correct / predicted if predicted else 0.0
+    r = correct / gold if gold else 0.0
+    f = 2 * p * r / (p + r) if p + r else 0.0
+    return {"precision": p, "recall": r, "f1": f}
+
+
+def score(gold: list[list[Span]], predicted: list[list[Span]]) -> dict:
+    """`{"precision", "recall", "f1", "per_type": {T: {"precision", "recall", "f1", "support"}}}`
+    with fractions in [0, 1]; `support` is the number of gold entities of the type."""
+    if len(gold) != len(predicted):
+        raise ValueError(f"{len(gold)} gold sentences but {len(predicted)} predicted")
+    counts: dict[str, list[int]] = {}  # type -> [correct, predicted, gold]
+    for g_spans, p_spans in zip(gold, predicted):
+        g_set, p_set = set(g_spans), set(p_spans)
+        for s in g_set:
+            counts.setdefault(s.type, [0, 0, 0])[2] += 1
+        for s in p_set:
+            c = counts.setdefault(s.type, [0, 0, 0])
+            c[1] += 1
+            if s in g_set:
+                c[0] += 1
+    totals = [sum(c[i] for c in counts.values()) for i in range(3)]
+    result = _prf(*totals)
+    result["per_type"] = {t: {**_prf(*c), "support": c[2]} for t, c in sorted(counts.items())}
+    result["counts"] = {"correct": totals[0], "predicted": totals[1], "gold": totals[2]}
+    return result
+
+
+def format_table(metrics: dict) -> str:
+    rows = [("type", "precision", "recall", "f1", "support")]
+    for t, m in metrics["per_type"].items():
+        rows.append((t, f"{100 * m['precision']:.2f}", f"{100 * m['recall']:.2f}", f"{100 * m['f1']:.2f}", str(m["support"])))
+    rows.append(("overall", f"{100 * metrics['precision']:.2f}", f"{100 * metrics['recall']:.2f}",
+                 f"{100 * metrics['f1']:.2f}", str(metrics["counts"]["gold"])))
+    widths = [max(len(r[i]) for r in rows) for i in range(5)]
+    lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))) for r in rows]
+    lines.insert(1, "-" * len(lines[0]))
+    lines.insert(len(lines) - 1, "-" * len(lines[0]))
+    return "\n".join(lines)

@@ -1,0 +1,77 @@
+"""The tagger: embedder (char + bichar) -> encoder -> linear -> CRF.
+
+It exposes `loss(batch)` and `decode(batch)` and does no I/O; the pipeline module builds it from
+a config and vocabulary sizes and owns saving and loading.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from nerkit.crf import CRF
+from nerkit.encoders import ENCODERS
+from nerkit.features import Batch
+
+
+@dataclass
+class Lattice:
+    """What a lattice encoder (FLAT) needs beyond the characters: embedded lexicon words and
+    their head/tail character positions."""
+
+    words: torch.Tensor  # (B, W, D_word)
+    heads: torch.Tensor  # (B, W) long
+    tails: torch.Tensor  # (B, W) long, inclusive
+    mask: torch.Tensor  # (B, W) bool
+
+
+class Embedder(nn.Module):
+    """Concatenated character and bigram embeddings, with dropout."""
+
+    def __init__(self, num_chars: int, num_bichars: int, char_dim: int, bichar_dim: int, dropout: float):
+        super().__init__()
+        self.chars = nn.Embedding(num_chars, char_dim, padding_idx=0)
+        self.bichars = nn.Embedding(num_bichars, bichar_dim, padding_idx=0) if bichar_dim > 0 else None
+        self.dropout = nn.Dropout(dropout)
+        self.output_dim = char_dim + bichar_dim
+
+    def forward(self, char_ids: torch.Tensor, bichar_ids: torch.Tensor) -> torch.Tensor:
+        x = self.chars(char_ids)  # (B, T, Dc)
+        if self.bichars is not None:
+            x = torch.cat([x, self.bichars(bichar_ids)], dim=-1)  # (B, T, Dc + Db)
+        return self.dropout(x)
+
+
+class Tagger(nn.Module):
+    def __init__(self, config, num_chars: int, num_bichars: int, tags: list[str], num_words: int = 0):
+        super().__init__()
+        emb = config.embeddings
+        self.embedder = Embedder(num_chars, num_bichars, emb.char_dim, emb.bichar_dim, emb.dropout)
+        encoder_cls = ENCODERS[config.encoder.name]
+        self.uses_lattice = getattr(encoder_cls, "uses_lattice", False)
+        self.words = nn.Embedding(num_words, emb.word_dim, padding_idx=0) if self.uses_lattice else None
+        self.word_dropout = nn.Dropout(emb.dropout)
+        self.encoder = encoder_cls(self.embedder.output_dim, config.encoder.options,
+                                   **({"word_dim": emb.word_dim} if self.uses_lattice else {}))
+        self.output_dropout = nn.Dropout(config.crf.dropout)
+        self.emission = nn.Linear(self.encoder.output_dim, len(tags))
+        self.crf = CRF(tags, constrain_training=config.crf.constrain_training)
+
+    def emissions(self, batch: Batch) -> torch.Tensor:
+        x = self.embedder(batch.char_ids, batch.bichar_ids)  # (B, T, D)
+        lattice = None
+        if self.uses_lattice:
+            lattice = Lattice(self.word_dropout(self.words(batch.word_ids)), batch.word_heads,
+                              batch.word_tails, batch.word_mask)
+        h = self.encoder(x, batch.mask, lattice)  # (B, T, H)
+        return self.emission(self.output_dropout(h))  # (B, T, K)
+
+    def loss(self, batch: Batch) -> torch.Tensor:
+        """Mean negative log-likelihood per sentence."""
+        return self.crf.neg_log_likelihood(self.emissions(batch), batch.tag_ids, batch.mask, reduction="mean")
+
+    @torch.no_grad()
+    def decode(self, batch: Batch) -> list[list[int]]:
+        return self.crf.decode(self.emissions(batch), batch.mask)

@@ -1,0 +1,216 @@
+"""Tests for the relative-position encoder (TENER, Transformer-XL and Shaw attention): the efficient
+attention against a naive loop that follows each paper term by term, the direction and shift properties
+of relative scores, padding invariance, gradients, and long inputs."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from nerkit.encoders import ENCODERS
+from nerkit.encoders.relative import VARIANTS, RelativeTransformer, relative_attention
+from nerkit.encoders.transformer import SinusoidTable
+from nerkit.errors import ConfigError
+
+HEADS, HEAD_DIM = 2, 4
+D_MODEL = HEADS * HEAD_DIM
+CLIP = 2  # Shaw's k, small so that the test lengths are clipped
+ATTENTIONS = ["tener", "xl", "shaw"]
+
+
+def make_batch(lengths, dim, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.randn(len(lengths), max(lengths), dim, generator=generator, dtype=torch.float64)
+    mask = torch.arange(max(lengths))[None, :] < torch.tensor(lengths)[:, None]  # (B, L)
+    return x, mask
+
+
+def make_attention(name, seed=0):
+    torch.manual_seed(seed)
+    attention = relative_attention(VARIANTS[name], HEADS, HEAD_DIM, attn_dropout=0.0, max_distance=CLIP)
+    return attention.double()
+
+
+def paper_sinusoid(p, dim):
+    """R_p as written in the papers: [..., sin(p / 10000^(2i/d)), cos(p / 10000^(2i/d)), ...]."""
+    values = []
+    for i in range(dim // 2):
+        values += [math.sin(p / 10000 ** (2 * i / dim)), math.cos(p / 10000 ** (2 * i / dim))]
+    return torch.tensor(values, dtype=torch.float64)
+
+
+def naive_attention(attention, name, x, mask):
+    """One (query, key) pair at a time, each term spelled out; softmax over the real keys only.
+    Returns the outputs of the real positions, (N, d_model), sentence by sentence."""
+    variant = VARIANTS[name]
+    positions = attention.positions
+    d = HEAD_DIM
+    rows = []
+    for b in range(x.size(0)):
+        n = int(mask[b].sum())
+        for i in range(n):
+            heads = []
+            for h in range(HEADS):
+                head = slice(h * d, (h + 1) * d)
+                q_i = (attention.query.weight @ x[b, i])[head]
+
+                def key(j):
+                    return (attention.key.weight @ x[b, j])[head] if variant.key_projection else x[b, j, head]
+
+                def position_key(j):
+                    if variant.learned_table:
+                        # Shaw's a^K_ij = w^K_{clip(j - i, k)}; our table stores w in reverse (row k + clip(i - j)).
+                        return positions.key_table[CLIP + max(-CLIP, min(CLIP, i - j))]
+                    if variant.position_projection:  # XL: W_{k,R} R_{i-j}, R of width d_model
+                        return (positions.projection.weight @ paper_sinusoid(i - j, D_MODEL))[head]
+                    return paper_sinusoid(i - j, d)  # TENER: R_{t-j} of width d_k, no projection
+
+                scores = []
+                for j in range(n):
+                    k_j, r_ij = key(j), position_key(j)
+                    score = q_i @ k_j + q_i @ r_ij  # (a) content + (b) content-dependent position
+                    if variant.global_biases:
+                        u, v = attention.content_bias[h], positions.position_bias[h]
+                        score = score + u @ k_j + v @ r_ij  # (c) global content bias + (d) global position bias
+                    if variant.scale:
+                        score = score / math.sqrt(d)
+                    scores.append(score)
+                alpha = torch.softmax(torch.stack(scores), dim=0)  # (n,)
+                z = 0
+                for j in range(n):
+                    value = (attention.value.weight @ x[b, j])[head]
+                    if variant.value_positions:  # Shaw's a^V_ij
+                        value = value + positions.value_table[CLIP + max(-CLIP, min(CLIP, i - j))]
+                    z = z + alpha[j] * value
+                heads.append(z)
+            rows.append(attention.output.weight @ torch.cat(heads) + attention.output.bias)
+    return torch.stack(rows)
+
+
+@pytest.mark.parametrize("name", ATTENTIONS)
+def test_efficient_attention_equals_naive_reference(name):
+    attention = make_attention(name)
+    x, mask = make_batch([6, 3, 5], D_MODEL)
+    fast = attention(x, mask)[mask]  # (N, d_model)
+    torch.testing.assert_close(fast, naive_attention(attention, name, x, mask), atol=1e-10, rtol=1e-10)
+
+
+@pytest.mark.parametrize("name", ATTENTIONS)
+def test_efficient_attention_gradients_equal_naive_reference(name):
+    attention = make_attention(name, seed=1)
+    x, mask = make_batch([5, 2, 4], D_MODEL, seed=1)
+    x.requires_grad_(True)
+    readout = torch.randn(int(mask.sum()), D_MODEL, dtype=torch.float64)  # so LayerNorm-free sums are not special
+    inputs = [x, *attention.parameters()]
+    fast = torch.autograd.grad((attention(x, mask)[mask] * readout).sum(), inputs)
+    naive = torch.autograd.grad((naive_attention(attention, name, x, mask) * readout).sum(), inputs)
+    for got, expected in zip(fast, naive):
+        torch.testing.assert_close(got, expected, atol=1e-10, rtol=1e-10)
+
+
+def test_tener_relative_score_tells_left_from_right():
+    # Absolute sinusoids give P_i . P_{i+k} = P_i . P_{i-k}; TENER's R_k keeps the sign (sin is odd).
+    table = SinusoidTable(HEAD_DIM)(-5, 6, like=torch.zeros((), dtype=torch.float64))  # (11, d): -5..5
+    q = torch.randn(HEAD_DIM, dtype=torch.float64)
+    for k in range(1, 6):
+        assert abs(q @ table[5 + k] - q @ table[5 - k]) > 1e-4
+    # And through the module: identical content everywhere, so scores differ only by position.
+    attention = make_attention("tener")
+    q = torch.randn(1, HEADS, 1, HEAD_DIM, dtype=torch.float64).expand(1, HEADS, 7, HEAD_DIM)
+    logits = attention.positions.logits(q)[0, 0]  # (L, L)
+    assert not torch.allclose(logits, logits.T)
+
+
+@pytest.mark.parametrize("name", ATTENTIONS)
+def test_relative_scores_are_invariant_to_shifting_positions(name):
+    attention = make_attention(name)
+    sentence, _ = make_batch([5], D_MODEL, seed=2)
+    context, _ = make_batch([9], D_MODEL, seed=3)
+    shift = 3
+    shifted = torch.cat([context[:, :shift], sentence, context[:, shift:]], dim=1)  # sentence at 3..7
+    with torch.no_grad():
+        alone = attention.logits(sentence)  # (1, H, 5, 5)
+        inside = attention.logits(shifted)[:, :, shift : shift + 5, shift : shift + 5]
+    torch.testing.assert_close(inside, alone, atol=1e-10, rtol=1e-10)
+
+
+def make_encoder(name, **overrides):
+    torch.manual_seed(0)
+    config = RelativeTransformer.Config(
+        n_heads=HEADS, head_dim=HEAD_DIM, num_layers=2, dropout=0.0, attn_dropout=0.0,
+        attention=name, max_relative_distance=CLIP, **overrides,
+    )
+    return RelativeTransformer(5, config).double()
+
+
+@pytest.mark.parametrize("name", ATTENTIONS)
+def test_batched_equals_one_at_a_time(name):
+    encoder = make_encoder(name).eval()
+    lengths = [7, 3, 1, 5]
+    x, mask = make_batch(lengths, 5)
+    with torch.no_grad():
+        batched = encoder(x, mask)
+        for b, n in enumerate(lengths):
+            alone = encoder(x[b : b + 1, :n], mask[b : b + 1, :n])[0]
+            torch.testing.assert_close(batched[b, :n], alone, atol=1e-10, rtol=1e-10)
+    assert (batched[~mask] == 0).all()
+
+
+@pytest.mark.parametrize("name", ATTENTIONS)
+def test_all_padding_row_stays_finite(name):
+    encoder = make_encoder(name)
+    x, mask = make_batch([4, 1], 5)
+    mask[1] = False  # an empty sentence: every key of its queries is padding
+    x.requires_grad_(True)
+    out = encoder(x, mask)
+    out.sum().backward()
+    assert torch.isfinite(out).all() and torch.isfinite(x.grad).all()
+    assert all(torch.isfinite(p.grad).all() for p in encoder.parameters())
+
+
+@pytest.mark.parametrize("name", ATTENTIONS)
+def test_every_parameter_gets_a_gradient(name):
+    encoder = make_encoder(name)
+    x, mask = make_batch([8, 6], 5)  # longer than CLIP + 1, so every row of Shaw's tables is used
+    readout = torch.randn(2, 8, encoder.output_dim, dtype=torch.float64)  # a plain sum after LayerNorm is ~flat
+    (encoder(x, mask) * readout).sum().backward()
+    for param_name, param in encoder.named_parameters():
+        assert param.grad is not None and param.grad.abs().sum() > 0, param_name
+        if param_name.endswith("_table"):  # each distance row on its own
+            assert (param.grad.abs().sum(-1) > 0).all(), param_name
+
+
+def test_defaults_are_tener_on_msra():
+    config = RelativeTransformer.Config()
+    encoder = RelativeTransformer(100, config)
+    assert encoder.output_dim == 480
+    attention = encoder.layers[0].attention
+    assert attention.key is None and attention.scale == 1.0  # no key projection, un-scaled softmax
+    assert encoder.layers[0].feed_forward[0].out_features == 960
+    assert ENCODERS["tener"] is RelativeTransformer
+
+
+def test_paper_choices_can_be_overridden():
+    attention = make_encoder("tener", key_projection=True, scale=True).layers[0].attention
+    assert attention.key is not None and attention.scale == pytest.approx(1 / math.sqrt(HEAD_DIM))
+    assert make_encoder("xl").layers[0].attention.key is not None
+
+
+def test_unknown_attention_names_the_closest():
+    with pytest.raises(ConfigError, match="did you mean 'shaw'"):
+        make_encoder("shaww")
+
+
+def test_long_input_grows_the_table():
+    torch.manual_seed(0)
+    encoder = RelativeTransformer(3, RelativeTransformer.Config(n_heads=1, head_dim=4, num_layers=1)).eval()
+    sinusoids = encoder.layers[0].attention.positions.sinusoids
+    x, mask = torch.randn(1, 3000, 3), torch.ones(1, 3000, dtype=torch.bool)
+    short_rows = sinusoids(-9, 10, like=x).clone()
+    with torch.no_grad():
+        out = encoder(x, mask)
+    assert out.shape == (1, 3000, 4) and torch.isfinite(out).all()
+    assert sinusoids.radius >= 2999
+    torch.testing.assert_close(sinusoids(-9, 10, like=x), short_rows, atol=0, rtol=0)

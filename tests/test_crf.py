@@ -1,0 +1,354 @@
+"""Tests for nerkit.crf: likelihood and Viterbi against brute-force enumeration of tag paths, and
+decoded paths checked by a validity checker written here independently of `allowed_transitions`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from nerkit.crf import CRF, allowed_transitions
+
+BIO = ["O", "B-PER", "I-PER", "B-LOC", "I-LOC"]
+BIOES = ["O", "B-PER", "I-PER", "E-PER", "S-PER"]
+BMES = ["B-GPE.NAM", "M-GPE.NAM", "E-GPE.NAM", "S-GPE.NAM"]
+# Tag order shuffled and a type with a hyphen, so nothing depends on O being id 0 or on the type name.
+BIOES_MIXED = ["S-ORG-X", "B-LOC", "O", "E-ORG-X", "I-LOC", "B-ORG-X", "E-LOC", "I-ORG-X", "S-LOC"]
+
+
+# ---------------------------------------------------------------- independent reference code
+
+
+def is_valid_sequence(tag_set: list[str], path: list[str]) -> bool:
+    """Entity state machine from the scheme's definition (not a transition table): BIO allows a new
+    entity anywhere and I- only to continue one; BIOES/BMES entities must be opened by B- and closed
+    by E- (or be a lone S-), with nothing else in between."""
+    ends_explicit = any(tag[0] in "ES" and tag != "O" for tag in tag_set)
+    open_type = None  # type of the entity the previous token belongs to and that may continue
+    for tag in path:
+        prefix, _, entity_type = tag.partition("-")
+        prefix = "I" if prefix == "M" else prefix
+        if ends_explicit:
+            if prefix in ("O", "S", "B") and open_type is not None:
+                return False
+            if prefix in ("I", "E") and open_type != entity_type:
+                return False
+            open_type = entity_type if prefix in ("B", "I") else None
+        else:
+            if prefix == "I" and open_type != entity_type:
+                return False
+            open_type = None if prefix == "O" else entity_type
+    return not (ends_explicit and open_type is not None)
+
+
+def crf_scores(crf: CRF) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    inner = crf.torch_crf
+    params = (inner.start_transitions, inner.transitions, inner.end_transitions)
+    return tuple(p.detach().double().numpy() for p in params)
+
+
+def all_path_scores(crf: CRF, emissions: np.ndarray, valid_only: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Every tag path over emissions (L, K) and its unconstrained CRF score: (N, L) ids, (N,) scores."""
+    start, trans, end = crf_scores(crf)
+    length, num_tags = emissions.shape
+    paths = np.array(list(itertools.product(range(num_tags), repeat=length)))  # (N, L)
+    if valid_only:
+        keep = [is_valid_sequence(crf.tags, [crf.tags[i] for i in p]) for p in paths]
+        paths = paths[np.array(keep)]
+    scores = (
+        start[paths[:, 0]]
+        + emissions[np.arange(length), paths].sum(1)
+        + trans[paths[:, :-1], paths[:, 1:]].sum(1)
+        + end[paths[:, -1]]
+    )
+    return paths, scores
+
+
+def logsumexp(values: np.ndarray) -> float:
+    top = values.max()
+    return float(top + np.log(np.exp(values - top).sum()))
+
+
+def randomize(crf: CRF, generator: torch.Generator, scale: float = 1.0) -> CRF:
+    """Transition scores large enough to matter next to the emissions (pytorch-crf inits to +-0.1)."""
+    with torch.no_grad():
+        for param in crf.parameters():
+            param.copy_(torch.randn(param.shape, generator=generator, dtype=param.dtype) * scale)
+    return crf
+
+
+def lengths_to_mask(lengths: list[int], seq_len: int) -> torch.Tensor:
+    return torch.arange(seq_len).unsqueeze(0) < torch.tensor(lengths).unsqueeze(1)  # (B, T)
+
+
+# ---------------------------------------------------------------- log-likelihood
+
+
+@pytest.mark.parametrize("constrain_training", [False, True])
+@pytest.mark.parametrize("tags", [BIO[:3], BIO, BMES], ids=["BIO-3", "BIO-5", "BMES-4"])
+def test_nll_matches_brute_force(tags, constrain_training):
+    generator = torch.Generator().manual_seed(len(tags) + 10 * constrain_training)
+    crf = randomize(CRF(tags, constrain_training=constrain_training).double(), generator)
+    lengths = [4, 1, 3, 2]
+    emissions = torch.randn(len(lengths), 4, len(tags), generator=generator, dtype=torch.float64)  # (B, T, K)
+    mask = lengths_to_mask(lengths, 4)
+    rng = np.random.default_rng(0)
+
+    gold = torch.full((len(lengths), 4), -100, dtype=torch.long)  # padding label never looked at
+    expected = []
+    for row, length in enumerate(lengths):
+        paths, scores = all_path_scores(crf, emissions[row, :length].numpy(), valid_only=constrain_training)
+        # Gold paths are valid ones in both modes (that is what a corpus contains).
+        valid_rows = [i for i, p in enumerate(paths) if is_valid_sequence(tags, [tags[j] for j in p])]
+        pick = rng.choice(valid_rows)
+        gold[row, :length] = torch.from_numpy(paths[pick])
+        expected.append(-(scores[pick] - logsumexp(scores)))
+
+    nll = crf.neg_log_likelihood(emissions, gold, mask, reduction="sum")
+    assert nll.item() == pytest.approx(sum(expected), abs=1e-5)
+
+
+@pytest.mark.parametrize("constrain_training", [False, True])
+@pytest.mark.parametrize(
+    "reduction, divisor",
+    [("sum", 1), ("mean", 3), ("token_mean", 3 + 1 + 2)],  # 3 sequences, 6 real tokens
+    ids=["sum", "mean", "token_mean"],
+)
+def test_nll_reductions(reduction, divisor, constrain_training):
+    generator = torch.Generator().manual_seed(7)
+    crf = randomize(CRF(BIOES, constrain_training=constrain_training).double(), generator)
+    lengths = [3, 1, 2]
+    emissions = torch.randn(3, 3, len(BIOES), generator=generator, dtype=torch.float64)
+    gold = torch.tensor([[1, 3, 0], [4, 0, 0], [0, 4, 0]])  # B E O | S | O S
+    total = 0.0
+    for row, length in enumerate(lengths):
+        paths, scores = all_path_scores(crf, emissions[row, :length].numpy(), valid_only=constrain_training)
+        gold_index = next(i for i, p in enumerate(paths) if list(p) == gold[row, :length].tolist())
+        total += -(scores[gold_index] - logsumexp(scores))
+    nll = crf.neg_log_likelihood(emissions, gold, lengths_to_mask(lengths, 3), reduction=reduction)
+    assert nll.item() == pytest.approx(total / divisor, abs=1e-5)
+
+
+def test_constrained_likelihood_differs_from_plain():
+    # Same parameters: the constrained partition function sums over fewer paths, so a valid gold
+    # path gets a strictly smaller loss. Guards against the flag being silently ignored.
+    generator = torch.Generator().manual_seed(3)
+    plain = randomize(CRF(BIOES).double(), generator)
+    constrained = CRF(BIOES, constrain_training=True).double()
+    constrained.load_state_dict(plain.state_dict())
+    emissions = torch.randn(2, 4, len(BIOES), generator=generator, dtype=torch.float64)
+    gold = torch.tensor([[1, 2, 3, 0], [4, 0, 4, 0]])
+    mask = torch.ones(2, 4, dtype=torch.bool)
+    constrained_nll = constrained.neg_log_likelihood(emissions, gold, mask)
+    assert constrained_nll < plain.neg_log_likelihood(emissions, gold, mask) - 1e-3
+
+
+def test_bad_reduction_raises():
+    crf = CRF(BIO)
+    with pytest.raises(ValueError, match="reduction"):
+        crf.neg_log_likelihood(
+            torch.zeros(1, 2, 5), torch.zeros(1, 2, dtype=torch.long), torch.ones(1, 2, dtype=torch.bool), "none"
+        )
+
+
+@pytest.mark.parametrize("constrain_training", [False, True])
+def test_every_parameter_gets_a_gradient(constrain_training):
+    generator = torch.Generator().manual_seed(1)
+    crf = CRF(BIOES_MIXED, constrain_training=constrain_training)
+    emissions = torch.randn(2, 5, len(BIOES_MIXED), generator=generator, requires_grad=True)
+    tag = BIOES_MIXED.index
+    gold = torch.tensor(
+        [
+            [tag("B-LOC"), tag("I-LOC"), tag("E-LOC"), tag("O"), tag("S-ORG-X")],
+            [tag("B-ORG-X"), tag("E-ORG-X"), tag("S-LOC"), 0, 0],
+        ]
+    )
+    mask = lengths_to_mask([5, 3], 5)
+    crf.neg_log_likelihood(emissions, gold, mask, reduction="mean").backward()
+    assert emissions.grad is not None and emissions.grad.abs().sum() > 0
+    names = [name for name, _ in crf.named_parameters()]
+    assert len(names) == 3, names  # start, transitions, end
+    for name, param in crf.named_parameters():
+        assert param.grad is not None, name
+        assert torch.isfinite(param.grad).all(), name
+        assert param.grad.abs().sum() > 0, name
+
+
+def test_constrained_gradients_stay_finite_with_an_unreachable_tag():
+    # I-LOC without B-LOC can never be reached under BIO; a naive -inf mask turns its all -inf
+    # logsumexp into NaN gradients.
+    tags = ["O", "B-PER", "I-PER", "I-LOC"]
+    crf = CRF(tags, constrain_training=True)
+    emissions = torch.randn(2, 3, len(tags), generator=torch.Generator().manual_seed(2), requires_grad=True)
+    gold = torch.tensor([[1, 2, 0], [0, 1, 0]])
+    loss = crf.neg_log_likelihood(emissions, gold, lengths_to_mask([3, 2], 3))
+    loss.backward()
+    assert torch.isfinite(loss)
+    assert torch.isfinite(emissions.grad).all()
+    assert all(torch.isfinite(param.grad).all() for param in crf.parameters())
+
+
+# ---------------------------------------------------------------- Viterbi
+
+
+@pytest.mark.parametrize(
+    "tags",
+    [BIO, BIOES, BMES, BIOES_MIXED[:5] + ["E-LOC", "S-LOC"]],
+    ids=["BIO", "BIOES", "BMES", "BIOES-mixed"],
+)
+def test_viterbi_matches_brute_force(tags):
+    generator = torch.Generator().manual_seed(len(tags))
+    crf = randomize(CRF(tags).double(), generator, scale=2.0)
+    lengths = [4, 1, 3, 4, 2]
+    emissions = 2 * torch.randn(len(lengths), 4, len(tags), generator=generator, dtype=torch.float64)  # (B, T, K)
+    decoded = crf.decode(emissions, lengths_to_mask(lengths, 4))
+    for row, length in enumerate(lengths):
+        paths, scores = all_path_scores(crf, emissions[row, :length].numpy(), valid_only=True)
+        assert decoded[row] == paths[scores.argmax()].tolist(), row
+
+
+def test_unconstrained_viterbi_agrees_with_pytorch_crf_on_long_sequences():
+    # Brute force stops at T=4; with every transition allowed our Viterbi must equal pytorch-crf's.
+    generator = torch.Generator().manual_seed(9)
+    crf = randomize(CRF(BIOES_MIXED), generator)
+    for allowed in (crf.start_ok, crf.trans_ok, crf.end_ok):
+        allowed.fill_(True)
+    lengths = [40, 1, 17, 33]
+    emissions = torch.randn(len(lengths), 40, len(BIOES_MIXED), generator=generator)
+    mask = lengths_to_mask(lengths, 40)
+    assert crf.decode(emissions, mask) == crf.torch_crf.decode(emissions, mask)
+
+
+def test_decode_resists_huge_emissions_for_invalid_tags():
+    crf = CRF(BIOES)
+    emissions = torch.zeros(1, 3, len(BIOES))
+    emissions[0, :, BIOES.index("I-PER")] = 1e30  # every token screams I-PER, which cannot start or end
+    path = crf.decode(emissions, torch.ones(1, 3, dtype=torch.bool))[0]
+    assert is_valid_sequence(BIOES, [BIOES[i] for i in path])
+    assert [BIOES[i] for i in path] == ["B-PER", "I-PER", "E-PER"]
+
+
+def test_batched_decode_equals_one_at_a_time():
+    generator = torch.Generator().manual_seed(5)
+    crf = randomize(CRF(BIOES_MIXED), generator)
+    lengths = [7, 1, 4, 2, 7, 5]
+    emissions = torch.randn(len(lengths), 7, len(BIOES_MIXED), generator=generator)  # (B, T, K)
+    mask = lengths_to_mask(lengths, 7)
+    # Garbage in the padding must not leak into real positions.
+    emissions = torch.where(mask.unsqueeze(2), emissions, torch.full_like(emissions, 1e4))
+    batched = crf.decode(emissions, mask)
+    assert [len(path) for path in batched] == lengths
+    for row, length in enumerate(lengths):
+        alone = crf.decode(emissions[row : row + 1, :length], torch.ones(1, length, dtype=torch.bool))
+        assert batched[row] == alone[0], row
+
+
+TYPE_NAMES = ["PER", "GPE.NAM", "ORG-X"]
+
+
+@st.composite
+def tag_sets(draw):
+    scheme = draw(st.sampled_from(["BIO", "BIOES", "BMES"]))
+    types = TYPE_NAMES[: draw(st.integers(1, 3))]
+    prefixes = {"BIO": "BI", "BIOES": "BIES", "BMES": "BMES"}[scheme]
+    tags = [f"{p}-{t}" for t in types for p in prefixes] + ([] if scheme == "BMES" else ["O"])
+    return draw(st.permutations(tags))
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    tags=tag_sets(),
+    lengths=st.lists(st.integers(1, 8), min_size=1, max_size=4),
+    scale=st.sampled_from([1.0, 100.0, 1e4]),
+    quantize=st.booleans(),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_decoded_paths_are_always_valid(tags, lengths, scale, quantize, seed):
+    rng = np.random.default_rng(seed)
+    crf = CRF(tags)
+    with torch.no_grad():  # learned transitions can be large too, and favour invalid moves
+        for param in crf.parameters():
+            param.copy_(torch.from_numpy(rng.normal(0, scale, param.shape)))
+    seq_len = max(lengths)
+    emissions = rng.normal(0, scale, (len(lengths), seq_len, len(tags)))  # (B, T, K)
+    if quantize:  # many exact ties
+        emissions = np.round(emissions / scale)
+    decoded = crf.decode(torch.from_numpy(emissions).float(), lengths_to_mask(lengths, seq_len))
+    assert [len(path) for path in decoded] == lengths
+    for path in decoded:
+        assert is_valid_sequence(tags, [tags[i] for i in path]), [tags[i] for i in path]
+
+
+# ---------------------------------------------------------------- allowed_transitions and tag parsing
+
+
+def test_allowed_transitions_bio():
+    start_ok, trans_ok, end_ok = allowed_transitions(BIO)
+    assert start_ok.dtype == trans_ok.dtype == end_ok.dtype == torch.bool
+    assert start_ok.shape == end_ok.shape == (5,) and trans_ok.shape == (5, 5)
+    i = BIO.index
+    assert not trans_ok[i("O"), i("I-PER")]
+    assert trans_ok[i("B-PER"), i("I-PER")]
+    assert trans_ok[i("I-PER"), i("I-PER")]
+    assert not trans_ok[i("B-PER"), i("I-LOC")]
+    assert not trans_ok[i("I-LOC"), i("I-PER")]
+    assert trans_ok[i("I-PER"), i("B-LOC")] and trans_ok[i("O"), i("B-PER")]
+    assert not start_ok[i("I-PER")] and start_ok[i("B-PER")] and start_ok[i("O")]
+    assert end_ok.all()
+
+
+def test_allowed_transitions_bmes_and_bioes():
+    start_ok, trans_ok, end_ok = allowed_transitions(BMES)
+    i = BMES.index
+    assert not start_ok[i("M-GPE.NAM")] and not start_ok[i("E-GPE.NAM")]
+    assert start_ok[i("B-GPE.NAM")] and start_ok[i("S-GPE.NAM")]
+    assert not end_ok[i("B-GPE.NAM")] and not end_ok[i("M-GPE.NAM")]
+    assert end_ok[i("E-GPE.NAM")] and end_ok[i("S-GPE.NAM")]
+    assert trans_ok[i("B-GPE.NAM"), i("M-GPE.NAM")] and trans_ok[i("M-GPE.NAM"), i("E-GPE.NAM")]
+    assert not trans_ok[i("B-GPE.NAM"), i("S-GPE.NAM")] and not trans_ok[i("E-GPE.NAM"), i("M-GPE.NAM")]
+
+    _, trans_ok, _ = allowed_transitions(BIOES_MIXED)
+    j = BIOES_MIXED.index
+    # The type is everything after the first '-': ORG-X is one type, distinct from LOC.
+    assert trans_ok[j("B-ORG-X"), j("I-ORG-X")] and trans_ok[j("I-ORG-X"), j("E-ORG-X")]
+    assert not trans_ok[j("B-ORG-X"), j("E-LOC")] and not trans_ok[j("B-LOC"), j("O")]
+    assert trans_ok[j("E-LOC"), j("S-ORG-X")] and not trans_ok[j("O"), j("I-LOC")]
+
+
+@pytest.mark.parametrize("bad", ["X-PER", "BPER", "B-", "o"])
+def test_unknown_prefix_raises(bad):
+    with pytest.raises(ValueError, match=re.escape(repr(bad))):
+        allowed_transitions(["O", "B-PER", bad])
+    with pytest.raises(ValueError, match=re.escape(repr(bad))):
+        CRF(["O", "B-PER", bad])
+
+
+def test_tag_set_without_one_token_path_raises():
+    # Only B-/E-: no one-token sentence can be tagged, so decoding could not promise a valid path.
+    with pytest.raises(ValueError, match="one-token"):
+        CRF(["B-PER", "E-PER"])
+
+
+# ---------------------------------------------------------------- devices
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_matches_cpu():
+    generator = torch.Generator().manual_seed(11)
+    crf = randomize(CRF(BIOES_MIXED, constrain_training=True), generator)
+    lengths = [6, 1, 3]
+    emissions = torch.randn(3, 6, len(BIOES_MIXED), generator=generator)
+    gold = torch.zeros(3, 6, dtype=torch.long).fill_(BIOES_MIXED.index("O"))
+    mask = lengths_to_mask(lengths, 6)
+    cpu_nll = crf.neg_log_likelihood(emissions, gold, mask)
+    cpu_paths = crf.decode(emissions, mask)
+    crf.cuda()
+    cuda_nll = crf.neg_log_likelihood(emissions.cuda(), gold.cuda(), mask.cuda())
+    assert cuda_nll.item() == pytest.approx(cpu_nll.item(), rel=1e-5)
+    assert crf.decode(emissions.cuda(), mask.cuda()) == cpu_paths
