@@ -27,24 +27,36 @@ def _echo_json(obj) -> None:
 
 @app.command()
 def train(
-    config: Path = typer.Option(..., "--config", "-c", help="YAML config file."),
+    config: Optional[Path] = typer.Option(None, "--config", "-c", help="YAML config file."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Model directory (default: the config's output_dir)."),
     set_: List[str] = typer.Option([], "--set", help="Override a config value: --set train.lr=0.01 (repeatable)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the fully resolved config and exit."),
     force: bool = typer.Option(False, "--force", help="Replace a non-empty output directory."),
+    resume: Optional[Path] = typer.Option(None, "--resume", help="Continue the interrupted run in this directory."),
 ):
-    """Train a model from a YAML config."""
+    """Train a model from a YAML config, or resume an interrupted run."""
     from nerkit.config import config_to_yaml, load_config
+    from nerkit.train import Interrupted, resume_config, train as run_training
 
-    cfg = load_config(config, set_)
+    if resume is not None:
+        if config is not None or set_:
+            raise UserError("--resume continues a run with its saved config",
+                            fix="drop --config and --set when resuming")
+        cfg, out = resume_config(resume), resume
+    elif config is None:
+        raise UserError("no config given", fix="pass --config FILE (e.g. configs/demo.yaml) or --resume DIR")
+    else:
+        cfg = load_config(config, set_)
     if out is not None:
         cfg.output_dir = str(out)
     if dry_run:
         typer.echo(config_to_yaml(cfg), nl=False)
         return
-    from nerkit.train import train as run_training
-
-    metrics = run_training(cfg, force=force)
+    try:
+        metrics = run_training(cfg, force=force, resume=resume is not None)
+    except Interrupted as e:
+        print(f"nerkit: {e}", file=sys.stderr)
+        raise typer.Exit(130)
     summary = {k: metrics[k] for k in ("best_epoch", "epochs", "stopped")}
     summary["dev_f1"] = round(100 * metrics["dev"]["f1"], 2)
     if "test" in metrics:

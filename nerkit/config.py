@@ -53,7 +53,7 @@ class EmbeddingsConfig:
 class LexiconConfig:
     source: str = "jieba"  # jieba | path to a word list | path to a word2vec file (its vocabulary)
     min_len: int = 2
-    max_len: int = 10
+    max_len: int = 0  # 0 = no limit (long jieba words are mostly organisation names)
     min_freq: int = 0
     max_words: int = 400  # lattice cap: words kept per sentence
     drop: str = "longest_first"  # longest_first | frequency
@@ -128,9 +128,10 @@ def _suggest(key: str, valid) -> str:
 def interpolate(value: str, where: str) -> str:
     def sub(m):
         name, default = m.group(1), m.group(2)
-        if name in os.environ:
-            return os.environ[name]
-        if default is not None:
+        value = os.environ.get(name)
+        if value is not None and (value or default is None):
+            return value
+        if default is not None:  # as in the shell, `${VAR:-default}` also replaces an empty VAR
             return default
         if name in DEFAULT_VARS:
             return DEFAULT_VARS[name]
@@ -208,20 +209,21 @@ def _fill(cls, values: dict, section: str, source: str):
     return cls(**kwargs)
 
 
-def _encoder_config(values: dict, source: str, file_keys: set[str]) -> EncoderConfig:
+def _encoder_config(values: dict, source: str, file_keys: set[str], file_name: str) -> EncoderConfig:
     from nerkit.encoders import ENCODERS
 
     values = dict(values or {})
-    name = str(values.pop("name", "bilstm"))
+    name = _coerce(values.pop("name", "bilstm"), str, f"{source}: encoder.name")
     if name not in ENCODERS:
         raise ConfigError(f"unknown encoder {name!r}", where=f"{source}: encoder.name",
                           fix=f"use one of {', '.join(sorted(ENCODERS))}")
     option_cls = ENCODERS[name].Config
     known = {f.name for f in fields(option_cls)}
-    # Keys written in the file for another encoder are dropped when `--set encoder.name=` switches
-    # encoders; keys given on the command line stay strict.
-    dropped = sorted(k for k in values if k not in known and k in file_keys)
-    for k in dropped:
+    # Keys the file wrote for its own encoder are dropped when `--set encoder.name=` switches to an
+    # encoder that lacks them; any other unknown key (a typo, or one given by --set) is an error.
+    file_cls = ENCODERS.get(file_name)
+    carried_over = file_keys & {f.name for f in fields(file_cls.Config)} if file_cls else set()
+    for k in [k for k in values if k not in known and k in carried_over]:
         values.pop(k)
     return EncoderConfig(name, _fill(option_cls, values, "encoder", source))
 
@@ -242,7 +244,9 @@ def parse_override(text: str) -> tuple[list[str], Any]:
 
 def build_config(raw: dict, source: str = "<config>", overrides: list[str] = ()) -> Config:
     raw = dict(raw or {})
-    file_encoder_keys = set((raw.get("encoder") or {}).keys()) if isinstance(raw.get("encoder"), dict) else set()
+    file_encoder = raw.get("encoder") if isinstance(raw.get("encoder"), dict) else {}
+    file_encoder_keys = set(file_encoder)
+    file_encoder_name = str(file_encoder.get("name", "bilstm"))
     for text in overrides:
         path, value = parse_override(text)
         if path[0] not in _SECTIONS:
@@ -265,13 +269,15 @@ def build_config(raw: dict, source: str = "<config>", overrides: list[str] = ())
         data=_fill(DataConfig, raw.get("data"), "data", source),
         embeddings=_fill(EmbeddingsConfig, raw.get("embeddings"), "embeddings", source),
         lexicon=_fill(LexiconConfig, raw.get("lexicon"), "lexicon", source),
-        encoder=_encoder_config(raw.get("encoder"), source, file_encoder_keys),
+        encoder=_encoder_config(raw.get("encoder"), source, file_encoder_keys, file_encoder_name),
         crf=_fill(CRFConfig, raw.get("crf"), "crf", source),
         train=_fill(TrainConfig, raw.get("train"), "train", source),
         output_dir=_coerce(raw.get("output_dir", "runs/model"), str, f"{source}: output_dir"),
     )
     if not 0 <= config.data.dev_split < 1:
         raise ConfigError(f"data.dev_split = {config.data.dev_split} must be in [0, 1)", where=source)
+    if config.train.epochs < 1:
+        raise ConfigError("train.epochs must be at least 1", where=source)
     if config.train.batch_size < 1:
         raise ConfigError("train.batch_size must be at least 1", where=source)
     return config

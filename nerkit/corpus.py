@@ -19,6 +19,7 @@ from nerkit.files import atomic_write_text
 SCHEMES = ("bio", "bioes", "bmes")
 _TAG_RE = re.compile(r"^([BIMES])-(\S+)$")
 _SEPARATOR = re.compile(r"[ \t]+")  # only ASCII space and tab separate columns: U+3000 may be a token
+_UNWRITABLE = re.compile(r"[ \t\r\n\x00]")  # characters a CoNLL token cannot contain (the reader rejects them)
 # Where a long sentence may be cut, best first: after a sentence end, then after a clause break.
 _STRONG_BREAKS = set("。！？!?；;…")
 _WEAK_BREAKS = set("，,、：:）)」』”\"")
@@ -250,8 +251,11 @@ def read_conll(path: str | Path, repair: bool = False, strict: bool = True) -> C
     try:
         scheme = detect_scheme(all_tags)
     except ValueError as e:
-        first_m = next(s.line + s.tags.index(t) for s in sentences for t in s.tags if t.startswith("M-"))
-        raise CorpusError(str(e), where=f"{path}:{first_m}", fix="use one scheme per file (BIO, BIOES or BMES)") from None
+        # Point at the first tag of whichever kind (I- or M-) appears second: where the file breaks
+        # the scheme it started in.
+        first = [next(s.line + i for s in sentences for i, t in enumerate(s.tags) if t.startswith(p))
+                 for p in ("I-", "M-")]
+        raise CorpusError(str(e), where=f"{path}:{max(first)}", fix="use one scheme per file (BIO, BIOES or BMES)") from None
     corpus = Corpus(str(path), sentences, scheme)
     _check_transitions(corpus, repair=repair, strict=strict)
     corpus.types = sorted({s.type for sent in sentences for s in sent.spans()})
@@ -352,6 +356,15 @@ def write_corpus(path: str | Path, sentences: list[Sentence], to: str) -> None:
                               where=str(path))
         atomic_write_text(path, format_jsonl(sentences))
     elif to in SCHEMES:
+        for sent in sentences:
+            bad = next((t for t in sent.tokens if not t or _UNWRITABLE.search(t)), None)
+            if bad is not None:
+                source = f" (the sentence from line {sent.line} of the input)" if sent.line else ""
+                raise CorpusError(
+                    f"the token {bad!r}{source} cannot be written one character per line: spaces, tabs "
+                    "and line breaks separate columns and sentences, and NUL marks a binary file",
+                    where=str(path), fix="remove or replace them in the input (U+3000 is fine), or write jsonl",
+                )
         atomic_write_text(path, format_conll(sentences, to))
     else:
         raise CorpusError(f"unknown output format {to!r}", fix="use bio, bioes, bmes or jsonl")

@@ -97,6 +97,21 @@ class Lexicon:
         return cls(dict.fromkeys(_read_vector_vocab(Path(path))), source=str(path), **filters)
 
     @classmethod
+    def from_source(cls, source: str, min_len: int = DEFAULT_MIN_LEN, max_len: int | None = None,
+                    min_freq: int | None = None) -> Lexicon:
+        """`jieba`, a word2vec file (`.vec`, `.txt.gz`, ... with vectors on its lines), or a word list."""
+        filters = {"min_len": min_len, "max_len": max_len, "min_freq": min_freq}
+        if source == "jieba":
+            return cls.from_jieba(**filters)
+        path = Path(source)
+        if not path.is_file():
+            raise UserError("lexicon file not found", where=source,
+                            fix="set lexicon.source to jieba, a word list, or a word2vec vector file")
+        if _looks_like_vectors(path):
+            return cls.from_vectors(path, **filters)
+        return cls.from_word_list(path, **filters)
+
+    @classmethod
     def load(cls, path: str | Path) -> Lexicon:
         """Read back a lexicon written by `save`, keeping every word in it."""
         return cls(_read_word_list(Path(path)), max_len=None, source=str(path))
@@ -408,3 +423,15 @@ def _is_number(token: str) -> bool:
     except ValueError:
         return False
     return True
+
+
+def _looks_like_vectors(path: Path) -> bool:
+    """A word2vec file has a `N D` header, or a word followed by two or more numbers."""
+    for _, line in _lines(path):
+        fields = line.split()
+        if not fields:
+            continue
+        if len(fields) == 2:
+            return _is_count(fields[0]) and _is_count(fields[1])
+        return len(fields) > 2 and all(_is_number(t) for t in fields[1:])
+    return False

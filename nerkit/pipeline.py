@@ -83,7 +83,8 @@ class Pipeline:
     def _lexicon_and_words(config: Config, sentences: list[Sentence], log):
         from nerkit.lexicon import Lexicon, build_lattice
 
-        lexicon = Lexicon.from_config(config.lexicon)
+        lc = config.lexicon
+        lexicon = Lexicon.from_source(lc.source, lc.min_len, lc.max_len or None, lc.min_freq or None)
         counts: Counter = Counter()
         for sent in sentences:
             counts.update(build_lattice(sent.text, lexicon, config.lexicon.max_words, config.lexicon.drop).words)
@@ -105,7 +106,7 @@ class Pipeline:
             lattice = build_lattice("".join(chars), self.lexicon, self.config.lexicon.max_words,
                                     self.config.lexicon.drop)
             ex.word_ids = self.words.ids(lattice.words)
-            ex.word_heads, ex.word_tails = lattice.heads, lattice.tails
+            ex.word_heads, ex.word_tails = lattice.word_heads, lattice.word_tails
         return ex
 
     def training_examples(self, sentences: list[Sentence]) -> list[Example]:
@@ -164,7 +165,7 @@ class Pipeline:
         """Everything of a model directory but the weights and metrics."""
         atomic_write_text(directory / "nerkit.json", json.dumps(
             {"format_version": FORMAT_VERSION, "nerkit_version": __version__, "encoder": self.config.encoder.name,
-             "lexicon_sha256": self.lexicon.fingerprint() if self.lexicon else None}, indent=2) + "\n")
+             "lexicon_sha256": self.lexicon.fingerprint if self.lexicon else None}, indent=2) + "\n")
         atomic_write_text(directory / "config.yaml", config_to_yaml(self.config))
         atomic_write_text(directory / "vocab.json", json.dumps(self.vocab_json(), ensure_ascii=False) + "\n")
         if self.lexicon is not None:
@@ -215,7 +216,7 @@ class Pipeline:
             from nerkit.lexicon import Lexicon
 
             lexicon = Lexicon.load(directory / "lexicon.txt")
-            if meta.get("lexicon_sha256") and lexicon.fingerprint() != meta["lexicon_sha256"]:
+            if meta.get("lexicon_sha256") and lexicon.fingerprint != meta["lexicon_sha256"]:
                 raise ModelDirError("lexicon.txt does not match the checksum the model was trained with",
                                     where=str(directory / "lexicon.txt"))
         pipe = cls(config, chars, bichars, tags, words, lexicon, device=resolve_device(device))

@@ -1,6 +1,6 @@
 """The training loop: data preparation, optimiser and schedule, per-epoch dev evaluation, best and
-last models, early stopping, `metrics.jsonl`, and the final test figures (computed once, never
-used for selection)."""
+last models, early stopping, `metrics.jsonl`, resumable checkpoints, and the final test figures
+(computed once at the end, never used for selection)."""
 
 from __future__ import annotations
 
@@ -10,21 +10,29 @@ import random
 import shutil
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
+from safetensors.torch import load_file, save_file
 
-from nerkit.config import Config
-from nerkit.corpus import Sentence, read_corpus, split_sentence
+from nerkit.config import Config, load_config
+from nerkit.corpus import Sentence, read_corpus, sha256_file, split_sentence
 from nerkit.errors import UserError
 from nerkit.features import bucketed_batches, collate
+from nerkit.files import atomic_directory
 from nerkit.pipeline import Pipeline, resolve_device, seeded_dev_split
+
+CHECKPOINT = "checkpoint"
 
 
 def log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
+
+
+class Interrupted(Exception):
+    """Training stopped by SIGINT after a checkpoint was written."""
 
 
 @dataclass
@@ -34,6 +42,7 @@ class Data:
     test: list[Sentence] | None
     types: list[str]
     scheme: str
+    checksums: dict
 
 
 def prepare_data(config: Config) -> Data:
@@ -62,7 +71,8 @@ def prepare_data(config: Config) -> Data:
     scheme = train_corpus.scheme if dc.scheme == "auto" else dc.scheme
     if not types:
         raise UserError("the training data has no entities", where=dc.train)
-    return Data(pieces, dev, test, types, scheme)
+    checksums = {name: sha256_file(path) for name, path in (("train", dc.train), ("dev", dc.dev), ("test", dc.test)) if path}
+    return Data(pieces, dev, test, types, scheme, checksums)
 
 
 def make_optimizer(config: Config, params) -> torch.optim.Optimizer:
@@ -94,17 +104,124 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+@dataclass
+class Progress:
+    """Where a run stands: everything besides tensors that a checkpoint must restore."""
+
+    epoch: int = 1  # the epoch in progress
+    batch: int = 0  # batches of this epoch already done (the sampler position)
+    step: int = 0
+    best_f1: float = -1.0
+    best_epoch: int = 0
+    bad_epochs: int = 0
+    epoch_loss: float = 0.0
+    epoch_chars: int = 0
+    epoch_seconds: float = 0.0
+    train_chars: int = 0
+    train_seconds: float = 0.0
+    elapsed: float = 0.0  # wall seconds of earlier sessions of this run
+    epochs_logged: int = 0  # lines of metrics.jsonl that belong to this state
+    checksums: dict = field(default_factory=dict)
+
+
+def _rng_state() -> tuple[dict, dict]:
+    np_state = np.random.get_state()
+    tensors = {"rng.torch": torch.get_rng_state(), "rng.numpy": torch.from_numpy(np_state[1].astype(np.int64))}
+    if torch.cuda.is_available():
+        for i, s in enumerate(torch.cuda.get_rng_state_all()):
+            tensors[f"rng.cuda.{i}"] = s
+    meta = {"python": [random.getstate()[0], list(random.getstate()[1]), random.getstate()[2]],
+            "numpy": [np_state[0], int(np_state[2]), int(np_state[3]), float(np_state[4])]}
+    return tensors, meta
+
+
+def _set_rng_state(tensors: dict, meta: dict) -> None:
+    version, internal, gauss = meta["python"]
+    random.setstate((version, tuple(internal), gauss))
+    name, pos, has_gauss, cached = meta["numpy"]
+    np.random.set_state((name, tensors["rng.numpy"].numpy().astype(np.uint32), pos, has_gauss, cached))
+    torch.set_rng_state(tensors["rng.torch"])
+    cuda = [tensors[k] for k in sorted(k for k in tensors if k.startswith("rng.cuda."))]
+    if cuda and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(cuda)
+
+
+def save_checkpoint(out: Path, pipe: Pipeline, optimizer, scheduler, progress: Progress, best_state: dict | None) -> None:
+    """Everything needed to continue exactly, in safetensors + JSON, written as one atomic directory."""
+    tensors = {f"model.{k}": v.detach().cpu().contiguous() for k, v in pipe.model.state_dict().items()}
+    if best_state is not None:
+        tensors.update({f"best.{k}": v.detach().cpu().contiguous() for k, v in best_state.items()})
+    opt = optimizer.state_dict()
+    opt_meta = {}
+    for idx, state in opt["state"].items():
+        for name, value in state.items():
+            if isinstance(value, torch.Tensor):
+                tensors[f"optim.{idx}.{name}"] = value.detach().cpu().contiguous()
+            else:
+                opt_meta[f"{idx}.{name}"] = value
+    rng_tensors, rng_meta = _rng_state()
+    tensors.update(rng_tensors)
+    meta = {"progress": asdict(progress), "optimizer": {"param_groups": opt["param_groups"], "other": opt_meta},
+            "scheduler": scheduler.state_dict(), "rng": rng_meta}
+    with atomic_directory(out / CHECKPOINT) as tmp:
+        save_file(tensors, str(tmp / "state.safetensors"))
+        (tmp / "state.json").write_text(json.dumps(meta), encoding="utf-8")
+
+
+def load_checkpoint(out: Path, pipe: Pipeline, optimizer, scheduler) -> tuple[Progress, dict | None]:
+    directory = out / CHECKPOINT
+    if not (directory / "state.json").is_file() or not (directory / "state.safetensors").is_file():
+        raise UserError("no checkpoint to resume from", where=str(directory),
+                        fix="a run writes its checkpoint at the first epoch end or train.checkpoint_every steps")
+    try:
+        meta = json.loads((directory / "state.json").read_text(encoding="utf-8"))
+        tensors = load_file(str(directory / "state.safetensors"))
+    except Exception as e:  # a damaged file: json or safetensors errors
+        raise UserError(f"the checkpoint cannot be read ({e})", where=str(directory)) from None
+    pipe.model.load_state_dict({k[6:]: v for k, v in tensors.items() if k.startswith("model.")})
+    best = {k[5:]: v for k, v in tensors.items() if k.startswith("best.")} or None
+    state: dict = {}
+    for key, value in tensors.items():
+        if key.startswith("optim."):
+            _, idx, name = key.split(".", 2)
+            state.setdefault(int(idx), {})[name] = value
+    for key, value in meta["optimizer"]["other"].items():
+        idx, name = key.split(".", 1)
+        state.setdefault(int(idx), {})[name] = value
+    optimizer.load_state_dict({"state": state, "param_groups": meta["optimizer"]["param_groups"]})
+    scheduler.load_state_dict(meta["scheduler"])
+    _set_rng_state(tensors, meta["rng"])
+    return Progress(**meta["progress"]), best
+
+
 def prepare_output_dir(out: Path, force: bool) -> None:
+    if out.exists() and not out.is_dir():
+        raise UserError("the output path is a file", where=str(out), fix="choose a directory for --out")
     if out.exists() and any(out.iterdir()):
         if not force:
             raise UserError("the output directory is not empty", where=str(out),
-                            fix="choose another --out, or pass --force to replace it")
+                            fix="choose another --out, resume with --resume, or pass --force to replace it")
         shutil.rmtree(out)
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UserError(f"cannot create the output directory ({e.strerror})", where=str(out)) from None
 
 
-def train(config: Config, out: str | Path | None = None, force: bool = False, progress: bool | None = None) -> dict:
-    """Train a model as the config says; returns the final metrics (also in OUT/metrics.json)."""
+def resume_config(out: str | Path) -> Config:
+    """The resolved config saved with a run, for `nerkit train --resume DIR`."""
+    path = Path(out) / "config.yaml"
+    if not path.is_file():
+        raise UserError("not a training run directory (no config.yaml)", where=str(out),
+                        fix="pass the --out directory of an interrupted `nerkit train`")
+    return load_config(path)
+
+
+def train(config: Config, out: str | Path | None = None, force: bool = False, resume: bool = False,
+          progress_bar: bool | None = None, stop_after_steps: int = 0) -> dict:
+    """Train as the config says (or continue a run with `resume`); returns the final metrics,
+    also written to OUT/metrics.json. `stop_after_steps` (tests) raises Interrupted after that
+    many steps of this session, as SIGINT would."""
     tc = config.train
     out = Path(out or config.output_dir)
     config.output_dir = str(out)
@@ -118,8 +235,6 @@ def train(config: Config, out: str | Path | None = None, force: bool = False, pr
     n_params = sum(p.numel() for p in pipe.model.parameters())
     log(f"model: {config.encoder.name}, {n_params:,} parameters, tags {data.scheme.upper()} over "
         f"{', '.join(data.types)}; train {len(examples)} sentences, dev {len(data.dev)}; device {device}")
-    prepare_output_dir(out, force)
-    pipe.write_static_files(out)
 
     optimizer = make_optimizer(config, pipe.model.parameters())
     lengths = [len(e) for e in examples]
@@ -130,81 +245,120 @@ def train(config: Config, out: str | Path | None = None, force: bool = False, pr
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: lr_factor(config, step, steps_per_epoch, total_steps))
     params = [p for p in pipe.model.parameters() if p.requires_grad]
-
-    best_f1, best_epoch, bad_epochs, step = -1.0, 0, 0, 0
-    best_state = None
-    train_chars, train_seconds = 0, 0.0
-    started = time.perf_counter()
-    stopped = "epochs"
     history_path = out / "metrics.jsonl"
+
+    if resume:
+        progress, best_state = load_checkpoint(out, pipe, optimizer, scheduler)
+        changed = [k for k, v in data.checksums.items() if progress.checksums.get(k) not in (None, v)]
+        if changed:
+            raise UserError(f"the {', '.join(changed)} data changed since the run started", where=str(out),
+                            fix="resume with the same data files, or start a new run")
+        lines = history_path.read_text(encoding="utf-8").splitlines(True) if history_path.exists() else []
+        history_path.write_text("".join(lines[: progress.epochs_logged]), encoding="utf-8")
+        log(f"resuming {out} at epoch {progress.epoch}, batch {progress.batch} (step {progress.step})")
+    else:
+        prepare_output_dir(out, force)
+        pipe.write_static_files(out)
+        progress, best_state = Progress(checksums=data.checksums), None
+
     from tqdm import tqdm
 
-    for epoch in range(1, tc.epochs + 1):
+    started = time.perf_counter() - progress.elapsed
+    stopped = "epochs"
+    session_steps = 0
+    epoch = progress.epoch
+    while epoch <= tc.epochs:
         pipe.model.train()
         batches = bucketed_batches(lengths, tc.batch_size, random.Random(tc.seed * 1000 + epoch))
-        bar = tqdm(batches, desc=f"epoch {epoch}", unit="batch", leave=False, file=sys.stderr,
-                   disable=(not sys.stderr.isatty()) if progress is None else not progress, dynamic_ncols=True)
-        epoch_loss, epoch_batches, epoch_chars, epoch_seconds = 0.0, 0, 0, 0.0
-        for idx in bar:
-            t0 = time.perf_counter()
-            batch = collate([examples[i] for i in idx]).to(device)
-            loss = pipe.model.loss(batch)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            if tc.clip_norm:
-                torch.nn.utils.clip_grad_norm_(params, tc.clip_norm)
-            if tc.clip_value:
-                torch.nn.utils.clip_grad_value_(params, tc.clip_value)
-            optimizer.step()
-            scheduler.step()
-            step += 1
-            seconds = time.perf_counter() - t0
-            chars = sum(lengths[i] for i in idx)
-            epoch_loss += loss.item()
-            epoch_batches += 1
-            epoch_chars += chars
-            epoch_seconds += seconds
-            bar.set_postfix(loss=f"{loss.item():.3f}", chars_s=f"{epoch_chars / max(epoch_seconds, 1e-9):,.0f}")
-            if (tc.max_steps and step >= tc.max_steps) or (tc.time_budget and time.perf_counter() - started > tc.time_budget):
-                stopped = "max_steps" if tc.max_steps and step >= tc.max_steps else "time_budget"
-                break
+        bar = tqdm(total=len(batches), initial=progress.batch, desc=f"epoch {epoch}", unit="batch", leave=False,
+                   file=sys.stderr, dynamic_ncols=True,
+                   disable=(not sys.stderr.isatty()) if progress_bar is None else not progress_bar)
+        try:
+            for idx in batches[progress.batch:]:
+                t0 = time.perf_counter()
+                batch = collate([examples[i] for i in idx]).to(device)
+                loss = pipe.model.loss(batch)
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                if tc.clip_norm:
+                    torch.nn.utils.clip_grad_norm_(params, tc.clip_norm)
+                if tc.clip_value:
+                    torch.nn.utils.clip_grad_value_(params, tc.clip_value)
+                optimizer.step()
+                scheduler.step()
+                progress.step += 1
+                progress.batch += 1
+                session_steps += 1
+                progress.epoch_loss += loss.item()
+                progress.epoch_chars += sum(lengths[i] for i in idx)
+                progress.epoch_seconds += time.perf_counter() - t0
+                bar.update(1)
+                bar.set_postfix(loss=f"{loss.item():.3f}",
+                                chars_s=f"{progress.epoch_chars / max(progress.epoch_seconds, 1e-9):,.0f}")
+                if stop_after_steps and session_steps >= stop_after_steps:
+                    raise KeyboardInterrupt
+                if tc.checkpoint_every and progress.step % tc.checkpoint_every == 0:
+                    progress.elapsed = time.perf_counter() - started
+                    save_checkpoint(out, pipe, optimizer, scheduler, progress, best_state)
+                if tc.max_steps and progress.step >= tc.max_steps:
+                    stopped = "max_steps"
+                    break
+                if tc.time_budget and time.perf_counter() - started > tc.time_budget:
+                    stopped = "time_budget"
+                    break
+        except KeyboardInterrupt:
+            bar.close()
+            progress.elapsed = time.perf_counter() - started
+            save_checkpoint(out, pipe, optimizer, scheduler, progress, best_state)
+            raise Interrupted(f"training interrupted at epoch {epoch}, step {progress.step}; checkpoint saved. "
+                              f"Continue with: nerkit train --resume {out}") from None
         bar.close()
-        train_chars += epoch_chars
-        train_seconds += epoch_seconds
+
         dev_metrics, _ = pipe.evaluate_sentences(data.dev, tc.eval_batch_size)
-        record = {"epoch": epoch, "step": step, "loss": epoch_loss / max(1, epoch_batches),
+        n_batches = max(1, progress.batch)
+        record = {"epoch": epoch, "step": progress.step, "loss": progress.epoch_loss / n_batches,
                   "lr": scheduler.get_last_lr()[0],
                   "dev_precision": dev_metrics["precision"], "dev_recall": dev_metrics["recall"],
-                  "dev_f1": dev_metrics["f1"], "chars_per_s": epoch_chars / max(epoch_seconds, 1e-9),
+                  "dev_f1": dev_metrics["f1"], "chars_per_s": progress.epoch_chars / max(progress.epoch_seconds, 1e-9),
                   "elapsed_s": time.perf_counter() - started}
         with open(history_path, "a", encoding="utf-8") as f:
             f.write(json.dumps(record) + "\n")
-        improved = dev_metrics["f1"] > best_f1
+        improved = dev_metrics["f1"] > progress.best_f1
         log(f"epoch {epoch}/{tc.epochs}  loss {record['loss']:.4f}  dev P {100 * dev_metrics['precision']:.2f} "
             f"R {100 * dev_metrics['recall']:.2f} F1 {100 * dev_metrics['f1']:.2f}{' *' if improved else ''}  "
             f"{record['chars_per_s']:,.0f} chars/s  {record['elapsed_s']:.0f}s")
         if improved:
-            best_f1, best_epoch, bad_epochs = dev_metrics["f1"], epoch, 0
+            progress.best_f1, progress.best_epoch, progress.bad_epochs = dev_metrics["f1"], epoch, 0
             best_state = {k: v.detach().clone() for k, v in pipe.model.state_dict().items()}
             pipe.write_weights(out, {"best_epoch": epoch, "dev": dev_metrics})
         else:
-            bad_epochs += 1
+            progress.bad_epochs += 1
         pipe.save(out / "last", {"epoch": epoch, "dev": dev_metrics})
-        if stopped != "epochs":
-            break
-        if tc.patience and bad_epochs >= tc.patience:
+        progress.train_chars += progress.epoch_chars
+        progress.train_seconds += progress.epoch_seconds
+        progress.epochs_logged += 1
+        early = tc.patience and progress.bad_epochs >= tc.patience
+        if early:
             stopped = "early_stopping"
             log(f"early stopping: no dev improvement for {tc.patience} epochs")
+        finished = stopped != "epochs" or epoch == tc.epochs
+        progress.epoch, progress.batch = epoch + 1, 0
+        progress.epoch_loss, progress.epoch_chars, progress.epoch_seconds = 0.0, 0, 0.0
+        progress.elapsed = time.perf_counter() - started
+        save_checkpoint(out, pipe, optimizer, scheduler, progress, best_state)
+        if finished:
             break
+        epoch += 1
 
     pipe.model.load_state_dict(best_state)
-    metrics = {"best_epoch": best_epoch, "epochs": epoch, "steps": step, "stopped": stopped,
-               "dev": pipe.evaluate_sentences(data.dev, tc.eval_batch_size)[0],
-               "train_chars_per_s": train_chars / max(train_seconds, 1e-9),
-               "elapsed_s": time.perf_counter() - started, "parameters": n_params, "device": str(device)}
+    metrics = {"best_epoch": progress.best_epoch, "epochs": min(epoch, tc.epochs), "steps": progress.step,
+               "stopped": stopped, "dev": pipe.evaluate_sentences(data.dev, tc.eval_batch_size)[0],
+               "train_chars_per_s": progress.train_chars / max(progress.train_seconds, 1e-9),
+               "elapsed_s": time.perf_counter() - started, "parameters": n_params, "device": str(device),
+               "data_sha256": data.checksums}
     if data.test is not None:
         metrics["test"] = pipe.evaluate_sentences(data.test, tc.eval_batch_size)[0]
-        log(f"test (best dev epoch {best_epoch}): P {100 * metrics['test']['precision']:.2f} "
+        log(f"test (best dev epoch {progress.best_epoch}): P {100 * metrics['test']['precision']:.2f} "
             f"R {100 * metrics['test']['recall']:.2f} F1 {100 * metrics['test']['f1']:.2f}")
     pipe.write_weights(out, metrics)
     log(f"model saved to {out}")

@@ -82,6 +82,8 @@ class RelativePositions(nn.Module):
         value_positions: bool = False,
     ):
         super().__init__()
+        if learned_table and projection:
+            raise ValueError("a learned table needs no projection: its rows are already free parameters")
         d_model = n_heads * head_dim
         self.n_heads = n_heads
         self.head_dim = head_dim
@@ -101,8 +103,6 @@ class RelativePositions(nn.Module):
             self.sinusoids = SinusoidTable(d_model if projection else head_dim)
             self.key_table = None
             self.value_table = None
-        if projection and learned_table:
-            raise ValueError("a learned table is already per-distance; projecting it adds nothing")
         self.projection = nn.Linear(d_model, d_model, bias=False) if projection else None  # W_{k,R}
         self.position_bias = (  # v
             nn.Parameter(nn.init.xavier_normal_(torch.empty(n_heads, head_dim))) if position_bias else None

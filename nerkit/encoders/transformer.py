@@ -23,9 +23,9 @@ def sinusoid(positions: torch.Tensor, dim: int) -> torch.Tensor:
 
 class SinusoidTable(nn.Module):
     """Sinusoids of the positions -radius..radius, computed once and regrown when a longer input
-    arrives, so lengths never seen in training work. Kept in float64 and cast on use (a float32 table
-    cast up would be off by 1e-7), and as a plain attribute, not a buffer: it is a pure function of
-    `dim`, so it is neither saved nor converted by `.to()`; it moves to the input's device on use."""
+    arrives, so lengths never seen in training work. The master copy is float64 on the CPU (a float32
+    table cast up would be off by 1e-7) and is cast to the input's dtype, then device, on first use
+    there. Plain attributes, not buffers: a pure function of `dim`, never saved with the model."""
 
     def __init__(self, dim: int, radius: int = 256):
         super().__init__()
@@ -36,6 +36,7 @@ class SinusoidTable(nn.Module):
         self.dim = dim
         self.radius = radius
         self.table = sinusoid(torch.arange(-radius, radius + 1), dim)  # (2 * radius + 1, dim) float64
+        self._cast = self.table  # the table as the last input's dtype and device
 
     def forward(self, start: int, end: int, like: torch.Tensor) -> torch.Tensor:
         """Rows for the positions start, ..., end - 1, as `like`'s dtype and device: (end - start, dim)."""
@@ -44,9 +45,11 @@ class SinusoidTable(nn.Module):
             # Grow geometrically so that a slowly lengthening stream of inputs does not recompute every time.
             self.radius = max(needed, 2 * self.radius)
             self.table = sinusoid(torch.arange(-self.radius, self.radius + 1), self.dim)
-        if self.table.device != like.device:
-            self.table = self.table.to(like.device)
-        return self.table[start + self.radius : end + self.radius].to(like.dtype)
+            self._cast = self.table
+        if (self._cast.dtype, self._cast.device) != (like.dtype, like.device):
+            # dtype first: some devices (MPS) hold no float64.
+            self._cast = self.table.to(dtype=like.dtype).to(like.device)
+        return self._cast[start + self.radius : end + self.radius]
 
 
 class MultiHeadAttention(nn.Module):
@@ -103,17 +106,19 @@ class MultiHeadAttention(nn.Module):
         q = self._split_heads(self.query(x))  # (B, H, L, d)
         k = self._split_heads(self.key(x) if self.key is not None else x)  # (B, H, L, d)
         content_q = q if self.content_bias is None else q + self.content_bias[:, None, :]
+        # In place from here on: backward needs none of these (B, H, L, L) intermediates, and at
+        # L = 400 each one is tens of MiB.
         logits = content_q @ k.transpose(-1, -2)  # (B, H, L, L): (a) + (c)
         if self.positions is not None:
-            logits = logits + self.positions.logits(q, lattice)  # (B, H, L, L): (b) + (d)
-        return logits * self.scale
+            logits += self.positions.logits(q, lattice)  # (B, H, L, L): (b) + (d)
+        return logits.mul_(self.scale)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor, lattice=None) -> torch.Tensor:
         # x (B, L, d_model), mask (B, L) bool.
         logits = self.logits(x, lattice)  # (B, H, L, L)
         # A finite large negative rather than -inf: padding keys get exactly zero weight in every real
         # row, and an all-padding row (a padded query of an empty sentence) stays finite (uniform).
-        logits = logits.masked_fill(~mask[:, None, None, :], torch.finfo(logits.dtype).min)
+        logits.masked_fill_(~mask[:, None, None, :], torch.finfo(logits.dtype).min)
         weights = self.dropout(logits.softmax(dim=-1))  # (B, H, L, L)
         out = weights @ self._split_heads(self.value(x))  # (B, H, L, d)
         if self.positions is not None:
@@ -186,4 +191,4 @@ class Transformer(nn.Module):
         x = x + self.positions(0, x.size(1), like=x)
         for layer in self.layers:
             x = layer(x, mask)
-        return x.masked_fill(~mask[..., None], 0.0)  # padding reads as zeros, as from the BiLSTM
+        return x  # padding reads as zeros, as from the BiLSTM

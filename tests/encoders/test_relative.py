@@ -5,6 +5,7 @@ of relative scores, padding invariance, gradients, and long inputs."""
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -41,10 +42,21 @@ def paper_sinusoid(p, dim):
     return torch.tensor(values, dtype=torch.float64)
 
 
+# Each paper's choices, written out here rather than read from the module under test.
+PAPERS = {
+    "tener": SimpleNamespace(key_projection=False, scale=False, learned_table=False, position_projection=False,
+                             global_biases=True, value_positions=False),
+    "xl": SimpleNamespace(key_projection=True, scale=True, learned_table=False, position_projection=True,
+                          global_biases=True, value_positions=False),
+    "shaw": SimpleNamespace(key_projection=True, scale=True, learned_table=True, position_projection=False,
+                            global_biases=False, value_positions=True),
+}
+
+
 def naive_attention(attention, name, x, mask):
     """One (query, key) pair at a time, each term spelled out; softmax over the real keys only.
     Returns the outputs of the real positions, (N, d_model), sentence by sentence."""
-    variant = VARIANTS[name]
+    variant = PAPERS[name]
     positions = attention.positions
     d = HEAD_DIM
     rows = []
@@ -61,7 +73,7 @@ def naive_attention(attention, name, x, mask):
 
                 def position_key(j):
                     if variant.learned_table:
-                        # Shaw's a^K_ij = w^K_{clip(j - i, k)}; our table stores w in reverse (row k + clip(i - j)).
+                        # Shaw: a^K_ij = w^K_{clip(j - i, k)}; the table holds w reversed (row k + clip(i-j)).
                         return positions.key_table[CLIP + max(-CLIP, min(CLIP, i - j))]
                     if variant.position_projection:  # XL: W_{k,R} R_{i-j}, R of width d_model
                         return (positions.projection.weight @ paper_sinusoid(i - j, D_MODEL))[head]
@@ -73,7 +85,7 @@ def naive_attention(attention, name, x, mask):
                     score = q_i @ k_j + q_i @ r_ij  # (a) content + (b) content-dependent position
                     if variant.global_biases:
                         u, v = attention.content_bias[h], positions.position_bias[h]
-                        score = score + u @ k_j + v @ r_ij  # (c) global content bias + (d) global position bias
+                        score = score + u @ k_j + v @ r_ij  # (c) global content + (d) global position bias
                     if variant.scale:
                         score = score / math.sqrt(d)
                     scores.append(score)
@@ -102,7 +114,7 @@ def test_efficient_attention_gradients_equal_naive_reference(name):
     attention = make_attention(name, seed=1)
     x, mask = make_batch([5, 2, 4], D_MODEL, seed=1)
     x.requires_grad_(True)
-    readout = torch.randn(int(mask.sum()), D_MODEL, dtype=torch.float64)  # so LayerNorm-free sums are not special
+    readout = torch.randn(int(mask.sum()), D_MODEL, dtype=torch.float64)  # weighs every output differently
     inputs = [x, *attention.parameters()]
     fast = torch.autograd.grad((attention(x, mask)[mask] * readout).sum(), inputs)
     naive = torch.autograd.grad((naive_attention(attention, name, x, mask) * readout).sum(), inputs)
@@ -174,7 +186,8 @@ def test_all_padding_row_stays_finite(name):
 def test_every_parameter_gets_a_gradient(name):
     encoder = make_encoder(name)
     x, mask = make_batch([8, 6], 5)  # longer than CLIP + 1, so every row of Shaw's tables is used
-    readout = torch.randn(2, 8, encoder.output_dim, dtype=torch.float64)  # a plain sum after LayerNorm is ~flat
+    # A random readout: the plain sum of a LayerNorm output has zero gradient.
+    readout = torch.randn(2, 8, encoder.output_dim, dtype=torch.float64)
     (encoder(x, mask) * readout).sum().backward()
     for param_name, param in encoder.named_parameters():
         assert param.grad is not None and param.grad.abs().sum() > 0, param_name

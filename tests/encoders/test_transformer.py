@@ -69,7 +69,8 @@ def naive_attention(attention, x, mask):
             for h in range(HEADS):
                 head = slice(h * d, (h + 1) * d)
                 q_i = (attention.query.weight @ x[b, i])[head]
-                scores = torch.stack([q_i @ (attention.key.weight @ x[b, j])[head] / math.sqrt(d) for j in range(n)])
+                keys = [(attention.key.weight @ x[b, j])[head] for j in range(n)]
+                scores = torch.stack([q_i @ k_j / math.sqrt(d) for k_j in keys])
                 alpha = scores.softmax(0)
                 heads.append(sum(alpha[j] * (attention.value.weight @ x[b, j])[head] for j in range(n)))
             rows.append(attention.output.weight @ torch.cat(heads) + attention.output.bias)
@@ -86,9 +87,9 @@ def test_attention_equals_naive_reference():
     naive = naive_attention(attention, x, mask)
     torch.testing.assert_close(fast, naive, atol=1e-10, rtol=1e-10)
     inputs = [x, *attention.parameters()]
-    for got, expected in zip(
-        torch.autograd.grad((fast * readout).sum(), inputs), torch.autograd.grad((naive * readout).sum(), inputs)
-    ):
+    fast_grads = torch.autograd.grad((fast * readout).sum(), inputs)
+    naive_grads = torch.autograd.grad((naive * readout).sum(), inputs)
+    for got, expected in zip(fast_grads, naive_grads):
         torch.testing.assert_close(got, expected, atol=1e-10, rtol=1e-10)
 
 
@@ -140,7 +141,8 @@ def test_all_padding_row_stays_finite():
 def test_every_parameter_gets_a_gradient():
     encoder = make_encoder()
     x, mask = make_batch([6, 4], 5)
-    readout = torch.randn(2, 6, encoder.output_dim, dtype=torch.float64)  # a plain sum after LayerNorm is ~flat
+    # A random readout: the plain sum of a LayerNorm output has zero gradient.
+    readout = torch.randn(2, 6, encoder.output_dim, dtype=torch.float64)
     (encoder(x, mask) * readout).sum().backward()
     for name, param in encoder.named_parameters():
         assert param.grad is not None and param.grad.abs().sum() > 0, name

@@ -1,0 +1,85 @@
+"""Shared test helpers: the benchmark data root and a writer for small files in `tmp_path`."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+
+
+@pytest.fixture(scope="session")
+def data_root() -> Path:
+    """The benchmark data (NERKIT_DATA, else the repo's ../shared/data); skips when it is absent."""
+    root = Path(os.environ.get("NERKIT_DATA") or REPO.parent / "shared" / "data")
+    if not root.is_dir():
+        pytest.skip(f"benchmark data not found at {root} (set NERKIT_DATA)")
+    return root
+
+
+@pytest.fixture
+def write_file(tmp_path):
+    """`write_file(content, name)` writes str (as UTF-8, exactly as given) or bytes; returns the path."""
+
+    def write(content: str | bytes, name: str = "corpus.bio") -> Path:
+        path = tmp_path / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(content if isinstance(content, bytes) else content.encode("utf-8"))
+        return path
+
+    return write
+
+
+# ----------------------------------------------------------------------- tiny models (model tests)
+
+TINY_TRAIN = FIXTURES / "tiny_train.bio"
+TINY_DEV = FIXTURES / "tiny_dev.bio"
+
+
+def tiny_raw_config() -> dict:
+    """A config dict for a model that trains in a second or two on the tiny fixture corpus."""
+    return {
+        "data": {"train": str(TINY_TRAIN), "dev": str(TINY_DEV), "max_len": 250},
+        "embeddings": {"char_dim": 16, "bichar_dim": 8, "dropout": 0.0},
+        "encoder": {"name": "bilstm", "hidden_size": 16},
+        "train": {"epochs": 6, "batch_size": 8, "lr": 0.02, "patience": 0, "seed": 1, "device": "cpu"},
+    }
+
+
+@pytest.fixture(scope="session")
+def tiny_config():
+    """`tiny_config("train.epochs=2", ...)`: the tiny config with `--set`-style overrides applied."""
+    from nerkit.config import build_config
+
+    def make(*overrides: str):
+        return build_config(tiny_raw_config(), "<tiny config>", list(overrides))
+
+    return make
+
+
+@pytest.fixture(scope="session", autouse=True)
+def one_torch_thread():
+    """Tiny models gain nothing from intra-op threads, and on shared cores a second thread makes
+    each step several times slower; training configs that set train.threads change it globally,
+    so it is put back after each session."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> Path:
+    """A model directory trained once per session on the tiny corpus (dev F1 well above zero)."""
+    from nerkit.config import build_config
+    from nerkit.train import train
+
+    out = tmp_path_factory.mktemp("tiny_model") / "model"
+    metrics = train(build_config(tiny_raw_config(), "<tiny config>"), out=out)
+    assert metrics["dev"]["f1"] > 0.5, metrics
+    return out

@@ -1,0 +1,196 @@
+"""Tests for the `nerkit data` commands and the CLI's error handling, run as a user runs them: a
+subprocess, checked for exit code, stdout and stderr (a user error is one line, no traceback)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from nerkit.corpus import Span, read_corpus
+
+FIXTURES = Path(__file__).parent / "fixtures"
+REPO = Path(__file__).resolve().parent.parent
+THREE_TYPES_SPANS = [[Span(0, 2, "PER"), Span(3, 5, "LOC")], [Span(0, 4, "ORG"), Span(5, 6, "PER")]]
+
+
+def nerkit(*args, cwd: Path = REPO) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "nerkit", *map(str, args)], cwd=cwd, capture_output=True,
+                          text=True, timeout=120, env={**os.environ, "PYTHONWARNINGS": "error"})
+
+
+def assert_user_error(result: subprocess.CompletedProcess, where, words: str) -> None:
+    """Exit code 2 and exactly one line on stderr: `nerkit: error: WHERE: ...` (no WHERE when
+    None), no traceback."""
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.startswith("nerkit: error: " + (f"{where}: " if where else "")), result.stderr
+    assert words in result.stderr
+    assert "Traceback" not in result.stderr
+    assert result.stderr.count("\n") == 1
+    assert result.stdout == ""
+
+
+# ---------------------------------------------------------------- stats
+
+
+def test_stats_json():
+    names = ["three_types.bio", "three_types.bmes", "three_types.jsonl"]
+    result = nerkit("data", "stats", "--json", *(FIXTURES / n for n in names))
+    assert result.returncode == 0, result.stderr
+    stats = json.loads(result.stdout)
+    assert [Path(s["file"]).name for s in stats] == names
+    assert [s["scheme"] for s in stats] == ["bio", "bmes", "bioes"]
+    for s in stats:
+        assert (s["sentences"], s["characters"], s["entities_total"]) == (2, 13, 4)
+        assert s["entities"] == {"LOC": 1, "ORG": 1, "PER": 2}
+        assert s["length"]["max"] == 7
+        assert len(s["sha256"]) == 64 and s["known_as"] is None
+
+
+def test_stats_text():
+    result = nerkit("data", "stats", FIXTURES / "invalid_transitions.bio")
+    assert result.returncode == 0, result.stderr
+    assert "sentences     2" in result.stdout
+    assert "invalid transitions  2" in result.stdout
+
+
+def test_stats_of_a_missing_file(tmp_path):
+    assert_user_error(nerkit("data", "stats", tmp_path / "absent.bio"), tmp_path / "absent.bio", "no such file")
+
+
+def test_stats_of_real_data_smallest_file(data_root):
+    path = data_root / "peopledaily" / "example.dev"
+    if not path.is_file():
+        pytest.skip(f"{path} not found")
+    result = nerkit("data", "stats", "--json", path)
+    assert result.returncode == 0, result.stderr
+    [stats] = json.loads(result.stdout)
+    assert stats["sentences"] == 2_318
+    assert stats["entities"] == {"LOC": 1_951, "ORG": 984, "PER": 884}
+    assert stats["sha256"] == "7d8e6fcd1745e6adcb99d90307d84c3a0f9f8ff5ee6fe62ca27646cb765fc38a"
+    assert "People's Daily" in stats["known_as"]
+
+
+# ---------------------------------------------------------------- validate
+
+
+@pytest.mark.parametrize("name, summary", [
+    ("three_types.bio", "OK, 2 sentences, BIO, types LOC, ORG, PER"),
+    ("three_types.bmes", "OK, 2 sentences, BMES, types LOC, ORG, PER"),
+    ("three_types.jsonl", "OK, 2 sentences, BIOES, types LOC, ORG, PER"),
+])
+def test_validate_ok(name, summary):
+    result = nerkit("data", "validate", FIXTURES / name)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == f"{FIXTURES / name}: {summary}"
+    assert result.stderr == ""
+
+
+@pytest.mark.parametrize("content, line, words", [
+    (b"\xe5\xbc\xa0 O\n\xd5\xc5 O\n", 2, "are not UTF-8"),  # GBK on line 2
+    ("张 O\n三\n".encode(), 2, "found 1"),
+    ("张 O\n三 b-per\n".encode(), 2, "did you mean B-PER?"),
+    ("张 O\n三 I-PER\n".encode(), 2, "invalid transition"),
+    ("北 B-LOC\n京 M-LOC\n市 E-LOC\n\n张 I-PER\n".encode(), 5, "mix I-"),
+])
+def test_validate_error_is_one_line_with_file_and_line(write_file, content, line, words):
+    path = write_file(content)
+    assert_user_error(nerkit("data", "validate", path), f"{path}:{line}", words)
+
+
+def test_validate_empty_file(write_file):
+    path = write_file(b"")
+    assert_user_error(nerkit("data", "validate", path), path, "empty")
+
+
+@pytest.mark.parametrize("position", ["first", "last"])
+def test_debug_shows_the_traceback(write_file, position):
+    path = write_file("张 O\n三\n")
+    args = ["data", "validate", path]
+    result = nerkit(*(["--debug", *args] if position == "first" else [*args, "--debug"]))
+    assert result.returncode not in (0, 2)
+    assert "Traceback" in result.stderr
+    assert "CorpusError" in result.stderr and f"{path}:2" in result.stderr
+
+
+def test_validate_repair_writes_a_file_that_validates(tmp_path):
+    source, out = FIXTURES / "invalid_transitions.bio", tmp_path / "fixed.bio"
+    result = nerkit("data", "validate", source, "--repair", out)
+    assert result.returncode == 0, result.stderr
+    assert "repaired 2 tags (2 invalid transitions)" in result.stdout
+    strict = nerkit("data", "validate", out)
+    assert strict.returncode == 0, strict.stderr
+    assert [s.spans() for s in read_corpus(out).sentences] == [
+        [Span(1, 3, "LOC")], [Span(0, 1, "PER"), Span(1, 2, "ORG")],
+    ]
+
+
+# ---------------------------------------------------------------- convert
+
+
+@pytest.mark.parametrize("source", ["three_types.bio", "three_types.bmes", "three_types.jsonl"])
+@pytest.mark.parametrize("to, marker", [("bio", "I-ORG"), ("bioes", "S-PER"), ("bmes", "M-ORG"), ("jsonl", '"entities"')])
+def test_convert(tmp_path, source, to, marker):
+    out = tmp_path / ("out.jsonl" if to == "jsonl" else f"out.{to}")
+    result = nerkit("data", "convert", FIXTURES / source, out, "--to", to)
+    assert result.returncode == 0, result.stderr
+    assert f"-> {out} ({to}), 2 sentences" in result.stdout
+    assert marker in out.read_text(encoding="utf-8")
+    corpus = read_corpus(out)
+    assert corpus.scheme == ("bioes" if to == "jsonl" else to)
+    assert [s.text for s in corpus.sentences] == ["张三在北京。", "中国银行见李。"]
+    assert [s.spans() for s in corpus.sentences] == THREE_TYPES_SPANS
+
+
+def test_convert_to_an_unknown_format(tmp_path):
+    out = tmp_path / "out.txt"
+    assert_user_error(nerkit("data", "convert", FIXTURES / "three_types.bio", out, "--to", "iob"), None,
+                      "unknown output format 'iob'")
+    assert not out.exists()
+
+
+def test_convert_refuses_a_space_token_in_conll(write_file, tmp_path):
+    source = write_file('{"text": "New York", "entities": [{"start": 0, "end": 8, "type": "LOC"}]}\n', "en.jsonl")
+    out = tmp_path / "en.bio"
+    assert_user_error(nerkit("data", "convert", source, out, "--to", "bio"), out, "cannot be written")
+    assert not out.exists()
+
+
+def test_convert_with_repair(tmp_path):
+    out = tmp_path / "fixed.bmes"
+    result = nerkit("data", "convert", FIXTURES / "invalid_transitions.bio", out, "--to", "bmes", "--repair")
+    assert result.returncode == 0, result.stderr
+    assert out.read_text(encoding="utf-8").startswith("在 O\n京 B-LOC\n城 E-LOC\n。 O\n\n张 S-PER\n三 S-ORG\n")
+
+
+# ---------------------------------------------------------------- train: config errors and --dry-run
+
+
+def test_train_dry_run_prints_the_resolved_config(tmp_path):
+    config = tmp_path / "c.yaml"
+    config.write_text("data:\n  train: ${NERKIT_DATA}/x.bio\nencoder:\n  name: bilstm\n  hidden_size: 64\n"
+                      "train:\n  lr: 1e-3\n", encoding="utf-8")
+    result = nerkit("train", "--config", config, "--dry-run", "--set", "train.lr=0.0123",
+                    "--set", "encoder.name=transformer", "--out", tmp_path / "model")
+    assert result.returncode == 0, result.stderr
+    resolved = yaml.safe_load(result.stdout)
+    assert resolved["train"]["lr"] == 0.0123
+    assert resolved["encoder"]["name"] == "transformer" and "hidden_size" not in resolved["encoder"]
+    assert resolved["data"]["train"] == f"{os.environ.get('NERKIT_DATA', 'data')}/x.bio"
+    assert resolved["output_dir"] == str(tmp_path / "model")
+    assert not (tmp_path / "model").exists()
+
+
+def test_train_with_a_missing_config(tmp_path):
+    assert_user_error(nerkit("train", "--config", "missing.yaml", cwd=tmp_path), "missing.yaml", "not found")
+
+
+def test_train_with_an_unknown_config_key(tmp_path):
+    config = tmp_path / "c.yaml"
+    config.write_text("train:\n  lrr: 0.1\n", encoding="utf-8")
+    assert_user_error(nerkit("train", "--config", config, "--dry-run"), config, "did you mean 'lr'?")

@@ -1,0 +1,329 @@
+"""Tests for nerkit.config: YAML loading, type coercion, unknown-key suggestions, `${VAR}`
+interpolation, dotted `--set` overrides, encoder sections, and the YAML round trip."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from nerkit.config import (
+    CHOICES,
+    Config,
+    DataConfig,
+    TrainConfig,
+    build_config,
+    config_to_dict,
+    config_to_yaml,
+    load_config,
+)
+from nerkit.encoders import ENCODERS
+from nerkit.errors import ConfigError, UserError
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def write_config(write_file):
+    def write(text: str) -> Path:
+        return write_file(text, "config.yaml")
+
+    return write
+
+
+def config_error(raw: dict, overrides=()) -> ConfigError:
+    with pytest.raises(ConfigError) as info:
+        build_config(raw, "cfg.yaml", overrides)
+    return info.value
+
+
+# ---------------------------------------------------------------- loading and coercion
+
+
+def test_load_from_yaml(write_config):
+    path = write_config("""
+data:
+  train: corpus/train.bio
+  max_len: 120
+  normalize: true
+encoder:
+  name: tener
+  n_heads: 4
+  attention: xl
+train:
+  lr: 1e-3        # PyYAML reads this as a string
+  batch_size: "32"
+  epochs: 3.0
+output_dir: runs/x
+""")
+    cfg = load_config(path)
+    assert cfg.data.train == "corpus/train.bio"
+    assert cfg.data.max_len == 120 and cfg.data.normalize is True
+    assert cfg.data.dev is None  # defaults fill the rest
+    assert cfg.encoder.name == "tener"
+    assert isinstance(cfg.encoder.options, ENCODERS["tener"].Config)
+    assert cfg.encoder.options.n_heads == 4 and cfg.encoder.options.attention == "xl"
+    assert cfg.train.lr == 0.001 and type(cfg.train.lr) is float
+    assert cfg.train.batch_size == 32 and type(cfg.train.batch_size) is int
+    assert cfg.train.epochs == 3 and type(cfg.train.epochs) is int
+    assert cfg.output_dir == "runs/x"
+
+
+def test_empty_file_gives_the_defaults(write_config):
+    assert load_config(write_config("# nothing\n")) == build_config({})
+
+
+def test_the_demo_config_loads():
+    cfg = load_config(REPO / "configs" / "demo.yaml")
+    assert cfg.encoder.name == "bilstm"
+    assert cfg.encoder.options.hidden_size == 128
+
+
+@pytest.mark.parametrize("text, value", [
+    ("true", True), ("'yes'", True), ("'on'", True), ("'1'", True), ("1", True),
+    ("false", False), ("'No'", False), ("'off'", False), ("0", False),
+])
+def test_bool_strings(write_config, text, value):
+    assert load_config(write_config(f"data:\n  normalize: {text}\n")).data.normalize is value
+
+
+@pytest.mark.parametrize("section, key, value, words", [
+    ("train", "epochs", "abc", "'abc' is not a valid int"),
+    ("train", "epochs", 2.5, "not a valid int"),
+    ("train", "epochs", True, "not a valid int"),
+    ("train", "lr", "fast", "not a valid float"),
+    ("data", "normalize", "maybe", "not a valid bool"),
+    ("data", "normalize", 2, "not a valid bool"),
+    ("data", "train", ["a", "b"], "not a valid str"),
+])
+def test_wrong_type_names_the_key(section, key, value, words):
+    err = config_error({section: {key: value}})
+    assert f"cfg.yaml: {section}.{key}" in str(err)
+    assert words in str(err)
+
+
+@pytest.mark.parametrize("section, key, value", [
+    ("train", "epochs", -1), ("train", "lr", "-1e-3"), ("data", "max_len", "-5"),
+])
+def test_negative_value_is_an_error(section, key, value):
+    err = config_error({section: {key: value}})
+    assert f"{section}.{key}" in err.message and "negative" in err.message
+
+
+@pytest.mark.parametrize("raw, words", [
+    ({"train": {"optimizer": "adamm"}}, "not one of sgd, adam, adamw"),
+    ({"data": {"dev_split": 1.0}}, "data.dev_split"),
+    ({"train": {"batch_size": 0}}, "train.batch_size"),
+    ({"train": "fast"}, "must be a mapping"),
+])
+def test_invalid_values(raw, words):
+    assert words in str(config_error(raw))
+
+
+def test_choices_accept_their_values():
+    for (section, key), choices in CHOICES.items():
+        for choice in choices:
+            assert getattr(getattr(build_config({section: {key: choice}}), section), key) == choice
+
+
+def test_unknown_key_suggests_the_closest():
+    err = config_error({"train": {"lrr": 0.1}})
+    assert isinstance(err, UserError)
+    assert "unknown key train.lrr" in err.message
+    assert err.where == "cfg.yaml"
+    assert "'lr'" in err.fix
+
+
+def test_unknown_key_without_a_close_match_lists_the_valid_ones():
+    err = config_error({"crf": {"zzzzzz": 1}})
+    assert "constrain_training" in err.fix and "dropout" in err.fix
+
+
+def test_unknown_section_suggests_the_closest():
+    err = config_error({"trian": {"lr": 0.1}})
+    assert "unknown section 'trian'" in err.message
+    assert "'train'" in err.fix
+
+
+@pytest.mark.parametrize("text, words", [
+    ("train: [1, 2\n", "not valid YAML"),
+    ("- a\n- b\n", "must be a mapping"),
+])
+def test_malformed_yaml(write_config, text, words):
+    path = write_config(text)
+    with pytest.raises(ConfigError, match=words) as info:
+        load_config(path)
+    assert str(path) in str(info.value)
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(ConfigError, match="not found") as info:
+        load_config(tmp_path / "missing.yaml")
+    assert "missing.yaml" in str(info.value)
+
+
+# ---------------------------------------------------------------- ${VAR} interpolation
+
+
+def test_interpolation_from_the_environment(monkeypatch, write_config):
+    monkeypatch.setenv("CORPUS_DIR", "/corpora")
+    monkeypatch.setenv("EPOCHS", "7")
+    cfg = load_config(write_config("data:\n  train: ${CORPUS_DIR}/msra/train.bmes\ntrain:\n  epochs: ${EPOCHS}\n"))
+    assert cfg.data.train == "/corpora/msra/train.bmes"
+    assert cfg.train.epochs == 7
+
+
+def test_nerkit_data_defaults_to_data(monkeypatch):
+    monkeypatch.delenv("NERKIT_DATA", raising=False)
+    assert build_config({"data": {"train": "${NERKIT_DATA}/x.bio"}}).data.train == "data/x.bio"
+    monkeypatch.setenv("NERKIT_DATA", "/shared/data")
+    assert build_config({"data": {"train": "${NERKIT_DATA}/x.bio"}}).data.train == "/shared/data/x.bio"
+
+
+def test_interpolation_default(monkeypatch):
+    monkeypatch.delenv("NERKIT_TEST_UNSET", raising=False)
+    raw = {"data": {"test": "${NERKIT_TEST_UNSET:-gold/test.bio}"}, "train": {"lr": "${NERKIT_TEST_UNSET:-0.5}"}}
+    cfg = build_config(raw)
+    assert cfg.data.test == "gold/test.bio"
+    assert cfg.train.lr == 0.5
+    monkeypatch.setenv("NERKIT_TEST_UNSET", "")  # as in the shell, `:-` also replaces an empty value
+    assert build_config(raw).data.test == "gold/test.bio"
+    monkeypatch.setenv("NERKIT_TEST_UNSET", "0.25")
+    assert build_config(raw).train.lr == 0.25
+
+
+def test_interpolation_in_the_encoder_name(monkeypatch):
+    monkeypatch.setenv("NERKIT_TEST_ENCODER", "transformer")
+    assert build_config({"encoder": {"name": "${NERKIT_TEST_ENCODER}"}}).encoder.name == "transformer"
+
+
+def test_unset_variable_without_default_is_an_error(monkeypatch):
+    monkeypatch.delenv("NERKIT_TEST_UNSET", raising=False)
+    err = config_error({"data": {"train": "${NERKIT_TEST_UNSET}/train.bio"}})
+    assert "NERKIT_TEST_UNSET is not set" in err.message
+    assert "data.train" in str(err)
+
+
+# ---------------------------------------------------------------- --set overrides
+
+
+def test_overrides(write_config):
+    path = write_config("train:\n  lr: 0.005\n  epochs: 3\n")
+    cfg = load_config(path, ["train.lr=0.01", "train.batch_size=8", "data.train=a.bio", "output_dir=runs/y",
+                             "train.warmup_steps=1e2"])
+    assert cfg.train.lr == 0.01
+    assert cfg.train.epochs == 3  # untouched file value
+    assert cfg.train.batch_size == 8
+    assert cfg.data.train == "a.bio"
+    assert cfg.output_dir == "runs/y"
+    assert cfg.train.warmup_steps == 100
+
+
+def test_last_override_wins():
+    assert build_config({}, overrides=["train.lr=0.1", "train.lr=0.2"]).train.lr == 0.2
+
+
+@pytest.mark.parametrize("override, words", [
+    ("train.lr", "has no '='"),
+    ("train..lr=1", "malformed"),
+    ("train.lr.x=1", "nested too deep"),
+    ("trian.lr=1", "did you mean 'train'"),
+    ("train.lrr=1", "unknown key train.lrr"),
+    ("train.epochs=abc", "train.epochs"),
+])
+def test_bad_overrides(override, words):
+    assert words in str(config_error({}, [override]))
+
+
+def test_switching_the_encoder_drops_the_file_keys_it_lacks(write_config):
+    path = write_config("encoder:\n  name: bilstm\n  hidden_size: 64\n  num_layers: 3\n  dropout: 0.2\n")
+    cfg = load_config(path, ["encoder.name=transformer", "encoder.n_heads=2"])
+    assert cfg.encoder.name == "transformer"
+    assert cfg.encoder.options == ENCODERS["transformer"].Config(n_heads=2, num_layers=3, dropout=0.2)
+
+
+def test_unknown_encoder_key_from_the_command_line_is_an_error(write_config):
+    path = write_config("encoder:\n  name: bilstm\n  hidden_size: 64\n")
+    with pytest.raises(ConfigError, match="unknown key encoder.hidden_size"):
+        load_config(path, ["encoder.name=transformer", "encoder.hidden_size=32"])
+
+
+@pytest.mark.parametrize("encoder", [
+    {"name": "bilstm", "hiden_size": 64},  # a typo
+    {"name": "transformer", "hidden_size": 64},  # a key of another encoder, no switch on the command line
+])
+def test_unknown_encoder_key_in_the_file_is_an_error(encoder):
+    err = config_error({"encoder": encoder})
+    assert "unknown key encoder." in err.message
+    assert "hidden_size" in str(err)
+
+
+def test_unknown_encoder_lists_the_valid_names():
+    err = config_error({"encoder": {"name": "lstm"}})
+    assert "unknown encoder 'lstm'" in err.message
+    for name in ENCODERS:
+        assert name in err.fix
+    assert "encoder.name" in err.where
+
+
+def test_unknown_encoder_from_the_command_line():
+    assert "unknown encoder 'cnn'" in str(config_error({}, ["encoder.name=cnn"]))
+
+
+# ---------------------------------------------------------------- YAML round trip
+
+
+def test_yaml_round_trip_of_a_changed_config(monkeypatch):
+    monkeypatch.setenv("NERKIT_DATA", "/data root")
+    cfg = build_config(
+        {"data": {"train": "${NERKIT_DATA}/t.bio", "dev": None, "dev_split": 0.1},
+         "encoder": {"name": "tener", "attention": "shaw", "scale": True, "ff_ratio": "3"},
+         "embeddings": {"char_vectors": "vec/char.txt", "freeze": "yes"},
+         "train": {"lr": "2e-5", "optimizer": "sgd", "time_budget": 1e-1}},
+    )
+    text = config_to_yaml(cfg)
+    back = build_config(yaml.safe_load(text))
+    assert back == cfg
+    assert back.data.train == "/data root/t.bio"
+    assert back.encoder.options.key_projection is None and back.encoder.options.scale is True
+
+
+def _field_values(cls, section: str):
+    """A strategy of valid values for every field of dataclass `cls`."""
+    safe_text = st.text("abcxyz09_./-", min_size=1, max_size=8).filter(lambda s: s.lower() not in ("null", "none"))
+    by_type = {
+        "int": st.integers(0, 10**6),
+        "float": st.floats(0, 1e6, allow_nan=False) | st.floats(0, 1e-3, allow_nan=False),
+        "bool": st.booleans(),
+        "str": safe_text,
+        "str | None": st.none() | safe_text,
+    }
+    values = {}
+    for f in dataclasses.fields(cls):
+        choices = CHOICES.get((section, f.name))
+        values[f.name] = st.sampled_from(choices) if choices else by_type[f.type]
+    if cls is DataConfig:
+        values["dev_split"] = st.floats(0, 0.99)
+    if cls is TrainConfig:
+        values["batch_size"] = st.integers(1, 512)
+        values["epochs"] = st.integers(1, 1000)
+    return st.fixed_dictionaries(values)
+
+
+@settings(max_examples=40, deadline=None)
+@given(data=_field_values(DataConfig, "data"), train=_field_values(TrainConfig, "train"),
+       encoder=st.sampled_from(sorted(ENCODERS)))
+def test_yaml_round_trip_of_random_configs(data, train, encoder):
+    cfg = build_config({"data": data, "train": train, "encoder": {"name": encoder}})
+    assert cfg.data == DataConfig(**data) and cfg.train == TrainConfig(**train)
+    back = build_config(yaml.safe_load(config_to_yaml(cfg)))
+    assert back == cfg
+    assert config_to_dict(back) == config_to_dict(cfg)
+
+
+def test_every_section_is_in_the_yaml():
+    assert set(yaml.safe_load(config_to_yaml(build_config({})))) == {f.name for f in dataclasses.fields(Config)}

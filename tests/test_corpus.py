@@ -1,0 +1,527 @@
+"""Tests for nerkit.corpus: tags <-> spans in every scheme, reading and writing CoNLL and JSON-lines,
+validation messages with FILE:LINE, repair as conlleval reads, normalisation, sentence splitting,
+and the statistics of the real benchmark files."""
+
+from __future__ import annotations
+
+import unicodedata
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from seqeval.metrics.sequence_labeling import get_entities
+
+from nerkit.corpus import (
+    SCHEMES,
+    Sentence,
+    Span,
+    convert_tags,
+    corpus_stats,
+    cut_points,
+    detect_scheme,
+    invalid_transition,
+    normalize_char,
+    normalize_text,
+    read_corpus,
+    spans_to_tags,
+    split_sentence,
+    tags_to_spans,
+    write_corpus,
+)
+from nerkit.errors import CorpusError
+
+FIXTURES = Path(__file__).parent / "fixtures"
+# A hyphen and a dot inside a type: the type is everything after the first '-'.
+TYPES = ["PER", "LOC", "ORG-X", "GPE.NAM"]
+# Token characters: CJK, ASCII, punctuation and a full-width space (a valid token), never an ASCII
+# separator or the BOM (which the reader drops at the start of a file).
+TOKEN_CHARS = st.one_of(
+    st.sampled_from(list("张三北京中国银行。，！a1Ｚ\u3000")),
+    st.characters(blacklist_categories=("Cs", "Cc", "Zs", "Zl", "Zp"), blacklist_characters="\ufeff"),
+)
+REUSED_FIXTURE = [HealthCheck.function_scoped_fixture]  # one file, rewritten by every example
+
+
+# ---------------------------------------------------------------- strategies and references
+
+
+@st.composite
+def span_sets(draw, max_pieces: int = 12) -> tuple[int, list[Span]]:
+    """A sentence length and flat spans over it, adjacent entities (of the same type too) included."""
+    pieces = draw(st.lists(
+        st.one_of(st.tuples(st.just("O"), st.integers(1, 3)), st.tuples(st.sampled_from(TYPES), st.integers(1, 5))),
+        max_size=max_pieces,
+    ))
+    spans, pos = [], 0
+    for kind, n in pieces:
+        if kind != "O":
+            spans.append(Span(pos, pos + n, kind))
+        pos += n
+    return pos, spans
+
+
+@st.composite
+def sentences(draw, max_sentences: int = 4) -> list[Sentence]:
+    out = []
+    for _ in range(draw(st.integers(1, max_sentences))):
+        n, spans = draw(span_sets().filter(lambda s: s[0] > 0))
+        tokens = draw(st.lists(TOKEN_CHARS, min_size=n, max_size=n))
+        out.append(Sentence(tokens, spans_to_tags(n, spans, "bioes")))
+    return out
+
+
+def any_tags(prefixes: str) -> st.SearchStrategy[list[str]]:
+    """Arbitrary tag sequences over `prefixes` (and O), invalid transitions included."""
+    entity_tag = st.builds(lambda p, t: f"{p}-{t}", st.sampled_from(prefixes.replace("O", "")), st.sampled_from(["A", "B"]))
+    tag = st.one_of(st.just("O"), entity_tag)
+    return st.lists(tag, min_size=1, max_size=10)
+
+
+def conlleval_bio_spans(tags: list[str]) -> list[Span]:
+    """conlleval's startOfChunk/endOfChunk restricted to B/I/O, transcribed from the Perl script."""
+    spans, start, prev_tag, prev_type = [], None, "O", ""
+    for i, tag in enumerate(tags + ["O"]):
+        prefix, typ = (tag.split("-", 1) + [""])[:2] if tag != "O" else ("O", "")
+        end = (prev_tag in "BI" and prefix in "BO") or (prev_tag != "O" and prev_type != typ)
+        begin = prefix == "B" or (prev_tag == "O" and prefix == "I") or (prefix != "O" and prev_type != typ)
+        if end and start is not None:
+            spans.append(Span(start, i, prev_type))
+            start = None
+        if begin:
+            start = i
+        prev_tag, prev_type = prefix, typ
+    return spans
+
+
+def reference_spans(tags: list[str]) -> list[Span]:
+    """seqeval's conlleval-style reading (it knows I-, not M-: the two mean the same)."""
+    tags = ["I-" + t[2:] if t.startswith("M-") else t for t in tags]
+    return sorted((Span(start, end + 1, typ) for typ, start, end in get_entities(tags)), key=span_key)
+
+
+def span_key(span: Span) -> tuple[int, int, str]:
+    return span.start, span.end, span.type
+
+
+def read_error(path: Path, **kwargs) -> CorpusError:
+    with pytest.raises(CorpusError) as info:
+        read_corpus(path, **kwargs)
+    return info.value
+
+
+def assert_at(err: CorpusError, path: Path, line: int) -> None:
+    assert err.where == f"{path}:{line}"
+    assert str(err).startswith(f"{path}:{line}: ")
+
+
+# ---------------------------------------------------------------- tags and spans
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+@given(span_sets())
+def test_spans_to_tags_to_spans_is_identity(scheme, length_spans):
+    length, spans = length_spans
+    tags = spans_to_tags(length, spans, scheme)
+    assert len(tags) == length
+    assert tags_to_spans(tags) == spans
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+@given(span_sets())
+def test_written_tags_break_no_transition_rule(scheme, length_spans):
+    tags = spans_to_tags(*length_spans, scheme)
+    prev = None
+    for tag in tags + [None]:
+        assert invalid_transition(prev, tag, scheme) is None, (prev, tag, tags)
+        prev = tag
+
+
+@pytest.mark.parametrize("source", SCHEMES)
+@pytest.mark.parametrize("target", SCHEMES)
+@given(span_sets())
+def test_convert_tags_between_schemes_keeps_spans(source, target, length_spans):
+    length, spans = length_spans
+    converted = convert_tags(spans_to_tags(length, spans, source), target)
+    assert converted == spans_to_tags(length, spans, target)
+    assert tags_to_spans(converted) == spans
+
+
+def test_scheme_tag_shapes():
+    spans = [Span(0, 1, "PER"), Span(1, 4, "LOC")]
+    assert spans_to_tags(5, spans, "bio") == ["B-PER", "B-LOC", "I-LOC", "I-LOC", "O"]
+    assert spans_to_tags(5, spans, "bioes") == ["S-PER", "B-LOC", "I-LOC", "E-LOC", "O"]
+    assert spans_to_tags(5, spans, "bmes") == ["S-PER", "B-LOC", "M-LOC", "E-LOC", "O"]
+    with pytest.raises(ValueError, match="unknown scheme"):
+        spans_to_tags(5, spans, "iob2")
+
+
+@given(any_tags("BIO"))
+def test_bio_spans_are_read_as_conlleval_reads_them(tags):
+    assert tags_to_spans(tags) == conlleval_bio_spans(tags)
+
+
+@pytest.mark.parametrize("prefixes", ["BIOES", "BMES"])
+@given(data=st.data())
+def test_bioes_and_bmes_spans_are_read_as_seqeval_reads_them(prefixes, data):
+    tags = data.draw(any_tags(prefixes))
+    assert sorted(tags_to_spans(tags), key=span_key) == reference_spans(tags)
+
+
+@given(any_tags("BIMES"), st.sampled_from(SCHEMES))
+def test_convert_tags_keeps_the_spans_of_invalid_sequences(tags, scheme):
+    """Conversion, and so repair, reads an invalid sequence as conlleval does and keeps those spans."""
+    assert tags_to_spans(convert_tags(tags, scheme)) == tags_to_spans(tags)
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+@given(span_sets())
+def test_detect_scheme(scheme, length_spans):
+    length, spans = length_spans
+    expected = {
+        "bio": "bio",
+        "bioes": "bioes" if spans else "bio",
+        "bmes": "bmes" if any(s.end - s.start > 2 for s in spans) else "bioes" if spans else "bio",
+    }[scheme]
+    assert detect_scheme(spans_to_tags(length, spans, scheme)) == expected
+
+
+def test_detect_scheme_rejects_i_mixed_with_m():
+    with pytest.raises(ValueError, match="mix I-"):
+        detect_scheme(["B-PER", "I-PER", "O", "B-LOC", "M-LOC", "E-LOC"])
+
+
+# ---------------------------------------------------------------- validation: FILE:LINE messages
+
+
+BAD_FILES = {
+    # name: (content, line of the error, words the message must contain)
+    "one column": ("张 B-PER\n三\n", 2, "found 1"),
+    "inconsistent columns": ("张 x B-PER\n三 x I-PER\n\n在 O\n", 4, "expected 3 columns"),
+    "leading space": ("张 O\n O\n", 2, "empty token"),
+    "leading tab": ("张 O\n\n在 O\n\tO\n", 4, "empty token"),
+    "unknown prefix": ("张 O\n三 X-PER\n", 2, "unknown tag 'X-PER'"),
+    "lowercase tag": ("张 O\n三 b-per\n", 2, "did you mean B-PER?"),
+    "lowercase o": ("张 B-PER\n三 o\n", 2, "did you mean O?"),
+    "BIO: I after O": ("在 O\n京 I-LOC\n", 2, "I-LOC after O continues no entity"),
+    "BIO: I at a sentence start": ("在 O\n\n京 I-LOC\n", 3, "at the sentence start"),
+    "type change inside an entity": ("张 B-PER\n三 I-LOC\n", 2, "changes the type"),
+    "BMES: M without a start": ("北 B-LOC\n京 M-LOC\n市 E-LOC\n\n在 O\n人 M-PER\n", 6, "M-PER after O"),
+    "BMES: E without a start": ("北 B-LOC\n京 M-LOC\n市 E-LOC\n\n在 O\n人 E-PER\n", 6, "E-PER after O"),
+    "BIOES: not closed at the end": ("李 S-PER\n\n张 B-PER\n三 I-PER\n\n在 O\n", 4, "not closed before the sentence ends"),
+    "BIOES: not closed before O": ("李 S-PER\n张 B-PER\n在 O\n", 3, "is not closed"),
+    "NUL byte": ("张 O\n三\x00 O\n", 2, "NUL"),
+    "M- after I- tags": ("张 B-PER\n三 I-PER\n\n北 B-LOC\n京 M-LOC\n市 E-LOC\n", 5, "mix I-"),
+    "I- after M- tags": ("北 B-LOC\n京 M-LOC\n市 E-LOC\n\n张 B-PER\n三 I-PER\n四 E-PER\n", 6, "mix I-"),
+}
+
+
+@pytest.mark.parametrize("case", BAD_FILES)
+def test_malformed_file_names_the_line(case, write_file):
+    content, line, words = BAD_FILES[case]
+    path = write_file(content)
+    err = read_error(path)
+    assert_at(err, path, line)
+    assert words in str(err)
+
+
+def test_non_utf8_bytes_give_line_and_byte_offset(write_file):
+    head = "张 B-PER\n三 I-PER\n\n".encode("utf-8")
+    path = write_file(head + "北 O\n".encode("gbk"))
+    err = read_error(path)
+    assert_at(err, path, 4)
+    assert f"offset {len(head)} " in err.message
+    assert "iconv" in err.fix
+
+
+@pytest.mark.parametrize("content, words", [(b"", "empty"), (b"\n\n  \n\t\r\n", "empty"), ("\ufeff\n\n", "no sentences")])
+def test_file_without_sentences(content, words, write_file):
+    path = write_file(content)
+    err = read_error(path)
+    assert str(path) in str(err)
+    assert words in err.message
+
+
+def test_missing_file_and_directory(tmp_path):
+    assert "no such file" in read_error(tmp_path / "absent.bio").message
+    assert "directory" in read_error(tmp_path).message
+
+
+ACCEPTED = {
+    "BOM": "\ufeff张 B-PER\n三 I-PER\n\n在 O\n",
+    "CRLF": "张 B-PER\r\n三 I-PER\r\n\r\n在 O\r\n",
+    "no final newline": "张 B-PER\n三 I-PER\n\n在 O",
+    "extra columns": "张 x 1 B-PER\n三 y 2 I-PER\n\n在 z 3 O\n",
+    "tabs": "张\tB-PER\n三\t\tI-PER \n\t\n在\tO\n",
+    "blank lines with spaces, several between sentences": "\n张 B-PER\n三 I-PER\n  \n\n\n在 O\n\n\n",
+}
+
+
+@pytest.mark.parametrize("case", ACCEPTED)
+def test_accepted_variants(case, write_file):
+    corpus = read_corpus(write_file(ACCEPTED[case]))
+    assert [s.tokens for s in corpus.sentences] == [["张", "三"], ["在"]]
+    assert [s.tags for s in corpus.sentences] == [["B-PER", "I-PER"], ["O"]]
+    assert corpus.scheme == "bio"
+    assert corpus.types == ["PER"]
+
+
+def test_full_width_space_is_a_token(write_file):
+    corpus = read_corpus(write_file("\u3000 O\n张 B-PER\n\u3000 O\n"))
+    assert corpus.sentences[0].tokens == ["\u3000", "张", "\u3000"]
+    assert corpus.sentences[0].spans() == [Span(1, 2, "PER")]
+
+
+def test_sentences_record_their_first_line(write_file):
+    corpus = read_corpus(write_file("\n张 O\n三 O\n\n\n在 O\n"))
+    assert [s.line for s in corpus.sentences] == [2, 6]
+
+
+# ---------------------------------------------------------------- repair
+
+
+def test_repair_reads_invalid_transitions_as_conlleval():
+    path = FIXTURES / "invalid_transitions.bio"
+    assert_at(read_error(path), path, 2)
+    corpus = read_corpus(path, repair=True)
+    assert [s.spans() for s in corpus.sentences] == [
+        [Span(1, 3, "LOC")],  # orphan I-LOC opens an entity
+        [Span(0, 1, "PER"), Span(1, 2, "ORG")],  # I-ORG after B-PER opens a new one
+    ]
+    assert corpus.invalid_transitions == 2
+    assert corpus.repaired == 2
+    assert corpus.sentences[0].tags == ["O", "B-LOC", "I-LOC", "O"]
+
+
+def test_lenient_read_counts_but_keeps_tags():
+    corpus = read_corpus(FIXTURES / "invalid_transitions.bio", strict=False)
+    assert corpus.invalid_transitions == 2
+    assert corpus.repaired == 0
+    assert corpus.sentences[0].tags == ["O", "I-LOC", "I-LOC", "O"]
+
+
+@settings(max_examples=60, suppress_health_check=REUSED_FIXTURE)
+@given(st.lists(any_tags("BIO"), min_size=1, max_size=4))
+def test_repair_matches_conlleval_on_random_files(tmp_path, tag_lists):
+    path = tmp_path / "random.bio"
+    path.write_text("".join("".join(f"字 {t}\n" for t in tags) + "\n" for tags in tag_lists), encoding="utf-8")
+    corpus = read_corpus(path, repair=True)
+    assert [s.spans() for s in corpus.sentences] == [conlleval_bio_spans(tags) for tags in tag_lists]
+    changed = sum(a != b for tags, s in zip(tag_lists, corpus.sentences) for a, b in zip(tags, s.tags))
+    assert corpus.repaired == changed
+    assert (corpus.invalid_transitions > 0) == (changed > 0)
+    write_corpus(path, corpus.sentences, corpus.scheme)
+    assert read_corpus(path).invalid_transitions == 0  # strict read passes
+
+
+# ---------------------------------------------------------------- writing and reading back
+
+
+@pytest.mark.parametrize("to", [*SCHEMES, "jsonl"])
+@settings(max_examples=40, suppress_health_check=REUSED_FIXTURE)
+@given(sents=sentences())
+def test_write_then_read_round_trip(tmp_path, to, sents):
+    path = tmp_path / ("out.jsonl" if to == "jsonl" else f"out.{to}")
+    write_corpus(path, sents, to)
+    back = read_corpus(path)
+    assert [s.tokens for s in back.sentences] == [s.tokens for s in sents]
+    assert [s.spans() for s in back.sentences] == [s.spans() for s in sents]
+    if to == "jsonl":
+        assert back.scheme == "bioes"
+    else:
+        assert back.scheme == detect_scheme([t for s in sents for t in convert_tags(s.tags, to)])
+        assert [s.tags for s in back.sentences] == [convert_tags(s.tags, to) for s in sents]
+
+
+def test_multi_character_tokens_round_trip_in_conll_only(tmp_path):
+    sents = [Sentence(["New", "York", "市"], ["B-LOC", "I-LOC", "I-LOC"])]
+    write_corpus(tmp_path / "a.bioes", sents, "bioes")
+    assert read_corpus(tmp_path / "a.bioes").sentences[0].tags == ["B-LOC", "I-LOC", "E-LOC"]
+    with pytest.raises(CorpusError, match="longer than one character"):
+        write_corpus(tmp_path / "a.jsonl", sents, "jsonl")
+
+
+@pytest.mark.parametrize("token", [" ", "\t", "a b", "\n", ""])
+def test_conll_refuses_tokens_it_cannot_hold(tmp_path, token):
+    """A JSON-lines text with a space would otherwise become a CoNLL file that cannot be read back."""
+    with pytest.raises(CorpusError, match="cannot be written"):
+        write_corpus(tmp_path / "a.bio", [Sentence(["纽", token, "约"], ["O", "O", "O"], line=3)], "bio")
+    assert not (tmp_path / "a.bio").exists()
+
+
+def test_unknown_output_format(tmp_path):
+    with pytest.raises(CorpusError, match="unknown output format"):
+        write_corpus(tmp_path / "a.txt", [Sentence(["a"], ["O"])], "iob")
+
+
+@pytest.mark.parametrize("name", ["three_types.bio", "three_types.bmes", "three_types.jsonl"])
+def test_fixture_formats_hold_the_same_corpus(name):
+    corpus = read_corpus(FIXTURES / name)
+    assert [s.text for s in corpus.sentences] == ["张三在北京。", "中国银行见李。"]
+    assert [s.spans() for s in corpus.sentences] == [
+        [Span(0, 2, "PER"), Span(3, 5, "LOC")],
+        [Span(0, 4, "ORG"), Span(5, 6, "PER")],
+    ]
+
+
+JSONL_ERRORS = {
+    "not JSON": ('{"text": "张三"}\n{"text": \n', 2, "not valid JSON"),
+    "no text": ('{"text": "张三"}\n\n{"entities": []}\n', 3, 'no "text"'),
+    "bad entity": ('{"text": "张三", "entities": [{"start": 0, "type": "PER"}]}\n', 1, "needs integer start"),
+    "outside the text": ('{"text": "张三", "entities": [{"start": 1, "end": 3, "type": "PER"}]}\n', 1, "outside the text"),
+    "empty entity": ('{"text": "张三", "entities": [{"start": 1, "end": 1, "type": "PER"}]}\n', 1, "outside the text"),
+    "overlap": ('{"text": "张三丰", "entities": [{"start": 0, "end": 2, "type": "PER"}, '
+                '{"start": 1, "end": 3, "type": "PER"}]}\n', 1, "overlap"),
+}
+
+
+@pytest.mark.parametrize("case", JSONL_ERRORS)
+def test_malformed_jsonl_names_the_line(case, write_file):
+    content, line, words = JSONL_ERRORS[case]
+    path = write_file(content, "bad.jsonl")
+    err = read_error(path)
+    assert_at(err, path, line)
+    assert words in err.message
+
+
+# ---------------------------------------------------------------- normalisation
+
+
+def test_normalize_maps_full_width_ascii_to_half_width():
+    assert normalize_text("Ａ１，张ｂ！") == "A1,张b!"
+
+
+@pytest.mark.parametrize("ch", ["㈱", "ﬁ", "…", "½"])
+def test_normalize_keeps_characters_whose_nfkc_is_longer(ch):
+    assert len(unicodedata.normalize("NFKC", ch)) > 1
+    assert normalize_char(ch) == ch
+
+
+@given(st.text())
+def test_normalize_keeps_the_length_and_folds_what_it_can(text):
+    out = normalize_text(text)
+    assert len(out) == len(text)
+    for a, b in zip(text, out):
+        folded = unicodedata.normalize("NFKC", a)
+        assert b == (folded if len(folded) == 1 else a)
+
+
+# ---------------------------------------------------------------- splitting long sentences
+
+SPLIT_CHARS = list("张三北京中国") + ["。", "！", "，", "、", "a"]
+STRONG, WEAK = set("。！？!?；;…"), set("，,、：:）)」』”\"")
+
+
+@st.composite
+def long_sentences(draw) -> Sentence:
+    n, spans = draw(span_sets(max_pieces=20).filter(lambda s: s[0] > 0))
+    tokens = draw(st.lists(st.sampled_from(SPLIT_CHARS), min_size=n, max_size=n))
+    return Sentence(tokens, spans_to_tags(n, spans, "bio"), line=draw(st.integers(0, 50)), offset=draw(st.integers(0, 5)))
+
+
+def break_rank(tokens: list[str], p: int) -> int:
+    return 0 if tokens[p - 1] in STRONG else 1 if tokens[p - 1] in WEAK else 2
+
+
+@settings(max_examples=300)
+@given(long_sentences(), st.integers(1, 15))
+def test_split_sentence_properties(sent, max_len):
+    spans = sent.spans()
+    starts = cut_points(sent.tokens, max_len, spans)
+    pieces = split_sentence(sent, max_len)
+    ends = starts[1:] + [len(sent)]
+    assert starts[0] == 0 and starts == sorted(set(starts)) and len(pieces) == len(starts)
+    # Never inside an entity.
+    for cut in starts[1:]:
+        assert not any(s.start < cut < s.end for s in spans), (cut, spans)
+    # The pieces are the sentence, in order, with their offsets and lines.
+    assert [t for p in pieces for t in p.tokens] == sent.tokens
+    assert [t for p in pieces for t in p.tags] == sent.tags
+    for piece, start in zip(pieces, starts):
+        assert piece.offset == sent.offset + start
+        assert piece.line == (sent.line + start if sent.line else 0)
+    shifted = [Span(s.start + p.offset - sent.offset, s.end + p.offset - sent.offset, s.type)
+               for p in pieces for s in p.spans()]
+    assert shifted == spans
+    # At most max_len, unless the piece holds an entity longer than that.
+    for piece in pieces:
+        if len(piece) > max_len:
+            assert any(s.end - s.start > max_len for s in piece.spans()), (piece.tokens, piece.tags)
+    # The best kind of break in reach is taken: sentence end, then clause break, then any point.
+    for start, cut in zip(starts, starts[1:]):
+        allowed = [p for p in range(start + 1, start + max_len + 1) if not any(s.start < p < s.end for s in spans)]
+        if allowed:
+            assert break_rank(sent.tokens, cut) == min(break_rank(sent.tokens, p) for p in allowed)
+            if break_rank(sent.tokens, cut) == 2:
+                assert cut == max(allowed)
+
+
+def test_short_sentence_is_not_split():
+    sent = Sentence(list("张三。"), ["B-PER", "I-PER", "O"], line=4)
+    assert split_sentence(sent, 3) == [sent]
+    assert cut_points(sent.tokens, 3) == [0]
+
+
+def test_split_prefers_the_sentence_end():
+    tokens = list("我爱北京。天安门，在这里")  # 。 at 4, ， at 8
+    assert cut_points(tokens, 10) == [0, 5]
+    assert cut_points(list("我爱北京天安门，在这里看"), 10) == [0, 8]
+
+
+def test_entity_longer_than_max_len_stays_whole():
+    tags = ["O", "B-ORG"] + ["I-ORG"] * 5 + ["O", "O"]
+    pieces = split_sentence(Sentence(list("在中国人民银行好的"), tags), 3)
+    assert [p.text for p in pieces] == ["在", "中国人民银行", "好的"]
+
+
+# ---------------------------------------------------------------- statistics
+
+
+def test_stats_of_a_fixture():
+    stats = corpus_stats(FIXTURES / "three_types.bmes")
+    assert stats["sentences"] == 2
+    assert stats["characters"] == 13
+    assert stats["entities"] == {"LOC": 1, "ORG": 1, "PER": 2}
+    assert stats["entities_total"] == 4
+    assert stats["scheme"] == "bmes"
+    assert stats["length"]["max"] == 7
+    assert stats["invalid_transitions"] == 0
+    assert stats["known_as"] is None
+
+
+def test_stats_count_invalid_transitions_without_failing():
+    assert corpus_stats(FIXTURES / "invalid_transitions.bio")["invalid_transitions"] == 2
+
+
+# The table of /work/shared/data/README.md, copied by hand: file, scheme, sentences, characters,
+# entities per type, longest sentence, sha256.
+README_TABLE = [
+    ("msra/train_dev.char.bmes", "bmes", 46_364, 2_169_879, {"NR": 17_615, "NS": 36_517, "NT": 20_571}, 581,
+     "98a5c331fa6e3e51858a3b9f98ae618b253947aaf7f39f9f51a3a8caa171431e"),
+    ("msra/test.char.bmes", "bmes", 4_365, 172_601, {"NR": 1_973, "NS": 2_877, "NT": 1_331}, 1_475,
+     "9cebc5ce1ea06477d1230d17be90daafa670e78f07eb628c27103af4a6e6dc3b"),
+    ("peopledaily/example.train", "bio", 20_864, 979_180, {"PER": 8_144, "LOC": 16_571, "ORG": 9_277}, 574,
+     "fbacf4110b131354270b7ff470c88eb84645f0ed8df30c3e409dde437cb45e70"),
+    ("peopledaily/example.dev", "bio", 2_318, 109_870, {"PER": 884, "LOC": 1_951, "ORG": 984}, 568,
+     "7d8e6fcd1745e6adcb99d90307d84c3a0f9f8ff5ee6fe62ca27646cb765fc38a"),
+    ("peopledaily/example.test", "bio", 4_636, 219_197, {"PER": 1_864, "LOC": 3_658, "ORG": 2_185}, 577,
+     "233299005f941a4b055e38aadcf3ee853e44bc1f88166078d3b52b26b77ea362"),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("row", README_TABLE, ids=[r[0] for r in README_TABLE])
+def test_real_data_stats_match_the_readme(data_root, row):
+    name, scheme, n_sentences, n_chars, entities, longest, sha256 = row
+    path = data_root / name
+    if not path.is_file():
+        pytest.skip(f"{path} not found")
+    stats = corpus_stats(path)
+    assert stats["scheme"] == scheme
+    assert stats["sentences"] == n_sentences
+    assert stats["characters"] == n_chars
+    assert stats["entities"] == entities
+    assert stats["length"]["max"] == longest
+    assert stats["sha256"] == sha256
+    assert stats["known_as"]
+    assert stats["invalid_transitions"] == 0  # the README: no orphan inside tags in these files

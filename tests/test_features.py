@@ -1,0 +1,185 @@
+"""Tests for nerkit.features: vocabulary ids, bigrams, word2vec vector loading, collation and
+length-bucketed batching."""
+
+from __future__ import annotations
+
+import gzip
+import random
+from collections import Counter
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from nerkit.errors import UserError
+from nerkit.features import END, PAD, UNK, Example, Vocab, bigrams, bucketed_batches, collate, load_vectors
+
+# ------------------------------------------------------------------------------------------ Vocab
+
+
+def test_vocab_reserves_pad_zero_and_unk_one():
+    vocab = Vocab(["甲", "乙"])
+    assert vocab.tokens == [PAD, UNK, "甲", "乙"]
+    assert vocab.index[PAD] == 0 and vocab.index[UNK] == 1
+    assert vocab.ids(["乙", "甲", "丙"]) == [3, 2, 1]  # unknown -> 1
+    assert len(vocab) == 4
+    assert "甲" in vocab and "丙" not in vocab
+
+
+def test_vocab_does_not_duplicate_special_tokens_given_as_tokens():
+    vocab = Vocab([UNK, "a", PAD, "b"])
+    assert vocab.tokens == [PAD, UNK, "a", "b"]
+
+
+def test_vocab_build_orders_by_frequency_then_token_and_applies_min_freq():
+    counts = Counter({"c": 2, "a": 2, "b": 5, "d": 1})
+    assert Vocab.build(counts).tokens == [PAD, UNK, "b", "a", "c", "d"]
+    assert Vocab.build(counts, min_freq=2).tokens == [PAD, UNK, "b", "a", "c"]
+
+
+@given(st.lists(st.sampled_from(list("abcdef中文字") + ["ab", "中文"]), max_size=40), st.randoms())
+def test_vocab_build_does_not_depend_on_insertion_order(tokens, rnd):
+    shuffled = tokens[:]
+    rnd.shuffle(shuffled)
+    assert Vocab.build(Counter(tokens)).tokens == Vocab.build(Counter(shuffled)).tokens
+
+
+# ---------------------------------------------------------------------------------------- bigrams
+
+
+def test_bigrams_pair_each_char_with_the_next_and_end_with_the_marker():
+    assert bigrams(["北", "京", "市"]) == ["北京", "京市", "市" + END]
+    assert bigrams(["a"]) == ["a" + END]
+    assert bigrams([]) == []
+
+
+# ----------------------------------------------------------------------------------- load_vectors
+
+VECTORS = "北 0.5 -1.0 2.0\n京 1.5 0.25 -3.0\n这个词不在词表 9 9 9\n"
+
+
+def write_vectors(path, text: str):
+    if path.suffix == ".gz":
+        with gzip.open(path, "wt", encoding="utf-8") as f:
+            f.write(text)
+    else:
+        path.write_text(text, encoding="utf-8")
+    return path
+
+
+@pytest.mark.parametrize("name, header", [("v.txt", ""), ("v.txt", "3 3\n"), ("v.txt.gz", ""), ("v.txt.gz", "3 3\n")])
+def test_load_vectors_fills_found_rows_and_counts_them(tmp_path, name, header):
+    vocab = Vocab(["北", "京", "市"])
+    torch.manual_seed(0)
+    table, found = load_vectors(write_vectors(tmp_path / name, header + VECTORS), vocab, 3)
+    assert table.shape == (5, 3)
+    assert found == 2
+    assert table[vocab.index["北"]].tolist() == [0.5, -1.0, 2.0]
+    assert table[vocab.index["京"]].tolist() == [1.5, 0.25, -3.0]
+    assert table[0].abs().sum() == 0  # padding row
+    assert table[vocab.index["市"]].abs().sum() > 0  # missing rows keep a random init
+
+
+def test_load_vectors_tolerates_trailing_spaces_and_crlf(tmp_path):
+    vocab = Vocab(["北"])
+    path = write_vectors(tmp_path / "v.txt", "北 1 2 3 \r\n")
+    table, found = load_vectors(path, vocab, 3)
+    assert found == 1 and table[2].tolist() == [1.0, 2.0, 3.0]
+
+
+@pytest.mark.parametrize("name, header, line", [("v.txt", "", 2), ("v.txt", "3 3\n", 3), ("v.gz", "3 3\n", 3)])
+def test_load_vectors_dimension_mismatch_names_file_and_line(tmp_path, name, header, line):
+    path = write_vectors(tmp_path / name, header + "北 1 2 3\n京 1 2\n")
+    with pytest.raises(UserError) as info:
+        load_vectors(path, Vocab(["北", "京"]), 3)
+    assert info.value.where == f"{path}:{line}"
+    assert "dimension 2" in info.value.message and "expected 3" in info.value.message
+
+
+def test_load_vectors_rejects_a_file_of_another_dimension_from_its_first_line(tmp_path):
+    path = write_vectors(tmp_path / "v.txt", VECTORS)
+    with pytest.raises(UserError) as info:
+        load_vectors(path, Vocab(["北"]), 4)
+    assert info.value.where == f"{path}:1"
+
+
+def test_load_vectors_bad_number_missing_file_and_non_utf8(tmp_path):
+    bad = write_vectors(tmp_path / "bad.txt", "北 1 x 3\n")
+    with pytest.raises(UserError) as info:
+        load_vectors(bad, Vocab(["北"]), 3)
+    assert info.value.where == f"{bad}:1"
+    with pytest.raises(UserError):
+        load_vectors(tmp_path / "absent.txt", Vocab(["北"]), 3)
+    gbk = tmp_path / "gbk.txt"
+    gbk.write_bytes("北 1 2 3\n".encode("gbk"))
+    with pytest.raises(UserError):
+        load_vectors(gbk, Vocab(["北"]), 3)
+
+
+# ---------------------------------------------------------------------------------------- collate
+
+
+def test_collate_pads_to_the_longest_and_masks_real_positions():
+    examples = [Example([5, 6, 7], [8, 9, 10], [1, 2, 0]), Example([4], [3], [2]), Example([2, 2], [1, 1], [0, 1])]
+    batch = collate(examples)
+    assert batch.char_ids.shape == batch.bichar_ids.shape == batch.mask.shape == batch.tag_ids.shape == (3, 3)
+    assert batch.mask.dtype == torch.bool
+    assert batch.mask.tolist() == [[True] * 3, [True, False, False], [True, True, False]]
+    assert batch.char_ids.tolist() == [[5, 6, 7], [4, 0, 0], [2, 2, 0]]
+    assert batch.bichar_ids.tolist() == [[8, 9, 10], [3, 0, 0], [1, 1, 0]]
+    assert batch.tag_ids.tolist() == [[1, 2, 0], [2, 0, 0], [0, 1, 0]]
+    assert batch.num_chars == 6
+    assert batch.word_ids is None
+
+
+def test_collate_without_tags_and_with_lattice_words():
+    examples = [Example([1, 2], [1, 2], word_ids=[4], word_heads=[0], word_tails=[1]),
+                Example([3], [3], word_ids=[5, 6, 7], word_heads=[0, 0, 0], word_tails=[0, 0, 0])]
+    batch = collate(examples)
+    assert batch.tag_ids is None
+    assert batch.word_ids.shape == batch.word_heads.shape == batch.word_tails.shape == batch.word_mask.shape == (2, 3)
+    assert batch.word_mask.tolist() == [[True, False, False], [True, True, True]]
+    assert batch.word_ids.tolist() == [[4, 0, 0], [5, 6, 7]]
+
+
+# ------------------------------------------------------------------------------ bucketed_batches
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(1, 300), min_size=1, max_size=400), st.integers(1, 17), st.one_of(st.none(), st.integers(0, 99)),
+       st.integers(1, 6))
+def test_bucketed_batches_cover_every_index_exactly_once(lengths, batch_size, seed, bucket_factor):
+    rng = random.Random(seed) if seed is not None else None
+    batches = bucketed_batches(lengths, batch_size, rng, bucket_factor)
+    flat = [i for b in batches for i in b]
+    assert sorted(flat) == list(range(len(lengths)))
+    assert all(1 <= len(b) <= batch_size for b in batches)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(1, 300), min_size=1, max_size=200), st.integers(1, 17), st.one_of(st.none(), st.integers(0, 99)))
+def test_bucketed_batches_within_a_pool_hold_disjoint_length_ranges(lengths, batch_size, seed):
+    # One pool (bucket_factor large enough): each batch is a run of the length-sorted examples, so
+    # no two batches' length ranges interleave, whatever the shuffling.
+    rng = random.Random(seed) if seed is not None else None
+    batches = bucketed_batches(lengths, batch_size, rng, bucket_factor=1000)
+    ranges = sorted((min(lengths[i] for i in b), max(lengths[i] for i in b)) for b in batches)
+    for (_, hi), (lo, _) in zip(ranges, ranges[1:]):
+        assert hi <= lo
+
+
+def test_bucketed_batches_pad_far_less_than_random_batches_and_are_reproducible():
+    rnd = random.Random(0)
+    lengths = [rnd.randint(1, 200) for _ in range(3000)]
+
+    def padding(batches):
+        return sum(len(b) * max(lengths[i] for i in b) - sum(lengths[i] for i in b) for b in batches)
+
+    order = list(range(len(lengths)))
+    rnd.shuffle(order)
+    random_batches = [order[i:i + 32] for i in range(0, len(order), 32)]
+    bucketed = bucketed_batches(lengths, 32, random.Random(1), bucket_factor=10)
+    assert padding(bucketed) < 0.2 * padding(random_batches)  # about 0.1 with pools of 320
+    assert bucketed == bucketed_batches(lengths, 32, random.Random(1), bucket_factor=10)
+    assert bucketed != bucketed_batches(lengths, 32, random.Random(2), bucket_factor=10)

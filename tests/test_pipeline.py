@@ -1,0 +1,407 @@
+"""Tests for nerkit.model and nerkit.pipeline: gradients reach every parameter, decoding is always
+valid, batched predictions equal one-at-a-time ones, save -> load is exact and refuses unsafe or
+inconsistent model directories, and predicted offsets index the original text (long lines too)."""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import json
+import pickle
+import random
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from safetensors.torch import load_file, save_file
+
+from nerkit.corpus import cut_points, read_corpus
+from nerkit.encoders import ENCODERS
+from nerkit.errors import ModelDirError
+from nerkit.features import collate
+from nerkit.pipeline import MODEL_FILES, Pipeline
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+PACKAGE = Path(__file__).resolve().parent.parent / "nerkit"
+LATTICE_FREE = sorted(name for name, cls in ENCODERS.items() if not getattr(cls, "uses_lattice", False))
+# Small sizes for whichever of these fields an encoder's Config has.
+TINY_ENCODER = {"hidden_size": 8, "n_heads": 2, "head_dim": 4, "num_layers": 1, "dropout": 0.0, "attn_dropout": 0.0}
+
+
+def encoder_overrides(name: str) -> list[str]:
+    known = {f.name for f in dataclasses.fields(ENCODERS[name].Config)}
+    return [f"encoder.name={name}"] + [f"encoder.{k}={v}" for k, v in TINY_ENCODER.items() if k in known]
+
+
+def build_pipeline(config, scheme: str = "bio", seed: int = 0) -> Pipeline:
+    torch.manual_seed(seed)
+    corpus = read_corpus(FIXTURES / "tiny_train.bio")
+    return Pipeline.from_training_data(config, corpus.sentences, corpus.types, scheme, log=lambda message: None)
+
+
+def scramble(pipe: Pipeline, seed: int = 0, entity_bias: float = 0.0) -> Pipeline:
+    """Make an untrained model's decisions vary strongly with the input (and, with `entity_bias`,
+    favour entity tags), so that the checks below see many different tag paths."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        pipe.model.emission.weight.mul_(20.0)
+        pipe.model.emission.bias.copy_(torch.randn(len(pipe.tags), generator=generator))
+        for i, tag in enumerate(pipe.tags):
+            if tag != "O":
+                pipe.model.emission.bias[i] += entity_bias
+        for p in pipe.model.crf.parameters():
+            p.copy_(torch.randn(p.shape, generator=generator) * 3.0)
+    pipe.model.eval()
+    return pipe
+
+
+def train_steps(pipe: Pipeline, steps: int = 6) -> Pipeline:
+    examples = pipe.training_examples(read_corpus(FIXTURES / "tiny_train.bio").sentences)
+    optimizer = torch.optim.Adam(pipe.model.parameters(), lr=0.05)
+    pipe.model.train()
+    for i in range(steps):
+        loss = pipe.model.loss(collate(examples[8 * i: 8 * i + 8]))
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    pipe.model.eval()
+    return pipe
+
+
+def random_texts(n: int, seed: int, max_len: int = 30) -> list[str]:
+    rnd = random.Random(seed)
+    pool = list("张伟李娜在北京上海工作清华大学新华社的记者报道了。，abc12😀") + ["丙", "ü"]
+    return ["".join(rnd.choice(pool) for _ in range(rnd.randint(1, max_len))) for _ in range(n)]
+
+
+# --------------------------------------------------------------------------------------- the model
+
+
+@pytest.mark.parametrize("encoder", LATTICE_FREE)
+@pytest.mark.parametrize("constrain", [False, True])
+def test_every_parameter_gets_a_gradient(tiny_config, encoder, constrain):
+    pipe = build_pipeline(tiny_config(*encoder_overrides(encoder), f"crf.constrain_training={constrain}"))
+    examples = pipe.training_examples(read_corpus(FIXTURES / "tiny_train.bio").sentences[:12])
+    pipe.model.train()
+    pipe.model.loss(collate(examples)).backward()
+    missing = [name for name, p in pipe.model.named_parameters()
+               if p.requires_grad and (p.grad is None or not p.grad.abs().sum() > 0)]
+    assert not missing, f"no gradient for {missing}"
+
+
+def is_valid_path(tag_set: list[str], path: list[str]) -> bool:
+    """The scheme's definition, written independently of the CRF's transition table: in BIOES/BMES an
+    entity is B (I|M)* E or a lone S; in BIO an I- continues a B- or I- of its own type."""
+    explicit_end = any(t[0] in "ES" for t in tag_set if t != "O")
+    open_type = None
+    for tag in path:
+        prefix, _, kind = tag.partition("-")
+        if prefix == "M":
+            prefix = "I"
+        if prefix in ("I", "E") and open_type != kind:
+            return False
+        if explicit_end:
+            if prefix in ("O", "B", "S") and open_type is not None:
+                return False
+            open_type = kind if prefix in ("B", "I") else None
+        else:
+            open_type = None if prefix == "O" else kind
+    return not (explicit_end and open_type is not None)
+
+
+@pytest.mark.parametrize("scheme", ["bio", "bioes", "bmes"])
+def test_decode_never_yields_an_invalid_tag_sequence(tiny_config, scheme):
+    pipe = build_pipeline(tiny_config(), scheme)
+    assert any(t.startswith({"bio": "I-", "bioes": "S-", "bmes": "M-"}[scheme]) for t in pipe.tags)
+    paths = []
+    for seed in range(4):
+        scramble(pipe, seed, entity_bias=2.0)
+        texts = random_texts(16, seed)
+        batch = collate([pipe.example(list(t)) for t in texts])
+        for text, ids in zip(texts, pipe.model.decode(batch)):
+            path = [pipe.tags[i] for i in ids]
+            assert len(path) == len(text)
+            assert is_valid_path(pipe.tags, path), path
+            paths.append(path)
+    assert sum(t != "O" for p in paths for t in p) > 100  # the checks saw many entity tags
+
+
+# -------------------------------------------------------------------- batched == one at a time
+
+
+@pytest.mark.parametrize("encoder", LATTICE_FREE)
+def test_batched_predictions_equal_one_at_a_time(tiny_config, encoder):
+    pipe = scramble(build_pipeline(tiny_config(*encoder_overrides(encoder))), seed=1, entity_bias=1.0)
+    texts = random_texts(12, seed=2, max_len=40) + ["张", "北京"]
+    examples = [pipe.example(list(t)) for t in texts]
+    batch = collate(examples)
+    with torch.no_grad():
+        emissions = pipe.model.emissions(batch)  # (B, T, K)
+        for row, example in enumerate(examples):
+            alone = pipe.model.emissions(collate([example]))[0]  # (T_row, K)
+            torch.testing.assert_close(emissions[row, :len(example)], alone, atol=1e-5, rtol=1e-5)
+    decoded = pipe.model.decode(batch)
+    assert decoded == [pipe.model.decode(collate([e]))[0] for e in examples]
+    together = pipe.predict(texts, batch_size=5)
+    assert together == [pipe.predict([t])[0] for t in texts]
+    assert sum(len(e) for e in together) > 0
+
+
+# ------------------------------------------------------------------------------ save and load
+
+
+def state_dicts_equal(a: torch.nn.Module, b: torch.nn.Module) -> None:
+    sa, sb = a.state_dict(), b.state_dict()
+    assert sa.keys() == sb.keys()
+    for key in sa:
+        assert torch.equal(sa[key], sb[key]), key
+
+
+def test_train_save_load_gives_identical_tensors_and_predictions(tmp_path, tiny_config):
+    pipe = train_steps(build_pipeline(tiny_config("data.normalize=true")))
+    pipe.save(tmp_path / "model", {"note": "test"})
+    assert sorted(p.name for p in (tmp_path / "model").iterdir()) == sorted(MODEL_FILES + ("metrics.json",))
+    loaded = Pipeline.load(tmp_path / "model")
+    state_dicts_equal(pipe.model, loaded.model)
+    assert not loaded.model.training
+    assert loaded.chars.tokens == pipe.chars.tokens and loaded.bichars.tokens == pipe.bichars.tokens
+    assert loaded.tags == pipe.tags and loaded.scheme == pipe.scheme
+    assert dataclasses.asdict(loaded.config.data) == dataclasses.asdict(pipe.config.data)
+    texts = random_texts(20, seed=3) + ["ＡＢＣ张伟在北京", "未登录的字符全在这里"]
+    assert loaded.predict(texts) == pipe.predict(texts)
+    # Saving the loaded model again reproduces the weights file byte for byte.
+    loaded.save(tmp_path / "again")
+    assert (tmp_path / "again" / "model.safetensors").read_bytes() == (tmp_path / "model" / "model.safetensors").read_bytes()
+
+
+def test_trained_model_directory_reproduces_its_recorded_dev_score(tiny_model_dir):
+    # The figure training wrote (best epoch, in memory) equals what the saved model scores after loading.
+    recorded = json.loads((tiny_model_dir / "metrics.json").read_text())["dev"]
+    metrics = Pipeline.load(tiny_model_dir).evaluate(FIXTURES / "tiny_dev.bio")
+    assert metrics["f1"] == pytest.approx(recorded["f1"], abs=1e-12)
+    assert metrics["counts"] == recorded["counts"]
+
+
+def test_loading_uses_no_pickle(tiny_model_dir, monkeypatch):
+    def refuse(*args, **kwargs):
+        raise AssertionError("pickle used while loading a model")
+
+    for name in ("load", "loads", "Unpickler"):
+        monkeypatch.setattr(pickle, name, refuse)
+    monkeypatch.setattr(torch, "load", refuse)
+    assert Pipeline.load(tiny_model_dir).predict(["张伟在北京"])
+
+
+def test_package_source_never_unpickles():
+    offenders = []
+    for path in PACKAGE.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                names = [node.module or ""]
+            elif isinstance(node, ast.Attribute) and node.attr == "load" and getattr(node.value, "id", "") == "torch":
+                names = ["torch.load"]
+            else:
+                continue
+            offenders += [f"{path.name}: {n}" for n in names if n.split(".")[0] in ("pickle", "dill", "joblib", "cloudpickle")
+                          or n == "torch.load"]
+    assert not offenders
+
+
+@pytest.fixture
+def model_copy(tiny_model_dir, tmp_path) -> Path:
+    copy = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, copy)
+    return copy
+
+
+def test_load_refuses_a_missing_directory_or_a_file(tmp_path, model_copy):
+    with pytest.raises(ModelDirError, match="not found"):
+        Pipeline.load(tmp_path / "absent")
+    with pytest.raises(ModelDirError, match="not a directory"):
+        Pipeline.load(model_copy / "config.yaml")
+
+
+@pytest.mark.parametrize("name", MODEL_FILES)
+def test_load_refuses_a_directory_missing_a_file(model_copy, name):
+    (model_copy / name).unlink()
+    with pytest.raises(ModelDirError, match=f"{name} is missing"):
+        Pipeline.load(model_copy)
+
+
+@pytest.mark.parametrize("version", [0, 2, "1", None])
+def test_load_refuses_another_format_version(model_copy, version):
+    meta = json.loads((model_copy / "nerkit.json").read_text())
+    meta["format_version"] = version
+    (model_copy / "nerkit.json").write_text(json.dumps(meta))
+    with pytest.raises(ModelDirError, match="format version") as info:
+        Pipeline.load(model_copy)
+    assert info.value.where == str(model_copy / "nerkit.json")
+
+
+@pytest.mark.parametrize("name", ["nerkit.json", "vocab.json"])
+def test_load_refuses_broken_json(model_copy, name):
+    (model_copy / name).write_text("{not json")
+    with pytest.raises(ModelDirError, match="not valid JSON"):
+        Pipeline.load(model_copy)
+
+
+class MarkerPayload:
+    """Unpickling this creates `path` (builtins.open in "w" mode): proof that the pickle ran."""
+
+    def __init__(self, path: Path):
+        self.path = str(path)
+
+    def __reduce__(self):
+        return open, (self.path, "w")
+
+
+@pytest.mark.parametrize("name", ["evil.pkl", "evil.pt", "pytorch_model.bin", "EVIL.PICKLE"])
+def test_load_refuses_a_planted_pickle_without_running_it(model_copy, tmp_path, name):
+    # The payload works: unpickling a copy creates its marker ...
+    probe = tmp_path / "probe-marker"
+    pickle.loads(pickle.dumps(MarkerPayload(probe))).close()
+    assert probe.exists()
+    # ... but planted in a model directory it is refused and never executed.
+    marker = tmp_path / "marker"
+    (model_copy / name).write_bytes(pickle.dumps(MarkerPayload(marker)))
+    with pytest.raises(ModelDirError, match="pickle"):
+        Pipeline.load(model_copy)
+    assert not marker.exists()
+
+
+def test_load_refuses_weights_whose_shapes_do_not_match_the_config(tmp_path, tiny_config):
+    small = build_pipeline(tiny_config("encoder.hidden_size=16"))
+    large = build_pipeline(tiny_config("encoder.hidden_size=32"))
+    assert small.chars.tokens == large.chars.tokens  # same vocabulary: only the widths differ
+    small.save(tmp_path / "small")
+    large.save(tmp_path / "large")
+    shutil.copy(tmp_path / "large" / "model.safetensors", tmp_path / "small" / "model.safetensors")
+    with pytest.raises(ModelDirError, match=r"encoder\.lstm\.weight.*\(128, 24\) != \(64, 24\)") as info:
+        Pipeline.load(tmp_path / "small")
+    assert info.value.where == str(tmp_path / "small" / "model.safetensors")
+
+
+@pytest.mark.parametrize("change", ["drop", "add"])
+def test_load_refuses_weights_with_missing_or_extra_tensors(model_copy, change):
+    path = model_copy / "model.safetensors"
+    state = load_file(str(path))
+    if change == "drop":
+        del state["emission.bias"]
+    else:
+        state["extra.weight"] = torch.zeros(3)
+    save_file(state, str(path))
+    with pytest.raises(ModelDirError, match="emission.bias" if change == "drop" else "extra.weight"):
+        Pipeline.load(model_copy)
+
+
+@pytest.mark.parametrize("damage", ["garbage", "truncated", "empty", "huge_header", "json_header_only"])
+def test_load_refuses_a_corrupted_safetensors_file(model_copy, damage):
+    path = model_copy / "model.safetensors"
+    data = path.read_bytes()
+    damaged = {
+        "garbage": bytes(random.Random(0).randrange(256) for _ in range(len(data))),
+        "truncated": data[: len(data) // 2],
+        "empty": b"",
+        "huge_header": (1 << 60).to_bytes(8, "little") + data[8:],
+        "json_header_only": data[: 8 + int.from_bytes(data[:8], "little")],
+    }[damage]
+    path.write_bytes(damaged)
+    with pytest.raises(ModelDirError, match="model.safetensors"):
+        Pipeline.load(model_copy)
+
+
+# ------------------------------------------------------------------------------ predicted offsets
+
+# Characters that break naive offset arithmetic: astral emoji (two UTF-16 units), joiners and skin-tone
+# modifiers, combining marks, full-width forms (changed by normalisation), controls, line and paragraph
+# separators, a BOM, lone surrogates (what surrogateescape makes of non-UTF-8 bytes) and anything else.
+ODD_CHARS = st.one_of(
+    st.sampled_from(list("张伟李娜在北京上海清华大学新华社工作。，！？；：")),
+    st.sampled_from(list("abcXYZ 0189.-_")),
+    st.sampled_from(["😀", "👍", "🏽", "\u200d", "🇨", "🇳", "𠀀"]),
+    st.sampled_from(list("ＡＢＣｘｙｚ１２３（）　，。")),
+    st.sampled_from(["\x00", "\x07", "\t", "\x1b", "\r", "\n", "\x7f", "\x85", "\u2028", "\u2029", "\ufeff"]),
+    st.sampled_from(["\u0301", "\u0308", "\u20dd", "\u0f7a"]),
+    st.sampled_from(["\udc80", "\udcff", "\ud800"]),
+    st.characters(),
+)
+
+
+@pytest.fixture(scope="module", params=[False, True], ids=["raw", "normalized"])
+def eager_pipeline(request, tiny_config):
+    """An untrained model with max_len 8 that tags a good share of characters as entities."""
+    config = tiny_config("data.max_len=8", f"data.normalize={request.param}")
+    return scramble(build_pipeline(config), seed=5, entity_bias=2.5)
+
+
+def check_entities(text: str, entities: list[dict], types) -> None:
+    end = 0
+    for e in entities:
+        assert 0 <= e["start"] < e["end"] <= len(text)
+        assert text[e["start"]:e["end"]] == e["text"]
+        assert e["start"] >= end  # sorted, no overlaps
+        assert e["type"] in types
+        end = e["end"]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.text(ODD_CHARS, max_size=40), min_size=1, max_size=5))
+def test_predicted_offsets_index_the_original_text(eager_pipeline, texts):
+    results = eager_pipeline.predict(texts, batch_size=3)
+    assert len(results) == len(texts)
+    types = {t[2:] for t in eager_pipeline.tags if t != "O"}
+    for text, entities in zip(texts, results):
+        check_entities(text, entities, types)
+        if not text:
+            assert entities == []
+    assert results == [eager_pipeline.predict([t])[0] for t in texts]
+
+
+def test_the_offset_checks_see_entities(eager_pipeline):
+    text = "张伟😀在ＡＢＣ北京\u0301工作\x00。" * 6
+    entities = eager_pipeline.predict([text])[0]
+    assert len(entities) >= 10
+    check_entities(text, entities, {t[2:] for t in eager_pipeline.tags if t != "O"})
+
+
+def shifted(entities: list[dict], offset: int) -> list[dict]:
+    return [{**e, "start": e["start"] + offset, "end": e["end"] + offset} for e in entities]
+
+
+def test_a_long_line_without_punctuation_is_cut_every_max_len_characters(eager_pipeline):
+    rnd = random.Random(7)
+    line = "".join(rnd.choice("张伟李娜北京上海清华大学abc12😀ＡＢ") for _ in range(100))
+    whole = eager_pipeline.predict([line])[0]
+    piecewise = []
+    for start in range(0, 100, 8):
+        piecewise += shifted(eager_pipeline.predict([line[start:start + 8]])[0], start)
+    assert whole == piecewise
+    assert len(whole) >= 5
+    check_entities(line, whole, {t[2:] for t in eager_pipeline.tags if t != "O"})
+    # Without the cut the model would see a different context; the stitched result is not just luck.
+    assert all(e["end"] - e["start"] <= 8 and e["start"] // 8 == (e["end"] - 1) // 8 for e in whole)
+
+
+def test_a_long_line_with_punctuation_is_cut_into_pieces_and_stitched(eager_pipeline):
+    rnd = random.Random(8)
+    line = "".join(rnd.choice("张伟李娜北京上海清华大学，。！abc😀") for _ in range(100))
+    starts = cut_points(list(line), 8)
+    assert len(starts) > 12 and starts[0] == 0
+    bounds = list(zip(starts, starts[1:] + [len(line)]))
+    assert all(0 < b - a <= 8 for a, b in bounds)
+    piecewise = []
+    for a, b in bounds:
+        piecewise += shifted(eager_pipeline.predict([line[a:b]])[0], a)
+    whole = eager_pipeline.predict([line])[0]
+    assert whole == piecewise
+    check_entities(line, whole, {t[2:] for t in eager_pipeline.tags if t != "O"})
+
+
+def test_predict_keeps_empty_texts_in_place(eager_pipeline):
+    results = eager_pipeline.predict(["", "张伟在北京工作", ""])
+    assert results[0] == [] and results[2] == [] and len(results) == 3
