@@ -25,6 +25,7 @@ from nerkit.files import atomic_directory
 from nerkit.pipeline import Pipeline, resolve_device, seeded_dev_split
 
 CHECKPOINT = "checkpoint"
+WARMUP_BATCHES = 20
 
 
 def log(message: str) -> None:
@@ -119,6 +120,8 @@ class Progress:
     epoch_seconds: float = 0.0
     train_chars: int = 0
     train_seconds: float = 0.0
+    steady_chars: int = 0  # after the first WARMUP_BATCHES of a session: allocator and caches settled
+    steady_seconds: float = 0.0
     elapsed: float = 0.0  # wall seconds of earlier sessions of this run
     epochs_logged: int = 0  # lines of metrics.jsonl that belong to this state
     checksums: dict = field(default_factory=dict)
@@ -290,8 +293,12 @@ def train(config: Config, out: str | Path | None = None, force: bool = False, re
                 progress.batch += 1
                 session_steps += 1
                 progress.epoch_loss += loss.item()
-                progress.epoch_chars += sum(lengths[i] for i in idx)
-                progress.epoch_seconds += time.perf_counter() - t0
+                chars, seconds = sum(lengths[i] for i in idx), time.perf_counter() - t0
+                progress.epoch_chars += chars
+                progress.epoch_seconds += seconds
+                if session_steps > WARMUP_BATCHES:
+                    progress.steady_chars += chars
+                    progress.steady_seconds += seconds
                 bar.update(1)
                 bar.set_postfix(loss=f"{loss.item():.3f}",
                                 chars_s=f"{progress.epoch_chars / max(progress.epoch_seconds, 1e-9):,.0f}")
@@ -354,6 +361,7 @@ def train(config: Config, out: str | Path | None = None, force: bool = False, re
     metrics = {"best_epoch": progress.best_epoch, "epochs": min(epoch, tc.epochs), "steps": progress.step,
                "stopped": stopped, "dev": pipe.evaluate_sentences(data.dev, tc.eval_batch_size)[0],
                "train_chars_per_s": progress.train_chars / max(progress.train_seconds, 1e-9),
+               "train_chars_per_s_steady": progress.steady_chars / max(progress.steady_seconds, 1e-9),
                "elapsed_s": time.perf_counter() - started, "parameters": n_params, "device": str(device),
                "data_sha256": data.checksums}
     if data.test is not None:

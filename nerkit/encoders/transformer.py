@@ -191,4 +191,4 @@ class Transformer(nn.Module):
         x = x + self.positions(0, x.size(1), like=x)
         for layer in self.layers:
             x = layer(x, mask)
-        return x  # padding reads as zeros, as from the BiLSTM
+        return x.masked_fill(~mask[..., None], 0.0)  # padding reads as zeros, as from the BiLSTM
