@@ -23,12 +23,22 @@ $(STAMP): pyproject.toml Makefile
 
 demo: $(STAMP)
 	$(NERKIT) data stats data/sample/train.bio data/sample/dev.bio data/sample/test.bio
-	$(NERKIT) train --config configs/demo.yaml --out runs/demo
+	$(NERKIT) train --config configs/demo.yaml --out runs/demo --force
 	$(NERKIT) eval --model runs/demo --data data/sample/test.bio
 	$(NERKIT) predict --model runs/demo data/sample/texts.txt --format inline
 
 test: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider
+
+# Every encoder on both datasets, each run in its own process; results in bench-out/*/RESULTS.md.
+# Extra options through BENCH_ARGS, e.g. `make bench BENCH_ARGS="--resume --device cuda"`.
+BENCH_ARGS ?=
+
+bench: $(STAMP)
+	$(NERKIT) bench --matrix configs/bench/full.yaml --out bench-out/full $(BENCH_ARGS)
+
+bench-quick: $(STAMP)
+	$(NERKIT) bench --matrix configs/bench/quick.yaml --quick --out bench-out/quick $(BENCH_ARGS)
 
 clean:
 	rm -rf runs .pytest_cache

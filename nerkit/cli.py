@@ -36,9 +36,10 @@ def train(
 ):
     """Train a model from a YAML config, or resume an interrupted run."""
     from nerkit.config import config_to_yaml, load_config
-    from nerkit.train import Interrupted, resume_config, train as run_training
 
     if resume is not None:
+        from nerkit.train import resume_config
+
         if config is not None or set_:
             raise UserError("--resume continues a run with its saved config",
                             fix="drop --config and --set when resuming")
@@ -52,6 +53,8 @@ def train(
     if dry_run:
         typer.echo(config_to_yaml(cfg), nl=False)
         return
+    from nerkit.train import Interrupted, train as run_training
+
     try:
         metrics = run_training(cfg, force=force, resume=resume is not None)
     except Interrupted as e:
@@ -111,6 +114,26 @@ def predict(
     predict_stream(pipe, source, str(output) if output else None, fmt, batch_size)
 
 
+@app.command()
+def bench(
+    matrix: Path = typer.Option(..., "--matrix", help="Matrix YAML, e.g. configs/bench/full.yaml."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output directory (default bench-out/MATRIX_NAME)."),
+    quick: bool = typer.Option(False, "--quick", help="Apply the matrix's quick: overrides (a small slice, minutes)."),
+    only: List[str] = typer.Option([], "--only", help="Only the runs with this name or name prefix (repeatable, or a,b)."),
+    resume: bool = typer.Option(False, "--resume", help="Skip runs already recorded as ok in OUT/results.jsonl."),
+    device: Optional[str] = typer.Option(None, "--device", help="cpu | cuda | auto: train.device of every run."),
+    markdown_only: bool = typer.Option(False, "--markdown-only", help="Only rebuild RESULTS.md from results.jsonl."),
+):
+    """Train and measure every run of a benchmark matrix, each in its own process; exit 1 if any failed."""
+    from nerkit.bench import run_bench
+
+    table, failed = run_bench(matrix, out, quick=quick, only=only, resume=resume, device=device,
+                              markdown_only=markdown_only)
+    typer.echo(table, nl=False)
+    if failed:
+        raise typer.Exit(1)
+
+
 @data_app.command("stats")
 def data_stats(
     files: List[Path] = typer.Argument(..., help="Corpus files."),
@@ -136,7 +159,7 @@ def data_validate(
 
     corpus = read_corpus(file, repair=repair is not None)
     if repair is not None:
-        write_corpus(repair, corpus.sentences, corpus.scheme)
+        write_corpus(repair, corpus.sentences, "jsonl" if repair.suffix in (".jsonl", ".json") else corpus.scheme)
         typer.echo(f"{file}: repaired {corpus.repaired} tags ({corpus.invalid_transitions} invalid transitions); "
                    f"wrote {repair}")
     else:

@@ -53,7 +53,7 @@ def prepare_data(config: Config) -> Data:
     train_corpus = read_corpus(dc.train, repair=dc.repair)
     if train_corpus.repaired:
         log(f"{dc.train}: repaired {train_corpus.repaired} tags in {train_corpus.invalid_transitions} invalid transitions")
-    train = train_corpus.sentences
+    train = [s for s in train_corpus.sentences if len(s)]  # an empty JSON-lines text has nothing to learn
     if dc.limit:
         train = train[: dc.limit]
     if dc.dev:

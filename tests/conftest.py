@@ -62,9 +62,9 @@ def tiny_config():
 
 @pytest.fixture(scope="session", autouse=True)
 def one_torch_thread():
-    """Tiny models gain nothing from intra-op threads, and on shared cores a second thread makes
-    each step several times slower; training configs that set train.threads change it globally,
-    so it is put back after each session."""
+    """Tiny models gain nothing from intra-op threads, and on shared cores a second thread makes each
+    step several times slower. The count is process-wide (a config's train.threads changes it too),
+    so the original is restored when the session ends."""
     import torch
 
     before = torch.get_num_threads()

@@ -81,6 +81,13 @@ def test_load_vectors_fills_found_rows_and_counts_them(tmp_path, name, header):
     assert table[vocab.index["市"]].abs().sum() > 0  # missing rows keep a random init
 
 
+def test_load_vectors_reads_only_the_first_line_as_a_header(tmp_path):
+    # Dimension 1: every line has two fields, and digits are characters of the vocabulary.
+    path = write_vectors(tmp_path / "v.txt", "2 1\n7 5\n8 6\n")
+    table, found = load_vectors(path, Vocab(["7", "8"]), 1)
+    assert found == 2 and table[2:, 0].tolist() == [5.0, 6.0]
+
+
 def test_load_vectors_tolerates_trailing_spaces_and_crlf(tmp_path):
     vocab = Vocab(["北"])
     path = write_vectors(tmp_path / "v.txt", "北 1 2 3 \r\n")

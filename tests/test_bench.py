@@ -1,0 +1,243 @@
+"""Tests for `nerkit bench`: a tiny matrix on data/sample run through the real CLI (results.jsonl,
+RESULTS.md, a failing run recorded while the others finish, --resume, seeds as mean ± std),
+strict matrix validation, and the table built from records and published anchors."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from nerkit.bench import failure_message, load_matrix, render_markdown, select_runs
+from nerkit.errors import UserError
+
+REPO = Path(__file__).resolve().parent.parent
+SAMPLE = REPO / "data" / "sample"
+# A bilstm small enough to train 30 steps and score data/sample in a second or two.
+TINY = {"data": {"train": str(SAMPLE / "train.bio"), "dev": str(SAMPLE / "dev.bio"), "test": str(SAMPLE / "test.bio")},
+        "embeddings": {"char_dim": 16, "bichar_dim": 8, "dropout": 0.0},
+        "encoder": {"name": "bilstm", "hidden_size": 16},
+        "train": {"epochs": 1, "max_steps": 30, "batch_size": 8, "lr": 0.05, "patience": 0, "threads": 1}}
+RECORD_KEYS = {
+    "name", "run", "dataset", "seed", "config", "overrides", "status", "encoder", "config_sha256", "data_sha256",
+    "test", "dev", "epochs", "parameters", "train_chars_per_s_steady", "predict_chars_per_s", "predict_batch_size",
+    "peak_rss_mib", "peak_cuda_mib", "wall_s", "git_commit", "torch_version", "device", "torch_threads",
+    "hostname", "cpu", "date", "quick", "pretrained",
+}
+
+
+def nerkit(*args) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "nerkit", *map(str, args)], cwd=REPO, capture_output=True,
+                          text=True, timeout=300, env={**os.environ, "PYTHONWARNINGS": "error"})
+
+
+def write_yaml(path: Path, data) -> Path:
+    path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
+    return path
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+
+
+@pytest.fixture(scope="module")
+def bench_run(tmp_path_factory):
+    """One tiny matrix run through the CLI: `broken` (its training file does not exist, so its
+    worker raises), then `tiny` with two seeds, then a run whose config is missing (`ghost`)."""
+    root = tmp_path_factory.mktemp("bench")
+    config = write_yaml(root / "tiny.yaml", TINY)
+    matrix = write_yaml(root / "matrix.yaml", {
+        "predict_batch_size": 16,
+        "runs": [{"name": "broken", "dataset": "sample", "config": str(config),
+                  "overrides": ["data.train=/nonexistent/train.bio"]},
+                 {"name": "tiny", "dataset": "sample", "config": str(config), "seeds": [1, 2]},
+                 {"name": "ghost", "dataset": "sample", "config": str(root / "missing.yaml")}]})
+    out = root / "out"
+    result = nerkit("bench", "--matrix", matrix, "--out", out, "--device", "cpu")
+    return matrix, out, result
+
+
+def test_tiny_matrix_writes_results_and_table(bench_run):
+    _, out, result = bench_run
+    records = {r["name"]: r for r in read_jsonl(out / "results.jsonl")}
+    assert set(records) == {"broken", "tiny_s1", "tiny_s2", "ghost"}, result.stderr
+    for name in ("tiny_s1", "tiny_s2"):
+        r = records[name]
+        assert r["status"] == "ok", r.get("error")
+        assert RECORD_KEYS <= set(r), RECORD_KEYS - set(r)
+        assert 0 <= r["test"]["f1"] <= 1 and 0 <= r["dev"]["f1"] <= 1
+        assert r["train_chars_per_s_steady"] > 0 and r["predict_chars_per_s"] > 0
+        assert r["peak_rss_mib"] > 0 and r["wall_s"] > 0 and r["parameters"] > 0
+        assert r["device"] == "cpu" and r["encoder"] == "bilstm" and r["epochs"] == 1
+        assert len(r["config_sha256"]) == 64 and set(r["data_sha256"]) == {"train", "dev", "test"}
+        assert (out / "runs" / name / "model.safetensors").is_file()
+        assert (out / "logs" / f"{name}.log").is_file()
+    assert records["tiny_s2"]["overrides"][-2:] == ["train.seed=2", "train.device=cpu"]
+    assert records["tiny_s1"]["config_sha256"] != records["tiny_s2"]["config_sha256"]  # the seed differs
+    table = (out / "RESULTS.md").read_text(encoding="utf-8")
+    assert result.stdout == table
+    assert "| Dataset | Encoder | Run | Seeds | Test P | Test R | Test F1 |" in table
+    assert "| sample | bilstm | tiny | 2 |" in table
+    assert "random-init embeddings" in table
+
+
+def test_failed_runs_are_recorded_and_the_others_finish(bench_run):
+    _, out, result = bench_run
+    assert result.returncode == 1, result.stderr  # some run failed
+    assert "Traceback" not in result.stderr
+    records = {r["name"]: r for r in read_jsonl(out / "results.jsonl")}
+    assert records["broken"]["status"] == "failed"
+    assert records["broken"]["exit_code"] == 2
+    assert "/nonexistent/train.bio" in records["broken"]["error"]
+    assert "/nonexistent/train.bio" in (out / "logs" / "broken.log").read_text(encoding="utf-8")
+    assert records["ghost"]["status"] == "failed" and "config file not found" in records["ghost"]["error"]
+    assert records["tiny_s1"]["status"] == records["tiny_s2"]["status"] == "ok"  # runs after a failure ran
+    table = (out / "RESULTS.md").read_text(encoding="utf-8")
+    assert "`broken`" in table and "`ghost`" in table
+
+
+def test_two_seeds_give_mean_and_std(bench_run):
+    _, out, _ = bench_run
+    records = {r["name"]: r for r in read_jsonl(out / "results.jsonl")}
+    f1s = [100 * records[f"tiny_s{s}"]["test"]["f1"] for s in (1, 2)]
+    row = next(line for line in (out / "RESULTS.md").read_text(encoding="utf-8").splitlines()
+               if line.startswith("| sample | bilstm | tiny |"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[3] == "2"
+    mean, std = cells[6].split(" ± ")
+    assert float(mean) == pytest.approx(sum(f1s) / 2, abs=0.01)
+    assert float(std) == pytest.approx(abs(f1s[0] - f1s[1]) / 2 ** 0.5, abs=0.01)  # sample std of two
+
+
+def test_resume_skips_completed_runs(bench_run, tmp_path):
+    matrix, out, _ = bench_run
+    copy = tmp_path / "out"
+    shutil.copytree(out, copy)
+    ok_files = [copy / "runs" / n / "model.safetensors" for n in ("tiny_s1", "tiny_s2")]
+    ok_files += [copy / "logs" / f"{n}.log" for n in ("tiny_s1", "tiny_s2")]
+    before = {p: p.stat().st_mtime_ns for p in ok_files}
+    failed_log = copy / "logs" / "broken.log"
+    failed_log.write_text("stale\n", encoding="utf-8")
+    result = nerkit("bench", "--matrix", matrix, "--out", copy, "--device", "cpu", "--resume")
+    assert result.returncode == 1, result.stderr
+    assert {p: p.stat().st_mtime_ns for p in ok_files} == before  # ok runs were not run again
+    assert "stale" not in failed_log.read_text(encoding="utf-8")  # the failed one was
+    assert result.stderr.count("skipped") == 2
+    names = [r["name"] for r in read_jsonl(copy / "results.jsonl")]
+    assert sorted(names) == sorted(set(names)) and len(names) == 4
+
+
+def test_markdown_only_rebuilds_the_table(bench_run, tmp_path):
+    matrix, out, _ = bench_run
+    copy = tmp_path / "out"
+    shutil.copytree(out, copy)
+    (copy / "RESULTS.md").unlink()
+    log = copy / "logs" / "tiny_s1.log"
+    before = log.stat().st_mtime_ns
+    result = nerkit("bench", "--matrix", matrix, "--out", copy, "--markdown-only")
+    assert result.returncode == 1, result.stderr  # the recorded failures still count
+    assert (copy / "RESULTS.md").read_text(encoding="utf-8") == (out / "RESULTS.md").read_text(encoding="utf-8")
+    assert log.stat().st_mtime_ns == before and "running" not in result.stderr  # nothing ran
+
+
+def test_bad_matrix_is_a_user_error(tmp_path):
+    matrix = write_yaml(tmp_path / "bad.yaml", {"runs": [{"name": "a", "dataset": "d", "config": "c.yaml",
+                                                          "seed": [1]}]})
+    result = nerkit("bench", "--matrix", matrix, "--out", tmp_path / "out")
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.startswith(f"nerkit: error: {matrix}: ")
+    assert "'seed'" in result.stderr and "did you mean 'seeds'?" in result.stderr
+    assert "Traceback" not in result.stderr and result.stderr.count("\n") == 1
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("matrix, words", [
+    ({"runs": [{"name": "a", "dataset": "d", "config": "c.yaml"}], "quik": []}, "unknown key 'quik'"),
+    ({"runs": []}, "non-empty list"),
+    ({"runs": [{"name": "a", "config": "c.yaml"}]}, "needs dataset"),
+    ({"runs": [{"name": "a/b", "dataset": "d", "config": "c.yaml"}]}, "may hold only"),
+    ({"runs": [{"name": "a", "dataset": "d", "config": "c.yaml", "seeds": [1, 1]}]}, "distinct"),
+    ({"runs": [{"name": "a", "dataset": "d", "config": "c.yaml", "seeds": 3}]}, "seeds must be"),
+    ({"runs": [{"name": "a", "dataset": "d", "config": "c.yaml", "overrides": ["train.lr"]}]}, "has no '='"),
+    ({"runs": [{"name": "a", "dataset": "d", "config": "c.yaml", "overrides": ["trian.lr=1"]}]}, "unknown section"),
+    ({"runs": [{"name": "a", "dataset": "d", "config": "c.yaml", "seeds": [1]},
+               {"name": "a_s1", "dataset": "d", "config": "c.yaml"}]}, "run names repeat: a_s1"),
+    ({"runs": [{"name": "a", "dataset": "d", "config": "c.yaml"}], "anchors": "nowhere.yaml"}, "anchors file not found"),
+    ({"runs": [{"name": "a", "dataset": "d", "config": "c.yaml"}], "predict_batch_size": 0}, "positive"),
+])
+def test_matrix_is_checked_strictly(tmp_path, matrix, words):
+    path = write_yaml(tmp_path / "m.yaml", matrix)
+    with pytest.raises(UserError, match=words):
+        load_matrix(path)
+
+
+def test_quick_needs_a_quick_block_and_applies_it_before_the_seed(tmp_path):
+    path = write_yaml(tmp_path / "m.yaml", {"runs": [{"name": "a", "dataset": "d", "config": "c.yaml", "seeds": [3]}]})
+    with pytest.raises(UserError, match="no quick"):
+        load_matrix(path, quick=True)
+    path = write_yaml(tmp_path / "m.yaml", {"quick": ["train.epochs=1"], "runs": [
+        {"name": "a", "dataset": "d", "config": "c.yaml", "overrides": ["train.lr=0.1"], "seeds": [3],
+         "quick": ["encoder.num_layers=1"]}]})
+    assert load_matrix(path).runs[0].overrides == ["train.lr=0.1", "train.seed=3"]
+    assert load_matrix(path, quick=True, device="cuda").runs[0].overrides == [
+        "train.lr=0.1", "train.epochs=1", "encoder.num_layers=1", "train.seed=3", "train.device=cuda"]
+
+
+def test_shipped_matrices_and_anchors_load():
+    full = load_matrix(REPO / "configs" / "bench" / "full.yaml")
+    quick = load_matrix(REPO / "configs" / "bench" / "quick.yaml", quick=True)
+    for matrix in (full, quick):
+        combos = {(r.dataset, Path(r.config).stem.split("_", 1)[1]) for r in matrix.runs}
+        assert combos == {(d, e) for d in ("msra", "peopledaily") for e in ("bilstm", "transformer", "tener", "flat")}
+    assert {a["encoder"]: a["test_f1"] for a in reversed(full.anchors["msra"]["anchors"])} == {
+        "bilstm": 91.87, "transformer": 88.35, "tener": 92.74, None: 93.18, "flat": 94.12}
+    assert full.anchors["peopledaily"]["anchors"] == [] and "No published figure" in full.anchors["peopledaily"]["note"]
+
+
+def test_only_selects_by_name_or_prefix(tmp_path):
+    path = write_yaml(tmp_path / "m.yaml", {"runs": [
+        {"name": "msra_bilstm", "dataset": "msra", "config": "c.yaml", "seeds": [1, 2]},
+        {"name": "pd_bilstm", "dataset": "pd", "config": "c.yaml"}]})
+    runs = load_matrix(path).runs
+    assert [r.name for r in select_runs(runs, ["msra"])] == ["msra_bilstm_s1", "msra_bilstm_s2"]
+    assert [r.name for r in select_runs(runs, ["msra_bilstm_s2,pd_bilstm"])] == ["msra_bilstm_s2", "pd_bilstm"]
+    assert len(select_runs(runs, [])) == 3
+    with pytest.raises(UserError, match="--only nope"):
+        select_runs(runs, ["nope"])
+
+
+def test_failure_message_names_a_kill_and_keeps_the_last_lines():
+    log = "\n".join(f"line {i}" for i in range(50))
+    message = failure_message(-9, log)
+    assert message.startswith("killed by SIGKILL (out of memory?)")
+    assert message.endswith("line 49") and "line 29" not in message
+    assert failure_message(1, "Traceback\nValueError: boom").splitlines()[0] == "exit code 1"
+
+
+def _record(name: str, group: str, seed: int, f1: float, dataset: str = "msra", **extra) -> dict:
+    prf = {"precision": f1, "recall": f1, "f1": f1}
+    return {"name": name, "run": group, "dataset": dataset, "seed": seed, "status": "ok", "encoder": "bilstm",
+            "test": prf, "dev": prf, "epochs": 3, "train_chars_per_s_steady": 1000.0, "predict_chars_per_s": 5000.0,
+            "predict_batch_size": 64, "peak_rss_mib": 512.0 + seed, "wall_s": 60.0, "git_commit": "abc",
+            "torch_version": "2", "device": "cpu", "torch_threads": 2, "hostname": "h", "cpu": "c",
+            "date": "2025-01-01T00:00:00+00:00", "nerkit_version": "0.1.0", **extra}
+
+
+def test_table_compares_with_the_published_figure():
+    anchors = load_matrix(REPO / "configs" / "bench" / "full.yaml").anchors
+    records = [_record("m_s1", "m", 1, 0.90), _record("m_s2", "m", 2, 0.92),
+               _record("p", "p", 1, 0.80, dataset="peopledaily", pretrained=True),
+               {"name": "x", "run": "x", "dataset": "msra", "status": "failed", "error": "exit code 1\nboom"}]
+    table = render_markdown(records, anchors)
+    assert "| msra | bilstm | m | 2 | 91.00 ± 1.41 | 91.00 ± 1.41 | 91.00 ± 1.41 | 91.87 | -0.87 | 91.00 ± 1.41 | 3 " \
+           "| 1,000 | 5,000 | 514 | 60 |" in table
+    assert "| peopledaily | bilstm † | p | 1 | 80.00 | 80.00 | 80.00 | – | – |" in table  # one seed: no ±
+    assert "88.81" in table and "94.12" in table  # every MSRA anchor is listed under the table
+    assert "No published figure" in table
+    assert "- `x`: exit code 1: boom" in table

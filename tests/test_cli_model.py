@@ -1,0 +1,237 @@
+"""Tests for the model commands of the CLI: `nerkit train`, `nerkit eval` and `nerkit predict` (its
+three formats, stdin, --output, blank lines, input order) and their exit code 2 on user errors."""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from nerkit.corpus import Span, tags_to_spans
+from nerkit.pipeline import MODEL_FILES
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+REPO = Path(__file__).resolve().parent.parent
+
+TEXTS = [
+    "张伟在北京工作。",
+    "",
+    "清华大学位于北京，李娜是那里的学生。",
+    "no Chinese here 123",
+    "刘洋去天元集团参观了。" * 30,  # longer than data.max_len (250): split and stitched
+    "　ＡＢＣ😀张伟\t李娜",
+    "",
+    "新华社的记者王芳报道了这件事。",
+]
+
+
+def run_cli(monkeypatch, capfd, *args: str, stdin: bytes | None = None) -> tuple[int, str, str]:
+    """Run `nerkit ARGS` in this process through the real entry point (`main`, which maps a
+    UserError to exit code 2); returns (exit code, stdout, stderr)."""
+    from nerkit.cli import main
+
+    monkeypatch.setattr(sys, "argv", ["nerkit", *args])
+    if stdin is not None:
+        monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(stdin), encoding="utf-8"))
+    with pytest.raises(SystemExit) as info:
+        main()
+    out, err = capfd.readouterr()
+    return info.value.code or 0, out, err
+
+
+@pytest.fixture
+def texts_file(tmp_path) -> Path:
+    path = tmp_path / "texts.txt"
+    path.write_text("\n".join(TEXTS) + "\n", encoding="utf-8")
+    return path
+
+
+# ------------------------------------------------------------------------------------ train, eval
+
+
+def test_train_then_eval_from_the_command_line(tmp_path, monkeypatch, capfd):
+    config = {
+        "data": {"train": str(FIXTURES / "tiny_train.bio"), "dev": str(FIXTURES / "tiny_dev.bio")},
+        "embeddings": {"char_dim": 16, "bichar_dim": 8, "dropout": 0.0},
+        "encoder": {"name": "bilstm", "hidden_size": 16},
+        "train": {"epochs": 4, "batch_size": 8, "lr": 0.02, "seed": 2, "device": "cpu"},
+        "output_dir": str(tmp_path / "not-used"),
+    }
+    (tmp_path / "tiny.yaml").write_text(yaml.safe_dump(config, allow_unicode=True), encoding="utf-8")
+    out = tmp_path / "model"
+    code, stdout, stderr = run_cli(monkeypatch, capfd, "train", "--config", str(tmp_path / "tiny.yaml"),
+                                   "--out", str(out), "--set", "train.epochs=3")
+    assert code == 0, stderr
+    summary = json.loads(stdout)
+    assert summary["epochs"] == 3 and 0 <= summary["dev_f1"] <= 100
+    assert all((out / name).is_file() for name in MODEL_FILES)
+    assert not (tmp_path / "not-used").exists()
+    assert len((out / "metrics.jsonl").read_text().splitlines()) == 3
+
+    code, stdout, stderr = run_cli(monkeypatch, capfd, "eval", "--model", str(out), "--data",
+                                   str(FIXTURES / "tiny_dev.bio"), "--json")
+    assert code == 0, stderr
+    figures = json.loads(stdout)
+    assert set(figures) == {"precision", "recall", "f1", "per_type"}
+    assert all(0 <= figures[k] <= 1 for k in ("precision", "recall", "f1"))
+    assert set(figures["per_type"]) == {"LOC", "ORG", "PER"}
+    for m in figures["per_type"].values():
+        assert all(0 <= m[k] <= 1 for k in ("precision", "recall", "f1")) and m["support"] > 0
+    # The dev figure that training reported is the one `nerkit eval` computes.
+    assert round(100 * figures["f1"], 2) == summary["dev_f1"]
+
+    code, stdout, _ = run_cli(monkeypatch, capfd, "eval", "--model", str(out), "--data", str(FIXTURES / "tiny_dev.bio"))
+    assert code == 0 and stdout.splitlines()[-1].split()[0] == "overall"
+
+
+def test_train_refuses_a_non_empty_output_directory(tmp_path, monkeypatch, capfd, tiny_model_dir):
+    code, _, stderr = run_cli(monkeypatch, capfd, "train", "--config", str(tiny_model_dir / "config.yaml"),
+                              "--out", str(tiny_model_dir))
+    assert code == 2 and "not empty" in stderr and "Traceback" not in stderr
+
+
+# ---------------------------------------------------------------------------------------- predict
+
+
+def parse_jsonl(text: str) -> list[dict]:
+    return [json.loads(line) for line in text.splitlines()]
+
+
+def parse_conll(text: str) -> list[list[tuple[str, str]]]:
+    """One record per input line: its `char tag` lines, then a blank line (alone for an empty text)."""
+    records, current = [], []
+    for line in text.split("\n")[:-1]:
+        if line == "":
+            records.append(current)
+            current = []
+        else:
+            char, tag = line.rsplit(" ", 1)
+            current.append((char, tag))
+    assert current == []
+    return records
+
+
+def spans_of(record: dict) -> list[Span]:
+    return [Span(e["start"], e["end"], e["type"]) for e in record["entities"]]
+
+
+def test_predict_jsonl_keeps_order_blank_lines_and_offsets(tiny_model_dir, texts_file, monkeypatch, capfd):
+    code, stdout, stderr = run_cli(monkeypatch, capfd, "predict", "--model", str(tiny_model_dir), str(texts_file),
+                                   "--batch-size", "2")
+    assert code == 0, stderr
+    records = parse_jsonl(stdout)
+    assert [r["text"] for r in records] == TEXTS
+    assert records[1] == {"text": "", "entities": []} and records[6] == {"text": "", "entities": []}
+    for record in records:
+        for e in record["entities"]:
+            assert record["text"][e["start"]:e["end"]] == e["text"]
+    assert sum(len(r["entities"]) for r in records) >= 10  # the trained model finds entities
+    assert len(records[4]["entities"]) >= 30
+
+
+def test_predict_conll_and_inline_agree_with_jsonl(tiny_model_dir, texts_file, monkeypatch, capfd):
+    model = str(tiny_model_dir)
+    _, jsonl, _ = run_cli(monkeypatch, capfd, "predict", "--model", model, str(texts_file), "--format", "jsonl")
+    code, conll, stderr = run_cli(monkeypatch, capfd, "predict", "--model", model, str(texts_file), "--format", "conll")
+    assert code == 0, stderr
+    code, inline, stderr = run_cli(monkeypatch, capfd, "predict", "--model", model, str(texts_file), "--format", "inline")
+    assert code == 0, stderr
+    records = parse_jsonl(jsonl)
+
+    blocks = parse_conll(conll)
+    assert len(blocks) == len(TEXTS)
+    for record, block in zip(records, blocks):
+        assert [char for char, _ in block] == list(record["text"])
+        assert tags_to_spans([tag for _, tag in block]) == spans_of(record)
+
+    lines = inline.split("\n")
+    assert lines[-1] == "" and len(lines) - 1 == len(TEXTS)
+    for record, line in zip(records, lines):
+        expected, pos = [], 0
+        for e in record["entities"]:
+            expected.append(record["text"][pos:e["start"]] + f"[{e['text']}]{e['type']}")
+            pos = e["end"]
+        assert line == "".join(expected) + record["text"][pos:]
+        assert re.sub(r"\[([^\]]*)\](?:LOC|ORG|PER)", r"\1", line) == record["text"]
+
+
+def test_predict_reads_stdin_and_writes_output_files(tiny_model_dir, texts_file, tmp_path, monkeypatch, capfd):
+    model = str(tiny_model_dir)
+    _, from_file, _ = run_cli(monkeypatch, capfd, "predict", "--model", model, str(texts_file))
+    code, from_stdin, stderr = run_cli(monkeypatch, capfd, "predict", "--model", model, "-",
+                                       stdin=texts_file.read_bytes())
+    assert code == 0, stderr
+    assert from_stdin == from_file
+    code, from_default, _ = run_cli(monkeypatch, capfd, "predict", "--model", model, stdin=texts_file.read_bytes())
+    assert code == 0 and from_default == from_file  # the source defaults to stdin
+    output = tmp_path / "out" / "pred.jsonl"
+    output.parent.mkdir()
+    code, stdout, stderr = run_cli(monkeypatch, capfd, "predict", "--model", model, str(texts_file), "--output", str(output))
+    assert code == 0, stderr
+    assert stdout == ""
+    assert output.read_text(encoding="utf-8") == from_file
+    assert sorted(p.name for p in output.parent.iterdir()) == ["pred.jsonl"]  # no temporary file left
+
+
+def test_predict_keeps_line_order_over_many_lines_and_odd_line_ends(tiny_model_dir, tmp_path, monkeypatch, capfd):
+    lines = [("张伟在北京" * (i % 7)) + f"第{i}行" for i in range(60)]
+    raw = "\r\n".join(lines[:30]).encode() + b"\n" + "\n".join(lines[30:]).encode()  # CRLF, then LF, no final newline
+    path = tmp_path / "many.txt"
+    path.write_bytes(raw)
+    code, stdout, stderr = run_cli(monkeypatch, capfd, "predict", "--model", str(tiny_model_dir), str(path),
+                                   "--batch-size", "4")
+    assert code == 0, stderr
+    assert [r["text"] for r in parse_jsonl(stdout)] == lines
+
+
+def test_predict_passes_bytes_that_are_not_utf8_through_on_their_own_line(tiny_model_dir, tmp_path, monkeypatch, capfd):
+    lines = ["张伟\xff在北京".encode("utf-8", "surrogateescape"), b"\xe5\x8c", "李娜\u2028王芳".encode() + b"\x85", b""]
+    path = tmp_path / "odd.txt"
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    for fmt in ("jsonl", "inline"):
+        output = tmp_path / f"odd.{fmt}"
+        code, _, stderr = run_cli(monkeypatch, capfd, "predict", "--model", str(tiny_model_dir), str(path),
+                                  "--format", fmt, "--output", str(output))
+        assert code == 0, stderr
+        out_lines = output.read_bytes().split(b"\n")
+        assert out_lines[-1] == b"" and len(out_lines) - 1 == len(lines)
+        for raw, out in zip(lines, out_lines):
+            text = out.decode("utf-8", "surrogateescape")
+            if fmt == "jsonl":
+                text = json.loads(text)["text"]
+            else:
+                text = re.sub(r"\[([^\]]*)\](?:LOC|ORG|PER)", r"\1", text)
+            assert text.encode("utf-8", "surrogateescape") == raw
+
+
+# ------------------------------------------------------------------------------------ user errors
+
+
+def test_exit_code_2_for_user_errors(tiny_model_dir, texts_file, tmp_path, monkeypatch, capfd):
+    cases = [
+        (["predict", "--model", str(tmp_path / "absent"), str(texts_file)], "model directory not found"),
+        (["predict", "--model", str(tiny_model_dir), str(texts_file), "--format", "xml"], "unknown --format"),
+        (["predict", "--model", str(tiny_model_dir), str(tmp_path / "absent.txt")], "input file not found"),
+        (["eval", "--model", str(tmp_path / "absent"), "--data", str(FIXTURES / "tiny_dev.bio")], "model directory not found"),
+        (["eval", "--model", str(tiny_model_dir), "--data", str(tmp_path / "absent.bio")], "no such file"),
+    ]
+    for args, message in cases:
+        code, stdout, stderr = run_cli(monkeypatch, capfd, *args)
+        assert code == 2, (args, stderr)
+        assert stderr.startswith("nerkit: error:") and message in stderr, stderr
+        assert "Traceback" not in stderr and stdout == ""
+
+
+def test_a_user_error_in_a_real_process_prints_one_line_and_no_traceback(tmp_path, texts_file):
+    result = subprocess.run([sys.executable, "-m", "nerkit", "predict", "--model", str(tmp_path / "absent"), str(texts_file)],
+                            capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and "model directory not found" in result.stderr
+    assert result.stdout == ""
