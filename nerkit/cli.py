@@ -40,10 +40,9 @@ def train(
     if resume is not None:
         from nerkit.train import resume_config
 
-        if config is not None or set_:
-            raise UserError("--resume continues a run with its saved config",
-                            fix="drop --config and --set when resuming")
-        cfg, out = resume_config(resume), resume
+        if config is not None:
+            raise UserError("--resume continues a run with its saved config", fix="drop --config when resuming")
+        cfg, out = resume_config(resume, set_), resume
     elif config is None:
         raise UserError("no config given", fix="pass --config FILE (e.g. configs/demo.yaml) or --resume DIR")
     else:

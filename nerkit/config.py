@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import os
 import re
 import types
@@ -113,6 +114,8 @@ CHOICES = {
     ("train", "schedule"): ("constant", "linear", "inverse_time"),
     ("train", "device"): ("auto", "cpu", "cuda"),
 }
+# Sizes that torch cannot build with 0, whichever section (or encoder) has them.
+AT_LEAST_ONE = {"hidden_size", "num_layers", "n_heads", "head_dim", "eval_batch_size"}
 _SECTIONS = {f.name: f for f in fields(Config)}
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 DEFAULT_VARS = {"NERKIT_DATA": "data"}
@@ -206,6 +209,12 @@ def _fill(cls, values: dict, section: str, source: str):
             raise ConfigError(f"{section}.{key} = {kwargs[key]!r} is not one of {', '.join(choices)}", where=source)
         if isinstance(kwargs[key], (int, float)) and not isinstance(kwargs[key], bool) and kwargs[key] < 0:
             raise ConfigError(f"{section}.{key} = {kwargs[key]} must not be negative", where=source)
+        if isinstance(kwargs[key], float) and not math.isfinite(kwargs[key]):
+            raise ConfigError(f"{section}.{key} = {kwargs[key]} must be a finite number", where=source)
+        if key in AT_LEAST_ONE and kwargs[key] < 1:
+            raise ConfigError(f"{section}.{key} = {kwargs[key]} must be at least 1", where=source)
+        if key.endswith("dropout") and kwargs[key] >= 1:
+            raise ConfigError(f"{section}.{key} = {kwargs[key]} must be below 1 (a probability)", where=source)
     return cls(**kwargs)
 
 

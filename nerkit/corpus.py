@@ -177,13 +177,21 @@ def _decode(path: Path, data: bytes) -> str:
     return text[1:] if text.startswith("\ufeff") else text  # a BOM is accepted and dropped
 
 
+def _shown(text: str, limit: int = 80) -> str:
+    """`text` quoted for an error message, cut short: a malformed line may be megabytes long."""
+    return repr(text) if len(text) <= limit else f"{text[:limit]!r}... ({len(text):,} characters)"
+
+
 def _read_bytes(path: str | Path) -> tuple[Path, bytes]:
     path = Path(path)
     if not path.exists():
         raise CorpusError("no such file", where=str(path), fix="check the path (and NERKIT_DATA)")
     if path.is_dir():
         raise CorpusError("is a directory, not a corpus file", where=str(path))
-    data = path.read_bytes()
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise CorpusError(f"cannot read the file ({e.strerror})", where=str(path)) from None
     if not data.strip():
         raise CorpusError("the file is empty", where=str(path), fix="point to a corpus with sentences")
     return path, data
@@ -221,24 +229,24 @@ def read_conll(path: str | Path, repair: bool = False, strict: bool = True) -> C
             raise CorpusError("the line contains a NUL byte", where=where,
                               fix="the file is probably binary or UTF-16; convert it to UTF-8 text")
         if line[0] in " \t":
-            raise CorpusError(f"empty token (the line starts with a separator: {line!r})", where=where,
+            raise CorpusError(f"empty token (the line starts with a separator: {_shown(line)})", where=where,
                               fix="each line is `char TAG`; remove the leading space or tab")
         parts = _SEPARATOR.split(line.rstrip(" \t"))
         if len(parts) < 2:
-            raise CorpusError(f"expected 2 columns `char TAG`, found 1 ({line!r})", where=where,
+            raise CorpusError(f"expected 2 columns `char TAG`, found 1 ({_shown(line)})", where=where,
                               fix="add the tag after a space or tab (O outside entities)")
         if columns is None:
             columns = len(parts)
         elif len(parts) != columns:
             raise CorpusError(
-                f"expected {columns} columns as on the file's first token line, found {len(parts)} ({line!r})",
+                f"expected {columns} columns as on the file's first token line, found {len(parts)} ({_shown(line)})",
                 where=where, fix="use the same number of columns on every line",
             )
         tag = parts[-1]
         if tag != "O" and not _TAG_RE.match(tag):
             hint = f"tags are case-sensitive: did you mean {tag.upper()}?" if _TAG_RE.match(tag.upper()) or tag.upper() == "O" \
                 else "use O or B-/I-/M-/E-/S- followed by a type, e.g. B-PER"
-            raise CorpusError(f"unknown tag {tag!r}", where=where, fix=hint)
+            raise CorpusError(f"unknown tag {_shown(tag)}", where=where, fix=hint)
         if not tokens:
             first_line = number
         tokens.append(parts[0])
@@ -304,12 +312,17 @@ def read_jsonl(path: str | Path) -> Corpus:
         if not isinstance(record, dict) or not isinstance(record.get("text"), str):
             raise CorpusError('the record has no "text" string', where=where)
         sent_text = record["text"]
+        entities = record.get("entities", [])
+        if not isinstance(entities, list):
+            raise CorpusError(f'"entities" is {type(entities).__name__}, not a list', where=where)
         spans = []
-        for ent in record.get("entities", []):
-            try:
-                span = Span(int(ent["start"]), int(ent["end"]), str(ent["type"]))
-            except (KeyError, TypeError, ValueError):
-                raise CorpusError(f"entity {ent!r} needs integer start, end and a type", where=where) from None
+        for ent in entities:
+            # Exactly ints (not 1.5, "1" or true) and a type that can become a tag (`B-TYPE`).
+            if not (isinstance(ent, dict) and all(type(ent.get(k)) is int for k in ("start", "end"))
+                    and isinstance(ent.get("type"), str) and re.fullmatch(r"\S+", ent["type"])):
+                raise CorpusError(f"entity {_shown(json.dumps(ent, ensure_ascii=False))} needs integer start, end "
+                                  "and a type without spaces", where=where)
+            span = Span(ent["start"], ent["end"], ent["type"])
             if not 0 <= span.start < span.end <= len(sent_text):
                 raise CorpusError(f"entity {ent!r} is outside the text of {len(sent_text)} characters",
                                   where=where, fix="offsets count characters, end exclusive")

@@ -3,12 +3,17 @@ never a half-written file."""
 
 from __future__ import annotations
 
+import errno
+import glob
 import os
 import shutil
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
+
+# Failures the user fixes on their side: a full disk, a quota, a file size limit, permissions.
+WRITE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EACCES, errno.EPERM, errno.EROFS)
 
 
 def _fsync_dir(path: Path) -> None:
@@ -50,11 +55,15 @@ def atomic_directory(path: str | Path) -> Iterator[Path]:
     """Yield a temporary directory beside `path`; on success it replaces `path` in one rename.
 
     An existing `path` is first moved aside and removed only after the new one is in place, so a
-    crash at any instant leaves a complete old or a complete new directory (plus, at worst, a
-    stray `.old`/`.tmp` sibling that the next write cleans up).
+    crash at any instant leaves a complete old or a complete new directory: the old one may be
+    left only as the `.old` sibling, which `recover_directory` (run first here, and by readers
+    that can afford to write) renames back. Stray `.tmp` siblings of crashed writes are removed.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    recover_directory(path)
+    for stray in path.parent.glob(f".{glob.escape(path.name)}.*.tmp"):
+        shutil.rmtree(stray, ignore_errors=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
     try:
         yield tmp
@@ -74,3 +83,14 @@ def atomic_directory(path: str | Path) -> Iterator[Path]:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def recover_directory(path: str | Path) -> None:
+    """Undo a crash between `atomic_directory`'s two renames: `path` is gone but its old version
+    waits as the `.old` sibling, so put it back."""
+    path = Path(path)
+    old = path.with_name(f".{path.name}.old")
+    if not path.exists() and old.is_dir():
+        os.replace(old, path)
+        _fsync_dir(path.parent)
+

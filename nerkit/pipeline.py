@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Iterable
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
+from safetensors.torch import save as safetensors_bytes
 
 from nerkit import __version__
 from nerkit.config import Config, build_config, config_to_yaml
@@ -173,11 +174,9 @@ class Pipeline:
 
     def write_weights(self, directory: Path, metrics: dict | None = None) -> None:
         state = {k: v.detach().to("cpu").contiguous() for k, v in self.model.state_dict().items()}
-        tmp = directory / ".model.safetensors.tmp"
-        save_file(state, str(tmp), metadata={"format_version": str(FORMAT_VERSION)})
-        with open(tmp, "rb") as f:
-            atomic_write_bytes(directory / "model.safetensors", f.read())
-        tmp.unlink()
+        # Serialised here and written by Python, so that a full disk is an OSError with its errno.
+        data = safetensors_bytes(state, metadata={"format_version": str(FORMAT_VERSION)})
+        atomic_write_bytes(directory / "model.safetensors", data)
         if metrics is not None:
             atomic_write_text(directory / "metrics.json", json.dumps(metrics, indent=2, ensure_ascii=False) + "\n")
 
@@ -260,6 +259,12 @@ def check_model_dir(directory: Path) -> None:
     if unsafe:
         raise ModelDirError(f"refusing a model directory that holds pickle-capable files: {', '.join(unsafe)}",
                             where=str(directory), fix="nerkit models are safetensors + JSON/YAML; remove those files")
+    root = directory.resolve()
+    for name in MODEL_FILES + ("lexicon.txt",):  # every file the loader reads
+        path = directory / name
+        if path.is_symlink() and not path.resolve().is_relative_to(root):
+            raise ModelDirError(f"{name} is a link to {path.resolve()}, outside the model directory",
+                                where=str(directory), fix="copy the file into the directory instead of linking to it")
     for name in MODEL_FILES:
         if not (directory / name).is_file():
             raise ModelDirError(f"{name} is missing", where=str(directory),

@@ -8,20 +8,24 @@ import json
 import math
 import random
 import shutil
+import signal
 import sys
+import threading
 import time
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
+from safetensors.torch import save as safetensors_bytes
 
 from nerkit.config import Config, load_config
 from nerkit.corpus import Sentence, read_corpus, sha256_file, split_sentence
 from nerkit.errors import UserError
 from nerkit.features import bucketed_batches, collate
-from nerkit.files import atomic_directory
+from nerkit.files import WRITE_ERRNOS, atomic_directory, recover_directory
 from nerkit.pipeline import Pipeline, resolve_device, seeded_dev_split
 
 CHECKPOINT = "checkpoint"
@@ -124,6 +128,7 @@ class Progress:
     steady_seconds: float = 0.0
     elapsed: float = 0.0  # wall seconds of earlier sessions of this run
     epochs_logged: int = 0  # lines of metrics.jsonl that belong to this state
+    stopped: str = ""  # why the run ended, once it has: only the final model is left to write
     checksums: dict = field(default_factory=dict)
 
 
@@ -167,12 +172,13 @@ def save_checkpoint(out: Path, pipe: Pipeline, optimizer, scheduler, progress: P
     meta = {"progress": asdict(progress), "optimizer": {"param_groups": opt["param_groups"], "other": opt_meta},
             "scheduler": scheduler.state_dict(), "rng": rng_meta}
     with atomic_directory(out / CHECKPOINT) as tmp:
-        save_file(tensors, str(tmp / "state.safetensors"))
+        (tmp / "state.safetensors").write_bytes(safetensors_bytes(tensors))
         (tmp / "state.json").write_text(json.dumps(meta), encoding="utf-8")
 
 
 def load_checkpoint(out: Path, pipe: Pipeline, optimizer, scheduler) -> tuple[Progress, dict | None]:
     directory = out / CHECKPOINT
+    recover_directory(directory)
     if not (directory / "state.json").is_file() or not (directory / "state.safetensors").is_file():
         raise UserError("no checkpoint to resume from", where=str(directory),
                         fix="a run writes its checkpoint at the first epoch end or train.checkpoint_every steps")
@@ -211,23 +217,83 @@ def prepare_output_dir(out: Path, force: bool) -> None:
         raise UserError(f"cannot create the output directory ({e.strerror})", where=str(out)) from None
 
 
-def resume_config(out: str | Path) -> Config:
-    """The resolved config saved with a run, for `nerkit train --resume DIR`."""
+# What may change when a run is resumed: how long it goes on and where it runs, nothing that
+# shapes the model or the data. (With a linear schedule, `epochs` also moves the learning rate.)
+RESUMABLE_KEYS = {"train.epochs", "train.patience", "train.max_steps", "train.time_budget",
+                  "train.checkpoint_every", "train.threads", "train.device", "train.eval_batch_size"}
+
+
+def resume_config(out: str | Path, overrides: list[str] = ()) -> Config:
+    """The resolved config saved with a run, for `nerkit train --resume DIR [--set train.epochs=N]`."""
     path = Path(out) / "config.yaml"
     if not path.is_file():
         raise UserError("not a training run directory (no config.yaml)", where=str(out),
                         fix="pass the --out directory of an interrupted `nerkit train`")
-    return load_config(path)
+    for text in overrides:
+        key = text.split("=", 1)[0].strip()
+        if key not in RESUMABLE_KEYS:
+            raise UserError(f"--set {key} cannot change when resuming", where=str(path),
+                            fix=f"a resumed run may change only {', '.join(sorted(RESUMABLE_KEYS))}")
+    config = load_config(path, overrides)
+    if overrides:
+        from nerkit.config import config_to_yaml
+        from nerkit.files import atomic_write_text
+
+        atomic_write_text(path, config_to_yaml(config))  # the model directory keeps explaining itself
+    return config
 
 
 def train(config: Config, out: str | Path | None = None, force: bool = False, resume: bool = False,
           progress_bar: bool | None = None, stop_after_steps: int = 0) -> dict:
     """Train as the config says (or continue a run with `resume`); returns the final metrics,
-    also written to OUT/metrics.json. `stop_after_steps` (tests) raises Interrupted after that
-    many steps of this session, as SIGINT would."""
-    tc = config.train
+    also written to OUT/metrics.json.
+
+    SIGINT stops the run at the next step boundary, or after the epoch's evaluation, with a
+    checkpoint and `Interrupted`; a second SIGINT stops it at once. `stop_after_steps` (tests) acts
+    as SIGINT after that many steps of this session. A write that fails for a reason the user can
+    fix (a full disk, permissions) is a UserError; the last complete checkpoint stays as it was."""
     out = Path(out or config.output_dir)
     config.output_dir = str(out)
+    stop = StopRequest()
+    try:
+        with stop.on_sigint():
+            return _train(config, out, force, resume, progress_bar, stop_after_steps, stop)
+    except OSError as e:
+        if e.errno not in WRITE_ERRNOS:
+            raise
+        resumable = (out / CHECKPOINT / "state.json").is_file()
+        then = f"then continue with: nerkit train --resume {out}" if resumable else "or choose another --out"
+        raise UserError(e.strerror, where=str(e.filename or out),
+                        fix=f"free space or fix permissions there, {then}") from None
+
+
+class StopRequest:
+    """Set by SIGINT and read by the training loop, which stops where a checkpoint is consistent."""
+
+    def __init__(self):
+        self.requested = False
+
+    @contextmanager
+    def on_sigint(self):
+        if threading.current_thread() is not threading.main_thread():  # signals reach only the main thread
+            yield
+            return
+
+        def handler(signum, frame):
+            if self.requested:  # the second Ctrl-C: stop now (the last checkpoint on disk is complete)
+                raise KeyboardInterrupt
+            self.requested = True
+
+        previous = signal.signal(signal.SIGINT, handler)
+        try:
+            yield
+        finally:
+            signal.signal(signal.SIGINT, previous if previous is not None else signal.SIG_DFL)
+
+
+def _train(config: Config, out: Path, force: bool, resume: bool, progress_bar: bool | None, stop_after_steps: int,
+           stop: StopRequest) -> dict:
+    tc = config.train
     if tc.threads:
         torch.set_num_threads(tc.threads)
     device = resolve_device(tc.device)
@@ -258,6 +324,8 @@ def train(config: Config, out: str | Path | None = None, force: bool = False, re
                             fix="resume with the same data files, or start a new run")
         lines = history_path.read_text(encoding="utf-8").splitlines(True) if history_path.exists() else []
         history_path.write_text("".join(lines[: progress.epochs_logged]), encoding="utf-8")
+        if progress.stopped == "epochs" and progress.epoch <= tc.epochs:
+            progress.stopped = ""  # a finished run given more epochs (--resume DIR --set train.epochs=N)
         log(f"resuming {out} at epoch {progress.epoch}, batch {progress.batch} (step {progress.step})")
     else:
         prepare_output_dir(out, force)
@@ -267,58 +335,55 @@ def train(config: Config, out: str | Path | None = None, force: bool = False, re
     from tqdm import tqdm
 
     started = time.perf_counter() - progress.elapsed
-    stopped = "epochs"
+    stopped = progress.stopped or "epochs"
     session_steps = 0
-    epoch = progress.epoch
-    while epoch <= tc.epochs:
+    epoch = progress.epoch - 1 if progress.stopped else progress.epoch  # a finished run only lacks its final model
+    while epoch <= tc.epochs and not progress.stopped:
         pipe.model.train()
         batches = bucketed_batches(lengths, tc.batch_size, random.Random(tc.seed * 1000 + epoch))
         bar = tqdm(total=len(batches), initial=progress.batch, desc=f"epoch {epoch}", unit="batch", leave=False,
                    file=sys.stderr, dynamic_ncols=True,
                    disable=(not sys.stderr.isatty()) if progress_bar is None else not progress_bar)
-        try:
-            for idx in batches[progress.batch:]:
-                t0 = time.perf_counter()
-                batch = collate([examples[i] for i in idx]).to(device)
-                loss = pipe.model.loss(batch)
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                if tc.clip_norm:
-                    torch.nn.utils.clip_grad_norm_(params, tc.clip_norm)
-                if tc.clip_value:
-                    torch.nn.utils.clip_grad_value_(params, tc.clip_value)
-                optimizer.step()
-                scheduler.step()
-                progress.step += 1
-                progress.batch += 1
-                session_steps += 1
-                progress.epoch_loss += loss.item()
-                chars, seconds = sum(lengths[i] for i in idx), time.perf_counter() - t0
-                progress.epoch_chars += chars
-                progress.epoch_seconds += seconds
-                if session_steps > WARMUP_BATCHES:
-                    progress.steady_chars += chars
-                    progress.steady_seconds += seconds
-                bar.update(1)
-                bar.set_postfix(loss=f"{loss.item():.3f}",
-                                chars_s=f"{progress.epoch_chars / max(progress.epoch_seconds, 1e-9):,.0f}")
-                if stop_after_steps and session_steps >= stop_after_steps:
-                    raise KeyboardInterrupt
-                if tc.checkpoint_every and progress.step % tc.checkpoint_every == 0:
-                    progress.elapsed = time.perf_counter() - started
-                    save_checkpoint(out, pipe, optimizer, scheduler, progress, best_state)
-                if tc.max_steps and progress.step >= tc.max_steps:
-                    stopped = "max_steps"
-                    break
-                if tc.time_budget and time.perf_counter() - started > tc.time_budget:
-                    stopped = "time_budget"
-                    break
-        except KeyboardInterrupt:
-            bar.close()
-            progress.elapsed = time.perf_counter() - started
-            save_checkpoint(out, pipe, optimizer, scheduler, progress, best_state)
-            raise Interrupted(f"training interrupted at epoch {epoch}, step {progress.step}; checkpoint saved. "
-                              f"Continue with: nerkit train --resume {out}") from None
+        for idx in batches[progress.batch:]:
+            t0 = time.perf_counter()
+            batch = collate([examples[i] for i in idx]).to(device)
+            loss = pipe.model.loss(batch)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            if tc.clip_norm:
+                torch.nn.utils.clip_grad_norm_(params, tc.clip_norm)
+            if tc.clip_value:
+                torch.nn.utils.clip_grad_value_(params, tc.clip_value)
+            optimizer.step()
+            scheduler.step()
+            progress.step += 1
+            progress.batch += 1
+            session_steps += 1
+            progress.epoch_loss += loss.item()
+            chars, seconds = sum(lengths[i] for i in idx), time.perf_counter() - t0
+            progress.epoch_chars += chars
+            progress.epoch_seconds += seconds
+            if session_steps > WARMUP_BATCHES:
+                progress.steady_chars += chars
+                progress.steady_seconds += seconds
+            bar.update(1)
+            bar.set_postfix(loss=f"{loss.item():.3f}",
+                            chars_s=f"{progress.epoch_chars / max(progress.epoch_seconds, 1e-9):,.0f}")
+            if stop_after_steps and session_steps >= stop_after_steps:
+                stop.requested = True
+            if stop.requested or (tc.checkpoint_every and progress.step % tc.checkpoint_every == 0):
+                progress.elapsed = time.perf_counter() - started
+                save_checkpoint(out, pipe, optimizer, scheduler, progress, best_state)
+            if stop.requested:
+                bar.close()
+                raise Interrupted(f"training interrupted at epoch {epoch}, step {progress.step}; checkpoint saved. "
+                                  f"Continue with: nerkit train --resume {out}")
+            if tc.max_steps and progress.step >= tc.max_steps:
+                stopped = "max_steps"
+                break
+            if tc.time_budget and time.perf_counter() - started > tc.time_budget:
+                stopped = "time_budget"
+                break
         bar.close()
 
         dev_metrics, _ = pipe.evaluate_sentences(data.dev, tc.eval_batch_size)
@@ -350,11 +415,15 @@ def train(config: Config, out: str | Path | None = None, force: bool = False, re
             log(f"early stopping: no dev improvement for {tc.patience} epochs")
         finished = stopped != "epochs" or epoch == tc.epochs
         progress.epoch, progress.batch = epoch + 1, 0
+        progress.stopped = stopped if finished else ""
         progress.epoch_loss, progress.epoch_chars, progress.epoch_seconds = 0.0, 0, 0.0
         progress.elapsed = time.perf_counter() - started
         save_checkpoint(out, pipe, optimizer, scheduler, progress, best_state)
         if finished:
             break
+        if stop.requested:
+            raise Interrupted(f"training interrupted after epoch {epoch}, step {progress.step}; checkpoint saved. "
+                              f"Continue with: nerkit train --resume {out}")
         epoch += 1
 
     pipe.model.load_state_dict(best_state)

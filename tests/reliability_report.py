@@ -72,5 +72,8 @@ class Section:
 
 
 def _cell(text: str) -> str:
+    """A table cell: one line, no pipes, and paths shown from the test's temporary directory (or
+    the repository) down, so that messages keep their point."""
+    text = re.sub(r"\S*/pytest-\d+/[^/\s]+/", "", text).replace(f"{REPO}/", "")
     text = text.replace("|", "\\|").replace("\n", " ")
-    return text if len(text) <= 110 else text[:107] + "..."
+    return text if len(text) <= 180 else text[:177] + "..."

@@ -310,6 +310,7 @@ def _field_values(cls, section: str):
         values["dev_split"] = st.floats(0, 0.99)
     if cls is TrainConfig:
         values["batch_size"] = st.integers(1, 512)
+        values["eval_batch_size"] = st.integers(1, 512)
         values["epochs"] = st.integers(1, 1000)
     return st.fixed_dictionaries(values)
 

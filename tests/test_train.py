@@ -151,3 +151,21 @@ def test_bilstm_learns_msra_from_2000_sentences(data_root, tmp_path, monkeypatch
     untrained = untrained_pipe.evaluate_sentences(data.dev)[0]["f1"]
     assert untrained < 0.05, f"untrained dev F1 {untrained:.4f}"
     assert trained >= LEARNING_FLOOR, f"dev F1 {trained:.4f} after training (untrained {untrained:.4f})"
+
+
+def test_a_finished_run_resumed_with_more_epochs_equals_a_longer_run(tmp_path, tiny_config):
+    # Constant learning rate, so the first two epochs are the same in both runs.
+    train(tiny_config("train.epochs=3", "train.patience=0"), out=tmp_path / "long")
+    train(tiny_config("train.epochs=2", "train.patience=0"), out=tmp_path / "short")
+    config = nerkit.train.resume_config(tmp_path / "short", ["train.epochs=3"])
+    assert load_config(tmp_path / "short" / "config.yaml").train.epochs == 3  # saved for the record
+    train(config, out=tmp_path / "short", resume=True)
+    assert [r["epoch"] for r in read_history(tmp_path / "short")] == [1, 2, 3]
+    for name in ("model.safetensors", "last/model.safetensors"):
+        assert (tmp_path / "short" / name).read_bytes() == (tmp_path / "long" / name).read_bytes()
+
+
+def test_resuming_refuses_changes_that_would_alter_the_model(tmp_path, tiny_config):
+    train(tiny_config("train.epochs=1"), out=tmp_path / "run")
+    with pytest.raises(UserError, match="encoder.hidden_size cannot change when resuming"):
+        nerkit.train.resume_config(tmp_path / "run", ["encoder.hidden_size=32"])

@@ -1,7 +1,7 @@
-"""Tests for the FLAT encoder: the efficient attention (split W_r, queries moved into R's space, query
-blocks with checkpointing) against a naive reference that materialises every pair as the paper writes
-it, in outputs and gradients; padding, batching, shift invariance, gradients for every parameter; and
-training, saving and loading a FLAT model end to end."""
+"""Tests for the FLAT encoder: the efficient attention (split W_r, queries moved into R's space, R built
+per block of query rows and rebuilt in backward) against a naive reference that materialises every pair
+as the paper writes it, in outputs and gradients; padding, batching, shift invariance, gradients for
+every parameter; and training, saving and loading a FLAT model end to end."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import torch
 
 from nerkit.config import load_config
 from nerkit.corpus import read_corpus
-from nerkit.encoders import ENCODERS, flat
+from nerkit.encoders import ENCODERS
 from nerkit.encoders.flat import FLAT, NodeSpans
 from nerkit.errors import ConfigError
 from nerkit.model import Lattice
@@ -65,7 +65,7 @@ def sinusoid_of(distance: torch.Tensor, dim: int) -> torch.Tensor:
     return out
 
 
-def naive_flat(encoder: FLAT, fusion: str, x, mask, lattice):
+def naive_flat(encoder: FLAT, x, mask, lattice, fusion: str, key_projection: bool = False, scale: bool = False):
     """FLAT as the paper writes it, every pair materialised: the (B, L, L, 4 d_model) concatenation of
     the four distance encodings, W_r applied to each pair, W_R R_ij computed for each pair and head,
     and the four terms of eq. (11) added one by one. Shares the encoder's parameters."""
@@ -90,7 +90,7 @@ def naive_flat(encoder: FLAT, fusion: str, x, mask, lattice):
         relative = torch.relu(concatenated @ fusion_layer.weight.T + fusion_layer.bias)  # (B, L, L, D): R_ij
         projected = (relative @ w_big_r.T).view(batch, -1, nodes.size(1), HEADS, HEAD_DIM)  # W_R R_ij per head
         q = (nodes @ attention.query.weight.T).view(batch, -1, HEADS, HEAD_DIM)  # (B, L, H, d)
-        k = nodes if attention.key is None else nodes @ attention.key.weight.T
+        k = nodes @ attention.key.weight.T if key_projection else nodes
         k = k.view(batch, -1, HEADS, HEAD_DIM)
         v = (nodes @ attention.value.weight.T).view(batch, -1, HEADS, HEAD_DIM)
         u, v_bias = attention.content_bias, positions_module.position_bias  # (H, d)
@@ -99,7 +99,7 @@ def naive_flat(encoder: FLAT, fusion: str, x, mask, lattice):
         c = torch.einsum("hd,bjhd->bhj", u, k)[:, :, None, :]  # u . k_j, the same for every i
         d = torch.einsum("hd,bijhd->bhij", v_bias, projected)  # v . W_R R_ij
         scores = a + b + c + d
-        if encoder.layers[0].attention.scale != 1.0:
+        if scale:
             scores = scores / math.sqrt(HEAD_DIM)
         scores = scores.masked_fill(~node_mask[:, None, None, :], float("-inf"))
         alpha = scores.softmax(dim=-1)  # (B, H, L, L)
@@ -130,7 +130,7 @@ def test_efficient_equals_naive_reference_in_outputs_and_gradients(fusion, chunk
     readout = torch.randn(x.size(0), x.size(1), D_MODEL, dtype=torch.float64)  # weighs each output differently
     inputs = [x, lattice.words, *encoder.parameters()]
     fast = encoder(x, mask, lattice)
-    naive = naive_flat(encoder, fusion, x, mask, lattice)
+    naive = naive_flat(encoder, x, mask, lattice, fusion, key_projection, scale)
     torch.testing.assert_close(fast, naive, atol=1e-9, rtol=1e-9)
     fast_grads = torch.autograd.grad((fast * readout).sum(), inputs)
     naive_grads = torch.autograd.grad((naive * readout).sum(), inputs)
@@ -139,22 +139,23 @@ def test_efficient_equals_naive_reference_in_outputs_and_gradients(fusion, chunk
         torch.testing.assert_close(got, expected, atol=1e-9, rtol=1e-9, msg=lambda m: f"{name}: {m}")
 
 
-def test_training_checkpoints_every_query_block_and_inference_does_not(monkeypatch):
-    calls = []
+def test_backward_keeps_no_pairwise_position_tensor():
+    # The (B, L, L, d_model) R of every pair is rebuilt in the backward pass, never saved by the forward
+    # pass; the biggest thing autograd may keep is a (B, H, L, L) attention map. One block (chunk 0) so
+    # that a saved R would be a single tensor of that size.
+    encoder = make_encoder(chunk=0).train()
+    x, mask, lattice = make_batch([7, 3, 5], [4, 0, 2])
+    sizes = []
 
-    def counting_checkpoint(function, *args, **kwargs):
-        calls.append(kwargs.get("use_reentrant"))
-        return torch.utils.checkpoint.checkpoint(function, *args, **kwargs)
+    def pack(tensor):
+        sizes.append(tensor.numel())
+        return tensor
 
-    monkeypatch.setattr(flat, "checkpoint", counting_checkpoint)
-    encoder = make_encoder(chunk=3).train()
-    x, mask, lattice = make_batch([7, 3], [4, 1])  # 11 nodes: 4 blocks per layer
-    encoder(x, mask, lattice).sum().backward()
-    assert calls == [False] * 8  # 2 layers x 4 blocks, non-reentrant
-    calls.clear()
-    with torch.no_grad():
-        encoder(x, mask, lattice)
-    assert calls == []
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        out = encoder(x.requires_grad_(True), mask, lattice)
+    out.sum().backward()
+    batch, nodes = 3, 7 + 4
+    assert sizes and max(sizes) < batch * nodes * nodes * D_MODEL / 2
 
 
 def test_batched_equals_one_at_a_time():
