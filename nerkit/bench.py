@@ -27,6 +27,7 @@ from pathlib import Path
 import yaml
 
 from nerkit import __version__
+from nerkit.config import read_yaml
 from nerkit.errors import UserError
 from nerkit.files import atomic_write_text
 
@@ -93,23 +94,10 @@ def _overrides(values, where: str, source: Path) -> list[str]:
     return list(values)
 
 
-def _read_yaml(path: Path, what: str):
-    if not path.is_file():
-        raise UserError(f"{what} not found", where=str(path))
-    try:
-        return yaml.safe_load(path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f"{path}:{mark.line + 1}" if mark else str(path)
-        raise UserError(f"not valid YAML ({getattr(e, 'problem', e)})", where=where) from None
-    except UnicodeDecodeError:
-        raise UserError("not UTF-8 text", where=str(path)) from None
-
-
 def load_anchors(path: str | Path) -> dict:
     """Published figures by dataset (configs/bench/anchors.yaml), checked as strictly as a matrix."""
     path = Path(path)
-    raw = _read_yaml(path, "anchors file") or {}
+    raw = read_yaml(path, "anchors file") or {}
     if not isinstance(raw, dict):
         raise UserError("the anchors file must map dataset names to their figures", where=str(path))
     anchors = {}
@@ -129,7 +117,7 @@ def load_anchors(path: str | Path) -> dict:
 def load_matrix(path: str | Path, quick: bool = False, device: str | None = None) -> Matrix:
     """Read and check a matrix file, and expand it into runs (one per seed) with their overrides."""
     path = Path(path)
-    raw = _read_yaml(path, "matrix file")
+    raw = read_yaml(path, "matrix file")
     _check_keys(raw, MATRIX_KEYS, "the matrix", path)
     if device is not None and device not in DEVICES:
         raise UserError(f"unknown --device {device!r}", fix=f"use one of {', '.join(DEVICES)}")

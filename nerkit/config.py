@@ -292,18 +292,24 @@ def build_config(raw: dict, source: str = "<config>", overrides: list[str] = ())
     return config
 
 
-def load_config(path: str | Path, overrides: list[str] = ()) -> Config:
+def read_yaml(path: str | Path, what: str, fix: str | None = None) -> Any:
+    """A YAML file's contents; a missing file, bad YAML (with its line) or non-UTF-8 text is a ConfigError."""
     path = Path(path)
-    if not path.exists():
-        raise ConfigError("config file not found", where=str(path), fix="check the path, e.g. configs/demo.yaml")
+    if not path.is_file():
+        raise ConfigError(f"{what} not found", where=str(path), fix=fix)
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+        return yaml.safe_load(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f"{path}:{mark.line + 1}" if mark else str(path)
         raise ConfigError(f"not valid YAML ({getattr(e, 'problem', e)})", where=where) from None
     except UnicodeDecodeError:
-        raise ConfigError("the config is not UTF-8 text", where=str(path)) from None
+        raise ConfigError(f"the {what} is not UTF-8 text", where=str(path)) from None
+
+
+def load_config(path: str | Path, overrides: list[str] = ()) -> Config:
+    path = Path(path)
+    raw = read_yaml(path, "config file", fix="check the path, e.g. configs/demo.yaml")
     if raw is not None and not isinstance(raw, dict):
         raise ConfigError("the config must be a mapping of sections", where=str(path))
     return build_config(raw or {}, str(path), overrides)

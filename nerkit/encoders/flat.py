@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from nerkit.encoders.transformer import EncoderLayer, MultiHeadAttention, SinusoidTable, feed_forward_dim
+from nerkit.encoders.transformer import MultiHeadAttention, SinusoidTable, encoder_layers
 from nerkit.errors import ConfigError
 
 # Which of the four head/tail distances each fusion feeds to W_r, in this order (the column blocks of
@@ -285,27 +285,21 @@ class FLAT(nn.Module):
     def __init__(self, input_dim: int, config: FLATConfig, word_dim: int):
         super().__init__()
         d_model = config.n_heads * config.head_dim
-        ff_dim = feed_forward_dim(d_model, config.ff_ratio)
         self.char_projection = nn.Linear(input_dim, d_model)
         self.word_projection = nn.Linear(word_dim, d_model)
-        self.layers = nn.ModuleList(
-            EncoderLayer(
-                MultiHeadAttention(
-                    config.n_heads,
-                    config.head_dim,
-                    config.attn_dropout,
-                    key_projection=config.key_projection,
-                    content_bias=True,  # u
-                    scale=config.scale,
-                    positions=LatticePositions(
-                        config.n_heads, config.head_dim, config.fusion, config.attention_chunk
-                    ),
+        self.layers = encoder_layers(
+            lambda: MultiHeadAttention(
+                config.n_heads,
+                config.head_dim,
+                config.attn_dropout,
+                key_projection=config.key_projection,
+                content_bias=True,  # u
+                scale=config.scale,
+                positions=LatticePositions(
+                    config.n_heads, config.head_dim, config.fusion, config.attention_chunk
                 ),
-                d_model,
-                ff_dim,
-                config.dropout,
-            )
-            for _ in range(config.num_layers)
+            ),
+            d_model, config.ff_ratio, config.dropout, config.num_layers,
         )
         self.output_dim = d_model
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from nerkit.encoders.transformer import EncoderLayer, MultiHeadAttention, SinusoidTable, feed_forward_dim
+from nerkit.encoders.transformer import MultiHeadAttention, SinusoidTable, encoder_layers
 from nerkit.errors import ConfigError
 
 
@@ -201,20 +201,14 @@ class RelativeTransformer(nn.Module):
             if getattr(config, name) is not None:
                 variant = dataclasses.replace(variant, **{name: getattr(config, name)})
         d_model = config.n_heads * config.head_dim
-        ff_dim = feed_forward_dim(d_model, config.ff_ratio)
         # No absolute positions: every position signal comes from the relative terms.
         self.input_projection = nn.Linear(input_dim, d_model)
-        self.layers = nn.ModuleList(
-            EncoderLayer(
-                relative_attention(
-                    variant, config.n_heads, config.head_dim, config.attn_dropout,
-                    max_distance=config.max_relative_distance,
-                ),
-                d_model,
-                ff_dim,
-                config.dropout,
-            )
-            for _ in range(config.num_layers)
+        self.layers = encoder_layers(
+            lambda: relative_attention(
+                variant, config.n_heads, config.head_dim, config.attn_dropout,
+                max_distance=config.max_relative_distance,
+            ),
+            d_model, config.ff_ratio, config.dropout, config.num_layers,
         )
         self.output_dim = d_model
 

@@ -154,6 +154,12 @@ def feed_forward_dim(d_model: int, ff_ratio: float) -> int:
     return max(1, round(ff_ratio * d_model))
 
 
+def encoder_layers(make_attention, d_model: int, ff_ratio: float, dropout: float, num_layers: int) -> nn.ModuleList:
+    """`num_layers` post-norm blocks, each with its own attention from `make_attention()`."""
+    ff_dim = feed_forward_dim(d_model, ff_ratio)
+    return nn.ModuleList(EncoderLayer(make_attention(), d_model, ff_dim, dropout) for _ in range(num_layers))
+
+
 @dataclass
 class TransformerConfig:
     # Defaults equal TENER's MSRA setting, so that `transformer` vs `tener` differ only in positions.
@@ -171,17 +177,11 @@ class Transformer(nn.Module):
     def __init__(self, input_dim: int, config: TransformerConfig):
         super().__init__()
         d_model = config.n_heads * config.head_dim
-        ff_dim = feed_forward_dim(d_model, config.ff_ratio)
         self.input_projection = nn.Linear(input_dim, d_model)
         self.positions = SinusoidTable(d_model)
-        self.layers = nn.ModuleList(
-            EncoderLayer(
-                MultiHeadAttention(config.n_heads, config.head_dim, config.attn_dropout),
-                d_model,
-                ff_dim,
-                config.dropout,
-            )
-            for _ in range(config.num_layers)
+        self.layers = encoder_layers(
+            lambda: MultiHeadAttention(config.n_heads, config.head_dim, config.attn_dropout),
+            d_model, config.ff_ratio, config.dropout, config.num_layers,
         )
         self.output_dim = d_model
 
