@@ -147,7 +147,7 @@ def invalid_transition(prev: str | None, tag: str, scheme: str) -> str | None:
             return f"the entity {prev} is not closed before the sentence ends (expected E-{p_type})"
         return None
     prefix, typ = split_tag(tag)
-    open_entity = p_prefix in ("B", "I", "M") and (scheme == "bio" or p_prefix != "E")
+    open_entity = p_prefix in ("B", "I", "M")
     if prefix in ("I", "M", "E"):
         if not open_entity:
             where = "at the sentence start" if prev is None else f"after {prev}"

@@ -16,7 +16,8 @@ from safetensors.torch import save as safetensors_bytes
 
 from nerkit import __version__
 from nerkit.config import Config, build_config, config_to_yaml
-from nerkit.corpus import Sentence, Span, cut_points, normalize_char, read_corpus, scheme_tags, spans_to_tags
+from nerkit.corpus import (Sentence, Span, cut_points, detect_scheme, normalize_char, read_corpus, scheme_tags,
+                           spans_to_tags, tags_to_spans)
 from nerkit.errors import ModelDirError, UserError
 from nerkit.evaluate import score
 from nerkit.features import Example, Vocab, bigrams, bucketed_batches, collate, load_vectors
@@ -43,8 +44,7 @@ class Pipeline:
         self.config = config
         self.chars, self.bichars, self.tags, self.words, self.lexicon = chars, bichars, tags, words, lexicon
         self.tag_index = {t: i for i, t in enumerate(tags)}
-        self.scheme = "bmes" if any(t.startswith("M-") for t in tags) else \
-            "bioes" if any(t[0] in "ES" for t in tags) else "bio"
+        self.scheme = detect_scheme(tags)
         self.model = Tagger(config, len(chars), len(bichars), tags, len(words) if words else 0)
         self.device = torch.device(device)
         self.model.to(self.device)
@@ -133,7 +133,7 @@ class Pipeline:
                 batch = collate([examples[i] for i in idx]).to(self.device)
                 for i, tag_ids in zip(idx, self.model.decode(batch)):
                     sent, offset, _ = pieces[i]
-                    spans = _spans_from_ids(tag_ids, self.tags)
+                    spans = tags_to_spans([self.tags[t] for t in tag_ids])
                     results[sent].extend(Span(s.start + offset, s.end + offset, s.type) for s in spans)
         for spans in results:
             spans.sort(key=lambda s: s.start)
@@ -234,12 +234,6 @@ class Pipeline:
         pipe.model.load_state_dict(state)
         pipe.model.eval()
         return pipe
-
-
-def _spans_from_ids(tag_ids: list[int], tags: list[str]) -> list[Span]:
-    from nerkit.corpus import tags_to_spans
-
-    return tags_to_spans([tags[i] for i in tag_ids])
 
 
 def _read_json(path: Path) -> dict:
