@@ -19,7 +19,9 @@ import socket
 import statistics
 import subprocess
 import sys
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, fields
 from datetime import datetime, timezone
 from pathlib import Path
@@ -114,13 +116,18 @@ def load_anchors(path: str | Path) -> dict:
     return anchors
 
 
-def load_matrix(path: str | Path, quick: bool = False, device: str | None = None) -> Matrix:
-    """Read and check a matrix file, and expand it into runs (one per seed) with their overrides."""
+def load_matrix(path: str | Path, quick: bool = False, device: str | None = None, sets: list[str] = (),
+                seeds: list[int] | None = None) -> Matrix:
+    """Read and check a matrix file, and expand it into runs (one per seed) with their overrides.
+    `sets` (from `--set`) are applied to every run after its own overrides; `seeds` (from `--seeds`)
+    replaces every entry's seeds."""
     path = Path(path)
     raw = read_yaml(path, "matrix file")
     _check_keys(raw, MATRIX_KEYS, "the matrix", path)
     if device is not None and device not in DEVICES:
         raise UserError(f"unknown --device {device!r}", fix=f"use one of {', '.join(DEVICES)}")
+    sets = _overrides(list(sets), "--set", Path("the command line"))
+    seeds_override = list(seeds) if seeds else None
     entries = raw.get("runs")
     if not isinstance(entries, list) or not entries:
         raise UserError("the matrix needs `runs:`, a non-empty list", where=str(path))
@@ -148,7 +155,7 @@ def load_matrix(path: str | Path, quick: bool = False, device: str | None = None
         own_quick = _overrides(entry.get("quick"), f"{where}.quick", path)
         if quick:
             overrides += shared_quick + own_quick
-        seeds = entry.get("seeds")
+        seeds = entry.get("seeds") if not seeds_override else seeds_override
         if seeds is not None and (not isinstance(seeds, list) or not seeds or len(set(seeds)) != len(seeds)
                                   or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in seeds)):
             raise UserError(f"{where}.seeds must be a non-empty list of distinct non-negative integers",
@@ -157,7 +164,7 @@ def load_matrix(path: str | Path, quick: bool = False, device: str | None = None
             name = group if seed is None else f"{group}_s{seed}"
             extra = [] if seed is None else [f"train.seed={seed}"]
             extra += [] if device is None else [f"train.device={device}"]
-            runs.append(Run(name, group, entry["dataset"], entry["config"], overrides + extra, seed))
+            runs.append(Run(name, group, entry["dataset"], entry["config"], overrides + sets + extra, seed))
     names = [r.name for r in runs]
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
@@ -208,13 +215,13 @@ def git_commit() -> tuple[str, bool | None]:
     here = Path(__file__).resolve().parent
     try:
         head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=10)
-        if head.returncode != 0:
-            return "unknown", None
+        if head.returncode != 0:  # not a checkout (a copied tree): the commit may be passed in
+            return os.environ.get("NERKIT_GIT_COMMIT", "unknown"), None
         dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here,
                                capture_output=True, text=True, timeout=10)
         return head.stdout.strip(), bool(dirty.stdout.strip()) if dirty.returncode == 0 else None
     except (OSError, subprocess.SubprocessError):
-        return "unknown", None
+        return os.environ.get("NERKIT_GIT_COMMIT", "unknown"), None
 
 
 def cpu_model() -> str:
@@ -288,11 +295,15 @@ def _summary(record: dict) -> str:
 
 
 def run_bench(matrix_path: str | Path, out: str | Path | None = None, quick: bool = False, only: list[str] = (),
-              resume: bool = False, device: str | None = None, markdown_only: bool = False) -> tuple[str, int]:
+              resume: bool = False, device: str | None = None, markdown_only: bool = False, sets: list[str] = (),
+              seeds: list[int] | None = None, jobs: int = 1) -> tuple[str, int]:
     """Run the matrix (or, with `markdown_only`, only rebuild the table); returns the Markdown table
-    and the number of this matrix's runs that failed. Each finished run is written to
-    DIR/results.jsonl at once, replacing an earlier record of the same name."""
-    matrix = load_matrix(matrix_path, quick, device)
+    and the number of this matrix's runs that failed. Up to `jobs` runs train at once, each in its
+    own process. Each finished run is written to DIR/results.jsonl at once, replacing an earlier
+    record of the same name."""
+    if jobs < 1:
+        raise UserError(f"--jobs must be at least 1, not {jobs}")
+    matrix = load_matrix(matrix_path, quick, device, sets, seeds)
     out = Path(out) if out else Path("bench-out") / matrix.path.stem
     runs = select_runs(matrix.runs, list(only))
     records = read_results(out)
@@ -302,7 +313,8 @@ def run_bench(matrix_path: str | Path, out: str | Path | None = None, quick: boo
                             fix="run the matrix first, or pass the --out of an earlier run")
     else:
         out.mkdir(parents=True, exist_ok=True)
-        base = {**host_info(), "quick": quick}
+        base = {**host_info(), "quick": quick, "jobs": jobs}
+        todo = []
         for i, run in enumerate(runs, 1):
             step = f"[{i}/{len(runs)}] {run.name}"
             done = records.get(run.name) if resume else None
@@ -312,11 +324,20 @@ def run_bench(matrix_path: str | Path, out: str | Path | None = None, quick: boo
                     continue
                 print(f"{step}: its config or overrides changed since it was recorded; running it again",
                       file=sys.stderr)
+            todo.append((step, run))
+        lock = threading.Lock()
+
+        def one(step: str, run: Run) -> None:
             print(f"{step}: running (log: {out / 'logs' / run.name}.log)", file=sys.stderr, flush=True)
             record = execute(run, out, matrix.predict_batch_size, base)
-            records[run.name] = record
-            write_results(out, records)
+            with lock:
+                records[run.name] = record
+                write_results(out, records)
             print(f"{step}: {_summary(record)}", file=sys.stderr, flush=True)
+
+        with ThreadPoolExecutor(max_workers=jobs) as pool:
+            for future in [pool.submit(one, step, run) for step, run in todo]:
+                future.result()
     table = render_markdown(list(records.values()), matrix.anchors, title=f"nerkit benchmark: {matrix.path}")
     atomic_write_text(out / TABLE, table)
     failed = sum(1 for r in runs if records.get(r.name, {}).get("status") == "failed")

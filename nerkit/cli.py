@@ -122,12 +122,21 @@ def bench(
     resume: bool = typer.Option(False, "--resume", help="Skip runs already recorded as ok in OUT/results.jsonl."),
     device: Optional[str] = typer.Option(None, "--device", help="cpu | cuda | auto: train.device of every run."),
     markdown_only: bool = typer.Option(False, "--markdown-only", help="Only rebuild RESULTS.md from results.jsonl."),
+    set_: List[str] = typer.Option([], "--set", help="Override a config value of every run: --set train.time_budget=900."),
+    seeds: Optional[str] = typer.Option(None, "--seeds", help="Comma-separated seeds replacing every entry's, e.g. 1,2."),
+    jobs: int = typer.Option(1, "--jobs", "-j", help="Runs trained at once (each its own process)."),
 ):
     """Train and measure every run of a benchmark matrix, each in its own process; exit 1 if any failed."""
     from nerkit.bench import run_bench
 
+    seed_list = None
+    if seeds is not None:
+        try:
+            seed_list = [int(s) for s in seeds.split(",") if s.strip()]
+        except ValueError:
+            raise UserError(f"--seeds {seeds!r} is not a comma-separated list of integers", fix="e.g. --seeds 1,2,3") from None
     table, failed = run_bench(matrix, out, quick=quick, only=only, resume=resume, device=device,
-                              markdown_only=markdown_only)
+                              markdown_only=markdown_only, sets=set_, seeds=seed_list, jobs=jobs)
     typer.echo(table, nl=False)
     if failed:
         raise typer.Exit(1)

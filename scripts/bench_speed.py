@@ -2,7 +2,7 @@
 commands (`nerkit train`, `nerkit predict`), measured in one run so the ratio is meaningful on a
 noisy machine.
 
-    python scripts/bench_speed.py --config configs/msra_bilstm.yaml [--steps 200] [--threads 2]
+    python scripts/bench_speed.py --config configs/msra_bilstm.yaml [--steps 200] [--threads 2] [--device cuda]
 
 The model is built from the config's training data (vocabulary sizes matter) with random weights;
 weights do not change the cost of the math.
@@ -28,9 +28,11 @@ from nerkit.train import make_optimizer, prepare_data
 
 
 def model_only(pipe: Pipeline, examples, batch_size: int, steps: int, train: bool) -> float:
-    """chars/s of loss+backward+step (train) or decode (predict) over pre-collated batches."""
+    """chars/s of loss+backward+step (train) or decode (predict) over pre-collated batches (already on
+    the model's device: the figure is the model's math alone)."""
     lengths = [len(e) for e in examples]
-    batches = [collate([examples[i] for i in idx]) for idx in bucketed_batches(lengths, batch_size, random.Random(0))]
+    batches = [collate([examples[i] for i in idx]).to(pipe.device)
+               for idx in bucketed_batches(lengths, batch_size, random.Random(0))]
     batches = (batches * (steps // len(batches) + 1))[:steps]
     optimizer = make_optimizer(pipe.config, pipe.model.parameters())
     pipe.model.train(train)
@@ -51,6 +53,8 @@ def model_only(pipe: Pipeline, examples, batch_size: int, steps: int, train: boo
             with torch.inference_mode():
                 pipe.model.decode(b)
         chars += b.num_chars
+    if pipe.device.type == "cuda":
+        torch.cuda.synchronize()
     return chars / (time.perf_counter() - t0)
 
 
@@ -59,18 +63,21 @@ def main() -> None:
     ap.add_argument("--config", required=True)
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--device", default="cpu", help="cpu | cuda")
     ap.add_argument("--predict-repeat", type=int, default=4, help="copies of the test text fed to nerkit predict")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     config = load_config(args.config)
     data = prepare_data(config)
-    pipe = Pipeline.from_training_data(config, data.train, data.types, data.scheme, log=lambda m: None)
+    pipe = Pipeline.from_training_data(config, data.train, data.types, data.scheme, device=args.device,
+                                       log=lambda m: None)
     train_examples = pipe.training_examples(data.train[: 20 * config.train.batch_size * 10])
     test_sentences = data.test or data.dev
     test_examples = [pipe.example(s.tokens) for s in test_sentences]
     torch.manual_seed(0)
-    results = {"config": args.config, "threads": torch.get_num_threads(), "torch": torch.__version__}
+    results = {"config": args.config, "threads": torch.get_num_threads(), "torch": torch.__version__,
+               "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu"}
     results["model_train_chars_s"] = model_only(pipe, train_examples, config.train.batch_size, args.steps, True)
     results["model_predict_chars_s"] = model_only(pipe, test_examples, 64, args.steps, False)
 
@@ -82,7 +89,7 @@ def main() -> None:
         text.write_text("\n".join(lines) + "\n", encoding="utf-8")
         n_chars = sum(len(line) for line in lines)
         cmd = [sys.executable, "-m", "nerkit", "predict", "--model", str(model_dir), str(text),
-               "--output", str(tmp / "out.jsonl"), "--batch-size", "64"]
+               "--output", str(tmp / "out.jsonl"), "--batch-size", "64", "--device", args.device]
         t0 = time.perf_counter()
         subprocess.run(cmd, check=True)
         wall = time.perf_counter() - t0
@@ -91,7 +98,8 @@ def main() -> None:
         results["predict_command_wall_s"] = wall
 
         cmd = [sys.executable, "-m", "nerkit", "train", "--config", args.config, "--out", str(tmp / "run"),
-               "--set", f"train.max_steps={args.steps + 20}", "--set", "train.epochs=1"]
+               "--set", f"train.max_steps={args.steps + 20}", "--set", "train.epochs=1",
+               "--set", f"train.device={args.device}"]
         if args.threads:
             cmd += ["--set", f"train.threads={args.threads}"]
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
