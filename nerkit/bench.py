@@ -236,6 +236,8 @@ def cpu_model() -> str:
 
 def host_info() -> dict:
     commit, dirty = git_commit()
+    if os.environ.get("NERKIT_GIT_COMMIT"):  # a copied tree whose .git (if any) may not match it
+        commit, dirty = os.environ["NERKIT_GIT_COMMIT"], None
     return {"git_commit": commit, "git_dirty": dirty, "nerkit_version": __version__, "hostname": socket.gethostname(),
             "cpu": cpu_model(), "cpu_count": os.cpu_count(), "python": platform.python_version()}
 
@@ -354,6 +356,12 @@ def _mean_std(values: list[float], scale: float = 100.0) -> str:
     return f"{mean:.2f}"
 
 
+def _stopped(runs: list[dict]) -> str:
+    """Why training ended, when it was not the configured number of epochs: ' (time budget)' etc."""
+    reasons = {r.get("stopped") for r in runs} - {None, "epochs"}
+    return f" ({', '.join(sorted(reasons)).replace('_', ' ')})" if reasons else ""
+
+
 def _published(anchors: dict, dataset: str, encoder: str) -> dict | None:
     """The first anchor of the dataset mapped to the encoder: the one its row is compared with."""
     return next((a for a in anchors.get(dataset, {}).get("anchors", []) if a.get("encoder") == encoder), None)
@@ -382,9 +390,19 @@ def render_markdown(records: list[dict], anchors: dict, title: str = "nerkit ben
                   f"- host {_distinct(ok, 'hostname')}: {_distinct(ok, 'cpu')}; "
                   + (days[0] if len(days) == 1 else f"{days[0]} to {days[-1]}")
                   + ("; **quick mode** (a small slice of training: a smoke test, not a result)"
-                     if any(r.get("quick") for r in ok) else ""), ""]
+                     if any(r.get("quick") for r in ok) else "")]
+        common = [o for o in ok[0].get("overrides", []) if not o.startswith("train.seed=")
+                  and all(o in r.get("overrides", []) for r in ok)]
+        if common:
+            lines.append("- overrides of every run: " + ", ".join(f"`{o}`" for o in common))
+        jobs = max(r.get("jobs") or 1 for r in ok)
+        if jobs > 1:
+            lines.append(f"- up to {jobs} runs trained at once on this machine (`--jobs {jobs}`): they shared its "
+                         "cores (and GPU), so each run's speed is lower than it would be alone")
+        lines.append("")
+    gpu = any(r.get("peak_cuda_mib") for r in ok)
     header = ["Dataset", "Encoder", "Run", "Seeds", "Test P", "Test R", "Test F1", "Published F1", "Δ", "Dev F1",
-              "Epochs", "Train chars/s", "Predict chars/s", "Peak RSS MiB", "Wall s"]
+              "Epochs", "Train chars/s", "Predict chars/s", "Peak RSS MiB"] + (["Peak GPU MiB"] if gpu else []) + ["Wall s"]
     lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for group, runs in groups.items():
         good = [r for r in runs if r.get("status") == "ok"]
@@ -405,11 +423,12 @@ def render_markdown(records: list[dict], anchors: dict, title: str = "nerkit ben
             f"{anchor['test_f1']:.2f}" if anchor else "–",
             f"{f1 - anchor['test_f1']:+.2f}" if anchor and f1 is not None else "–",
             _mean_std([r["dev"]["f1"] for r in good]),
-            f"{statistics.fmean(r['epochs'] for r in good):g}",
+            f"{statistics.fmean(r['epochs'] for r in good):g}" + _stopped(good),
             # 0 when a run took fewer steps than the warm-up that steady state excludes
             f"{statistics.fmean(steady):,.0f}" if all(steady) else "n/a",
             f"{statistics.fmean(r['predict_chars_per_s'] for r in good):,.0f}",
             f"{max(r['peak_rss_mib'] for r in good):,.0f}",
+        ] + ([f"{max(r.get('peak_cuda_mib') or 0 for r in good):,.0f}"] if gpu else []) + [
             f"{statistics.fmean(r['wall_s'] for r in good):,.0f}",
         ]) + " |")
     batch_sizes = _distinct(ok, "predict_batch_size")

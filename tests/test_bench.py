@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -144,6 +145,36 @@ def test_markdown_only_rebuilds_the_table(bench_run, tmp_path):
     assert result.returncode == 1, result.stderr  # the recorded failures still count
     assert (copy / "RESULTS.md").read_text(encoding="utf-8") == (out / "RESULTS.md").read_text(encoding="utf-8")
     assert log.stat().st_mtime_ns == before and "running" not in result.stderr  # nothing ran
+
+
+def test_parallel_jobs_with_set_and_seeds_match_the_sequential_runs(bench_run, tmp_path):
+    """--jobs 2 trains two runs at once; --seeds replaces the entry's seeds and --set reaches every
+    run. With the same seeds and values the figures equal the sequential fixture's (one thread each,
+    deterministic on the CPU)."""
+    _, out, _ = bench_run
+    config = write_yaml(tmp_path / "tiny.yaml", TINY)
+    matrix = write_yaml(tmp_path / "matrix.yaml", {
+        "predict_batch_size": 16, "runs": [{"name": "tiny", "dataset": "sample", "config": str(config), "seeds": [7]}]})
+    par = tmp_path / "par"
+    result = nerkit("bench", "--matrix", matrix, "--out", par, "--device", "cpu", "--jobs", "2", "--seeds", "1,2",
+                    "--set", "train.max_steps=30")
+    assert result.returncode == 0, result.stderr
+    sequential = {r["name"]: r for r in read_jsonl(out / "results.jsonl")}
+    records = {r["name"]: r for r in read_jsonl(par / "results.jsonl")}
+    assert set(records) == {"tiny_s1", "tiny_s2"}
+    for name, r in records.items():
+        assert r["status"] == "ok" and r["jobs"] == 2
+        assert "train.max_steps=30" in r["overrides"]
+        assert r["test"] == sequential[name]["test"] and r["dev"] == sequential[name]["dev"]
+    # the two workers overlapped in time: each started before the other ended
+    starts = sorted(datetime.fromisoformat(r["date"]).timestamp() for r in records.values())
+    assert starts[1] - starts[0] < min(r["wall_s"] for r in records.values())
+    table = (par / "RESULTS.md").read_text(encoding="utf-8")
+    assert "`train.max_steps=30`" in table and "--jobs 2" in table
+    bad = nerkit("bench", "--matrix", matrix, "--out", par, "--seeds", "1,x")
+    assert bad.returncode == 2 and "--seeds" in bad.stderr and "Traceback" not in bad.stderr
+    bad = nerkit("bench", "--matrix", matrix, "--out", par, "--set", "nosuch.key=1")
+    assert bad.returncode == 2 and "nosuch" in bad.stderr and "Traceback" not in bad.stderr
 
 
 def test_bad_matrix_is_a_user_error(tmp_path):
