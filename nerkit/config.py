@@ -70,6 +70,7 @@ class EncoderConfig:
 class CRFConfig:
     constrain_training: bool = False  # decoding is always constrained; this also masks the likelihood
     dropout: float = 0.0  # on encoder outputs before the emission layer ("output dropout")
+    algorithm: str = "auto"  # likelihood's forward algorithm: loop | scan (log-depth) | auto (scan on GPU)
 
 
 @dataclass
@@ -113,6 +114,7 @@ CHOICES = {
     ("train", "optimizer"): ("sgd", "adam", "adamw"),
     ("train", "schedule"): ("constant", "linear", "inverse_time"),
     ("train", "device"): ("auto", "cpu", "cuda"),
+    ("crf", "algorithm"): ("auto", "loop", "scan"),
 }
 # Sizes that torch cannot build with 0, whichever section (or encoder) has them.
 AT_LEAST_ONE = {"hidden_size", "num_layers", "n_heads", "head_dim", "eval_batch_size"}

@@ -18,6 +18,9 @@ _FORBIDDEN_IN_LIKELIHOOD = -1e30
 
 _PREFIXES = {"B", "I", "M", "E", "S"}
 _REDUCTIONS = ("sum", "mean", "token_mean")
+ALGORITHMS = ("auto", "loop", "scan")
+# `auto` takes the scan on a GPU up to this many tags: its (B, T/2, K, K, K) first level grows with K^3.
+SCAN_MAX_TAGS = 32
 
 
 def _split_tag(tag: str) -> tuple[str, str | None]:
@@ -76,8 +79,11 @@ class CRF(nn.Module):
     half-precision emissions from autocast are upcast here.
     """
 
-    def __init__(self, tags: list[str], constrain_training: bool = False):
+    def __init__(self, tags: list[str], constrain_training: bool = False, algorithm: str = "auto"):
         super().__init__()
+        if algorithm not in ALGORITHMS:
+            raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
+        self.algorithm = algorithm
         start_ok, trans_ok, end_ok = allowed_transitions(tags)
         # Decoding is guaranteed valid only if a valid path of every length exists; a tag that can
         # start, end and repeat (O, B-X in BIO; O, S-X in BIOES) gives one, and for these schemes
@@ -96,7 +102,17 @@ class CRF(nn.Module):
         self.register_buffer("end_ok", end_ok, persistent=False)  # (K,)
 
     def extra_repr(self) -> str:
-        return f"num_tags={self.num_tags}, constrain_training={self.constrain_training}"
+        return f"num_tags={self.num_tags}, constrain_training={self.constrain_training}, algorithm={self.algorithm}"
+
+    def _use_scan(self, emissions: torch.Tensor) -> bool:
+        """The forward algorithm as a log-depth tree of (K, K) products (`scan`) or as T sequential
+        steps (`loop`). Both give the same value; the scan issues O(log T) kernels instead of O(T),
+        which is what a GPU needs (there the loop's launches dominate a training step), while it does
+        K times more arithmetic, which a CPU notices. `auto`: the scan on a GPU with at most
+        SCAN_MAX_TAGS tags, else the loop."""
+        if self.algorithm != "auto":
+            return self.algorithm == "scan"
+        return emissions.is_cuda and self.num_tags <= SCAN_MAX_TAGS
 
     def _masked_scores(self, forbidden: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Start (K,), transition (K, K) and end (K,) scores with forbidden entries set to `forbidden`."""
@@ -130,11 +146,17 @@ class CRF(nn.Module):
         # Padding labels may be an ignore index such as -100; they are never scored but are still
         # used as indices, so make them harmless.
         tag_ids = tag_ids.masked_fill(~mask, 0)
-        if not self.constrain_training:
+        scan = self._use_scan(emissions)
+        if not self.constrain_training and not scan:
             return -self.torch_crf(emissions, tag_ids, mask=mask, reduction=reduction)
 
-        start, trans, end = self._masked_scores(_FORBIDDEN_IN_LIKELIHOOD)
-        log_likelihood = self._gold_score(emissions, tag_ids, mask, start, trans, end) - self._log_partition(
+        if self.constrain_training:
+            start, trans, end = self._masked_scores(_FORBIDDEN_IN_LIKELIHOOD)
+        else:
+            crf = self.torch_crf
+            start, trans, end = crf.start_transitions, crf.transitions, crf.end_transitions
+        partition = self._log_partition_scan if scan else self._log_partition
+        log_likelihood = self._gold_score(emissions, tag_ids, mask, start, trans, end) - partition(
             emissions, mask, start, trans, end
         )  # (B,)
         if reduction == "sum":
@@ -165,6 +187,32 @@ class CRF(nn.Module):
             # (B, K, 1) + (K, K) -> reduce over the previous tag -> (B, K)
             stepped = torch.logsumexp(alpha.unsqueeze(2) + trans, dim=1) + emissions[:, t]
             alpha = torch.where(mask[:, t].unsqueeze(1), stepped, alpha)  # padding keeps the old value
+        return torch.logsumexp(alpha + end, dim=1)
+
+    @staticmethod
+    def _log_partition_scan(emissions, mask, start, trans, end) -> torch.Tensor:
+        """The same value as `_log_partition`, as a tree of products in the (logsumexp, +) semiring.
+
+        Step t (t >= 1) is the matrix M_t[i, j] = trans[i, j] + emissions[t, j] (the identity at
+        padding); log Z = logsumexp over paths of (start + emissions[0]) . M_1 . ... . M_{T-1} . end.
+        Adjacent matrices are multiplied pairwise until one is left: log2(T) rounds of batched
+        (B, n, K, K, K) work instead of T dependent steps.
+        """
+        batch_size, seq_len, num_tags = emissions.shape
+        alpha = start + emissions[:, 0]  # (B, K)
+        if seq_len > 1:
+            # exp(_FORBIDDEN_IN_LIKELIHOOD) is exactly 0, so this is the semiring's identity, and finite
+            eye = torch.full((num_tags, num_tags), _FORBIDDEN_IN_LIKELIHOOD, dtype=emissions.dtype,
+                             device=emissions.device).fill_diagonal_(0.0)
+            steps = trans + emissions[:, 1:].unsqueeze(2)  # (B, T-1, K_prev, K_next)
+            steps = torch.where(mask[:, 1:, None, None], steps, eye)
+            while steps.size(1) > 1:
+                if steps.size(1) % 2:
+                    steps = torch.cat([steps, eye.expand(batch_size, 1, num_tags, num_tags)], dim=1)
+                left, right = steps[:, 0::2], steps[:, 1::2]  # (B, n, K, K) each
+                # (i, k, 1) + (1, k, j) -> reduce over the middle tag k -> (i, j)
+                steps = torch.logsumexp(left.unsqueeze(4) + right.unsqueeze(2), dim=3)
+            alpha = torch.logsumexp(alpha.unsqueeze(2) + steps[:, 0], dim=1)  # (B, K)
         return torch.logsumexp(alpha + end, dim=1)
 
     @torch.no_grad()

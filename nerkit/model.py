@@ -57,7 +57,7 @@ class Tagger(nn.Module):
                                    **({"word_dim": emb.word_dim} if self.uses_lattice else {}))
         self.output_dropout = nn.Dropout(config.crf.dropout)
         self.emission = nn.Linear(self.encoder.output_dim, len(tags))
-        self.crf = CRF(tags, constrain_training=config.crf.constrain_training)
+        self.crf = CRF(tags, constrain_training=config.crf.constrain_training, algorithm=config.crf.algorithm)
 
     def emissions(self, batch: Batch) -> torch.Tensor:
         x = self.embedder(batch.char_ids, batch.bichar_ids)  # (B, T, D)

@@ -90,11 +90,12 @@ def lengths_to_mask(lengths: list[int], seq_len: int) -> torch.Tensor:
 # ---------------------------------------------------------------- log-likelihood
 
 
+@pytest.mark.parametrize("algorithm", ["loop", "scan"])
 @pytest.mark.parametrize("constrain_training", [False, True])
 @pytest.mark.parametrize("tags", [BIO[:3], BIO, BMES], ids=["BIO-3", "BIO-5", "BMES-4"])
-def test_nll_matches_brute_force(tags, constrain_training):
+def test_nll_matches_brute_force(tags, constrain_training, algorithm):
     generator = torch.Generator().manual_seed(len(tags) + 10 * constrain_training)
-    crf = randomize(CRF(tags, constrain_training=constrain_training).double(), generator)
+    crf = randomize(CRF(tags, constrain_training=constrain_training, algorithm=algorithm).double(), generator)
     lengths = [4, 1, 3, 2]
     emissions = torch.randn(len(lengths), 4, len(tags), generator=generator, dtype=torch.float64)  # (B, T, K)
     mask = lengths_to_mask(lengths, 4)
@@ -114,15 +115,16 @@ def test_nll_matches_brute_force(tags, constrain_training):
     assert nll.item() == pytest.approx(sum(expected), abs=1e-5)
 
 
+@pytest.mark.parametrize("algorithm", ["loop", "scan"])
 @pytest.mark.parametrize("constrain_training", [False, True])
 @pytest.mark.parametrize(
     "reduction, divisor",
     [("sum", 1), ("mean", 3), ("token_mean", 3 + 1 + 2)],  # 3 sequences, 6 real tokens
     ids=["sum", "mean", "token_mean"],
 )
-def test_nll_reductions(reduction, divisor, constrain_training):
+def test_nll_reductions(reduction, divisor, constrain_training, algorithm):
     generator = torch.Generator().manual_seed(7)
-    crf = randomize(CRF(BIOES, constrain_training=constrain_training).double(), generator)
+    crf = randomize(CRF(BIOES, constrain_training=constrain_training, algorithm=algorithm).double(), generator)
     lengths = [3, 1, 2]
     emissions = torch.randn(3, 3, len(BIOES), generator=generator, dtype=torch.float64)
     gold = torch.tensor([[1, 3, 0], [4, 0, 0], [0, 4, 0]])  # B E O | S | O S
@@ -157,10 +159,11 @@ def test_bad_reduction_raises():
         )
 
 
+@pytest.mark.parametrize("algorithm", ["loop", "scan"])
 @pytest.mark.parametrize("constrain_training", [False, True])
-def test_every_parameter_gets_a_gradient(constrain_training):
+def test_every_parameter_gets_a_gradient(constrain_training, algorithm):
     generator = torch.Generator().manual_seed(1)
-    crf = CRF(BIOES_MIXED, constrain_training=constrain_training)
+    crf = CRF(BIOES_MIXED, constrain_training=constrain_training, algorithm=algorithm)
     emissions = torch.randn(2, 5, len(BIOES_MIXED), generator=generator, requires_grad=True)
     tag = BIOES_MIXED.index
     gold = torch.tensor(
@@ -180,11 +183,12 @@ def test_every_parameter_gets_a_gradient(constrain_training):
         assert param.grad.abs().sum() > 0, name
 
 
-def test_constrained_gradients_stay_finite_with_an_unreachable_tag():
+@pytest.mark.parametrize("algorithm", ["loop", "scan"])
+def test_constrained_gradients_stay_finite_with_an_unreachable_tag(algorithm):
     # I-LOC without B-LOC can never be reached under BIO; a naive -inf mask turns its all -inf
     # logsumexp into NaN gradients.
     tags = ["O", "B-PER", "I-PER", "I-LOC"]
-    crf = CRF(tags, constrain_training=True)
+    crf = CRF(tags, constrain_training=True, algorithm=algorithm)
     emissions = torch.randn(2, 3, len(tags), generator=torch.Generator().manual_seed(2), requires_grad=True)
     gold = torch.tensor([[1, 2, 0], [0, 1, 0]])
     loss = crf.neg_log_likelihood(emissions, gold, lengths_to_mask([3, 2], 3))
@@ -192,6 +196,41 @@ def test_constrained_gradients_stay_finite_with_an_unreachable_tag():
     assert torch.isfinite(loss)
     assert torch.isfinite(emissions.grad).all()
     assert all(torch.isfinite(param.grad).all() for param in crf.parameters())
+
+
+@pytest.mark.parametrize("constrain_training", [False, True])
+def test_scan_equals_loop_on_long_padded_batches(constrain_training):
+    """The log-depth forward algorithm against the sequential one (pytorch-crf's when unconstrained):
+    values and every gradient, over lengths that are odd, even, 1 and powers of two +- 1."""
+    generator = torch.Generator().manual_seed(11)
+    loop = randomize(CRF(BMES, constrain_training=constrain_training, algorithm="loop").double(), generator)
+    scan = CRF(BMES, constrain_training=constrain_training, algorithm="scan").double()
+    scan.load_state_dict(loop.state_dict())
+    lengths = [1, 2, 7, 16, 17, 31, 33, 64, 70]
+    seq_len = max(lengths)
+    emissions = torch.randn(len(lengths), seq_len, len(BMES), generator=generator, dtype=torch.float64) * 3
+    mask = lengths_to_mask(lengths, seq_len)
+    gold = torch.zeros(len(lengths), seq_len, dtype=torch.long)  # all O: a valid path of any length
+    results = []
+    for crf in (loop, scan):
+        crf.zero_grad()
+        e = emissions.clone().requires_grad_()
+        nll = crf.neg_log_likelihood(e, gold, mask, reduction="sum")
+        nll.backward()
+        results.append((nll.detach(), e.grad, [p.grad.clone() for p in crf.parameters()]))
+    (nll_a, grad_a, params_a), (nll_b, grad_b, params_b) = results
+    assert nll_b.item() == pytest.approx(nll_a.item(), rel=1e-10)
+    torch.testing.assert_close(grad_b, grad_a, rtol=1e-8, atol=1e-10)
+    for a, b in zip(params_a, params_b):
+        torch.testing.assert_close(b, a, rtol=1e-8, atol=1e-10)
+
+
+def test_auto_algorithm_takes_the_loop_on_cpu_and_checks_its_name():
+    crf = CRF(BIO)
+    assert not crf._use_scan(torch.zeros(1, 3, len(BIO)))
+    assert CRF(BIO, algorithm="scan")._use_scan(torch.zeros(1, 3, len(BIO)))
+    with pytest.raises(ValueError, match="algorithm"):
+        CRF(BIO, algorithm="fast")
 
 
 # ---------------------------------------------------------------- Viterbi
