@@ -1,0 +1,72 @@
+"""Where one training step's time goes, per encoder: the full step (loss, backward, optimiser), the
+encoder alone (emissions forward + backward), the CRF likelihood with the emissions' forward, and
+Viterbi decoding; ms per batch and chars/s over 40 length-bucketed batches of the config's batch
+size, from the first 3,000 training sentences (vocabulary sizes are those of the slice).
+
+    python scripts/profile_step.py cpu|cuda configs/msra_bilstm.yaml [configs/msra_tener.yaml ...]
+"""
+
+from __future__ import annotations
+
+import random
+import sys
+import time
+
+import torch
+
+from nerkit.config import load_config
+from nerkit.features import bucketed_batches, collate
+from nerkit.pipeline import Pipeline
+from nerkit.train import make_optimizer, prepare_data
+
+
+def main(device: str, configs: list[str]) -> None:
+    print(f"| config | part | ms per batch | chars/s |\n|---|---|---:|---:|")
+    for path in configs:
+        config = load_config(path, ["data.limit=3000"])
+        data = prepare_data(config)
+        pipe = Pipeline.from_training_data(config, data.train, data.types, data.scheme, device=device,
+                                           log=lambda m: None)
+        examples = pipe.training_examples(data.train)
+        lengths = [len(e) for e in examples]
+        batches = [collate([examples[i] for i in idx]).to(pipe.device)
+                   for idx in bucketed_batches(lengths, config.train.batch_size, random.Random(0))][:40]
+        optimizer = make_optimizer(config, pipe.model.parameters())
+        model = pipe.model.train()
+
+        def full(b):
+            loss = model.loss(b)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+
+        def encoder(b):
+            model.emissions(b).sum().backward()
+
+        def crf(b):
+            emissions = model.emissions(b).detach().requires_grad_()
+            model.crf.neg_log_likelihood(emissions, b.tag_ids, b.mask, reduction="mean").backward()
+
+        def decode(b):
+            with torch.inference_mode():
+                model.decode(b)
+
+        parts = [("full step", full), ("encoder fwd+bwd", encoder), ("emissions fwd + CRF loss fwd+bwd", crf),
+                 ("decode", decode)]
+        for name, fn in parts:
+            for b in batches[:3]:  # warm-up
+                fn(b)
+            if pipe.device.type == "cuda":
+                torch.cuda.synchronize()
+            t0, chars = time.perf_counter(), 0
+            for b in batches:
+                fn(b)
+                chars += b.num_chars
+            if pipe.device.type == "cuda":
+                torch.cuda.synchronize()
+            seconds = time.perf_counter() - t0
+            print(f"| {path} | {name} | {1000 * seconds / len(batches):.1f} | {chars / seconds:,.0f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2:])
