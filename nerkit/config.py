@@ -322,7 +322,12 @@ def config_to_dict(config: Config) -> dict:
     for f in fields(Config):
         value = getattr(config, f.name)
         if f.name == "encoder":
-            out["encoder"] = {"name": value.name, **dataclasses.asdict(value.options)}
+            options = value.options
+            if options is None:  # a Config() built in code: the encoder's defaults
+                from nerkit.encoders import ENCODERS
+
+                options = ENCODERS[value.name].Config()
+            out["encoder"] = {"name": value.name, **dataclasses.asdict(options)}
         elif dataclasses.is_dataclass(value):
             out[f.name] = dataclasses.asdict(value)
         else:

@@ -188,6 +188,9 @@ def _read_bytes(path: str | Path) -> tuple[Path, bytes]:
         raise CorpusError("no such file", where=str(path), fix="check the path (and NERKIT_DATA)")
     if path.is_dir():
         raise CorpusError("is a directory, not a corpus file", where=str(path))
+    if path.is_char_device() or path.is_block_device() or path.is_socket():
+        # /dev/zero and the like never end: reading one would fill memory. A pipe (FIFO) is allowed.
+        raise CorpusError("is a device, not a corpus file", where=str(path), fix="point to a regular file")
     try:
         data = path.read_bytes()
     except OSError as e:

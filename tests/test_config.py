@@ -328,3 +328,8 @@ def test_yaml_round_trip_of_random_configs(data, train, encoder):
 
 def test_every_section_is_in_the_yaml():
     assert set(yaml.safe_load(config_to_yaml(build_config({})))) == {f.name for f in dataclasses.fields(Config)}
+
+
+def test_a_config_built_in_code_writes_its_encoder_defaults():
+    # Config() has no encoder options object (build_config fills one); its YAML still carries them
+    assert build_config(yaml.safe_load(config_to_yaml(Config()))) == build_config({})

@@ -184,6 +184,8 @@ CATALOGUE = [
      OK, "OK, 1 sentences, BIOES, types PER"),
     ("empty_text.jsonl", jsonl({"text": "", "entities": []}, {"text": "张三", "entities": [PER]}), OK, "OK, 2 sentences"),
 ]
+if Path("/dev/zero").exists():  # a device never ends: refused before reading
+    CATALOGUE.append(("/dev/zero", "/dev/zero", FILE, "is a device, not a corpus file"))
 if Path("/proc/self/mem").exists():  # opens, then every read fails with EIO
     CATALOGUE.append(("/proc/self/mem", "/proc/self/mem", FILE, "cannot read the file (Input/output error)"))
 
