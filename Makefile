@@ -11,7 +11,7 @@ STAMP := $(VENV)/.installed-stamp
 
 export NERKIT_DATA
 
-.PHONY: install demo test bench bench-quick clean
+.PHONY: install demo test bench bench-quick benchmarks-doc clean
 
 install: $(STAMP)
 
@@ -31,7 +31,10 @@ test: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider
 
 # Every encoder on both datasets, each run in its own process; results in bench-out/*/RESULTS.md.
-# Extra options through BENCH_ARGS, e.g. `make bench BENCH_ARGS="--resume --device cuda"`.
+# Extra options through BENCH_ARGS, e.g. `make bench BENCH_ARGS="--resume --device cuda"`, or a
+# time-boxed run: `make bench BENCH_ARGS="--seeds 1 --jobs 2 --set train.time_budget=3600 --set train.threads=1"`.
+# To publish a run: copy its results.jsonl to docs/bench/NAME/, add a `<!-- bench: docs/bench/NAME
+# configs/bench/full.yaml -->` block to docs/BENCHMARKS.md and run `make benchmarks-doc`.
 BENCH_ARGS ?=
 
 bench: $(STAMP)
@@ -39,6 +42,10 @@ bench: $(STAMP)
 
 bench-quick: $(STAMP)
 	$(NERKIT) bench --matrix configs/bench/quick.yaml --quick --out bench-out/quick $(BENCH_ARGS)
+
+# Rebuild the result tables in docs/BENCHMARKS.md from the records in docs/bench/*/results.jsonl.
+benchmarks-doc: $(STAMP)
+	$(PY) scripts/benchmarks_doc.py
 
 clean:
 	rm -rf runs .pytest_cache

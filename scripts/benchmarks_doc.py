@@ -1,0 +1,62 @@
+"""Splice the tables that `nerkit bench` wrote into docs/BENCHMARKS.md.
+
+Each recorded run lives in docs/bench/NAME/ (its results.jsonl, as `nerkit bench` wrote it). In
+docs/BENCHMARKS.md a block
+
+    <!-- bench: docs/bench/NAME configs/bench/full.yaml -->
+    ...
+    <!-- /bench -->
+
+is replaced by the table `nerkit bench --matrix MATRIX --out docs/bench/NAME --markdown-only` builds
+from those records (its title line dropped). `--check` changes nothing and exits 1 when the file is
+out of date (the test suite runs it).
+
+    python scripts/benchmarks_doc.py [--check]
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from pathlib import Path
+
+from nerkit.bench import load_matrix, read_results, render_markdown
+
+REPO = Path(__file__).resolve().parent.parent
+DOC = REPO / "docs" / "BENCHMARKS.md"
+BLOCK = re.compile(r"(<!-- bench: (\S+) (\S+) -->\n)(.*?)(<!-- /bench -->)", re.S)
+
+
+def table(out: str, matrix: str) -> str:
+    records = read_results(REPO / out)
+    if not records:
+        raise SystemExit(f"{out}: no results.jsonl")
+    cwd = os.getcwd()
+    os.chdir(REPO)
+    try:
+        anchors = load_matrix(matrix).anchors
+    finally:
+        os.chdir(cwd)
+    text = render_markdown(list(records.values()), anchors, title="")
+    return text.split("\n", 2)[2]  # drop the title line and the blank line after it
+
+
+def render(doc: str) -> str:
+    return BLOCK.sub(lambda m: m.group(1) + table(m.group(2), m.group(3)) + m.group(5), doc)
+
+
+def main(argv: list[str]) -> int:
+    doc = DOC.read_text(encoding="utf-8")
+    new = render(doc)
+    if "--check" in argv:
+        if new != doc:
+            print(f"{DOC} is out of date: run python scripts/benchmarks_doc.py", file=sys.stderr)
+            return 1
+        return 0
+    DOC.write_text(new, encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,29 @@
+"""docs/BENCHMARKS.md's result tables are the ones `nerkit bench` builds from the recorded
+results.jsonl files (scripts/benchmarks_doc.py splices them in)."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+spec = importlib.util.spec_from_file_location("benchmarks_doc", REPO / "scripts" / "benchmarks_doc.py")
+benchmarks_doc = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(benchmarks_doc)
+
+
+def test_benchmark_tables_are_what_bench_builds_from_the_records():
+    doc = benchmarks_doc.DOC.read_text(encoding="utf-8")
+    blocks = benchmarks_doc.BLOCK.findall(doc)
+    assert blocks, "no <!-- bench: ... --> block in docs/BENCHMARKS.md"
+    for _, out, matrix, _, _ in blocks:
+        assert (REPO / out / "results.jsonl").is_file() and (REPO / matrix).is_file()
+    assert benchmarks_doc.render(doc) == doc, "run python scripts/benchmarks_doc.py"
+
+
+def test_a_hand_edited_figure_is_caught():
+    doc = benchmarks_doc.DOC.read_text(encoding="utf-8")
+    first = benchmarks_doc.BLOCK.search(doc)
+    edited = doc[: first.start(4)] + re.sub(r"\d+\.\d\d", "99.99", first.group(4), count=1) + doc[first.end(4):]
+    assert edited != doc and benchmarks_doc.render(edited) == doc
