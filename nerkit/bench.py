@@ -258,6 +258,15 @@ def failure_message(returncode: int, log_text: str) -> str:
     return "\n".join([head] + lines)
 
 
+def worker_env(jobs: int) -> dict:
+    """The environment of a worker. With several runs at once, each run's torch gets its share of the
+    cores by default (OMP_NUM_THREADS, which `train.threads: 0` follows) instead of all of them."""
+    env = dict(os.environ)
+    if jobs > 1 and "OMP_NUM_THREADS" not in env:
+        env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // jobs))
+    return env
+
+
 def execute(run: Run, out: Path, predict_batch_size: int, base: dict) -> dict:
     """Train and measure one run in a worker process; a failure becomes a `failed` record."""
     run_dir, log_path = out / "runs" / run.name, out / "logs" / f"{run.name}.log"
@@ -275,7 +284,8 @@ def execute(run: Run, out: Path, predict_batch_size: int, base: dict) -> dict:
     started = time.perf_counter()
     with open(log_path, "w", encoding="utf-8") as log:
         proc = subprocess.run([sys.executable, "-m", "nerkit.bench", "--worker", json.dumps(spec)],
-                              stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+                              stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                              env=worker_env(base.get("jobs") or 1))
     record["wall_s"] = time.perf_counter() - started
     if proc.returncode == 0 and result_path.is_file():
         return {**record, "status": "ok", **json.loads(result_path.read_text(encoding="utf-8"))}

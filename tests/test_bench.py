@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from nerkit.bench import failure_message, load_matrix, render_markdown, select_runs
+from nerkit.bench import failure_message, load_matrix, render_markdown, select_runs, worker_env
 from nerkit.errors import UserError
 
 REPO = Path(__file__).resolve().parent.parent
@@ -272,3 +272,13 @@ def test_table_compares_with_the_published_figure():
     assert "88.81" in table and "94.12" in table  # every MSRA anchor is listed under the table
     assert "No published figure" in table
     assert "- `x`: exit code 1: boom" in table
+
+
+def test_parallel_workers_share_the_cores_unless_told(monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(os, "cpu_count", lambda: 8)
+    assert worker_env(4)["OMP_NUM_THREADS"] == "2"
+    assert worker_env(16)["OMP_NUM_THREADS"] == "1"
+    assert "OMP_NUM_THREADS" not in worker_env(1)
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert worker_env(4)["OMP_NUM_THREADS"] == "3"
