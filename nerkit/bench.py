@@ -116,6 +116,16 @@ def load_anchors(path: str | Path) -> dict:
     return anchors
 
 
+def parse_seeds(text: str | None) -> list[int] | None:
+    """`--seeds 1,2,3` -> [1, 2, 3]; None stays None (the matrix's own seeds)."""
+    if text is None:
+        return None
+    try:
+        return [int(s) for s in text.split(",") if s.strip()]
+    except ValueError:
+        raise UserError(f"--seeds {text!r} is not a comma-separated list of integers", fix="e.g. --seeds 1,2,3") from None
+
+
 def load_matrix(path: str | Path, quick: bool = False, device: str | None = None, sets: list[str] = (),
                 seeds: list[int] | None = None) -> Matrix:
     """Read and check a matrix file, and expand it into runs (one per seed) with their overrides.
@@ -308,13 +318,15 @@ def _summary(record: dict) -> str:
 
 def run_bench(matrix_path: str | Path, out: str | Path | None = None, quick: bool = False, only: list[str] = (),
               resume: bool = False, device: str | None = None, markdown_only: bool = False, sets: list[str] = (),
-              seeds: list[int] | None = None, jobs: int = 1) -> tuple[str, int]:
+              seeds: str | list[int] | None = None, jobs: int = 1) -> tuple[str, int]:
     """Run the matrix (or, with `markdown_only`, only rebuild the table); returns the Markdown table
     and the number of this matrix's runs that failed. Up to `jobs` runs train at once, each in its
     own process. Each finished run is written to DIR/results.jsonl at once, replacing an earlier
     record of the same name."""
     if jobs < 1:
         raise UserError(f"--jobs must be at least 1, not {jobs}")
+    if isinstance(seeds, str):
+        seeds = parse_seeds(seeds)
     matrix = load_matrix(matrix_path, quick, device, sets, seeds)
     out = Path(out) if out else Path("bench-out") / matrix.path.stem
     runs = select_runs(matrix.runs, list(only))

@@ -129,14 +129,8 @@ def bench(
     """Train and measure every run of a benchmark matrix, each in its own process; exit 1 if any failed."""
     from nerkit.bench import run_bench
 
-    seed_list = None
-    if seeds is not None:
-        try:
-            seed_list = [int(s) for s in seeds.split(",") if s.strip()]
-        except ValueError:
-            raise UserError(f"--seeds {seeds!r} is not a comma-separated list of integers", fix="e.g. --seeds 1,2,3") from None
     table, failed = run_bench(matrix, out, quick=quick, only=only, resume=resume, device=device,
-                              markdown_only=markdown_only, sets=set_, seeds=seed_list, jobs=jobs)
+                              markdown_only=markdown_only, sets=set_, seeds=seeds, jobs=jobs)
     typer.echo(table, nl=False)
     if failed:
         raise typer.Exit(1)
