@@ -75,14 +75,16 @@ def evaluate(
     batch_size: int = typer.Option(128, "--batch-size"),
     repair: bool = typer.Option(False, "--repair", help="Read invalid tag transitions as conlleval does."),
     device: str = typer.Option("cpu", "--device", help="cpu | cuda | auto"),
+    threads: int = typer.Option(0, "--threads", help="torch threads (0 = torch's default, one per core)."),
 ):
     """Entity-level precision, recall and F1 of a model on a gold corpus."""
     from nerkit.corpus import read_corpus
     from nerkit.evaluate import format_table
     from nerkit.files import atomic_write_text
-    from nerkit.pipeline import Pipeline
+    from nerkit.pipeline import Pipeline, set_threads
     from nerkit.predict import eval_output
 
+    set_threads(threads)
     pipe = Pipeline.load(model, device=device)
     corpus = read_corpus(data, repair=repair)
     metrics, predicted = pipe.evaluate_sentences(corpus.sentences, batch_size)
@@ -102,13 +104,15 @@ def predict(
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write here instead of stdout."),
     batch_size: int = typer.Option(64, "--batch-size"),
     device: str = typer.Option("cpu", "--device", help="cpu | cuda | auto"),
+    threads: int = typer.Option(0, "--threads", help="torch threads (0 = torch's default, one per core)."),
 ):
     """Tag every line of a text file (or stdin)."""
-    from nerkit.pipeline import Pipeline
+    from nerkit.pipeline import Pipeline, set_threads
     from nerkit.predict import FORMATS, predict_stream
 
     if fmt not in FORMATS:
         raise UserError(f"unknown --format {fmt!r}", fix=f"use one of {', '.join(FORMATS)}")
+    set_threads(threads)
     pipe = Pipeline.load(model, device=device)
     predict_stream(pipe, source, str(output) if output else None, fmt, batch_size)
 

@@ -30,6 +30,15 @@ MODEL_FILES = ("nerkit.json", "config.yaml", "vocab.json", "model.safetensors")
 PICKLE_SUFFIXES = (".pkl", ".pickle", ".pt", ".pth", ".bin", ".ckpt", ".joblib", ".npy", ".npz")
 
 
+def set_threads(threads: int) -> None:
+    """torch's intra-op threads for this process; 0 keeps torch's default (one per core). On a busy
+    machine fewer threads than cores avoid threads spinning against each other."""
+    if threads < 0:
+        raise UserError(f"--threads must not be negative, not {threads}", fix="use 0 for torch's default, or N >= 1")
+    if threads:
+        torch.set_num_threads(threads)
+
+
 def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")

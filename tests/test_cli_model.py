@@ -235,3 +235,20 @@ def test_a_user_error_in_a_real_process_prints_one_line_and_no_traceback(tmp_pat
     assert "Traceback" not in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1 and "model directory not found" in result.stderr
     assert result.stdout == ""
+
+
+def test_threads_option_sets_torch_threads_and_keeps_predictions(tiny_model_dir, texts_file, monkeypatch, capfd):
+    import torch
+
+    model = str(tiny_model_dir)
+    before = torch.get_num_threads()
+    try:
+        _, default, _ = run_cli(monkeypatch, capfd, "predict", "--model", model, str(texts_file))
+        code, one, stderr = run_cli(monkeypatch, capfd, "predict", "--model", model, str(texts_file), "--threads", "3")
+        assert code == 0, stderr
+        assert torch.get_num_threads() == 3
+        assert one == default
+    finally:
+        torch.set_num_threads(before)
+    code, _, stderr = run_cli(monkeypatch, capfd, "eval", "--model", model, "--data", str(texts_file), "--threads", "-1")
+    assert code == 2 and "--threads must not be negative" in stderr and "Traceback" not in stderr
