@@ -513,8 +513,8 @@ def measure(config_path: str, overrides: list[str], out: str, predict_batch_size
 
     config = load_config(config_path, overrides)
     digest = config_sha256(config)
-    metrics = train(config, out=out, force=True, progress_bar=False)
-    data = prepare_data(config)  # the same dev split that training selected on
+    data = prepare_data(config)  # read once: training selects on its dev split, and it is scored below
+    metrics = train(config, out=out, force=True, progress_bar=False, data=data)
     pipe = Pipeline.load(out, device=metrics["device"])
     dev = pipe.evaluate_sentences(data.dev, config.train.eval_batch_size)[0]
     timed = data.test if data.test is not None else data.dev

@@ -246,9 +246,10 @@ def resume_config(out: str | Path, overrides: list[str] = ()) -> Config:
 
 
 def train(config: Config, out: str | Path | None = None, force: bool = False, resume: bool = False,
-          progress_bar: bool | None = None, stop_after_steps: int = 0) -> dict:
+          progress_bar: bool | None = None, stop_after_steps: int = 0, data: Data | None = None) -> dict:
     """Train as the config says (or continue a run with `resume`); returns the final metrics,
-    also written to OUT/metrics.json.
+    also written to OUT/metrics.json. `data`: the config's corpora, when the caller has already read
+    them with `prepare_data(config)` (the benchmark scores dev and test again afterwards).
 
     SIGINT stops the run at the next step boundary, or after the epoch's evaluation, with a
     checkpoint and `Interrupted`; a second SIGINT stops it at once. `stop_after_steps` (tests) acts
@@ -259,7 +260,7 @@ def train(config: Config, out: str | Path | None = None, force: bool = False, re
     stop = StopRequest()
     try:
         with stop.on_sigint():
-            return _train(config, out, force, resume, progress_bar, stop_after_steps, stop)
+            return _train(config, out, force, resume, progress_bar, stop_after_steps, stop, data)
     except OSError as e:
         if e.errno not in WRITE_ERRNOS:
             raise
@@ -294,13 +295,13 @@ class StopRequest:
 
 
 def _train(config: Config, out: Path, force: bool, resume: bool, progress_bar: bool | None, stop_after_steps: int,
-           stop: StopRequest) -> dict:
+           stop: StopRequest, data: Data | None) -> dict:
     tc = config.train
     if tc.threads:
         torch.set_num_threads(tc.threads)
     device = resolve_device(tc.device)
     seed_everything(tc.seed)
-    data = prepare_data(config)
+    data = data if data is not None else prepare_data(config)
     pipe = Pipeline.from_training_data(config, data.train, data.types, data.scheme, device=device, log=log)
     examples = pipe.training_examples(data.train)
     n_params = sum(p.numel() for p in pipe.model.parameters())
