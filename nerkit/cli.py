@@ -204,3 +204,7 @@ def main() -> None:
         sys.exit(130)
     except BrokenPipeError:
         sys.exit(0)
+
+
+if __name__ == "__main__":  # `python -m nerkit.cli` as well as `python -m nerkit` and `nerkit`
+    main()

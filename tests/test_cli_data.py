@@ -194,3 +194,11 @@ def test_train_with_an_unknown_config_key(tmp_path):
     config = tmp_path / "c.yaml"
     config.write_text("train:\n  lrr: 0.1\n", encoding="utf-8")
     assert_user_error(nerkit("train", "--config", config, "--dry-run"), config, "did you mean 'lr'?")
+
+
+def test_every_entry_point_runs_the_cli():
+    # `python -m nerkit.cli` once exited 0 without doing anything
+    for module in ("nerkit", "nerkit.cli"):
+        result = subprocess.run([sys.executable, "-m", module, "data", "stats", "/nonexistent.bio"],
+                                capture_output=True, text=True, timeout=120)
+        assert result.returncode == 2 and "/nonexistent.bio" in result.stderr, (module, result.stderr)
