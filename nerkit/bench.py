@@ -549,12 +549,17 @@ def worker_main(argv: list[str]) -> int:
     if len(argv) != 2 or argv[0] != "--worker":
         print("usage: python -m nerkit.bench --worker SPEC_JSON (started by `nerkit bench`)", file=sys.stderr)
         return 2
+    from nerkit.train import Interrupted
+
     spec = json.loads(argv[1])
     try:
         result = measure(spec["config"], spec["overrides"], spec["out"], spec["predict_batch_size"])
     except UserError as e:
         print(f"nerkit: error: {e}", file=sys.stderr)
         return 2
+    except Interrupted as e:  # SIGINT: the run's checkpoint is saved; say so without a traceback
+        print(f"nerkit: {e}", file=sys.stderr)
+        return 130
     atomic_write_text(Path(spec["out"]) / WORKER_RESULT, json.dumps(result, indent=2, ensure_ascii=False) + "\n")
     return 0
 

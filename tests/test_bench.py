@@ -282,3 +282,17 @@ def test_parallel_workers_share_the_cores_unless_told(monkeypatch):
     assert "OMP_NUM_THREADS" not in worker_env(1)
     monkeypatch.setenv("OMP_NUM_THREADS", "3")
     assert worker_env(4)["OMP_NUM_THREADS"] == "3"
+
+
+def test_an_interrupted_worker_says_so_without_a_traceback(monkeypatch, capsys):
+    import nerkit.bench as bench
+    from nerkit.train import Interrupted
+
+    def interrupted(*args):
+        raise Interrupted("training interrupted at epoch 2, step 7; checkpoint saved")
+
+    monkeypatch.setattr(bench, "measure", interrupted)
+    spec = {"config": "c.yaml", "overrides": [], "out": "o", "predict_batch_size": 8}
+    assert bench.worker_main(["--worker", json.dumps(spec)]) == 130
+    err = capsys.readouterr().err
+    assert "checkpoint saved" in err and "Traceback" not in err
