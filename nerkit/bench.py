@@ -419,8 +419,9 @@ def render_markdown(records: list[dict], anchors: dict, title: str = "nerkit ben
             lines.append("- overrides of every run: " + ", ".join(f"`{o}`" for o in common))
         jobs = max(r.get("jobs") or 1 for r in ok)
         if jobs > 1:
+            shared = "cores and GPU" if any(r.get("peak_cuda_mib") for r in ok) else "cores"
             lines.append(f"- up to {jobs} runs trained at once on this machine (`--jobs {jobs}`): they shared its "
-                         "cores (and GPU), so each run's speed is lower than it would be alone")
+                         f"{shared}, so each run's speed is lower than it would be alone")
         lines.append("")
     gpu = any(r.get("peak_cuda_mib") for r in ok)
     header = ["Dataset", "Encoder", "Run", "Seeds", "Test P", "Test R", "Test F1", "Published F1", "Δ", "Dev F1",
