@@ -225,13 +225,13 @@ def git_commit() -> tuple[str, bool | None]:
     here = Path(__file__).resolve().parent
     try:
         head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=10)
-        if head.returncode != 0:  # not a checkout (a copied tree): the commit may be passed in
-            return os.environ.get("NERKIT_GIT_COMMIT", "unknown"), None
+        if head.returncode != 0:
+            return "unknown", None
         dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here,
                                capture_output=True, text=True, timeout=10)
         return head.stdout.strip(), bool(dirty.stdout.strip()) if dirty.returncode == 0 else None
     except (OSError, subprocess.SubprocessError):
-        return os.environ.get("NERKIT_GIT_COMMIT", "unknown"), None
+        return "unknown", None
 
 
 def cpu_model() -> str:
@@ -246,7 +246,7 @@ def cpu_model() -> str:
 
 def host_info() -> dict:
     commit, dirty = git_commit()
-    if os.environ.get("NERKIT_GIT_COMMIT"):  # a copied tree whose .git (if any) may not match it
+    if os.environ.get("NERKIT_GIT_COMMIT"):  # a copied tree, whose .git (if any) may not match it
         commit, dirty = os.environ["NERKIT_GIT_COMMIT"], None
     return {"git_commit": commit, "git_dirty": dirty, "nerkit_version": __version__, "hostname": socket.gethostname(),
             "cpu": cpu_model(), "cpu_count": os.cpu_count(), "python": platform.python_version()}

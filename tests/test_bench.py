@@ -296,3 +296,13 @@ def test_an_interrupted_worker_says_so_without_a_traceback(monkeypatch, capsys):
     assert bench.worker_main(["--worker", json.dumps(spec)]) == 130
     err = capsys.readouterr().err
     assert "checkpoint saved" in err and "Traceback" not in err
+
+
+def test_a_copied_tree_can_name_its_commit(monkeypatch):
+    from nerkit.bench import host_info
+
+    monkeypatch.setenv("NERKIT_GIT_COMMIT", "0123abcd")
+    info = host_info()
+    assert info["git_commit"] == "0123abcd" and info["git_dirty"] is None
+    monkeypatch.delenv("NERKIT_GIT_COMMIT")
+    assert host_info()["git_commit"] != "0123abcd"
