@@ -329,6 +329,12 @@ def _train(config: Config, out: Path, force: bool, resume: bool, progress_bar: b
         history_path.write_text("".join(lines[: progress.epochs_logged]), encoding="utf-8")
         if progress.stopped == "epochs" and progress.epoch <= tc.epochs:
             progress.stopped = ""  # a finished run given more epochs (--resume DIR --set train.epochs=N)
+        # A run stopped by a step or time limit that the resume raised (or lifted) goes on, from the
+        # next epoch: the epoch the limit cut short was evaluated and counts as done.
+        if progress.stopped == "max_steps" and (not tc.max_steps or progress.step < tc.max_steps):
+            progress.stopped = ""
+        if progress.stopped == "time_budget" and (not tc.time_budget or progress.elapsed < tc.time_budget):
+            progress.stopped = ""
         log(f"resuming {out} at epoch {progress.epoch}, batch {progress.batch} (step {progress.step})")
     else:
         prepare_output_dir(out, force)

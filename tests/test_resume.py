@@ -380,3 +380,20 @@ def test_output_dir_turning_read_only_is_a_user_error_and_keeps_the_checkpoint(f
     how = "simulated for root: mkdtemp raises EACCES" if os.geteuid() == 0 else "chmod 0o500"
     REPORT.row("Write failures", f"run directory made read-only after step 5 ({how})", 2, message,
                f"{found}: intact, loads")
+
+
+@pytest.mark.parametrize("first, then", [
+    (["train.max_steps=13"], ["train.max_steps=0"]),
+    (["train.time_budget=0.001"], ["train.time_budget=0"]),  # the first step alone outlasts 1 ms
+], ids=["max_steps", "time_budget"])
+def test_a_run_stopped_by_a_limit_goes_on_when_the_resume_lifts_it(tmp_path, first, then):
+    from nerkit.train import resume_config, train
+
+    out = tmp_path / "run"
+    stopped = train_here(out, TINY + first)
+    assert stopped["stopped"] in ("max_steps", "time_budget") and stopped["steps"] < 30
+    metrics = train(resume_config(out, then), out=out, resume=True)
+    assert metrics["stopped"] == "epochs" and metrics["epochs"] == 3
+    assert metrics["steps"] > stopped["steps"]
+    epochs = [json.loads(line)["epoch"] for line in (out / "metrics.jsonl").read_text(encoding="utf-8").splitlines()]
+    assert epochs == sorted(set(epochs)) and epochs[-1] == 3
