@@ -137,7 +137,7 @@ def load_matrix(path: str | Path, quick: bool = False, device: str | None = None
     if device is not None and device not in DEVICES:
         raise UserError(f"unknown --device {device!r}", fix=f"use one of {', '.join(DEVICES)}")
     sets = _overrides(list(sets), "--set", Path("the command line"))
-    seeds_override = list(seeds) if seeds else None
+    seeds_override = list(seeds) if seeds else None  # `seeds` is rebound per entry below
     entries = raw.get("runs")
     if not isinstance(entries, list) or not entries:
         raise UserError("the matrix needs `runs:`, a non-empty list", where=str(path))
@@ -165,7 +165,7 @@ def load_matrix(path: str | Path, quick: bool = False, device: str | None = None
         own_quick = _overrides(entry.get("quick"), f"{where}.quick", path)
         if quick:
             overrides += shared_quick + own_quick
-        seeds = entry.get("seeds") if not seeds_override else seeds_override
+        seeds = seeds_override or entry.get("seeds")
         if seeds is not None and (not isinstance(seeds, list) or not seeds or len(set(seeds)) != len(seeds)
                                   or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in seeds)):
             raise UserError(f"{where}.seeds must be a non-empty list of distinct non-negative integers",
@@ -318,15 +318,13 @@ def _summary(record: dict) -> str:
 
 def run_bench(matrix_path: str | Path, out: str | Path | None = None, quick: bool = False, only: list[str] = (),
               resume: bool = False, device: str | None = None, markdown_only: bool = False, sets: list[str] = (),
-              seeds: str | list[int] | None = None, jobs: int = 1) -> tuple[str, int]:
+              seeds: list[int] | None = None, jobs: int = 1) -> tuple[str, int]:
     """Run the matrix (or, with `markdown_only`, only rebuild the table); returns the Markdown table
     and the number of this matrix's runs that failed. Up to `jobs` runs train at once, each in its
     own process. Each finished run is written to DIR/results.jsonl at once, replacing an earlier
     record of the same name."""
     if jobs < 1:
         raise UserError(f"--jobs must be at least 1, not {jobs}")
-    if isinstance(seeds, str):
-        seeds = parse_seeds(seeds)
     matrix = load_matrix(matrix_path, quick, device, sets, seeds)
     out = Path(out) if out else Path("bench-out") / matrix.path.stem
     runs = select_runs(matrix.runs, list(only))
@@ -402,6 +400,7 @@ def render_markdown(records: list[dict], anchors: dict, title: str = "nerkit ben
     for r in records:
         groups.setdefault(r["run"], []).append(r)
     lines = [f"# {title}", ""]
+    gpu = any(r.get("peak_cuda_mib") for r in ok)
     if ok:
         commits = sorted({r["git_commit"] + ("-dirty" if r.get("git_dirty") else "") for r in ok})
         days = sorted({r["date"][:10] for r in ok})
@@ -419,11 +418,10 @@ def render_markdown(records: list[dict], anchors: dict, title: str = "nerkit ben
             lines.append("- overrides of every run: " + ", ".join(f"`{o}`" for o in common))
         jobs = max(r.get("jobs") or 1 for r in ok)
         if jobs > 1:
-            shared = "cores and GPU" if any(r.get("peak_cuda_mib") for r in ok) else "cores"
+            shared = "cores and GPU" if gpu else "cores"
             lines.append(f"- up to {jobs} runs trained at once on this machine (`--jobs {jobs}`): they shared its "
                          f"{shared}, so each run's speed is lower than it would be alone")
         lines.append("")
-    gpu = any(r.get("peak_cuda_mib") for r in ok)
     header = ["Dataset", "Encoder", "Run", "Seeds", "Test P", "Test R", "Test F1", "Published F1", "Δ", "Dev F1",
               "Epochs", "Train chars/s", "Predict chars/s", "Peak RSS MiB"] + (["Peak GPU MiB"] if gpu else []) + ["Wall s"]
     lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]

@@ -131,10 +131,10 @@ def bench(
     jobs: int = typer.Option(1, "--jobs", "-j", help="Runs trained at once (each its own process)."),
 ):
     """Train and measure every run of a benchmark matrix, each in its own process; exit 1 if any failed."""
-    from nerkit.bench import run_bench
+    from nerkit.bench import parse_seeds, run_bench
 
     table, failed = run_bench(matrix, out, quick=quick, only=only, resume=resume, device=device,
-                              markdown_only=markdown_only, sets=set_, seeds=seeds, jobs=jobs)
+                              markdown_only=markdown_only, sets=set_, seeds=parse_seeds(seeds), jobs=jobs)
     typer.echo(table, nl=False)
     if failed:
         raise typer.Exit(1)

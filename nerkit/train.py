@@ -26,7 +26,7 @@ from nerkit.corpus import Sentence, read_corpus, sha256_file, split_sentence
 from nerkit.errors import UserError
 from nerkit.features import bucketed_batches, collate
 from nerkit.files import WRITE_ERRNOS, atomic_directory, recover_directory
-from nerkit.pipeline import Pipeline, resolve_device, seeded_dev_split
+from nerkit.pipeline import Pipeline, resolve_device, seeded_dev_split, set_threads
 
 CHECKPOINT = "checkpoint"
 WARMUP_BATCHES = 20
@@ -297,8 +297,7 @@ class StopRequest:
 def _train(config: Config, out: Path, force: bool, resume: bool, progress_bar: bool | None, stop_after_steps: int,
            stop: StopRequest, data: Data | None) -> dict:
     tc = config.train
-    if tc.threads:
-        torch.set_num_threads(tc.threads)
+    set_threads(tc.threads)
     device = resolve_device(tc.device)
     seed_everything(tc.seed)
     data = data if data is not None else prepare_data(config)
