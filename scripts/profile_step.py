@@ -3,7 +3,9 @@ encoder alone (emissions forward + backward), the CRF likelihood with the emissi
 Viterbi decoding; ms per batch and chars/s over 40 length-bucketed batches of the config's batch
 size, from the first 3,000 training sentences (vocabulary sizes are those of the slice).
 
-    python scripts/profile_step.py cpu|cuda configs/msra_bilstm.yaml [configs/msra_tener.yaml ...]
+    python scripts/profile_step.py cpu|cuda configs/msra_bilstm.yaml [configs/msra_tener.yaml ...] [crf.algorithm=scan ...]
+
+Arguments of the form section.key=value override every config (as `--set` does for `nerkit train`).
 """
 
 from __future__ import annotations
@@ -20,10 +22,13 @@ from nerkit.pipeline import Pipeline
 from nerkit.train import make_optimizer, prepare_data
 
 
-def main(device: str, configs: list[str]) -> None:
+def main(device: str, args: list[str]) -> None:
+    overrides = [a for a in args if "=" in a]
+    configs = [a for a in args if "=" not in a]
+    print(f"overrides: {' '.join(overrides) or 'none'}\n")
     print(f"| config | part | ms per batch | chars/s |\n|---|---|---:|---:|")
     for path in configs:
-        config = load_config(path, ["data.limit=3000"])
+        config = load_config(path, ["data.limit=3000", *overrides])
         data = prepare_data(config)
         pipe = Pipeline.from_training_data(config, data.train, data.types, data.scheme, device=device,
                                            log=lambda m: None)
