@@ -48,6 +48,10 @@ class EmbeddingsConfig:
     bichar_min_freq: int = 1
     dropout: float = 0.5
     freeze: bool = False  # keep pretrained vectors fixed
+    # Random vectors: `normal` is PyTorch's N(0, 1); `scaled` is U(-sqrt(3/dim), sqrt(3/dim)) (std
+    # 1/sqrt(dim), unit-norm-sized vectors), what TENER's and FLAT's code (fastNLP StaticEmbedding)
+    # start from; with plain SGD at lr ~1e-3 N(0, 1) vectors barely move.
+    init: str = "normal"
 
 
 @dataclass
@@ -110,6 +114,7 @@ class Config:
 
 CHOICES = {
     ("data", "scheme"): ("auto", "bio", "bioes", "bmes"),
+    ("embeddings", "init"): ("normal", "scaled"),
     ("lexicon", "drop"): ("longest_first", "frequency"),
     ("train", "optimizer"): ("sgd", "adam", "adamw"),
     ("train", "schedule"): ("constant", "linear", "inverse_time"),

@@ -27,13 +27,25 @@ class Lattice:
     mask: torch.Tensor  # (B, W) bool
 
 
+def embedding(num: int, dim: int, init: str) -> nn.Embedding:
+    """A table whose row 0 (padding) is zero; `init` as `embeddings.init` (normal | scaled)."""
+    table = nn.Embedding(num, dim, padding_idx=0)
+    if init == "scaled":
+        bound = (3.0 / dim) ** 0.5
+        with torch.no_grad():
+            table.weight.uniform_(-bound, bound)
+            table.weight[0].zero_()
+    return table
+
+
 class Embedder(nn.Module):
     """Concatenated character and bigram embeddings, with dropout."""
 
-    def __init__(self, num_chars: int, num_bichars: int, char_dim: int, bichar_dim: int, dropout: float):
+    def __init__(self, num_chars: int, num_bichars: int, char_dim: int, bichar_dim: int, dropout: float,
+                 init: str = "normal"):
         super().__init__()
-        self.chars = nn.Embedding(num_chars, char_dim, padding_idx=0)
-        self.bichars = nn.Embedding(num_bichars, bichar_dim, padding_idx=0) if bichar_dim > 0 else None
+        self.chars = embedding(num_chars, char_dim, init)
+        self.bichars = embedding(num_bichars, bichar_dim, init) if bichar_dim > 0 else None
         self.dropout = nn.Dropout(dropout)
         self.output_dim = char_dim + bichar_dim
 
@@ -48,10 +60,10 @@ class Tagger(nn.Module):
     def __init__(self, config, num_chars: int, num_bichars: int, tags: list[str], num_words: int = 0):
         super().__init__()
         emb = config.embeddings
-        self.embedder = Embedder(num_chars, num_bichars, emb.char_dim, emb.bichar_dim, emb.dropout)
+        self.embedder = Embedder(num_chars, num_bichars, emb.char_dim, emb.bichar_dim, emb.dropout, emb.init)
         encoder_cls = ENCODERS[config.encoder.name]
         self.uses_lattice = getattr(encoder_cls, "uses_lattice", False)
-        self.words = nn.Embedding(num_words, emb.word_dim, padding_idx=0) if self.uses_lattice else None
+        self.words = embedding(num_words, emb.word_dim, emb.init) if self.uses_lattice else None
         self.word_dropout = nn.Dropout(emb.dropout)
         self.encoder = encoder_cls(self.embedder.output_dim, config.encoder.options,
                                    **({"word_dim": emb.word_dim} if self.uses_lattice else {}))

@@ -80,6 +80,23 @@ def random_texts(n: int, seed: int, max_len: int = 30) -> list[str]:
 # --------------------------------------------------------------------------------------- the model
 
 
+@pytest.mark.parametrize("encoder", ["bilstm", "flat"])
+def test_embedding_init_scales_random_vectors(tiny_config, encoder):
+    """`embeddings.init`: `normal` is N(0, 1), `scaled` is U(+-sqrt(3/dim)) (std 1/sqrt(dim)); both
+    keep the padding row zero, for characters, bigrams and (FLAT) lexicon words."""
+    overrides = encoder_overrides(encoder) + ["embeddings.char_dim=48", "embeddings.bichar_dim=48",
+                                              "embeddings.word_dim=48"]
+    for init, std in (("normal", 1.0), ("scaled", 48 ** -0.5)):
+        model = build_pipeline(tiny_config(*overrides, f"embeddings.init={init}")).model
+        tables = [model.embedder.chars, model.embedder.bichars] + ([model.words] if encoder == "flat" else [])
+        for table in tables:
+            weight = table.weight.detach()
+            assert torch.equal(weight[0], torch.zeros(48))
+            assert abs(weight[1:].std().item() - std) < 0.15 * std, (init, weight[1:].std().item())
+            if init == "scaled":
+                assert weight.abs().max().item() <= (3 / 48) ** 0.5
+
+
 @pytest.mark.parametrize("encoder", LATTICE_FREE)
 @pytest.mark.parametrize("constrain", [False, True])
 def test_every_parameter_gets_a_gradient(tiny_config, encoder, constrain):
