@@ -137,7 +137,6 @@ def load_matrix(path: str | Path, quick: bool = False, device: str | None = None
     if device is not None and device not in DEVICES:
         raise UserError(f"unknown --device {device!r}", fix=f"use one of {', '.join(DEVICES)}")
     sets = _overrides(list(sets), "--set", Path("the command line"))
-    seeds_override = list(seeds) if seeds else None  # `seeds` is rebound per entry below
     entries = raw.get("runs")
     if not isinstance(entries, list) or not entries:
         raise UserError("the matrix needs `runs:`, a non-empty list", where=str(path))
@@ -165,12 +164,13 @@ def load_matrix(path: str | Path, quick: bool = False, device: str | None = None
         own_quick = _overrides(entry.get("quick"), f"{where}.quick", path)
         if quick:
             overrides += shared_quick + own_quick
-        seeds = seeds_override or entry.get("seeds")
-        if seeds is not None and (not isinstance(seeds, list) or not seeds or len(set(seeds)) != len(seeds)
-                                  or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in seeds)):
+        run_seeds = list(seeds) if seeds else entry.get("seeds")
+        if run_seeds is not None and (
+                not isinstance(run_seeds, list) or not run_seeds or len(set(run_seeds)) != len(run_seeds)
+                or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in run_seeds)):
             raise UserError(f"{where}.seeds must be a non-empty list of distinct non-negative integers",
                             where=str(path))
-        for seed in seeds or [None]:
+        for seed in run_seeds or [None]:
             name = group if seed is None else f"{group}_s{seed}"
             extra = [] if seed is None else [f"train.seed={seed}"]
             extra += [] if device is None else [f"train.device={device}"]
