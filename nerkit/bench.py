@@ -29,9 +29,9 @@ from pathlib import Path
 import yaml
 
 from nerkit import __version__
-from nerkit.config import read_yaml
+from nerkit.config import load_config, read_yaml, same_run
 from nerkit.errors import UserError
-from nerkit.files import atomic_write_text
+from nerkit.files import CHECKPOINT, atomic_write_text
 
 MATRIX_KEYS = ("runs", "quick", "anchors", "predict_batch_size")
 RUN_KEYS = ("name", "config", "dataset", "overrides", "seeds", "quick")
@@ -277,8 +277,22 @@ def worker_env(jobs: int) -> dict:
     return env
 
 
-def execute(run: Run, out: Path, predict_batch_size: int, base: dict) -> dict:
-    """Train and measure one run in a worker process; a failure becomes a `failed` record."""
+def continuable(run: Run, run_dir: Path) -> bool:
+    """Whether `run` can go on from the checkpoint in its model directory: there is one, and the
+    config the matrix gives the run now differs from the one saved there only in what
+    `nerkit train --resume` may change (train limits, threads, device)."""
+    if not (run_dir / CHECKPOINT / "state.json").is_file():
+        return False
+    try:
+        return same_run(load_config(run_dir / "config.yaml"), load_config(run.config, run.overrides))
+    except UserError:  # a missing or broken config on either side: nothing to continue safely
+        return False
+
+
+def execute(run: Run, out: Path, predict_batch_size: int, base: dict, previous: dict | None = None) -> dict:
+    """Train and measure one run in a worker process; a failure becomes a `failed` record.
+    `previous`: go on from the run's checkpoint instead of starting over; the record it continues
+    (or {}), whose wall time is added to this session's and whose memory peaks count."""
     run_dir, log_path = out / "runs" / run.name, out / "logs" / f"{run.name}.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
     record = {"name": run.name, "run": run.group, "dataset": run.dataset, "seed": run.seed, "config": run.config,
@@ -289,16 +303,27 @@ def execute(run: Run, out: Path, predict_batch_size: int, base: dict) -> dict:
         return {**record, "status": "failed", "error": error}
     result_path = run_dir / WORKER_RESULT
     result_path.unlink(missing_ok=True)  # a stale result must not pass for this run's
+    resume = previous is not None
     spec = {"config": run.config, "overrides": run.overrides, "out": str(run_dir),
-            "predict_batch_size": predict_batch_size}
+            "predict_batch_size": predict_batch_size, "resume": resume}
     started = time.perf_counter()
-    with open(log_path, "w", encoding="utf-8") as log:
+    with open(log_path, "a" if resume else "w", encoding="utf-8") as log:
+        if resume:
+            log.write(f"\n--- nerkit bench --resume {record['date']}: continuing from {run_dir / CHECKPOINT} ---\n")
+            log.flush()
         proc = subprocess.run([sys.executable, "-m", "nerkit.bench", "--worker", json.dumps(spec)],
                               stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                               env=worker_env(base.get("jobs") or 1))
     record["wall_s"] = time.perf_counter() - started
+    if resume:
+        record["wall_s"] += previous.get("wall_s", 0.0)
+        record["continued"] = previous.get("continued", 0) + 1
     if proc.returncode == 0 and result_path.is_file():
-        return {**record, "status": "ok", **json.loads(result_path.read_text(encoding="utf-8"))}
+        result = json.loads(result_path.read_text(encoding="utf-8"))
+        for key in ("peak_rss_mib", "peak_cuda_mib"):  # the peaks of every session of the run
+            peaks = [v for v in (result.get(key), (previous or {}).get(key)) if v is not None]
+            result[key] = max(peaks) if peaks else None
+        return {**record, "status": "ok", **result}
     error = failure_message(proc.returncode, log_path.read_text(encoding="utf-8", errors="replace"))
     return {**record, "status": "failed", "exit_code": proc.returncode, "error": error}
 
@@ -340,25 +365,29 @@ def run_bench(matrix_path: str | Path, out: str | Path | None = None, quick: boo
         for i, run in enumerate(runs, 1):
             step = f"[{i}/{len(runs)}] {run.name}"
             done = records.get(run.name) if resume else None
-            if done and done["status"] == "ok":
-                if (done.get("config"), done.get("overrides")) == (run.config, run.overrides):
-                    print(f"{step}: skipped, recorded as ok in {out / RESULTS}", file=sys.stderr)
-                    continue
+            if done and done["status"] == "ok" and (done.get("config"), done.get("overrides")) == (run.config, run.overrides):
+                print(f"{step}: skipped, recorded as ok in {out / RESULTS}", file=sys.stderr)
+                continue
+            previous = None
+            if resume and continuable(run, out / "runs" / run.name):
+                previous = done or {}
+                print(f"{step}: continuing from its checkpoint", file=sys.stderr)
+            elif done and done["status"] == "ok":
                 print(f"{step}: its config or overrides changed since it was recorded; running it again",
                       file=sys.stderr)
-            todo.append((step, run))
+            todo.append((step, run, previous))
         lock = threading.Lock()
 
-        def one(step: str, run: Run) -> None:
+        def one(step: str, run: Run, previous: dict | None) -> None:
             print(f"{step}: running (log: {out / 'logs' / run.name}.log)", file=sys.stderr, flush=True)
-            record = execute(run, out, matrix.predict_batch_size, base)
+            record = execute(run, out, matrix.predict_batch_size, base, previous)
             with lock:
                 records[run.name] = record
                 write_results(out, records)
             print(f"{step}: {_summary(record)}", file=sys.stderr, flush=True)
 
         with ThreadPoolExecutor(max_workers=jobs) as pool:
-            for future in [pool.submit(one, step, run) for step, run in todo]:
+            for future in [pool.submit(one, *job) for job in todo]:
                 future.result()
     table = render_markdown(list(records.values()), matrix.anchors, title=f"nerkit benchmark: {matrix.path}")
     atomic_write_text(out / TABLE, table)
@@ -421,6 +450,11 @@ def render_markdown(records: list[dict], anchors: dict, title: str = "nerkit ben
             shared = "cores and GPU" if gpu else "cores"
             lines.append(f"- up to {jobs} runs trained at once on this machine (`--jobs {jobs}`): they shared its "
                          f"{shared}, so each run's speed is lower than it would be alone")
+        continued = [f"`{r['name']}`" for r in ok if r.get("continued")]
+        if continued:
+            lines.append(f"- continued from their checkpoints by `nerkit bench --resume`: {', '.join(continued)}; "
+                         "their epochs, wall time, training chars/s and peak memory cover every session, "
+                         "their overrides are the last session's")
         lines.append("")
     header = ["Dataset", "Encoder", "Run", "Seeds", "Test P", "Test R", "Test F1", "Published F1", "Δ", "Dev F1",
               "Epochs", "Train chars/s", "Predict chars/s", "Peak RSS MiB"] + (["Peak GPU MiB"] if gpu else []) + ["Wall s"]
@@ -498,14 +532,15 @@ def config_sha256(config) -> str:
     return hashlib.sha256(yaml.safe_dump(resolved, sort_keys=False, allow_unicode=True).encode("utf-8")).hexdigest()
 
 
-def measure(config_path: str, overrides: list[str], out: str, predict_batch_size: int) -> dict:
-    """Train one run through `train()`, then load the saved model, score dev and test once, and time
-    prediction over the test set. Returns the figures of a results.jsonl record."""
+def measure(config_path: str, overrides: list[str], out: str, predict_batch_size: int, resume: bool = False) -> dict:
+    """Train one run through `train()` (from its checkpoint in `out` with `resume`), then load the
+    saved model, score dev and test once, and time prediction over the test set. Returns the
+    figures of a results.jsonl record."""
     import resource
 
     import torch
 
-    from nerkit.config import load_config
+    from nerkit.config import config_to_yaml
     from nerkit.evaluate import score
     from nerkit.pipeline import Pipeline
     from nerkit.train import prepare_data, train
@@ -513,7 +548,10 @@ def measure(config_path: str, overrides: list[str], out: str, predict_batch_size
     config = load_config(config_path, overrides)
     digest = config_sha256(config)
     data = prepare_data(config)  # read once: training selects on its dev split, and it is scored below
-    metrics = train(config, out=out, force=True, progress_bar=False, data=data)
+    if resume:  # the model directory keeps explaining itself: its config now has the new limits
+        config.output_dir = str(out)
+        atomic_write_text(Path(out) / "config.yaml", config_to_yaml(config))
+    metrics = train(config, out=out, force=not resume, resume=resume, progress_bar=False, data=data)
     pipe = Pipeline.load(out, device=metrics["device"])
     dev = pipe.evaluate_sentences(data.dev, config.train.eval_batch_size)[0]
     timed = data.test if data.test is not None else data.dev
@@ -552,7 +590,8 @@ def worker_main(argv: list[str]) -> int:
 
     spec = json.loads(argv[1])
     try:
-        result = measure(spec["config"], spec["overrides"], spec["out"], spec["predict_batch_size"])
+        result = measure(spec["config"], spec["overrides"], spec["out"], spec["predict_batch_size"],
+                         spec.get("resume", False))
     except UserError as e:
         print(f"nerkit: error: {e}", file=sys.stderr)
         return 2

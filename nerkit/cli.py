@@ -123,7 +123,8 @@ def bench(
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output directory (default bench-out/MATRIX_NAME)."),
     quick: bool = typer.Option(False, "--quick", help="Apply the matrix's quick: overrides (a small slice, minutes)."),
     only: List[str] = typer.Option([], "--only", help="Only the runs with this name or name prefix (repeatable, or a,b)."),
-    resume: bool = typer.Option(False, "--resume", help="Skip runs already recorded as ok in OUT/results.jsonl."),
+    resume: bool = typer.Option(False, "--resume", help="Skip runs recorded as ok in OUT/results.jsonl; continue a run from its checkpoint "
+                                "when only train limits, threads or device changed (e.g. a larger train.time_budget)."),
     device: Optional[str] = typer.Option(None, "--device", help="cpu | cuda | auto: train.device of every run."),
     markdown_only: bool = typer.Option(False, "--markdown-only", help="Only rebuild RESULTS.md from results.jsonl."),
     set_: List[str] = typer.Option([], "--set", help="Override a config value of every run: --set train.time_budget=900."),

@@ -342,3 +342,24 @@ def config_to_dict(config: Config) -> dict:
 
 def config_to_yaml(config: Config) -> str:
     return yaml.safe_dump(config_to_dict(config), sort_keys=False, allow_unicode=True)
+
+
+# What may change when a run is resumed: how long it goes on and where it runs, nothing that
+# shapes the model or the data. (With a linear schedule, `epochs` also moves the learning rate.)
+RESUMABLE_KEYS = {"train.epochs", "train.patience", "train.max_steps", "train.time_budget",
+                  "train.checkpoint_every", "train.threads", "train.device", "train.eval_batch_size"}
+
+
+def same_run(a: Config, b: Config) -> bool:
+    """Whether two configs train the same model on the same data, differing at most in what a
+    resumed run may change (RESUMABLE_KEYS) and in the output directory."""
+
+    def fixed(config: Config) -> dict:
+        resolved = config_to_dict(config)
+        resolved.pop("output_dir")
+        for key in RESUMABLE_KEYS:
+            section, name = key.split(".")
+            resolved[section].pop(name)
+        return resolved
+
+    return fixed(a) == fixed(b)

@@ -14,6 +14,9 @@ from typing import Iterator
 
 # Failures the user fixes on their side: a full disk, a quota, a file size limit, permissions.
 WRITE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EACCES, errno.EPERM, errno.EROFS)
+# The directory inside a training run's output directory that holds its checkpoint (written by
+# `nerkit train`, read by `--resume` and by `nerkit bench --resume`).
+CHECKPOINT = "checkpoint"
 
 
 def _fsync_dir(path: Path) -> None:

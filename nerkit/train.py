@@ -21,14 +21,13 @@ import torch
 from safetensors.torch import load_file
 from safetensors.torch import save as safetensors_bytes
 
-from nerkit.config import Config, load_config
+from nerkit.config import RESUMABLE_KEYS, Config, load_config
 from nerkit.corpus import Sentence, read_corpus, sha256_file, split_sentence
 from nerkit.errors import UserError
 from nerkit.features import bucketed_batches, collate
-from nerkit.files import WRITE_ERRNOS, atomic_directory, recover_directory
+from nerkit.files import CHECKPOINT, WRITE_ERRNOS, atomic_directory, recover_directory
 from nerkit.pipeline import Pipeline, resolve_device, seeded_dev_split, set_threads
 
-CHECKPOINT = "checkpoint"
 WARMUP_BATCHES = 20
 
 
@@ -217,12 +216,6 @@ def prepare_output_dir(out: Path, force: bool) -> None:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise UserError(f"cannot create the output directory ({e.strerror})", where=str(out)) from None
-
-
-# What may change when a run is resumed: how long it goes on and where it runs, nothing that
-# shapes the model or the data. (With a linear schedule, `epochs` also moves the learning rate.)
-RESUMABLE_KEYS = {"train.epochs", "train.patience", "train.max_steps", "train.time_budget",
-                  "train.checkpoint_every", "train.threads", "train.device", "train.eval_batch_size"}
 
 
 def resume_config(out: str | Path, overrides: list[str] = ()) -> Config:

@@ -134,6 +134,49 @@ def test_resume_skips_completed_runs(bench_run, tmp_path):
     assert sorted(names) == sorted(set(names)) and len(names) == 4
 
 
+def test_resume_continues_a_stopped_run_from_its_checkpoint(tmp_path):
+    """A run stopped by its step limit goes on from its checkpoint when --resume raises the limit: the
+    model equals `nerkit train` then `nerkit train --resume` of the same config, the log keeps both
+    sessions and the record adds them up. A change to what is trained starts the run over."""
+    config = write_yaml(tmp_path / "tiny.yaml", {**TINY, "train": {**TINY["train"], "epochs": 3}})
+    matrix = write_yaml(tmp_path / "matrix.yaml", {
+        "predict_batch_size": 16, "runs": [{"name": "tiny", "dataset": "sample", "config": str(config)}]})
+    out, results = tmp_path / "out", tmp_path / "out" / "results.jsonl"
+    bench = ("bench", "--matrix", matrix, "--out", out, "--device", "cpu")
+    first = nerkit(*bench, "--set", "train.max_steps=5")
+    assert first.returncode == 0, first.stderr
+    (before,) = read_jsonl(results)
+    assert (before["steps"], before["epochs"], before["stopped"]) == (5, 1, "max_steps")
+
+    again = nerkit(*bench, "--set", "train.max_steps=12", "--resume")
+    assert again.returncode == 0, again.stderr
+    assert "continuing from its checkpoint" in again.stderr
+    (after,) = read_jsonl(results)
+    # the epoch the limit cut short counts as done: steps 6-12 are epoch 2 (from scratch: 12 steps of epoch 1)
+    assert (after["steps"], after["epochs"], after["continued"]) == (12, 2, 1)
+    assert after["wall_s"] > before["wall_s"] and after["overrides"][-2:] == ["train.max_steps=12", "train.device=cpu"]
+    assert after["peak_rss_mib"] >= before["peak_rss_mib"]
+    log = (out / "logs" / "tiny.log").read_text(encoding="utf-8")
+    assert log.count("model: bilstm") == 2 and "resuming" in log and "continuing from" in log
+    run_dir = out / "runs" / "tiny"
+    assert yaml.safe_load((run_dir / "config.yaml").read_text(encoding="utf-8"))["train"]["max_steps"] == 12
+    assert "continued from their checkpoints" in (out / "RESULTS.md").read_text(encoding="utf-8")
+
+    ref = tmp_path / "ref"
+    trained = nerkit("train", "--config", config, "--out", ref, "--set", "train.max_steps=5", "--set", "train.device=cpu")
+    assert trained.returncode == 0, trained.stderr
+    resumed = nerkit("train", "--resume", ref, "--set", "train.max_steps=12")
+    assert resumed.returncode == 0, resumed.stderr
+    assert (ref / "model.safetensors").read_bytes() == (run_dir / "model.safetensors").read_bytes()
+
+    redo = nerkit(*bench, "--set", "train.max_steps=12", "--set", "train.lr=0.01", "--resume")
+    assert redo.returncode == 0, redo.stderr
+    assert "running it again" in redo.stderr and "continuing" not in redo.stderr
+    (fresh,) = read_jsonl(results)
+    assert (fresh["steps"], fresh["epochs"]) == (12, 1) and "continued" not in fresh
+    assert (out / "logs" / "tiny.log").read_text(encoding="utf-8").count("model: bilstm") == 1
+
+
 def test_markdown_only_rebuilds_the_table(bench_run, tmp_path):
     matrix, out, _ = bench_run
     copy = tmp_path / "out"

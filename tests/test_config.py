@@ -20,6 +20,7 @@ from nerkit.config import (
     config_to_dict,
     config_to_yaml,
     load_config,
+    same_run,
 )
 from nerkit.encoders import ENCODERS
 from nerkit.errors import ConfigError, UserError
@@ -333,3 +334,13 @@ def test_every_section_is_in_the_yaml():
 def test_a_config_built_in_code_writes_its_encoder_defaults():
     # Config() has no encoder options object (build_config fills one); its YAML still carries them
     assert build_config(yaml.safe_load(config_to_yaml(Config()))) == build_config({})
+
+
+def test_same_run_ignores_only_what_a_resume_may_change(write_config):
+    path = write_config("train:\n  epochs: 3\n  lr: 0.1\n")
+    base = load_config(path)
+    limits = load_config(path, ["train.time_budget=60", "train.epochs=9", "train.threads=2", "output_dir=elsewhere"])
+    assert same_run(base, limits)
+    assert not same_run(base, load_config(path, ["train.lr=0.2"]))
+    assert not same_run(base, load_config(path, ["encoder.name=tener"]))
+    assert not same_run(base, load_config(path, ["data.max_len=100"]))
