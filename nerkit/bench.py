@@ -453,8 +453,8 @@ def render_markdown(records: list[dict], anchors: dict, title: str = "nerkit ben
         continued = [f"`{r['name']}`" for r in ok if r.get("continued")]
         if continued:
             lines.append(f"- continued from their checkpoints by `nerkit bench --resume`: {', '.join(continued)}; "
-                         "their epochs, wall time, training chars/s and peak memory cover every session, "
-                         "their overrides are the last session's")
+                         "their epochs and training chars/s cover all their training, their wall time and peak memory "
+                         "every `nerkit bench` session of theirs, their overrides are the last session's")
         lines.append("")
     header = ["Dataset", "Encoder", "Run", "Seeds", "Test P", "Test R", "Test F1", "Published F1", "Δ", "Dev F1",
               "Epochs", "Train chars/s", "Predict chars/s", "Peak RSS MiB"] + (["Peak GPU MiB"] if gpu else []) + ["Wall s"]
