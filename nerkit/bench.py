@@ -325,7 +325,12 @@ def execute(run: Run, out: Path, predict_batch_size: int, base: dict, previous: 
             result[key] = max(peaks) if peaks else None
         return {**record, "status": "ok", **result}
     error = failure_message(proc.returncode, log_path.read_text(encoding="utf-8", errors="replace"))
-    return {**record, "status": "failed", "exit_code": proc.returncode, "error": error}
+    failed = {**record, "status": "failed", "exit_code": proc.returncode, "error": error}
+    if resume:  # a failed continuation keeps the figures of the run's last good record
+        last_ok = previous if previous.get("status") == "ok" else previous.get("last_ok")
+        if last_ok:
+            failed["last_ok"] = last_ok
+    return failed
 
 
 def short_error(error: str) -> str:

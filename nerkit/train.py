@@ -177,7 +177,9 @@ def save_checkpoint(out: Path, pipe: Pipeline, optimizer, scheduler, progress: P
         (tmp / "state.json").write_text(json.dumps(meta), encoding="utf-8")
 
 
-def load_checkpoint(out: Path, pipe: Pipeline, optimizer, scheduler) -> tuple[Progress, dict | None]:
+def load_checkpoint(out: Path, pipe: Pipeline, optimizer, scheduler, checksums: dict) -> tuple[Progress, dict | None]:
+    """Restore the model, optimiser, scheduler and random state of the run in `out`; `checksums`:
+    the data files' now, which must be the ones the run started with."""
     directory = out / CHECKPOINT
     recover_directory(directory)
     if not (directory / "state.json").is_file() or not (directory / "state.safetensors").is_file():
@@ -188,7 +190,17 @@ def load_checkpoint(out: Path, pipe: Pipeline, optimizer, scheduler) -> tuple[Pr
         tensors = load_file(str(directory / "state.safetensors"))
     except Exception as e:  # a damaged file: json or safetensors errors
         raise UserError(f"the checkpoint cannot be read ({e})", where=str(directory)) from None
-    pipe.model.load_state_dict({k[6:]: v for k, v in tensors.items() if k.startswith("model.")})
+    # Checked before the weights are loaded: other data builds other vocabularies, i.e. other shapes.
+    started_with = meta["progress"].get("checksums", {})
+    changed = [k for k, v in checksums.items() if started_with.get(k) not in (None, v)]
+    if changed:
+        raise UserError(f"the {', '.join(changed)} data changed since the run started", where=str(out),
+                        fix="resume with the same data files, or start a new run")
+    try:
+        pipe.model.load_state_dict({k[6:]: v for k, v in tensors.items() if k.startswith("model.")})
+    except RuntimeError as e:  # shapes or names that do not fit: not this model's checkpoint
+        raise UserError(f"the checkpoint does not fit the model this config builds ({str(e).splitlines()[0]})",
+                        where=str(directory), fix="resume with the config and data the run started with") from None
     best = {k[5:]: v for k, v in tensors.items() if k.startswith("best.")} or None
     state: dict = {}
     for key, value in tensors.items():
@@ -312,11 +324,7 @@ def _train(config: Config, out: Path, force: bool, resume: bool, progress_bar: b
     history_path = out / "metrics.jsonl"
 
     if resume:
-        progress, best_state = load_checkpoint(out, pipe, optimizer, scheduler)
-        changed = [k for k, v in data.checksums.items() if progress.checksums.get(k) not in (None, v)]
-        if changed:
-            raise UserError(f"the {', '.join(changed)} data changed since the run started", where=str(out),
-                            fix="resume with the same data files, or start a new run")
+        progress, best_state = load_checkpoint(out, pipe, optimizer, scheduler, data.checksums)
         lines = history_path.read_text(encoding="utf-8").splitlines(True) if history_path.exists() else []
         history_path.write_text("".join(lines[: progress.epochs_logged]), encoding="utf-8")
         if progress.stopped == "epochs" and progress.epoch <= tc.epochs:

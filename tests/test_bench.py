@@ -177,6 +177,28 @@ def test_resume_continues_a_stopped_run_from_its_checkpoint(tmp_path):
     assert (out / "logs" / "tiny.log").read_text(encoding="utf-8").count("model: bilstm") == 1
 
 
+def test_a_failed_continuation_keeps_the_last_good_figures(tmp_path):
+    """When a continued run fails (here its training file changed since the checkpoint), its record
+    says so, and the figures of the record it continued stay in it."""
+    train = tmp_path / "train.bio"
+    shutil.copy(SAMPLE / "train.bio", train)
+    tiny = {**TINY, "data": {**TINY["data"], "train": str(train)}, "train": {**TINY["train"], "epochs": 3}}
+    matrix = write_yaml(tmp_path / "matrix.yaml", {"predict_batch_size": 16, "runs": [
+        {"name": "tiny", "dataset": "sample", "config": str(write_yaml(tmp_path / "tiny.yaml", tiny))}]})
+    out = tmp_path / "out"
+    bench = ("bench", "--matrix", matrix, "--out", out, "--device", "cpu")
+    assert nerkit(*bench, "--set", "train.max_steps=5").returncode == 0
+    (good,) = read_jsonl(out / "results.jsonl")
+    with train.open("a", encoding="utf-8") as f:
+        f.write("\n中 B-LOC\n国 I-LOC\n")
+    result = nerkit(*bench, "--set", "train.max_steps=12", "--resume")
+    assert result.returncode == 1 and "continuing from its checkpoint" in result.stderr
+    (failed,) = read_jsonl(out / "results.jsonl")
+    assert failed["status"] == "failed" and "data changed" in failed["error"]
+    assert failed["last_ok"] == good and failed["continued"] == 1
+    assert (out / "runs" / "tiny" / "model.safetensors").is_file()
+
+
 def test_markdown_only_rebuilds_the_table(bench_run, tmp_path):
     matrix, out, _ = bench_run
     copy = tmp_path / "out"

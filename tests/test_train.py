@@ -5,6 +5,7 @@ test on the first 2,000 MSRA sentences."""
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 import torch
@@ -15,6 +16,8 @@ from nerkit.corpus import read_corpus
 from nerkit.errors import UserError
 from nerkit.pipeline import MODEL_FILES, Pipeline
 from nerkit.train import prepare_data, train
+
+from conftest import TINY_TRAIN
 
 HISTORY_KEYS = {"loss", "dev_precision", "dev_recall", "dev_f1", "chars_per_s", "elapsed_s"}
 
@@ -164,6 +167,19 @@ def test_a_finished_run_resumed_with_more_epochs_equals_a_longer_run(tmp_path, t
     assert [r["epoch"] for r in read_history(tmp_path / "short")] == [1, 2, 3]
     for name in ("model.safetensors", "last/model.safetensors"):
         assert (tmp_path / "short" / name).read_bytes() == (tmp_path / "long" / name).read_bytes()
+
+
+def test_resuming_after_the_training_data_changed_is_a_user_error(tmp_path, tiny_config):
+    """Changed training data builds another vocabulary, i.e. weights of other shapes: the checksum
+    check comes before the weights are loaded, so the user reads what changed, not a shape error."""
+    corpus = tmp_path / "train.bio"
+    shutil.copy(TINY_TRAIN, corpus)
+    train(tiny_config(f"data.train={corpus}", "train.epochs=1"), out=tmp_path / "run")
+    with corpus.open("a", encoding="utf-8") as f:
+        f.write("\n鑫 B-PER\n")  # a character the vocabulary has not seen
+    config = nerkit.train.resume_config(tmp_path / "run", ["train.epochs=2"])
+    with pytest.raises(UserError, match="the train data changed since the run started"):
+        train(config, out=tmp_path / "run", resume=True)
 
 
 def test_resuming_refuses_changes_that_would_alter_the_model(tmp_path, tiny_config):
