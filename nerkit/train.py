@@ -104,6 +104,15 @@ def lr_factor(config: Config, step: int, steps_per_epoch: int, total_steps: int)
     return 1.0
 
 
+def adopt_cut_epoch(pipe: Pipeline, progress: Progress, best_state: dict | None) -> dict | None:
+    """The best state of a run that a limit stopped inside an epoch: the model where it stopped
+    when its evaluation there beat the best full epoch."""
+    if progress.cut_dev_f1 <= progress.best_f1:
+        return best_state
+    progress.best_f1, progress.best_epoch = progress.cut_dev_f1, progress.epoch
+    return {k: v.detach().clone() for k, v in pipe.model.state_dict().items()}
+
+
 def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
@@ -130,6 +139,7 @@ class Progress:
     elapsed: float = 0.0  # wall seconds of earlier sessions of this run
     epochs_logged: int = 0  # lines of metrics.jsonl that belong to this state
     stopped: str = ""  # why the run ended, once it has: only the final model is left to write
+    cut_dev_f1: float = -1.0  # dev F1 of the model where a limit cut the epoch short (-1: none)
     checksums: dict = field(default_factory=dict)
 
 
@@ -325,16 +335,21 @@ def _train(config: Config, out: Path, force: bool, resume: bool, progress_bar: b
 
     if resume:
         progress, best_state = load_checkpoint(out, pipe, optimizer, scheduler, data.checksums)
-        lines = history_path.read_text(encoding="utf-8").splitlines(True) if history_path.exists() else []
-        history_path.write_text("".join(lines[: progress.epochs_logged]), encoding="utf-8")
         if progress.stopped == "epochs" and progress.epoch <= tc.epochs:
             progress.stopped = ""  # a finished run given more epochs (--resume DIR --set train.epochs=N)
-        # A run stopped by a step or time limit that the resume raised (or lifted) goes on, from the
-        # next epoch: the epoch the limit cut short was evaluated and counts as done.
+        # A run stopped by a step or time limit that the resume raised (or lifted) goes on where the
+        # limit cut it: inside an epoch, with that epoch's remaining batches.
         if progress.stopped == "max_steps" and (not tc.max_steps or progress.step < tc.max_steps):
             progress.stopped = ""
         if progress.stopped == "time_budget" and (not tc.time_budget or progress.elapsed < tc.time_budget):
             progress.stopped = ""
+        logged = progress.epochs_logged
+        if progress.stopped:  # a run that only lacks its final model: a cut epoch's record stays
+            best_state = adopt_cut_epoch(pipe, progress, best_state)
+            logged += progress.cut_dev_f1 >= 0
+        progress.cut_dev_f1 = -1.0
+        lines = history_path.read_text(encoding="utf-8").splitlines(True) if history_path.exists() else []
+        history_path.write_text("".join(lines[:logged]), encoding="utf-8")
         log(f"resuming {out} at epoch {progress.epoch}, batch {progress.batch} (step {progress.step})")
     else:
         prepare_output_dir(out, force)
@@ -346,7 +361,9 @@ def _train(config: Config, out: Path, force: bool, resume: bool, progress_bar: b
     started = time.perf_counter() - progress.elapsed
     stopped = progress.stopped or "epochs"
     session_steps = 0
-    epoch = progress.epoch - 1 if progress.stopped else progress.epoch  # a finished run only lacks its final model
+    # A finished run only lacks its final model: its last epoch is the one before progress.epoch,
+    # unless a limit cut that epoch short (then progress stayed inside it).
+    epoch = progress.epoch - 1 if progress.stopped and not progress.batch else progress.epoch
     while epoch <= tc.epochs and not progress.stopped:
         pipe.model.train()
         batches = bucketed_batches(lengths, tc.batch_size, random.Random(tc.seed * 1000 + epoch))
@@ -394,6 +411,9 @@ def _train(config: Config, out: Path, force: bool, resume: bool, progress_bar: b
                 stopped = "time_budget"
                 break
         bar.close()
+        # A limit that stopped the run inside the epoch: it is evaluated (the stopped run's model may be
+        # this state), logged as partial, and a resume finishes it, exactly as if it had not been cut.
+        partial = 0 < progress.batch < len(batches)
 
         dev_metrics, _ = pipe.evaluate_sentences(data.dev, tc.eval_batch_size)
         n_batches = max(1, progress.batch)
@@ -402,12 +422,25 @@ def _train(config: Config, out: Path, force: bool, resume: bool, progress_bar: b
                   "dev_precision": dev_metrics["precision"], "dev_recall": dev_metrics["recall"],
                   "dev_f1": dev_metrics["f1"], "chars_per_s": progress.epoch_chars / max(progress.epoch_seconds, 1e-9),
                   "elapsed_s": time.perf_counter() - started}
+        if partial:
+            record.update(partial=True, batches=progress.batch, of_batches=len(batches))
         with open(history_path, "a", encoding="utf-8") as f:
             f.write(json.dumps(record) + "\n")
         improved = dev_metrics["f1"] > progress.best_f1
-        log(f"epoch {epoch}/{tc.epochs}  loss {record['loss']:.4f}  dev P {100 * dev_metrics['precision']:.2f} "
+        cut = f" ({progress.batch:,} of {len(batches):,} batches, {stopped})" if partial else ""
+        log(f"epoch {epoch}/{tc.epochs}{cut}  loss {record['loss']:.4f}  dev P {100 * dev_metrics['precision']:.2f} "
             f"R {100 * dev_metrics['recall']:.2f} F1 {100 * dev_metrics['f1']:.2f}{' *' if improved else ''}  "
             f"{record['chars_per_s']:,.0f} chars/s  {record['elapsed_s']:.0f}s")
+        if partial:
+            # The checkpoint stays inside the epoch with the best model as it was before this
+            # evaluation, so that a resume that lifts the limit continues the uncut run (and drops this
+            # record: epochs_logged leaves it out); its F1 is kept for a resume that only finishes.
+            pipe.save(out / "last", {"epoch": epoch, "dev": dev_metrics, "partial": True})
+            progress.stopped, progress.cut_dev_f1 = stopped, dev_metrics["f1"]
+            progress.elapsed = time.perf_counter() - started
+            save_checkpoint(out, pipe, optimizer, scheduler, progress, best_state)
+            best_state = adopt_cut_epoch(pipe, progress, best_state)
+            break
         if improved:
             progress.best_f1, progress.best_epoch, progress.bad_epochs = dev_metrics["f1"], epoch, 0
             best_state = {k: v.detach().clone() for k, v in pipe.model.state_dict().items()}
@@ -437,8 +470,10 @@ def _train(config: Config, out: Path, force: bool, resume: bool, progress_bar: b
 
     pipe.model.load_state_dict(best_state)
     metrics = {"best_epoch": progress.best_epoch, "epochs": min(epoch, tc.epochs), "steps": progress.step,
+               "partial_epoch": progress.batch > 0,  # a limit stopped the run inside its last epoch
                "stopped": stopped, "dev": pipe.evaluate_sentences(data.dev, tc.eval_batch_size)[0],
-               "train_chars_per_s": progress.train_chars / max(progress.train_seconds, 1e-9),
+               "train_chars_per_s": (progress.train_chars + progress.epoch_chars)
+               / max(progress.train_seconds + progress.epoch_seconds, 1e-9),  # with a cut epoch's
                "train_chars_per_s_steady": progress.steady_chars / max(progress.steady_seconds, 1e-9),
                "elapsed_s": time.perf_counter() - started, "parameters": n_params, "device": str(device),
                "data_sha256": data.checksums}

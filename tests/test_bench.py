@@ -146,14 +146,14 @@ def test_resume_continues_a_stopped_run_from_its_checkpoint(tmp_path):
     first = nerkit(*bench, "--set", "train.max_steps=5")
     assert first.returncode == 0, first.stderr
     (before,) = read_jsonl(results)
-    assert (before["steps"], before["epochs"], before["stopped"]) == (5, 1, "max_steps")
+    assert (before["steps"], before["epochs"], before["stopped"], before["partial_epoch"]) == (5, 1, "max_steps", True)
 
     again = nerkit(*bench, "--set", "train.max_steps=12", "--resume")
     assert again.returncode == 0, again.stderr
     assert "continuing from its checkpoint" in again.stderr
     (after,) = read_jsonl(results)
-    # the epoch the limit cut short counts as done: steps 6-12 are epoch 2 (from scratch: 12 steps of epoch 1)
-    assert (after["steps"], after["epochs"], after["continued"]) == (12, 2, 1)
+    # the epoch the limit cut short goes on: steps 6-12 are still epoch 1
+    assert (after["steps"], after["epochs"], after["continued"]) == (12, 1, 1)
     assert after["wall_s"] > before["wall_s"] and after["overrides"][-2:] == ["train.max_steps=12", "train.device=cpu"]
     assert after["peak_rss_mib"] >= before["peak_rss_mib"]
     log = (out / "logs" / "tiny.log").read_text(encoding="utf-8")

@@ -33,7 +33,9 @@ SAMPLE = REPO / "data" / "sample"
 TINY = [f"data.train={SAMPLE / 'train.bio'}", f"data.dev={SAMPLE / 'dev.bio'}", f"data.test={SAMPLE / 'test.bio'}",
         "data.limit=160", "embeddings.char_dim=8", "embeddings.bichar_dim=8", "encoder.hidden_size=8",
         "train.lr=0.1", "train.epochs=3", "train.checkpoint_every=5", "train.threads=1", "train.device=cpu"]
-MAX_STEPS = ["train.max_steps=13"]  # a run that ends inside epoch 2
+# A run that a limit stops inside epoch 3, whose evaluation there beats epochs 1 and 2: the
+# stopped run's model is the one where it stopped.
+MAX_STEPS = ["train.max_steps=25"]
 
 # Runs `nerkit` after arranging a fault: FAULT N, then the nerkit arguments.
 FAULTS = r"""
@@ -174,7 +176,9 @@ def reference(tmp_path_factory) -> Path:
 def reference_max_steps(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("reference_max_steps") / "run"
     metrics = train_here(out, TINY + MAX_STEPS)
-    assert (metrics["steps"], metrics["stopped"]) == (13, "max_steps")
+    assert (metrics["steps"], metrics["stopped"], metrics["best_epoch"]) == (25, "max_steps", 3)
+    # the best model is the state where the limit stopped the run, which last/ holds too
+    assert (out / "model.safetensors").read_bytes() == (out / "last" / "model.safetensors").read_bytes()
     return out
 
 
@@ -186,8 +190,8 @@ KILL_POINTS = [
     ("at the epoch boundary", "sigkill_after_checkpoint", 3, [], "epoch 2, batch 0, step 10"),
     ("inside a checkpoint write, between its two renames", "sigkill_mid_rename", 3, [],
      "epoch 2, batch 0, step 10 (only as .checkpoint.old)"),
-    ("after the last checkpoint of a max_steps run, before its final model", "sigkill_after_checkpoint", 4, MAX_STEPS,
-     "epoch 3, batch 0, step 13"),
+    ("after the last checkpoint of a max_steps run, before its final model", "sigkill_after_checkpoint", 8, MAX_STEPS,
+     "epoch 3, batch 5, step 25"),
 ]
 # Other faults: (id, fault, N)
 OTHER_FAULTS = [("file size limit", "file_size_limit", 1), ("read-only", "read_only", 1),
@@ -386,14 +390,18 @@ def test_output_dir_turning_read_only_is_a_user_error_and_keeps_the_checkpoint(f
     (["train.max_steps=13"], ["train.max_steps=0"]),
     (["train.time_budget=0.001"], ["train.time_budget=0"]),  # the first step alone outlasts 1 ms
 ], ids=["max_steps", "time_budget"])
-def test_a_run_stopped_by_a_limit_goes_on_when_the_resume_lifts_it(tmp_path, first, then):
+def test_a_run_stopped_by_a_limit_goes_on_when_the_resume_lifts_it(reference, tmp_path, first, then):
+    """The epoch the limit cut short is evaluated and logged as partial; the resume finishes that
+    epoch (none of its batches is skipped) and ends with exactly the run that was never cut."""
     from nerkit.train import resume_config, train
 
     out = tmp_path / "run"
     stopped = train_here(out, TINY + first)
     assert stopped["stopped"] in ("max_steps", "time_budget") and stopped["steps"] < 30
+    cut = json.loads((out / "metrics.jsonl").read_text(encoding="utf-8").splitlines()[-1])
+    assert cut["partial"] is True and cut["batches"] == (stopped["steps"] - 1) % 10 + 1 and cut["of_batches"] == 10
+    assert json.loads((out / "last" / "metrics.json").read_text(encoding="utf-8"))["partial"] is True
     metrics = train(resume_config(out, then), out=out, resume=True)
-    assert metrics["stopped"] == "epochs" and metrics["epochs"] == 3
-    assert metrics["steps"] > stopped["steps"]
-    epochs = [json.loads(line)["epoch"] for line in (out / "metrics.jsonl").read_text(encoding="utf-8").splitlines()]
-    assert epochs == sorted(set(epochs)) and epochs[-1] == 3
+    assert stopped["partial_epoch"] and not metrics["partial_epoch"]
+    assert metrics["stopped"] == "epochs" and metrics["epochs"] == 3 and metrics["steps"] == 30
+    assert_same_run(reference, out)
