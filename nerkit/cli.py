@@ -76,10 +76,12 @@ def evaluate(
     repair: bool = typer.Option(False, "--repair", help="Read invalid tag transitions as conlleval does."),
     device: str = typer.Option("cpu", "--device", help="cpu | cuda | auto"),
     threads: int = typer.Option(0, "--threads", help="torch threads (0 = torch's default, one per core)."),
+    show_errors: bool = typer.Option(False, "--errors", help="Also break the errors down by type: wrong type, "
+                                     "wrong boundary, both, missed, spurious."),
 ):
     """Entity-level precision, recall and F1 of a model on a gold corpus."""
     from nerkit.corpus import read_corpus
-    from nerkit.evaluate import format_table
+    from nerkit.evaluate import errors, format_errors, format_table
     from nerkit.files import atomic_write_text
     from nerkit.pipeline import Pipeline, set_threads
     from nerkit.predict import eval_output
@@ -90,10 +92,14 @@ def evaluate(
     metrics, predicted = pipe.evaluate_sentences(corpus.sentences, batch_size)
     if output:
         atomic_write_text(output, eval_output(corpus.sentences, predicted, corpus.scheme))
+    breakdown = errors([s.spans() for s in corpus.sentences], predicted) if show_errors else None
     if as_json:
-        typer.echo(json.dumps({k: metrics[k] for k in ("precision", "recall", "f1", "per_type")}))
+        figures = {k: metrics[k] for k in ("precision", "recall", "f1", "per_type")}
+        typer.echo(json.dumps({**figures, "errors": breakdown} if show_errors else figures))
     else:
         typer.echo(format_table(metrics))
+        if show_errors:
+            typer.echo("\n" + format_errors(breakdown))
 
 
 @app.command()

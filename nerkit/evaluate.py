@@ -38,6 +38,55 @@ def score(gold: list[list[Span]], predicted: list[list[Span]]) -> dict:
     return result
 
 
+ERROR_KINDS = ("correct", "wrong_type", "wrong_boundary", "wrong_both", "missed", "spurious")
+
+
+def errors(gold: list[list[Span]], predicted: list[list[Span]]) -> dict[str, dict[str, int]]:
+    """What became of each gold entity, by its type: `correct` (same start, end and type),
+    `wrong_type` (a prediction with its exact start and end but another type), `wrong_boundary` (an
+    overlapping prediction of its type), `wrong_both` (only overlapping predictions of other types)
+    or `missed` (no prediction overlaps it), taken in that order when several predictions touch it;
+    and, by the predicted type, `spurious`: predictions that overlap no gold entity. Per type,
+    correct + wrong_type + wrong_boundary + wrong_both + missed is the gold count."""
+    if len(gold) != len(predicted):
+        raise ValueError(f"{len(gold)} gold sentences but {len(predicted)} predicted")
+    counts: dict[str, dict[str, int]] = {}
+
+    def add(type_: str, kind: str) -> None:
+        counts.setdefault(type_, dict.fromkeys(ERROR_KINDS, 0))[kind] += 1
+
+    for g_spans, p_spans in zip(gold, predicted):
+        g_set, p_set = set(g_spans), set(p_spans)
+        for g in g_set:
+            touching = [p for p in p_set if p.start < g.end and g.start < p.end]
+            if g in p_set:
+                kind = "correct"
+            elif any((p.start, p.end) == (g.start, g.end) for p in touching):
+                kind = "wrong_type"
+            elif any(p.type == g.type for p in touching):
+                kind = "wrong_boundary"
+            else:
+                kind = "wrong_both" if touching else "missed"
+            add(g.type, kind)
+        for p in p_set:
+            if not any(g.start < p.end and p.start < g.end for g in g_set):
+                add(p.type, "spurious")
+    return dict(sorted(counts.items()))
+
+
+def format_errors(counts: dict[str, dict[str, int]]) -> str:
+    """`errors` as a table: one row per type and a total, gold count first."""
+    header = ("type", "gold", "correct", "wrong type", "wrong boundary", "wrong both", "missed", "spurious")
+    total = {k: sum(c[k] for c in counts.values()) for k in ERROR_KINDS}
+    rows = [header] + [(t, str(sum(c[k] for k in ERROR_KINDS[:5])), *(str(c[k]) for k in ERROR_KINDS))
+                       for t, c in [*counts.items(), ("overall", total)]]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+    lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))) for r in rows]
+    lines.insert(1, "-" * len(lines[0]))
+    lines.insert(len(lines) - 1, "-" * len(lines[0]))
+    return "\n".join(lines)
+
+
 def format_table(metrics: dict) -> str:
     rows = [("type", "precision", "recall", "f1", "support")]
     for t, m in metrics["per_type"].items():

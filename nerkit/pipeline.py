@@ -19,7 +19,7 @@ from nerkit.config import Config, build_config, config_to_yaml
 from nerkit.corpus import (Sentence, Span, cut_points, detect_scheme, normalize_char, read_corpus, scheme_tags,
                            spans_to_tags, tags_to_spans)
 from nerkit.errors import ModelDirError, UserError
-from nerkit.evaluate import score
+from nerkit.evaluate import errors, score
 from nerkit.features import Example, Vocab, bigrams, bucketed_batches, collate, load_vectors
 from nerkit.files import atomic_directory, atomic_write_bytes, atomic_write_text
 from nerkit.model import Tagger
@@ -155,10 +155,14 @@ class Pipeline:
         return [[{"start": s.start, "end": s.end, "type": s.type, "text": t[s.start:s.end]} for s in ss]
                 for t, ss in zip(texts, spans)]
 
-    def evaluate(self, path: str | Path, batch_size: int = 128, repair: bool | None = None) -> dict:
-        """Entity-level P/R/F1 of the model on a corpus file (the same path training's dev F1 takes)."""
+    def evaluate(self, path: str | Path, batch_size: int = 128, repair: bool | None = None,
+                 with_errors: bool = False) -> dict:
+        """Entity-level P/R/F1 of the model on a corpus file (the same path training's dev F1 takes);
+        `with_errors` adds `errors`, the per-type breakdown of `nerkit.evaluate.errors`."""
         corpus = read_corpus(path, repair=self.config.data.repair if repair is None else repair)
-        metrics, _ = self.evaluate_sentences(corpus.sentences, batch_size)
+        metrics, predicted = self.evaluate_sentences(corpus.sentences, batch_size)
+        if with_errors:
+            metrics["errors"] = errors([s.spans() for s in corpus.sentences], predicted)
         return metrics
 
     def evaluate_sentences(self, sentences: list[Sentence], batch_size: int = 128) -> tuple[dict, list[list[Span]]]:

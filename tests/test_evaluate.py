@@ -13,8 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from seqeval.metrics import f1_score, precision_score, recall_score
 
-from nerkit.corpus import tags_to_spans
-from nerkit.evaluate import format_table, score
+from nerkit.corpus import Span, tags_to_spans
+from nerkit.evaluate import ERROR_KINDS, errors, format_errors, format_table, score
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 
@@ -205,6 +205,67 @@ def test_format_table_shows_percentages_per_type_and_overall():
     assert lines[0].split() == ["type", "precision", "recall", "f1", "support"]
     assert lines[-1].split() == ["overall", "100.00", "50.00", "66.67", "2"]
     assert any(line.split() == ["LOC", "0.00", "0.00", "0.00", "1"] for line in lines)
+
+
+# ------------------------------------------------------------------------------- error breakdown
+
+
+def test_errors_sorts_each_gold_entity_into_one_kind():
+    gold = [[Span(0, 2, "PER"), Span(3, 5, "LOC"), Span(6, 9, "ORG"), Span(10, 12, "PER"), Span(13, 15, "LOC")],
+            [Span(0, 3, "ORG")]]
+    guess = [[Span(0, 2, "PER"),  # correct
+              Span(3, 5, "ORG"),  # LOC with the right boundaries, wrong type
+              Span(6, 8, "ORG"),  # ORG cut short
+              Span(10, 13, "LOC"),  # PER overlapped by another type, other boundaries: both wrong
+              Span(16, 18, "PER")],  # LOC at 13-15 missed; this one overlaps no gold entity: spurious
+             [Span(0, 3, "LOC"), Span(1, 2, "ORG")]]  # same boundaries, other type wins over an inner ORG
+    got = errors(gold, guess)
+    assert got == {
+        "LOC": {"correct": 0, "wrong_type": 1, "wrong_boundary": 0, "wrong_both": 0, "missed": 1, "spurious": 0},
+        "ORG": {"correct": 0, "wrong_type": 1, "wrong_boundary": 1, "wrong_both": 0, "missed": 0, "spurious": 0},
+        "PER": {"correct": 1, "wrong_type": 0, "wrong_boundary": 0, "wrong_both": 1, "missed": 0, "spurious": 1},
+    }
+    table = format_errors(got).splitlines()
+    assert table[0].split() == ["type", "gold", "correct", "wrong", "type", "wrong", "boundary", "wrong", "both",
+                                "missed", "spurious"]
+    assert table[-1].split() == ["overall", "6", "1", "2", "1", "1", "1", "1"]
+    with pytest.raises(ValueError):
+        errors([[]], [])
+
+
+@settings(max_examples=200, deadline=None)
+@given(gold_and_guess())
+def test_errors_account_for_every_gold_entity_and_agree_with_score(pair):
+    gold, guess = ([tags_to_spans(t) for t in side] for side in pair)
+    breakdown, metrics = errors(gold, guess), score(gold, guess)
+    for type_, m in metrics["per_type"].items():
+        kinds = breakdown.get(type_, dict.fromkeys(ERROR_KINDS, 0))
+        assert sum(kinds[k] for k in ERROR_KINDS[:5]) == m["support"]
+        assert kinds["correct"] == round(m["recall"] * m["support"])
+    correct = sum(k["correct"] for k in breakdown.values())
+    assert correct == metrics["counts"]["correct"]
+    # a spurious prediction is a wrong one, and no wrong one that touches gold is called spurious
+    spurious = sum(k["spurious"] for k in breakdown.values())
+    touching = sum(1 for g, p in zip(gold, guess) for s in set(p)
+                   if any(t.start < s.end and s.start < t.end for t in set(g)))
+    assert spurious == metrics["counts"]["predicted"] - touching
+
+
+def test_eval_errors_from_the_command_line_and_the_api(tiny_model_dir, monkeypatch, capfd):
+    import nerkit
+
+    data = str(FIXTURES / "tiny_dev.bio")
+    code, out, err = run_cli(monkeypatch, capfd, "eval", "--model", str(tiny_model_dir), "--data", data,
+                             "--json", "--errors")
+    assert code == 0, err
+    figures = json.loads(out)
+    assert figures["errors"] == nerkit.load(tiny_model_dir).evaluate(data, with_errors=True)["errors"]
+    for type_, kinds in figures["errors"].items():
+        if type_ in figures["per_type"]:
+            assert sum(kinds[k] for k in ERROR_KINDS[:5]) == figures["per_type"][type_]["support"]
+    code, out, err = run_cli(monkeypatch, capfd, "eval", "--model", str(tiny_model_dir), "--data", data, "--errors")
+    assert code == 0, err
+    assert "wrong boundary" in out and out.splitlines()[-1].split()[0] == "overall"
 
 
 # ------------------------------------------------------------------------------- nerkit eval --output
