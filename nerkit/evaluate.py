@@ -80,11 +80,7 @@ def format_errors(counts: dict[str, dict[str, int]]) -> str:
     total = {k: sum(c[k] for c in counts.values()) for k in ERROR_KINDS}
     rows = [header] + [(t, str(sum(c[k] for k in ERROR_KINDS[:5])), *(str(c[k]) for k in ERROR_KINDS))
                        for t, c in [*counts.items(), ("overall", total)]]
-    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
-    lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))) for r in rows]
-    lines.insert(1, "-" * len(lines[0]))
-    lines.insert(len(lines) - 1, "-" * len(lines[0]))
-    return "\n".join(lines)
+    return _rule_table(rows)
 
 
 def format_table(metrics: dict) -> str:
@@ -93,7 +89,13 @@ def format_table(metrics: dict) -> str:
         rows.append((t, f"{100 * m['precision']:.2f}", f"{100 * m['recall']:.2f}", f"{100 * m['f1']:.2f}", str(m["support"])))
     rows.append(("overall", f"{100 * metrics['precision']:.2f}", f"{100 * metrics['recall']:.2f}",
                  f"{100 * metrics['f1']:.2f}", str(metrics["counts"]["gold"])))
-    widths = [max(len(r[i]) for r in rows) for i in range(5)]
+    return _rule_table(rows)
+
+
+def _rule_table(rows: list[tuple[str, ...]]) -> str:
+    """Rows as aligned columns (the first left, the rest right), ruled under the header and above
+    the last row (the total)."""
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))) for r in rows]
     lines.insert(1, "-" * len(lines[0]))
     lines.insert(len(lines) - 1, "-" * len(lines[0]))
