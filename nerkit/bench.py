@@ -572,7 +572,7 @@ def measure(config_path: str, overrides: list[str], out: str, predict_batch_size
     return {
         "encoder": config.encoder.name, "config_sha256": digest, "data_sha256": metrics["data_sha256"],
         "test": test, "dev": dev, "epochs": metrics["epochs"], "best_epoch": metrics["best_epoch"],
-        "steps": metrics["steps"], "stopped": metrics["stopped"], "partial_epoch": metrics.get("partial_epoch", False),
+        "steps": metrics["steps"], "stopped": metrics["stopped"], "partial_epoch": metrics["partial_epoch"],
         "parameters": metrics["parameters"],
         "train_chars_per_s": metrics["train_chars_per_s"],
         "train_chars_per_s_steady": metrics["train_chars_per_s_steady"], "train_s": metrics["elapsed_s"],

@@ -58,7 +58,7 @@ def errors(gold: list[list[Span]], predicted: list[list[Span]]) -> dict[str, dic
     for g_spans, p_spans in zip(gold, predicted):
         g_set, p_set = set(g_spans), set(p_spans)
         for g in g_set:
-            touching = [p for p in p_set if p.start < g.end and g.start < p.end]
+            touching = [p for p in p_set if _overlap(p, g)]
             if g in p_set:
                 kind = "correct"
             elif any((p.start, p.end) == (g.start, g.end) for p in touching):
@@ -69,9 +69,13 @@ def errors(gold: list[list[Span]], predicted: list[list[Span]]) -> dict[str, dic
                 kind = "wrong_both" if touching else "missed"
             add(g.type, kind)
         for p in p_set:
-            if not any(g.start < p.end and p.start < g.end for g in g_set):
+            if not any(_overlap(p, g) for g in g_set):
                 add(p.type, "spurious")
     return dict(sorted(counts.items()))
+
+
+def _overlap(a: Span, b: Span) -> bool:
+    return a.start < b.end and b.start < a.end
 
 
 def format_errors(counts: dict[str, dict[str, int]]) -> str:
