@@ -1,28 +1,58 @@
-"""The `nerkit` command line: each command parses its options, calls one function, and prints.
+"""The `nerkit` command line: each command parses its options, calls one function, and prints its
+result on stdout; diagnostics go to stderr through `logging` (`--quiet`, `--verbose`).
 
 A `UserError` anywhere ends the program with its message and exit code 2; `--debug` (anywhere on
-the command line) shows the traceback instead.
+the command line) shows the traceback instead. Options with a fixed set of values or a range are
+declared so, and the config is checked where it loads (config.py), so no command validates twice.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import sys
 from pathlib import Path
-from typing import List, Optional
+from typing import List, Literal, Optional
 
 import typer
+from typer._click.exceptions import NoArgsIsHelpError, UsageError  # the click that typer carries
 
+from nerkit import __version__
+from nerkit.config import DEVICES
 from nerkit.errors import UserError
+from nerkit.log import configure_logging
 
 app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, no_args_is_help=True,
                   help="nerkit: train, evaluate and apply Chinese named-entity recognisers.")
 data_app = typer.Typer(no_args_is_help=True, help="Inspect, check and convert corpus files.")
 app.add_typer(data_app, name="data")
 
+# Options with a fixed set of values (typer turns a Literal into a choice that it checks).
+Device = Literal[DEVICES]
+Format = Literal["jsonl", "conll", "inline"]  # nerkit.predict.FORMATS (a test keeps them equal)
+Target = Literal["bio", "bioes", "bmes", "jsonl"]
+DEVICE = typer.Option("cpu", "--device", help="Where the model runs.")
+THREADS = typer.Option(0, "--threads", min=0, help="torch threads (0 = torch's default, one per core).")
+
 
 def _echo_json(obj) -> None:
     typer.echo(json.dumps(obj, ensure_ascii=False, indent=2))
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"nerkit {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def options(
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="Only warnings and errors on stderr."),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Also debugging messages on stderr."),
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version."),
+):
+    """nerkit: train, evaluate and apply Chinese named-entity recognisers."""
+    configure_logging(logging.WARNING if quiet else logging.DEBUG if verbose else logging.INFO)
 
 
 @app.command()
@@ -72,52 +102,50 @@ def evaluate(
     data: Path = typer.Option(..., "--data", "-d", help="Gold corpus (CoNLL or .jsonl)."),
     output: Optional[Path] = typer.Option(None, "--output", help="Write `char gold predicted` lines here."),
     as_json: bool = typer.Option(False, "--json", help="Print the metrics as JSON."),
-    batch_size: int = typer.Option(128, "--batch-size"),
-    repair: bool = typer.Option(False, "--repair", help="Read invalid tag transitions as conlleval does."),
-    device: str = typer.Option("cpu", "--device", help="cpu | cuda | auto"),
-    threads: int = typer.Option(0, "--threads", help="torch threads (0 = torch's default, one per core)."),
+    batch_size: int = typer.Option(128, "--batch-size", min=1, help="Sentences per batch."),
+    repair: Optional[bool] = typer.Option(None, "--repair/--no-repair", help="Read invalid tag transitions as "
+                                          "conlleval does (default: as the model's training data was read)."),
+    device: Device = DEVICE,
+    threads: int = THREADS,
     show_errors: bool = typer.Option(False, "--errors", help="Also break the errors down by type: wrong type, "
                                      "wrong boundary, both, missed, spurious."),
 ):
     """Entity-level precision, recall and F1 of a model on a gold corpus."""
-    from nerkit.corpus import read_corpus
-    from nerkit.evaluate import errors, format_errors, format_table
+    from nerkit.device import set_threads
+    from nerkit.evaluate import format_errors, format_table
     from nerkit.files import atomic_write_text
-    from nerkit.pipeline import Pipeline, set_threads
+    from nerkit.pipeline import Pipeline
     from nerkit.predict import eval_output
 
     set_threads(threads)
     pipe = Pipeline.load(model, device=device)
-    corpus = read_corpus(data, repair=repair)
-    metrics, predicted = pipe.evaluate_sentences(corpus.sentences, batch_size)
+    result = pipe.evaluation(data, batch_size, repair=repair, with_errors=show_errors)
     if output:
-        atomic_write_text(output, eval_output(corpus.sentences, predicted, corpus.scheme))
-    breakdown = errors([s.spans() for s in corpus.sentences], predicted) if show_errors else None
+        atomic_write_text(output, eval_output(result.sentences, result.predicted, result.scheme))
+    metrics = result.metrics
     if as_json:
-        figures = {k: metrics[k] for k in ("precision", "recall", "f1", "per_type")}
-        typer.echo(json.dumps({**figures, "errors": breakdown} if show_errors else figures))
+        typer.echo(json.dumps(metrics))
     else:
         typer.echo(format_table(metrics))
         if show_errors:
-            typer.echo("\n" + format_errors(breakdown))
+            typer.echo("\n" + format_errors(metrics["errors"]))
 
 
 @app.command()
 def predict(
     source: str = typer.Argument("-", help="Text file, one text per line; - reads stdin."),
     model: Path = typer.Option(..., "--model", "-m", help="Model directory."),
-    fmt: str = typer.Option("jsonl", "--format", "-f", help="jsonl | conll | inline"),
+    fmt: Format = typer.Option("jsonl", "--format", "-f", help="Output format."),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write here instead of stdout."),
-    batch_size: int = typer.Option(64, "--batch-size"),
-    device: str = typer.Option("cpu", "--device", help="cpu | cuda | auto"),
-    threads: int = typer.Option(0, "--threads", help="torch threads (0 = torch's default, one per core)."),
+    batch_size: int = typer.Option(64, "--batch-size", min=1, help="Sentences per batch."),
+    device: Device = DEVICE,
+    threads: int = THREADS,
 ):
     """Tag every line of a text file (or stdin)."""
-    from nerkit.pipeline import Pipeline, set_threads
-    from nerkit.predict import FORMATS, predict_stream
+    from nerkit.device import set_threads
+    from nerkit.pipeline import Pipeline
+    from nerkit.predict import predict_stream
 
-    if fmt not in FORMATS:
-        raise UserError(f"unknown --format {fmt!r}", fix=f"use one of {', '.join(FORMATS)}")
     set_threads(threads)
     pipe = Pipeline.load(model, device=device)
     predict_stream(pipe, source, str(output) if output else None, fmt, batch_size)
@@ -131,11 +159,11 @@ def bench(
     only: List[str] = typer.Option([], "--only", help="Only the runs with this name or name prefix (repeatable, or a,b)."),
     resume: bool = typer.Option(False, "--resume", help="Skip runs recorded as ok in OUT/results.jsonl; continue a run from its checkpoint "
                                 "when only train limits, threads or device changed (e.g. a larger train.time_budget)."),
-    device: Optional[str] = typer.Option(None, "--device", help="cpu | cuda | auto: train.device of every run."),
+    device: Optional[Device] = typer.Option(None, "--device", help="train.device of every run."),
     markdown_only: bool = typer.Option(False, "--markdown-only", help="Only rebuild RESULTS.md from results.jsonl."),
     set_: List[str] = typer.Option([], "--set", help="Override a config value of every run: --set train.time_budget=900."),
     seeds: Optional[str] = typer.Option(None, "--seeds", help="Comma-separated seeds replacing every entry's, e.g. 1,2."),
-    jobs: int = typer.Option(1, "--jobs", "-j", help="Runs trained at once (each its own process)."),
+    jobs: int = typer.Option(1, "--jobs", "-j", min=1, help="Runs trained at once (each its own process)."),
 ):
     """Train and measure every run of a benchmark matrix, each in its own process; exit 1 if any failed."""
     from nerkit.bench import parse_seeds, run_bench
@@ -184,7 +212,7 @@ def data_validate(
 def data_convert(
     source: Path = typer.Argument(..., help="Input corpus (CoNLL or .jsonl)."),
     target: Path = typer.Argument(..., help="Output file."),
-    to: str = typer.Option(..., "--to", help="bio | bioes | bmes | jsonl"),
+    to: Target = typer.Option(..., "--to", help="Target tag scheme or format."),
     repair: bool = typer.Option(False, "--repair", help="Fix invalid transitions while reading."),
 ):
     """Convert between tag schemes and formats."""
@@ -195,12 +223,27 @@ def data_convert(
     typer.echo(f"{source} ({corpus.scheme}) -> {target} ({to}), {len(corpus.sentences)} sentences")
 
 
+def _usage_error(e: UsageError) -> str:
+    """A command-line mistake (an unknown option, a value out of its choices or range) as one line."""
+    message = " ".join(e.format_message().replace("Value error, ", "").split())
+    path = e.ctx.command_path if e.ctx is not None else "nerkit"
+    return f"{message} (see `{path} --help`)"
+
+
 def main() -> None:
     debug = "--debug" in sys.argv[1:]
     if debug:
         sys.argv = [a for a in sys.argv if a != "--debug"]
     try:
-        app()
+        code = app(args=sys.argv[1:], prog_name="nerkit", standalone_mode=False)
+        sys.exit(code or 0)
+    except NoArgsIsHelpError:  # the help has been printed
+        sys.exit(2)
+    except UsageError as e:
+        if debug:
+            raise
+        print(f"nerkit: error: {_usage_error(e)}", file=sys.stderr)
+        sys.exit(2)
     except UserError as e:
         if debug:
             raise

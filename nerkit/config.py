@@ -1,7 +1,9 @@
 """Typed configuration: dataclasses loaded from YAML, with `${VAR}` interpolation, dotted
 `--set section.key=value` overrides, type coercion and unknown-key errors that suggest a fix.
 
-The `encoder` section is `name:` plus the fields of that encoder's own `Config` dataclass.
+The `encoder` section is `name:` plus the fields of that encoder's options (ENCODER_OPTIONS). This is
+the only place a config is checked: every name and choice is validated here, when the file loads,
+and loading imports nothing heavy (no torch).
 """
 
 from __future__ import annotations
@@ -64,10 +66,74 @@ class LexiconConfig:
     drop: str = "longest_first"  # longest_first | frequency
 
 
+# ------------------------------------------------------------------- encoders' own options
+# Each encoder's section is `name:` plus the fields of its options class; ENCODER_OPTIONS names them
+# (nerkit.encoders.ENCODERS names the modules; a test keeps the two registries' names equal).
+
+
+@dataclass
+class BiLSTMOptions:
+    hidden_size: int = 200  # per direction
+    num_layers: int = 1
+    dropout: float = 0.3  # between stacked layers and on the output
+
+
+@dataclass
+class TransformerOptions:
+    # Defaults equal TENER's MSRA setting (fastnlp/TENER, train_tener_cn.py), so that `transformer`
+    # and `tener` differ only in how attention sees positions.
+    n_heads: int = 6
+    head_dim: int = 80  # d_model = n_heads * head_dim
+    num_layers: int = 2
+    ff_ratio: float = 2.0  # feed-forward width = ff_ratio * d_model (TENER uses 2; Vaswani used 4)
+    dropout: float = 0.15  # on sublayer outputs and inside the feed-forward
+    attn_dropout: float = 0.15  # on attention weights (TENER leaves dropout_attn unset: it equals dropout)
+    # absolute: sinusoids added to the input (Vaswani) | tener | xl | shaw: relative attention
+    attention: str = "absolute"
+    key_projection: bool | None = None  # None: as the attention's paper (tener: no; the others: yes)
+    scale: bool | None = None  # None: as the paper (tener: no; the others: divide by sqrt(head_dim))
+    max_relative_distance: int = 16  # shaw only: distances clipped to [-k, k]
+
+
+@dataclass
+class TenerOptions(TransformerOptions):
+    attention: str = "tener"
+
+
+@dataclass
+class FLATOptions:
+    # Defaults: the official code (LeeSureman/Flat-Lattice-Transformer, V0/flat_main.py) for MSRA.
+    n_heads: int = 8
+    head_dim: int = 20  # d_model = n_heads * head_dim = 160
+    num_layers: int = 1
+    ff_ratio: float = 3.0  # feed-forward width = ff_ratio * d_model = 480
+    dropout: float = 0.15  # inside the feed-forward and on sublayer outputs (official ff_dropout)
+    attn_dropout: float = 0.0  # on attention weights
+    fusion: str = "four"  # four: the paper's [P_hh; P_ht; P_th; P_tt] | two: [P_hh; P_tt], the code's default
+    key_projection: bool = False  # keys are the node vectors themselves, split into heads (official k_proj)
+    scale: bool = False  # logits are not divided by sqrt(head_dim) (official `scaled`)
+    attention_chunk: int = 32  # query rows per block of position scores (0 = all at once): bounds memory
+
+
+ENCODER_OPTIONS = {
+    "bilstm": BiLSTMOptions,
+    "transformer": TransformerOptions,
+    "tener": TenerOptions,
+    "flat": FLATOptions,
+}
+DEVICES = ("auto", "cpu", "cuda")  # auto: the GPU when torch sees one
+ATTENTIONS = ("absolute", "tener", "xl", "shaw")  # absolute, then nerkit.encoders.relative.VARIANTS
+FUSIONS = ("four", "two")  # nerkit.encoders.flat.FUSIONS
+
+
 @dataclass
 class EncoderConfig:
     name: str = "bilstm"
-    options: Any = None  # the encoder's own Config dataclass instance
+    options: Any = None  # an ENCODER_OPTIONS instance (None: that encoder's defaults)
+
+    def __post_init__(self):
+        if self.options is None:
+            self.options = ENCODER_OPTIONS[self.name]()
 
 
 @dataclass
@@ -98,7 +164,6 @@ class TrainConfig:
     max_steps: int = 0  # stop after N optimiser steps (0 = no limit)
     time_budget: float = 0.0  # seconds (0 = no limit)
     checkpoint_every: int = 0  # steps between resumable checkpoints (0 = at epoch ends only)
-    eval_every_epochs: int = 1
 
 
 @dataclass
@@ -118,9 +183,14 @@ CHOICES = {
     ("lexicon", "drop"): ("longest_first", "frequency"),
     ("train", "optimizer"): ("sgd", "adam", "adamw"),
     ("train", "schedule"): ("constant", "linear", "inverse_time"),
-    ("train", "device"): ("auto", "cpu", "cuda"),
+    ("train", "device"): DEVICES,
     ("crf", "algorithm"): ("auto", "loop", "scan"),
+    ("encoder", "attention"): ATTENTIONS,
+    ("encoder", "fusion"): FUSIONS,
 }
+# Keys that earlier versions wrote into a model directory's config.yaml and that no longer mean
+# anything: read and dropped, so that those directories still load.
+RETIRED_KEYS = {("train", "eval_every_epochs")}
 # Sizes that torch cannot build with 0, whichever section (or encoder) has them.
 AT_LEAST_ONE = {"hidden_size", "num_layers", "n_heads", "head_dim", "eval_batch_size"}
 _SECTIONS = {f.name: f for f in fields(Config)}
@@ -209,11 +279,15 @@ def _fill(cls, values: dict, section: str, source: str):
     kwargs = {}
     for key, value in values.items():
         if key not in known:
+            if (section, key) in RETIRED_KEYS:
+                continue
             raise ConfigError(f"unknown key {section}.{key}", where=source, fix=_suggest(key, known))
         kwargs[key] = _coerce(value, known[key].type, f"{source}: {section}.{key}")
         choices = CHOICES.get((section, key))
         if choices and kwargs[key] not in choices:
-            raise ConfigError(f"{section}.{key} = {kwargs[key]!r} is not one of {', '.join(choices)}", where=source)
+            close = difflib.get_close_matches(str(kwargs[key]), choices, n=1, cutoff=0.5)
+            raise ConfigError(f"{section}.{key} = {kwargs[key]!r} is not one of {', '.join(choices)}", where=source,
+                              fix=f"did you mean {close[0]!r}?" if close else None)
         if isinstance(kwargs[key], (int, float)) and not isinstance(kwargs[key], bool) and kwargs[key] < 0:
             raise ConfigError(f"{section}.{key} = {kwargs[key]} must not be negative", where=source)
         if isinstance(kwargs[key], float) and not math.isfinite(kwargs[key]):
@@ -226,22 +300,42 @@ def _fill(cls, values: dict, section: str, source: str):
 
 
 def _encoder_config(values: dict, source: str, file_keys: set[str], file_name: str) -> EncoderConfig:
-    from nerkit.encoders import ENCODERS
-
     values = dict(values or {})
     name = _coerce(values.pop("name", "bilstm"), str, f"{source}: encoder.name")
-    if name not in ENCODERS:
+    if name not in ENCODER_OPTIONS:
+        close = difflib.get_close_matches(name, list(ENCODER_OPTIONS), n=1, cutoff=0.5)
         raise ConfigError(f"unknown encoder {name!r}", where=f"{source}: encoder.name",
-                          fix=f"use one of {', '.join(sorted(ENCODERS))}")
-    option_cls = ENCODERS[name].Config
+                          fix=(f"did you mean {close[0]!r}? " if close else "")
+                          + f"(encoders: {', '.join(sorted(ENCODER_OPTIONS))})")
+    option_cls = ENCODER_OPTIONS[name]
     known = {f.name for f in fields(option_cls)}
     # Keys the file wrote for its own encoder are dropped when `--set encoder.name=` switches to an
     # encoder that lacks them; any other unknown key (a typo, or one given by --set) is an error.
-    file_cls = ENCODERS.get(file_name)
-    carried_over = file_keys & {f.name for f in fields(file_cls.Config)} if file_cls else set()
+    file_cls = ENCODER_OPTIONS.get(file_name)
+    carried_over = file_keys & {f.name for f in fields(file_cls)} if file_cls else set()
     for k in [k for k in values if k not in known and k in carried_over]:
         values.pop(k)
-    return EncoderConfig(name, _fill(option_cls, values, "encoder", source))
+    options = _fill(option_cls, values, "encoder", source)
+    _check_encoder(options, f"{source}: encoder")
+    return EncoderConfig(name, options)
+
+
+def _check_encoder(options, where: str) -> None:
+    """What an encoder's options must satisfy beyond their types, checked before anything is built."""
+    ff_ratio = getattr(options, "ff_ratio", None)
+    if ff_ratio is not None and ff_ratio <= 0:
+        raise ConfigError(f"ff_ratio = {ff_ratio} must be positive", where=where, fix="e.g. 2 (TENER) or 4 (Vaswani)")
+    attention = getattr(options, "attention", None)
+    if hasattr(options, "head_dim"):
+        # Sinusoids are sin/cos pairs: the width they are built at must be even (tener: one head's
+        # width; absolute, xl and FLAT: the model width).
+        width = options.head_dim if attention == "tener" else options.n_heads * options.head_dim
+        if attention != "shaw" and width % 2:
+            what = "head_dim" if attention == "tener" else "n_heads * head_dim"
+            raise ConfigError(f"sinusoidal positions need an even width, but {what} = {width}", where=where,
+                              fix="choose an even head_dim")
+    if attention == "shaw" and options.max_relative_distance < 1:
+        raise ConfigError("max_relative_distance must be at least 1", where=where)
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:
@@ -327,12 +421,7 @@ def config_to_dict(config: Config) -> dict:
     for f in fields(Config):
         value = getattr(config, f.name)
         if f.name == "encoder":
-            options = value.options
-            if options is None:  # a Config() built in code: the encoder's defaults
-                from nerkit.encoders import ENCODERS
-
-                options = ENCODERS[value.name].Config()
-            out["encoder"] = {"name": value.name, **dataclasses.asdict(options)}
+            out["encoder"] = {"name": value.name, **dataclasses.asdict(value.options)}
         elif dataclasses.is_dataclass(value):
             out[f.name] = dataclasses.asdict(value)
         else:

@@ -1,5 +1,7 @@
-"""Features: character, character-bigram ("bichar") and lexicon-word vocabularies, pretrained
-word2vec-format vectors, and length-bucketed batches of tensors with a bool mask."""
+"""Features: the one place text becomes model input. `Featurizer` turns a sentence's characters
+into character, character-bigram ("bichar") and lexicon-word ids (normalisation and the FLAT
+lattice included), and counts the vocabularies from training text through the very same steps;
+then length-bucketed batches of tensors with a bool mask, and pretrained word2vec-format vectors."""
 
 from __future__ import annotations
 
@@ -11,7 +13,9 @@ from pathlib import Path
 
 import torch
 
-from nerkit.errors import UserError
+from nerkit.corpus import Sentence, detect_scheme, normalize_char, spans_to_tags
+from nerkit.errors import ModelDirError, UserError
+from nerkit.lexicon import Lexicon, SentenceLattice, build_lattice
 
 PAD, UNK = "<pad>", "<unk>"
 END = "</s>"  # bigram end marker: the last character's bigram is c[n-1] + END
@@ -80,6 +84,93 @@ def load_vectors(path: str | Path, vocab: Vocab, dim: int) -> tuple[torch.Tensor
         except UnicodeDecodeError:
             raise UserError("the vector file is not UTF-8 text", where=str(path)) from None
     return table, found
+
+
+@dataclass
+class Units:
+    """What a sentence is made of, as the model sees it: normalised characters, their bigrams and,
+    for a lattice encoder, the lexicon words matched in the normalised text."""
+
+    chars: list[str]
+    bichars: list[str]
+    lattice: SentenceLattice | None = None
+
+
+class Featurizer:
+    """Characters -> ids. `units` is the single definition of what the model sees; the vocabularies
+    are counted over `units` of the training sentences (`build`) and `example` looks the same units
+    up, so the two can never disagree."""
+
+    def __init__(self, chars: Vocab, bichars: Vocab, tags: list[str], words: Vocab | None = None,
+                 lexicon: Lexicon | None = None, *, normalize: bool = False, use_bichars: bool = True,
+                 max_words: int | None = None, drop: str = "longest_first"):
+        self.chars, self.bichars, self.tags, self.words, self.lexicon = chars, bichars, tags, words, lexicon
+        self.normalize, self.use_bichars, self.max_words, self.drop = normalize, use_bichars, max_words, drop
+        self.tag_index = {t: i for i, t in enumerate(tags)}
+        self.scheme = detect_scheme(tags)
+
+    @classmethod
+    def from_config(cls, config, chars: Vocab, bichars: Vocab, tags: list[str], words: Vocab | None = None,
+                    lexicon: Lexicon | None = None) -> "Featurizer":
+        return cls(chars, bichars, tags, words, lexicon, normalize=config.data.normalize,
+                   use_bichars=config.embeddings.bichar_dim > 0, max_words=config.lexicon.max_words,
+                   drop=config.lexicon.drop)
+
+    @classmethod
+    def build(cls, config, sentences: list[Sentence], tags: list[str], lexicon: Lexicon | None = None) -> "Featurizer":
+        """Vocabularies counted over the training sentences (never dev or test text); `lexicon` is
+        given for an encoder that reads the lattice."""
+        counting = cls.from_config(config, Vocab([]), Vocab([]), tags, Vocab([]) if lexicon else None, lexicon)
+        char_counts, bichar_counts, word_counts = Counter(), Counter(), Counter()
+        for sent in sentences:
+            units = counting.units(sent.tokens)
+            char_counts.update(units.chars)
+            bichar_counts.update(units.bichars)
+            if units.lattice is not None:
+                word_counts.update(units.lattice.words)
+        emb = config.embeddings
+        return cls.from_config(config, Vocab.build(char_counts, emb.min_freq),
+                               Vocab.build(bichar_counts, emb.bichar_min_freq) if emb.bichar_dim else Vocab([]),
+                               tags, Vocab.build(word_counts, 1) if lexicon else None, lexicon)
+
+    def units(self, tokens: list[str]) -> Units:
+        chars = [normalize_char(c) for c in tokens] if self.normalize else list(tokens)
+        lattice = None
+        if self.lexicon is not None:
+            lattice = build_lattice("".join(chars), self.lexicon, self.max_words, self.drop)
+        return Units(chars, bigrams(chars) if self.use_bichars else [], lattice)
+
+    def example(self, tokens: list[str], tags: list[str] | None = None) -> Example:
+        units = self.units(tokens)
+        ex = Example(self.chars.ids(units.chars),
+                     self.bichars.ids(units.bichars) if self.use_bichars else [0] * len(units.chars))
+        if tags is not None:
+            ex.tag_ids = [self.tag_index[t] for t in tags]
+        if units.lattice is not None:
+            ex.word_ids = self.words.ids(units.lattice.words)
+            ex.word_heads, ex.word_tails = units.lattice.word_heads, units.lattice.word_tails
+        return ex
+
+    def training_example(self, sentence: Sentence) -> Example:
+        return self.example(sentence.tokens, spans_to_tags(len(sentence), sentence.spans(), self.scheme))
+
+    def sizes(self) -> dict:
+        """The table sizes the model is built with."""
+        return {"num_chars": len(self.chars), "num_bichars": len(self.bichars), "tags": self.tags,
+                "num_words": len(self.words) if self.words is not None else 0}
+
+    def to_json(self) -> dict:
+        return {"chars": self.chars.tokens, "bichars": self.bichars.tokens, "tags": self.tags,
+                "words": self.words.tokens if self.words is not None else None}
+
+    @classmethod
+    def from_json(cls, config, vocab: dict, lexicon: Lexicon | None, where: str) -> "Featurizer":
+        try:
+            chars, bichars, tags = Vocab(vocab["chars"]), Vocab(vocab["bichars"]), list(vocab["tags"])
+            words = Vocab(vocab["words"]) if vocab.get("words") is not None else None
+        except (KeyError, TypeError):
+            raise ModelDirError("vocab.json lacks chars, bichars or tags", where=where) from None
+        return cls.from_config(config, chars, bichars, tags, words, lexicon)
 
 
 @dataclass

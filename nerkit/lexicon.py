@@ -9,7 +9,6 @@ import gzip
 import hashlib
 import importlib.util
 import re
-import time
 import zlib
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -216,7 +215,7 @@ class Lexicon:
 
 
 @dataclass
-class Lattice:
+class SentenceLattice:
     """FLAT's flat lattice of one sentence. Nodes are the n characters (node i is character i, not
     stored in `words`) followed by the matched words. `heads`/`tails` cover every node: a character
     has head = tail = its position; a word spanning characters s..e-1 has head s and tail e-1
@@ -248,7 +247,7 @@ def build_lattice(
     lexicon: Lexicon,
     max_words: int | None = None,
     drop: DropPolicy = "longest_first",
-) -> Lattice:
+) -> SentenceLattice:
     """The lattice of `text`: its characters, then at most `max_words` matched words in (start, end)
     order. Over the cap, words are dropped deterministically: `longest_first` drops the longest
     (ties: later start first); `frequency` drops the least frequent (ties: longer first, then later
@@ -275,22 +274,12 @@ def build_lattice(
         gone = set(drop_order[:dropped])
         matches = [m for m in matches if m not in gone]
     n = len(text)
-    return Lattice(
+    return SentenceLattice(
         words=[word for _, _, word in matches],
         heads=list(range(n)) + [start for start, _, _ in matches],
         tails=list(range(n)) + [end - 1 for _, end, _ in matches],
         dropped=dropped,
     )
-
-
-def match_throughput(lexicon: Lexicon, texts: list[str], backend: Backend = "auto") -> float:
-    """Characters matched per second over `texts` (the matcher is built first and not timed)."""
-    lexicon.match("预热", backend=backend)
-    chars = sum(len(text) for text in texts)
-    start = time.perf_counter()
-    for text in texts:
-        lexicon.match(text, backend=backend)
-    return chars / (time.perf_counter() - start)
 
 
 # ---- reading files ------------------------------------------------------------------------------

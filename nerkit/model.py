@@ -1,30 +1,17 @@
 """The tagger: embedder (char + bichar) -> encoder -> linear -> CRF.
 
-It exposes `loss(batch)` and `decode(batch)` and does no I/O; the pipeline module builds it from
-a config and vocabulary sizes and owns saving and loading.
+It exposes `loss(batch)` and `decode(batch)` and does no I/O; the pipeline builds it from a config
+and the featuriser's table sizes, and owns saving and loading.
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 from nerkit.crf import CRF
-from nerkit.encoders import ENCODERS
+from nerkit.encoders import ENCODERS, LatticeWords
 from nerkit.features import Batch
-
-
-@dataclass
-class Lattice:
-    """What a lattice encoder (FLAT) needs beyond the characters: embedded lexicon words and
-    their head/tail character positions."""
-
-    words: torch.Tensor  # (B, W, D_word)
-    heads: torch.Tensor  # (B, W) long
-    tails: torch.Tensor  # (B, W) long, inclusive
-    mask: torch.Tensor  # (B, W) bool
 
 
 def embedding(num: int, dim: int, init: str) -> nn.Embedding:
@@ -62,11 +49,10 @@ class Tagger(nn.Module):
         emb = config.embeddings
         self.embedder = Embedder(num_chars, num_bichars, emb.char_dim, emb.bichar_dim, emb.dropout, emb.init)
         encoder_cls = ENCODERS[config.encoder.name]
-        self.uses_lattice = getattr(encoder_cls, "uses_lattice", False)
+        self.uses_lattice = encoder_cls.uses_lattice
         self.words = embedding(num_words, emb.word_dim, emb.init) if self.uses_lattice else None
         self.word_dropout = nn.Dropout(emb.dropout)
-        self.encoder = encoder_cls(self.embedder.output_dim, config.encoder.options,
-                                   **({"word_dim": emb.word_dim} if self.uses_lattice else {}))
+        self.encoder = encoder_cls(self.embedder.output_dim, config.encoder.options, emb.word_dim)
         self.output_dropout = nn.Dropout(config.crf.dropout)
         self.emission = nn.Linear(self.encoder.output_dim, len(tags))
         self.crf = CRF(tags, constrain_training=config.crf.constrain_training, algorithm=config.crf.algorithm)
@@ -75,7 +61,7 @@ class Tagger(nn.Module):
         x = self.embedder(batch.char_ids, batch.bichar_ids)  # (B, T, D)
         lattice = None
         if self.uses_lattice:
-            lattice = Lattice(self.word_dropout(self.words(batch.word_ids)), batch.word_heads,
+            lattice = LatticeWords(self.word_dropout(self.words(batch.word_ids)), batch.word_heads,
                               batch.word_tails, batch.word_mask)
         h = self.encoder(x, batch.mask, lattice)  # (B, T, H)
         return self.emission(self.output_dropout(h))  # (B, T, K)

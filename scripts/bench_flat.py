@@ -31,8 +31,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from nerkit.config import FLATOptions
 from nerkit.encoders.flat import FLAT, LatticePositions
-from nerkit.model import Lattice
+from nerkit.encoders import LatticeWords
 
 REPO = Path(__file__).resolve().parent.parent
 INPUT_DIM, WORD_DIM = 100, 50  # char 50 + bigram 50, words 50: the paper's embedding sizes
@@ -71,7 +72,7 @@ class NaivePositions(nn.Module):
 
 def build(impl: str, chunk: int | None = None, seed: int = 0) -> FLAT:
     torch.manual_seed(seed)
-    config = FLAT.Config() if chunk is None else FLAT.Config(attention_chunk=chunk)
+    config = FLATOptions() if chunk is None else FLATOptions(attention_chunk=chunk)
     encoder = FLAT(INPUT_DIM, config, word_dim=WORD_DIM)
     if impl == "naive":
         for layer in encoder.layers:
@@ -93,7 +94,7 @@ def make_inputs(spec: dict, device, dtype=torch.float32, seed: int = 1):
     mask = torch.ones(batch, chars, dtype=torch.bool)
     readout = torch.randn(batch, chars, 160, generator=generator, dtype=dtype)
     to = lambda t: t.to(device)  # noqa: E731
-    return to(x), to(mask), Lattice(to(words), to(heads), to(tails), to(word_mask)), to(readout)
+    return to(x), to(mask), LatticeWords(to(words), to(heads), to(tails), to(word_mask)), to(readout)
 
 
 def resident_bytes(field: str = "VmRSS") -> int:
@@ -202,7 +203,7 @@ def main() -> None:
     cases = [tuple(int(n) for n in case.split("x")) for case in args.cases.split(",")]
     bytes_per = dict(PRIOR_BYTES)  # per (pair x d_model), from the largest case measured so far
     largest = {impl: 0 for impl in bytes_per}
-    d_model = FLAT.Config().n_heads * FLAT.Config().head_dim
+    d_model = FLATOptions().n_heads * FLATOptions().head_dim
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for chars, batch in cases:
@@ -246,7 +247,7 @@ def table(rows: list[dict], args) -> str:
     threads = args.threads or torch.get_num_threads()
     lines = [
         f"FLAT encoder (1 layer, 8 heads x 20, ff 480, fusion four, attention_chunk "
-        f"{FLAT.Config().attention_chunk if args.chunk is None else args.chunk}), one forward + backward pass, float32, "
+        f"{FLATOptions().attention_chunk if args.chunk is None else args.chunk}), one forward + backward pass, float32, "
         f"{args.device}, {threads} thread(s); MSRA test windows, jieba lattices (no word cap).",
         "",
         "| chars | batch | nodes (max) | nerkit peak | naive peak | memory ratio | nerkit ms | naive ms | time ratio |",

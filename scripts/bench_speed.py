@@ -24,7 +24,8 @@ import torch
 from nerkit.config import load_config
 from nerkit.features import bucketed_batches, collate
 from nerkit.pipeline import Pipeline
-from nerkit.train import make_optimizer, prepare_data
+from nerkit.splits import read_splits
+from nerkit.train import build_pipeline, make_optimizer, train_step
 
 
 def model_only(pipe: Pipeline, examples, batch_size: int, steps: int, train: bool) -> float:
@@ -42,13 +43,10 @@ def model_only(pipe: Pipeline, examples, batch_size: int, steps: int, train: boo
         else:
             pipe.model.decode(b)
     chars, t0 = 0, time.perf_counter()
+    params = [p for p in pipe.model.parameters() if p.requires_grad]
     for b in batches:
         if train:
-            loss = pipe.model.loss(b)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(pipe.model.parameters(), 5.0)
-            optimizer.step()
+            train_step(pipe.model, b, optimizer, params=params, clip_norm=pipe.config.train.clip_norm)
         else:
             with torch.inference_mode():
                 pipe.model.decode(b)
@@ -69,12 +67,11 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     config = load_config(args.config)
-    data = prepare_data(config)
-    pipe = Pipeline.from_training_data(config, data.train, data.types, data.scheme, device=args.device,
-                                       log=lambda m: None)
-    train_examples = pipe.training_examples(data.train[: 20 * config.train.batch_size * 10])
-    test_sentences = data.test or data.dev
-    test_examples = [pipe.example(s.tokens) for s in test_sentences]
+    splits = read_splits(config)
+    pipe = build_pipeline(config, splits, device=args.device)
+    train_examples = [pipe.featurizer.training_example(s) for s in splits.train[: 20 * config.train.batch_size * 10]]
+    test_sentences = splits.test or splits.dev
+    test_examples = [pipe.featurizer.example(s.tokens) for s in test_sentences]
     torch.manual_seed(0)
     results = {"config": args.config, "threads": torch.get_num_threads(), "torch": torch.__version__,
                "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu"}

@@ -18,8 +18,8 @@ import torch
 
 from nerkit.config import load_config
 from nerkit.features import bucketed_batches, collate
-from nerkit.pipeline import Pipeline
-from nerkit.train import make_optimizer, prepare_data
+from nerkit.splits import read_splits
+from nerkit.train import build_pipeline, make_optimizer, train_step
 
 
 def main(device: str, args: list[str]) -> None:
@@ -29,10 +29,9 @@ def main(device: str, args: list[str]) -> None:
     print(f"| config | part | ms per batch | chars/s |\n|---|---|---:|---:|")
     for path in configs:
         config = load_config(path, ["data.limit=3000", *overrides])
-        data = prepare_data(config)
-        pipe = Pipeline.from_training_data(config, data.train, data.types, data.scheme, device=device,
-                                           log=lambda m: None)
-        examples = pipe.training_examples(data.train)
+        splits = read_splits(config)
+        pipe = build_pipeline(config, splits, device=device)
+        examples = [pipe.featurizer.training_example(s) for s in splits.train]
         lengths = [len(e) for e in examples]
         batches = [collate([examples[i] for i in idx]).to(pipe.device)
                    for idx in bucketed_batches(lengths, config.train.batch_size, random.Random(0))][:40]
@@ -40,10 +39,7 @@ def main(device: str, args: list[str]) -> None:
         model = pipe.model.train()
 
         def full(b):
-            loss = model.loss(b)
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
+            train_step(model, b, optimizer)
 
         def encoder(b):
             model.emissions(b).sum().backward()

@@ -150,7 +150,7 @@ def test_convert(tmp_path, source, to, marker):
 def test_convert_to_an_unknown_format(tmp_path):
     out = tmp_path / "out.txt"
     assert_user_error(nerkit("data", "convert", FIXTURES / "three_types.bio", out, "--to", "iob"), None,
-                      "unknown output format 'iob'")
+                      "'iob' is not one of 'bio', 'bioes', 'bmes', 'jsonl'")
     assert not out.exists()
 
 

@@ -22,6 +22,7 @@ from nerkit.config import (
     load_config,
     same_run,
 )
+from nerkit.config import ENCODER_OPTIONS
 from nerkit.encoders import ENCODERS
 from nerkit.errors import ConfigError, UserError
 
@@ -66,7 +67,7 @@ output_dir: runs/x
     assert cfg.data.max_len == 120 and cfg.data.normalize is True
     assert cfg.data.dev is None  # defaults fill the rest
     assert cfg.encoder.name == "tener"
-    assert isinstance(cfg.encoder.options, ENCODERS["tener"].Config)
+    assert isinstance(cfg.encoder.options, ENCODER_OPTIONS["tener"])
     assert cfg.encoder.options.n_heads == 4 and cfg.encoder.options.attention == "xl"
     assert cfg.train.lr == 0.001 and type(cfg.train.lr) is float
     assert cfg.train.batch_size == 32 and type(cfg.train.batch_size) is int
@@ -126,9 +127,14 @@ def test_invalid_values(raw, words):
 
 
 def test_choices_accept_their_values():
+    encoder_of = {"attention": "tener", "fusion": "flat"}  # the encoder whose options have the key
     for (section, key), choices in CHOICES.items():
         for choice in choices:
-            assert getattr(getattr(build_config({section: {key: choice}}), section), key) == choice
+            if section == "encoder":
+                options = build_config({"encoder": {"name": encoder_of[key], key: choice}}).encoder.options
+                assert getattr(options, key) == choice
+            else:
+                assert getattr(getattr(build_config({section: {key: choice}}), section), key) == choice
 
 
 def test_unknown_key_suggests_the_closest():
@@ -244,7 +250,7 @@ def test_switching_the_encoder_drops_the_file_keys_it_lacks(write_config):
     path = write_config("encoder:\n  name: bilstm\n  hidden_size: 64\n  num_layers: 3\n  dropout: 0.2\n")
     cfg = load_config(path, ["encoder.name=transformer", "encoder.n_heads=2"])
     assert cfg.encoder.name == "transformer"
-    assert cfg.encoder.options == ENCODERS["transformer"].Config(n_heads=2, num_layers=3, dropout=0.2)
+    assert cfg.encoder.options == ENCODER_OPTIONS["transformer"](n_heads=2, num_layers=3, dropout=0.2)
 
 
 def test_unknown_encoder_key_from_the_command_line_is_an_error(write_config):

@@ -5,6 +5,7 @@ decoded paths checked by a validity checker written here independently of `allow
 from __future__ import annotations
 
 import itertools
+import random
 import re
 
 import numpy as np
@@ -210,7 +211,17 @@ def test_scan_equals_loop_on_long_padded_batches(constrain_training):
     seq_len = max(lengths)
     emissions = torch.randn(len(lengths), seq_len, len(BMES), generator=generator, dtype=torch.float64) * 3
     mask = lengths_to_mask(lengths, seq_len)
-    gold = torch.zeros(len(lengths), seq_len, dtype=torch.long)  # all O: a valid path of any length
+    # A valid gold path of each length (BMES has no O): random entities, B M* E or a lone S, so that
+    # the constrained likelihood is finite and its gradients are compared for real.
+    rnd = random.Random(5)
+    gold = torch.zeros(len(lengths), seq_len, dtype=torch.long)
+    for b, length in enumerate(lengths):
+        path, position = [], 0
+        while position < length:
+            size = min(rnd.choice([1, 1, 2, 3, 5]), length - position)
+            path += ["S-GPE.NAM"] if size == 1 else ["B-GPE.NAM"] + ["M-GPE.NAM"] * (size - 2) + ["E-GPE.NAM"]
+            position += size
+        gold[b, :length] = torch.tensor([BMES.index(t) for t in path])
     results = []
     for crf in (loop, scan):
         crf.zero_grad()
@@ -219,6 +230,7 @@ def test_scan_equals_loop_on_long_padded_batches(constrain_training):
         nll.backward()
         results.append((nll.detach(), e.grad, [p.grad.clone() for p in crf.parameters()]))
     (nll_a, grad_a, params_a), (nll_b, grad_b, params_b) = results
+    assert 0 < nll_a.item() < 1e4  # a real likelihood, not the 1e31 of an impossible gold path
     assert nll_b.item() == pytest.approx(nll_a.item(), rel=1e-10)
     torch.testing.assert_close(grad_b, grad_a, rtol=1e-8, atol=1e-10)
     for a, b in zip(params_a, params_b):

@@ -19,9 +19,12 @@ from hypothesis import strategies as st
 from safetensors.torch import load_file, save_file
 
 from nerkit.corpus import cut_points, read_corpus
+from nerkit.config import ENCODER_OPTIONS
 from nerkit.encoders import ENCODERS
 from nerkit.errors import ModelDirError
+import nerkit.train as train_module
 from nerkit.features import collate
+from nerkit.splits import Splits
 from nerkit.pipeline import MODEL_FILES, Pipeline
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
@@ -32,14 +35,14 @@ TINY_ENCODER = {"hidden_size": 8, "n_heads": 2, "head_dim": 4, "num_layers": 1, 
 
 
 def encoder_overrides(name: str) -> list[str]:
-    known = {f.name for f in dataclasses.fields(ENCODERS[name].Config)}
+    known = {f.name for f in dataclasses.fields(ENCODER_OPTIONS[name])}
     return [f"encoder.name={name}"] + [f"encoder.{k}={v}" for k, v in TINY_ENCODER.items() if k in known]
 
 
 def build_pipeline(config, scheme: str = "bio", seed: int = 0) -> Pipeline:
     torch.manual_seed(seed)
     corpus = read_corpus(FIXTURES / "tiny_train.bio")
-    return Pipeline.from_training_data(config, corpus.sentences, corpus.types, scheme, log=lambda message: None)
+    return train_module.build_pipeline(config, Splits(corpus.sentences, [], None, corpus.types, scheme, {}))
 
 
 def scramble(pipe: Pipeline, seed: int = 0, entity_bias: float = 0.0) -> Pipeline:
@@ -59,14 +62,11 @@ def scramble(pipe: Pipeline, seed: int = 0, entity_bias: float = 0.0) -> Pipelin
 
 
 def train_steps(pipe: Pipeline, steps: int = 6) -> Pipeline:
-    examples = pipe.training_examples(read_corpus(FIXTURES / "tiny_train.bio").sentences)
+    examples = [pipe.featurizer.training_example(s) for s in read_corpus(FIXTURES / "tiny_train.bio").sentences]
     optimizer = torch.optim.Adam(pipe.model.parameters(), lr=0.05)
     pipe.model.train()
     for i in range(steps):
-        loss = pipe.model.loss(collate(examples[8 * i: 8 * i + 8]))
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
+        train_module.train_step(pipe.model, collate(examples[8 * i: 8 * i + 8]), optimizer)
     pipe.model.eval()
     return pipe
 
@@ -101,7 +101,7 @@ def test_embedding_init_scales_random_vectors(tiny_config, encoder):
 @pytest.mark.parametrize("constrain", [False, True])
 def test_every_parameter_gets_a_gradient(tiny_config, encoder, constrain):
     pipe = build_pipeline(tiny_config(*encoder_overrides(encoder), f"crf.constrain_training={constrain}"))
-    examples = pipe.training_examples(read_corpus(FIXTURES / "tiny_train.bio").sentences[:12])
+    examples = [pipe.featurizer.training_example(s) for s in read_corpus(FIXTURES / "tiny_train.bio").sentences[:12]]
     pipe.model.train()
     pipe.model.loss(collate(examples)).backward()
     missing = [name for name, p in pipe.model.named_parameters()
@@ -137,7 +137,7 @@ def test_decode_never_yields_an_invalid_tag_sequence(tiny_config, scheme):
     for seed in range(4):
         scramble(pipe, seed, entity_bias=2.0)
         texts = random_texts(16, seed)
-        batch = collate([pipe.example(list(t)) for t in texts])
+        batch = collate([pipe.featurizer.example(list(t)) for t in texts])
         for text, ids in zip(texts, pipe.model.decode(batch)):
             path = [pipe.tags[i] for i in ids]
             assert len(path) == len(text)
@@ -153,7 +153,7 @@ def test_decode_never_yields_an_invalid_tag_sequence(tiny_config, scheme):
 def test_batched_predictions_equal_one_at_a_time(tiny_config, encoder):
     pipe = scramble(build_pipeline(tiny_config(*encoder_overrides(encoder))), seed=1, entity_bias=1.0)
     texts = random_texts(12, seed=2, max_len=40) + ["张", "北京"]
-    examples = [pipe.example(list(t)) for t in texts]
+    examples = [pipe.featurizer.example(list(t)) for t in texts]
     batch = collate(examples)
     with torch.no_grad():
         emissions = pipe.model.emissions(batch)  # (B, T, K)
@@ -184,7 +184,7 @@ def test_train_save_load_gives_identical_tensors_and_predictions(tmp_path, tiny_
     loaded = Pipeline.load(tmp_path / "model")
     state_dicts_equal(pipe.model, loaded.model)
     assert not loaded.model.training
-    assert loaded.chars.tokens == pipe.chars.tokens and loaded.bichars.tokens == pipe.bichars.tokens
+    assert loaded.featurizer.to_json() == pipe.featurizer.to_json()
     assert loaded.tags == pipe.tags and loaded.scheme == pipe.scheme
     assert dataclasses.asdict(loaded.config.data) == dataclasses.asdict(pipe.config.data)
     texts = random_texts(20, seed=3) + ["ＡＢＣ张伟在北京", "未登录的字符全在这里"]
@@ -294,7 +294,7 @@ def test_load_refuses_a_planted_pickle_without_running_it(model_copy, tmp_path, 
 def test_load_refuses_weights_whose_shapes_do_not_match_the_config(tmp_path, tiny_config):
     small = build_pipeline(tiny_config("encoder.hidden_size=16"))
     large = build_pipeline(tiny_config("encoder.hidden_size=32"))
-    assert small.chars.tokens == large.chars.tokens  # same vocabulary: only the widths differ
+    assert small.featurizer.chars.tokens == large.featurizer.chars.tokens  # same vocabulary: only the widths differ
     small.save(tmp_path / "small")
     large.save(tmp_path / "large")
     shutil.copy(tmp_path / "large" / "model.safetensors", tmp_path / "small" / "model.safetensors")

@@ -15,7 +15,8 @@ from nerkit.config import build_config, load_config
 from nerkit.corpus import read_corpus
 from nerkit.errors import UserError
 from nerkit.pipeline import MODEL_FILES, Pipeline
-from nerkit.train import prepare_data, train
+from nerkit.splits import read_splits
+from nerkit.train import build_pipeline, train
 
 from conftest import TINY_TRAIN
 
@@ -81,7 +82,7 @@ def test_step_and_time_limits_stop_inside_an_epoch(tmp_path, tiny_config, limit,
 
 def test_dev_is_carved_from_train_when_absent_seeded_disjoint_and_reproducible(tiny_config):
     def split(*overrides):
-        data = prepare_data(tiny_config("data.dev=null", "data.dev_split=0.25", *overrides))
+        data = read_splits(tiny_config("data.dev=null", "data.dev_split=0.25", *overrides))
         return [s.line for s in data.train], [s.line for s in data.dev]
 
     all_lines = [s.line for s in read_corpus(tiny_config().data.train).sentences]
@@ -96,7 +97,7 @@ def test_dev_is_carved_from_train_when_absent_seeded_disjoint_and_reproducible(t
 
 def test_training_without_a_dev_file_uses_the_carved_split(tmp_path, tiny_config):
     metrics = train(tiny_config("data.dev=null", "data.dev_split=0.25", "train.epochs=1"), out=tmp_path / "m")
-    assert metrics["dev"]["counts"]["gold"] == sum(len(s.spans()) for s in prepare_data(
+    assert metrics["dev"]["counts"]["gold"] == sum(len(s.spans()) for s in read_splits(
         tiny_config("data.dev=null", "data.dev_split=0.25")).dev)
 
 
@@ -143,16 +144,15 @@ def test_bilstm_learns_msra_from_2000_sentences(data_root, tmp_path, monkeypatch
     seen = {}
 
     def capture(cfg):
-        seen["data"] = data = prepare_data(cfg)
+        seen["data"] = data = read_splits(cfg)
         return data
 
-    monkeypatch.setattr(nerkit.train, "prepare_data", capture)
+    monkeypatch.setattr(nerkit.train, "read_splits", capture)
     trained = train(config, out=tmp_path / "msra")["dev"]["f1"]
     data = seen["data"]
     assert len(data.dev) == 200
     torch.manual_seed(config.train.seed)
-    untrained_pipe = Pipeline.from_training_data(config, data.train, data.types, data.scheme, log=lambda m: None)
-    untrained = untrained_pipe.evaluate_sentences(data.dev)[0]["f1"]
+    untrained = build_pipeline(config, data).evaluate(data.dev)["f1"]
     assert untrained < 0.05, f"untrained dev F1 {untrained:.4f}"
     assert trained >= LEARNING_FLOOR, f"dev F1 {trained:.4f} after training (untrained {untrained:.4f})"
 

@@ -1,15 +1,16 @@
-"""The encoders, by config name. Each takes `(input_dim, config)`, plus `word_dim` when it `uses_lattice`,
-exposes `output_dim`, and maps `forward(x (B, T, D), mask (B, T) bool, lattice=None) -> (B, T, output_dim)`;
-`Config` is its dataclass."""
+"""The encoders, by config name: `ENCODERS` is the one registry (their options are
+`nerkit.config.ENCODER_OPTIONS`, under the same names). Each follows `base.Encoder`."""
 
+from nerkit.encoders.base import Encoder, LatticeWords
 from nerkit.encoders.bilstm import BiLSTM
 from nerkit.encoders.flat import FLAT
-from nerkit.encoders.relative import RelativeTransformer
 from nerkit.encoders.transformer import Transformer
 
 ENCODERS = {
     "bilstm": BiLSTM,
-    "transformer": Transformer,
-    "tener": RelativeTransformer,
+    "transformer": Transformer,  # attention: absolute
+    "tener": Transformer,  # attention: tener | xl | shaw
     "flat": FLAT,
 }
+
+__all__ = ["ENCODERS", "Encoder", "LatticeWords"]

@@ -2,24 +2,18 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-
-@dataclass
-class BiLSTMConfig:
-    hidden_size: int = 200  # per direction
-    num_layers: int = 1
-    dropout: float = 0.3  # between stacked layers and on the output
+from nerkit.config import BiLSTMOptions
+from nerkit.encoders.base import LatticeWords
 
 
 class BiLSTM(nn.Module):
-    Config = BiLSTMConfig
+    uses_lattice = False
 
-    def __init__(self, input_dim: int, config: BiLSTMConfig):
+    def __init__(self, input_dim: int, config: BiLSTMOptions, word_dim: int = 0):
         super().__init__()
         self.lstm = nn.LSTM(
             input_dim,
@@ -32,7 +26,7 @@ class BiLSTM(nn.Module):
         self.dropout = nn.Dropout(config.dropout)
         self.output_dim = 2 * config.hidden_size
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor, lattice=None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: torch.Tensor, lattice: LatticeWords | None = None) -> torch.Tensor:
         # x (B, T, D), mask (B, T) bool, left-aligned; the lattice is ignored.
         lengths = mask.sum(1).clamp(min=1).cpu()
         packed = pack_padded_sequence(x, lengths, batch_first=True, enforce_sorted=False)

@@ -2,21 +2,19 @@
 in the sentence are one flat sequence of nodes, each with a head and a tail character position, and
 attention sees every pair of nodes through four relative distances between their heads and tails.
 
-The attention is `MultiHeadAttention` from transformer.py with `LatticePositions` (below) as its
+The attention is `MultiHeadAttention` from attention.py with `LatticePositions` (below) as its
 position term; this file holds only what is FLAT's own: the nodes, the fused distances and the
 memory-bounded way of scoring them.
 """
 
 from __future__ import annotations
 
-import difflib
-from dataclasses import dataclass
-
 import torch
 from torch import nn
 
-from nerkit.encoders.transformer import MultiHeadAttention, SinusoidTable, encoder_layers
-from nerkit.errors import ConfigError
+from nerkit.config import FLATOptions
+from nerkit.encoders.attention import MultiHeadAttention, NodeSpans, SinusoidTable, encoder_layers
+from nerkit.encoders.base import LatticeWords
 
 # Which of the four head/tail distances each fusion feeds to W_r, in this order (the column blocks of
 # W_r follow it): the paper's eq. (8) uses all four; the official code's default (`ff_two`) only
@@ -25,17 +23,6 @@ FUSIONS = {
     "four": ("hh", "ht", "th", "tt"),
     "two": ("hh", "tt"),
 }
-
-
-@dataclass
-class NodeSpans:
-    """Head and tail character positions of every node (characters first, then words): (B, L) long
-    each, tails inclusive. The first `chars` nodes are characters, whose head is their tail: between
-    two of them the four distances coincide, and scoring gathers one row instead of four."""
-
-    heads: torch.Tensor
-    tails: torch.Tensor
-    chars: int = 0
 
 
 class LatticePositions(nn.Module):
@@ -62,14 +49,8 @@ class LatticePositions(nn.Module):
 
     def __init__(self, n_heads: int, head_dim: int, fusion: str, chunk: int):
         super().__init__()
-        if fusion not in FUSIONS:
-            close = difflib.get_close_matches(fusion, list(FUSIONS), n=1)
-            raise ConfigError(
-                f"unknown position fusion {fusion!r}",
-                fix=f"did you mean {close[0]!r}?" if close else f"choose one of {', '.join(FUSIONS)}",
-            )
-        if chunk < 0:
-            raise ConfigError(f"attention_chunk must be >= 0, got {chunk}", fix="use 0 (no blocks) or e.g. 64")
+        if fusion not in FUSIONS or chunk < 0:  # the config checks both for users: this is for direct callers
+            raise ValueError(f"fusion must be one of {', '.join(FUSIONS)} and chunk >= 0, not {fusion!r}, {chunk}")
         d_model = n_heads * head_dim
         self.n_heads = n_heads
         self.head_dim = head_dim
@@ -252,21 +233,6 @@ class _Buffers:
         return pre.relu_().view(*shape, self.width)
 
 
-@dataclass
-class FLATConfig:
-    # Defaults: the official code (LeeSureman/Flat-Lattice-Transformer, V0/flat_main.py) for MSRA.
-    n_heads: int = 8
-    head_dim: int = 20  # d_model = n_heads * head_dim = 160
-    num_layers: int = 1
-    ff_ratio: float = 3.0  # feed-forward width = ff_ratio * d_model = 480
-    dropout: float = 0.15  # inside the feed-forward and on sublayer outputs (official ff_dropout)
-    attn_dropout: float = 0.0  # on attention weights
-    fusion: str = "four"  # four: the paper's [P_hh; P_ht; P_th; P_tt] | two: [P_hh; P_tt], the code's default
-    key_projection: bool = False  # keys are the node vectors themselves, split into heads (official k_proj)
-    scale: bool = False  # logits are not divided by sqrt(head_dim) (official `scaled`)
-    attention_chunk: int = 32  # query rows per block of position scores (0 = all at once): bounds memory
-
-
 class FLAT(nn.Module):
     """Characters (Linear from the embedder's width) and lattice words (Linear from word_dim) become
     d_model-wide nodes [chars (T); words (W)]; self-attention layers run over all of them; the
@@ -279,10 +245,9 @@ class FLAT(nn.Module):
     attention sublayer's output, and its "add" step (`Layer_Process`, post "an") adds the sublayer's
     output to itself rather than to the sublayer's input, so in effect it has no residual connection."""
 
-    Config = FLATConfig
     uses_lattice = True
 
-    def __init__(self, input_dim: int, config: FLATConfig, word_dim: int):
+    def __init__(self, input_dim: int, config: FLATOptions, word_dim: int = 0):
         super().__init__()
         d_model = config.n_heads * config.head_dim
         self.char_projection = nn.Linear(input_dim, d_model)
@@ -303,7 +268,7 @@ class FLAT(nn.Module):
         )
         self.output_dim = d_model
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor, lattice=None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: torch.Tensor, lattice: LatticeWords | None = None) -> torch.Tensor:
         # x (B, T, input_dim), mask (B, T) bool, left-aligned; lattice: words (B, W, word_dim),
         # heads/tails (B, W) long, mask (B, W) bool; None means no words.
         batch, length, _ = x.shape

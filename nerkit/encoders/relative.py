@@ -1,24 +1,22 @@
-"""Relative-position Transformer encoder: TENER (Yan et al. 2019), with the attention of Transformer-XL
+"""Relative-position attention: TENER (Yan et al. 2019), with the attention of Transformer-XL
 (Dai et al. 2019) or Shaw et al. (2018) as options. Absolute sinusoids tell attention how far apart two
 characters are but not which comes first (P_i . P_{i+k} = P_i . P_{i-k}), and the projections in
 attention blur even the distance; NER needs both (a word after "in" is likely a place, one before it is
 not). Scoring each pair by its signed distance i - j gives attention distance and direction directly.
 
-One attention module serves all three (`MultiHeadAttention` from transformer.py plus `RelativePositions`
-here); the variants differ only in the switches listed in `VARIANTS`.
+One attention module serves all three (`MultiHeadAttention` from attention.py plus `RelativePositions`
+here); the variants differ only in the switches listed in `VARIANTS`. The encoder that stacks it is
+`Transformer` in transformer.py (`attention: tener | xl | shaw`).
 """
 
 from __future__ import annotations
 
-import dataclasses
-import difflib
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-from nerkit.encoders.transformer import MultiHeadAttention, SinusoidTable, encoder_layers
-from nerkit.errors import ConfigError
+from nerkit.encoders.attention import MultiHeadAttention, SinusoidTable
 
 
 @dataclass(frozen=True)
@@ -89,8 +87,8 @@ class RelativePositions(nn.Module):
         self.head_dim = head_dim
         self.max_distance = max_distance if learned_table else None
         if learned_table:
-            if max_distance < 1:
-                raise ConfigError(f"max_relative_distance must be at least 1, got {max_distance}")
+            if max_distance < 1:  # the config checks this for users
+                raise ValueError(f"max_relative_distance must be at least 1, got {max_distance}")
             rows = 2 * max_distance + 1
             self.sinusoids = None
             self.key_table = nn.Parameter(nn.init.xavier_normal_(torch.empty(rows, head_dim)))  # a^K
@@ -127,8 +125,8 @@ class RelativePositions(nn.Module):
         keys = self.projection(table)  # (2L-1, d_model)
         return keys.view(-1, self.n_heads, self.head_dim).transpose(0, 1)  # (H, 2L-1, d)
 
-    def logits(self, q: torch.Tensor, lattice=None) -> torch.Tensor:
-        # q (B, H, L, d); the lattice is not needed: distances come from the character positions.
+    def logits(self, q: torch.Tensor, spans=None) -> torch.Tensor:
+        # q (B, H, L, d); no spans needed: distances come from the character positions.
         batch, heads, length, _ = q.shape
         position_q = q if self.position_bias is None else q + self.position_bias[:, None, :]  # (B, H, L, d)
         by_distance = position_q @ self.key_rows(length, q).transpose(-1, -2)  # (B, H, L, T)
@@ -168,53 +166,3 @@ def relative_attention(
         scale=variant.scale,
         positions=positions,
     )
-
-
-@dataclass
-class RelativeTransformerConfig:
-    # Defaults: TENER on MSRA (fastnlp/TENER, train_tener_cn.py).
-    n_heads: int = 6
-    head_dim: int = 80  # d_model = n_heads * head_dim
-    num_layers: int = 2
-    ff_ratio: float = 2.0  # feed-forward width = ff_ratio * d_model (TENER: dim_feedforward = 2 * d_model)
-    dropout: float = 0.15  # on sublayer outputs and inside the feed-forward
-    attn_dropout: float = 0.15  # on attention weights (TENER leaves dropout_attn unset, so it equals dropout)
-    attention: str = "tener"  # tener | xl | shaw
-    key_projection: bool | None = None  # None: as the attention's paper (tener: no, xl and shaw: yes)
-    scale: bool | None = None  # None: as the paper (tener: no, xl and shaw: divide by sqrt(head_dim))
-    max_relative_distance: int = 16  # shaw only: distances clipped to [-k, k]
-
-
-class RelativeTransformer(nn.Module):
-    Config = RelativeTransformerConfig
-
-    def __init__(self, input_dim: int, config: RelativeTransformerConfig):
-        super().__init__()
-        if config.attention not in VARIANTS:
-            close = difflib.get_close_matches(config.attention, list(VARIANTS), n=1)
-            raise ConfigError(
-                f"unknown attention {config.attention!r}",
-                fix=f"did you mean {close[0]!r}?" if close else f"choose one of {', '.join(VARIANTS)}",
-            )
-        variant = VARIANTS[config.attention]
-        for name in ("key_projection", "scale"):  # None keeps the paper's choice
-            if getattr(config, name) is not None:
-                variant = dataclasses.replace(variant, **{name: getattr(config, name)})
-        d_model = config.n_heads * config.head_dim
-        # No absolute positions: every position signal comes from the relative terms.
-        self.input_projection = nn.Linear(input_dim, d_model)
-        self.layers = encoder_layers(
-            lambda: relative_attention(
-                variant, config.n_heads, config.head_dim, config.attn_dropout,
-                max_distance=config.max_relative_distance,
-            ),
-            d_model, config.ff_ratio, config.dropout, config.num_layers,
-        )
-        self.output_dim = d_model
-
-    def forward(self, x: torch.Tensor, mask: torch.Tensor, lattice=None) -> torch.Tensor:
-        # x (B, T, D), mask (B, T) bool, left-aligned; the lattice is ignored.
-        x = self.input_projection(x)  # (B, T, d_model)
-        for layer in self.layers:
-            x = layer(x, mask)
-        return x.masked_fill(~mask[..., None], 0.0)

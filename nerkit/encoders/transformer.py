@@ -1,194 +1,56 @@
-"""Vanilla Transformer encoder (Vaswani et al. 2017): sinusoidal absolute positions added to the input,
-scaled dot-product multi-head attention, post-norm residual blocks. It is the baseline TENER improves on;
-its attention module and block are shared with the relative-position encoders in `relative.py`."""
+"""The Transformer encoder, with a switch for how attention sees positions (`attention`):
+
+* `absolute`: the vanilla Transformer (Vaswani et al. 2017), sinusoids of the absolute positions added
+  to the input and scaled dot-product attention; the baseline TENER improves on.
+* `tener`, `xl`, `shaw`: no absolute positions; every pair of characters is scored by its signed
+  distance, as TENER (Yan et al. 2019), Transformer-XL (Dai et al. 2019) or Shaw et al. (2018) do
+  (the switches of each are in `relative.VARIANTS`).
+
+Either way: a projection of the embeddings to d_model, then post-norm blocks (`attention.py`).
+"""
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
+import dataclasses
 
 import torch
 from torch import nn
 
-from nerkit.errors import ConfigError
-
-
-def sinusoid(positions: torch.Tensor, dim: int) -> torch.Tensor:
-    """Vaswani's encoding of integer positions (negative ones too): (N,) -> (N, dim), interleaved as
-    P[2m] = sin(p / 10000^(2m/dim)), P[2m+1] = cos(p / 10000^(2m/dim)). Computed in float64."""
-    inv_freq = 10000.0 ** (-torch.arange(0, dim, 2, dtype=torch.float64) / dim)  # (dim/2,)
-    angles = positions.to(torch.float64)[:, None] * inv_freq  # (N, dim/2)
-    return torch.stack([angles.sin(), angles.cos()], dim=-1).flatten(1)  # (N, dim)
-
-
-class SinusoidTable(nn.Module):
-    """Sinusoids of the positions -radius..radius, computed once and regrown when a longer input
-    arrives, so lengths never seen in training work. The master copy is float64 on the CPU (a float32
-    table cast up would be off by 1e-7) and is cast to the input's dtype, then device, on first use
-    there. Plain attributes, not buffers: a pure function of `dim`, never saved with the model."""
-
-    def __init__(self, dim: int, radius: int = 256):
-        super().__init__()
-        if dim % 2:
-            raise ConfigError(
-                f"sinusoidal positions need an even width, got {dim}", fix="use an even head_dim"
-            )
-        self.dim = dim
-        self.radius = radius
-        self.table = sinusoid(torch.arange(-radius, radius + 1), dim)  # (2 * radius + 1, dim) float64
-        self._cast = self.table  # the table as the last input's dtype and device
-
-    def forward(self, start: int, end: int, like: torch.Tensor) -> torch.Tensor:
-        """Rows for the positions start, ..., end - 1, as `like`'s dtype and device: (end - start, dim)."""
-        needed = max(-start, end - 1)
-        if needed > self.radius:
-            # Grow geometrically so that a slowly lengthening stream of inputs does not recompute every time.
-            self.radius = max(needed, 2 * self.radius)
-            self.table = sinusoid(torch.arange(-self.radius, self.radius + 1), self.dim)
-            self._cast = self.table
-        if (self._cast.dtype, self._cast.device) != (like.dtype, like.device):
-            # dtype first: some devices (MPS) hold no float64.
-            self._cast = self.table.to(dtype=like.dtype).to(like.device)
-        return self._cast[start + self.radius : end + self.radius]
-
-
-class MultiHeadAttention(nn.Module):
-    """Multi-head self-attention whose logits are a content score plus, optionally, position scores
-    from a pluggable `positions` module:
-
-        logit_ij = s * ( (q_i + u) . k_j  +  positions.logits(q)_ij )       (a) + (c)  +  (b) + (d)
-        out_i    = W_o [ sum_j softmax_j(logit_ij) v_j  +  positions.values(weights)_i ]
-
-    with q = W_q x, k = W_k x (or x itself when `key_projection` is off, as TENER does), v = W_v x and
-    s = 1/sqrt(head_dim) when `scale` is on. The vanilla Transformer uses (a) alone; the relative
-    encoders add the global content bias u (`content_bias`) and a `RelativePositions` module.
-
-    The seam for FLAT: `positions` is any module with `logits(q, lattice) -> (B, H, L, L)` (terms that
-    depend on where i and j are) and `values(weights) -> (B, H, L, head_dim) | None` (a value-side
-    position term, or None). FLAT supplies one built from its four lattice distances and reuses
-    (a), (c), masking, softmax and the output projection from here unchanged.
-
-    q, k, v projections carry no bias so that the terms stay separate: a query bias b would add the
-    content score b . k_j, which is exactly what u is for.
-    """
-
-    def __init__(
-        self,
-        n_heads: int,
-        head_dim: int,
-        attn_dropout: float,
-        key_projection: bool = True,
-        content_bias: bool = False,
-        scale: bool = True,
-        positions: nn.Module | None = None,
-    ):
-        super().__init__()
-        d_model = n_heads * head_dim
-        self.n_heads = n_heads
-        self.head_dim = head_dim
-        self.query = nn.Linear(d_model, d_model, bias=False)
-        self.key = nn.Linear(d_model, d_model, bias=False) if key_projection else None
-        self.value = nn.Linear(d_model, d_model, bias=False)
-        self.output = nn.Linear(d_model, d_model)
-        self.content_bias = (  # u
-            nn.Parameter(nn.init.xavier_normal_(torch.empty(n_heads, head_dim))) if content_bias else None
-        )
-        self.positions = positions
-        self.scale = 1.0 / math.sqrt(head_dim) if scale else 1.0
-        self.dropout = nn.Dropout(attn_dropout)
-
-    def _split_heads(self, x: torch.Tensor) -> torch.Tensor:
-        batch, length, _ = x.shape
-        return x.view(batch, length, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, L, d)
-
-    def logits(self, x: torch.Tensor, lattice=None) -> torch.Tensor:
-        """Pre-softmax scores of every (query i, key j) pair, scaled, before masking: (B, H, L, L)."""
-        q = self._split_heads(self.query(x))  # (B, H, L, d)
-        k = self._split_heads(self.key(x) if self.key is not None else x)  # (B, H, L, d)
-        content_q = q if self.content_bias is None else q + self.content_bias[:, None, :]
-        # In place from here on: backward needs none of these (B, H, L, L) intermediates, and at
-        # L = 400 each one is tens of MiB.
-        logits = content_q @ k.transpose(-1, -2)  # (B, H, L, L): (a) + (c)
-        if self.positions is not None:
-            logits += self.positions.logits(q, lattice)  # (B, H, L, L): (b) + (d)
-        return logits.mul_(self.scale)
-
-    def forward(self, x: torch.Tensor, mask: torch.Tensor, lattice=None) -> torch.Tensor:
-        # x (B, L, d_model), mask (B, L) bool.
-        logits = self.logits(x, lattice)  # (B, H, L, L)
-        # A finite large negative rather than -inf: padding keys get exactly zero weight in every real
-        # row, and an all-padding row (a padded query of an empty sentence) stays finite (uniform).
-        logits.masked_fill_(~mask[:, None, None, :], torch.finfo(logits.dtype).min)
-        weights = self.dropout(logits.softmax(dim=-1))  # (B, H, L, L)
-        out = weights @ self._split_heads(self.value(x))  # (B, H, L, d)
-        if self.positions is not None:
-            value_positions = self.positions.values(weights)  # (B, H, L, d) or None
-            if value_positions is not None:
-                out = out + value_positions
-        batch, length, _ = x.shape
-        return self.output(out.transpose(1, 2).reshape(batch, length, -1))  # (B, L, d_model)
-
-
-class EncoderLayer(nn.Module):
-    """Post-norm block (Vaswani; TENER's `after_norm`):
-    x = LN(x + drop(attention(x))), then x = LN(x + drop(feed_forward(x)))."""
-
-    def __init__(self, attention: MultiHeadAttention, d_model: int, ff_dim: int, dropout: float):
-        super().__init__()
-        self.attention = attention
-        self.attention_norm = nn.LayerNorm(d_model)
-        self.feed_forward = nn.Sequential(
-            nn.Linear(d_model, ff_dim), nn.ReLU(), nn.Dropout(dropout), nn.Linear(ff_dim, d_model)
-        )
-        self.feed_forward_norm = nn.LayerNorm(d_model)
-        self.dropout = nn.Dropout(dropout)
-
-    def forward(self, x: torch.Tensor, mask: torch.Tensor, lattice=None) -> torch.Tensor:
-        x = self.attention_norm(x + self.dropout(self.attention(x, mask, lattice)))  # (B, L, d_model)
-        return self.feed_forward_norm(x + self.dropout(self.feed_forward(x)))  # (B, L, d_model)
-
-
-def feed_forward_dim(d_model: int, ff_ratio: float) -> int:
-    if ff_ratio <= 0:
-        raise ConfigError(f"ff_ratio must be positive, got {ff_ratio}")
-    return max(1, round(ff_ratio * d_model))
-
-
-def encoder_layers(make_attention, d_model: int, ff_ratio: float, dropout: float, num_layers: int) -> nn.ModuleList:
-    """`num_layers` post-norm blocks, each with its own attention from `make_attention()`."""
-    ff_dim = feed_forward_dim(d_model, ff_ratio)
-    return nn.ModuleList(EncoderLayer(make_attention(), d_model, ff_dim, dropout) for _ in range(num_layers))
-
-
-@dataclass
-class TransformerConfig:
-    # Defaults equal TENER's MSRA setting, so that `transformer` vs `tener` differ only in positions.
-    n_heads: int = 6
-    head_dim: int = 80  # d_model = n_heads * head_dim
-    num_layers: int = 2
-    ff_ratio: float = 2.0  # feed-forward width = ff_ratio * d_model (TENER uses 2; Vaswani used 4)
-    dropout: float = 0.15  # on sublayer outputs and inside the feed-forward
-    attn_dropout: float = 0.15  # on attention weights
+from nerkit.config import TransformerOptions
+from nerkit.encoders.attention import MultiHeadAttention, SinusoidTable, encoder_layers
+from nerkit.encoders.base import LatticeWords
+from nerkit.encoders.relative import VARIANTS, relative_attention
 
 
 class Transformer(nn.Module):
-    Config = TransformerConfig
+    uses_lattice = False
 
-    def __init__(self, input_dim: int, config: TransformerConfig):
+    def __init__(self, input_dim: int, config: TransformerOptions, word_dim: int = 0):
         super().__init__()
         d_model = config.n_heads * config.head_dim
         self.input_projection = nn.Linear(input_dim, d_model)
-        self.positions = SinusoidTable(d_model)
-        self.layers = encoder_layers(
-            lambda: MultiHeadAttention(config.n_heads, config.head_dim, config.attn_dropout),
-            d_model, config.ff_ratio, config.dropout, config.num_layers,
-        )
+        if config.attention == "absolute":
+            self.positions = SinusoidTable(d_model)
+            make_attention = lambda: MultiHeadAttention(  # noqa: E731
+                config.n_heads, config.head_dim, config.attn_dropout,
+                key_projection=config.key_projection is not False, scale=config.scale is not False)
+        else:
+            self.positions = None  # every position signal comes from the relative terms
+            variant = VARIANTS[config.attention]
+            for name in ("key_projection", "scale"):  # None keeps the paper's choice
+                if getattr(config, name) is not None:
+                    variant = dataclasses.replace(variant, **{name: getattr(config, name)})
+            make_attention = lambda: relative_attention(  # noqa: E731
+                variant, config.n_heads, config.head_dim, config.attn_dropout,
+                max_distance=config.max_relative_distance)
+        self.layers = encoder_layers(make_attention, d_model, config.ff_ratio, config.dropout, config.num_layers)
         self.output_dim = d_model
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor, lattice=None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: torch.Tensor, lattice: LatticeWords | None = None) -> torch.Tensor:
         # x (B, T, D), mask (B, T) bool, left-aligned, so position t is the t-th character; no lattice.
         x = self.input_projection(x)  # (B, T, d_model)
-        x = x + self.positions(0, x.size(1), like=x)
+        if self.positions is not None:
+            x = x + self.positions(0, x.size(1), like=x)
         for layer in self.layers:
             x = layer(x, mask)
         return x.masked_fill(~mask[..., None], 0.0)  # padding reads as zeros, as from the BiLSTM

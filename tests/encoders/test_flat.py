@@ -15,9 +15,11 @@ import torch
 from nerkit.config import load_config
 from nerkit.corpus import read_corpus
 from nerkit.encoders import ENCODERS
-from nerkit.encoders.flat import FLAT, NodeSpans
+from nerkit.config import FLATOptions
+from nerkit.encoders.attention import NodeSpans
+from nerkit.encoders.flat import FLAT
 from nerkit.errors import ConfigError
-from nerkit.model import Lattice
+from nerkit.encoders import LatticeWords
 from nerkit.pipeline import Pipeline
 
 REPO = Path(__file__).resolve().parents[2]
@@ -32,7 +34,7 @@ def make_encoder(fusion="four", chunk=3, seed=0, **overrides):
     torch.manual_seed(seed)
     options = dict(n_heads=HEADS, head_dim=HEAD_DIM, num_layers=2, ff_ratio=1.5, dropout=0.0, attn_dropout=0.0,
                    fusion=fusion, attention_chunk=chunk)
-    config = FLAT.Config(**{**options, **overrides})
+    config = FLATOptions(**{**options, **overrides})
     return FLAT(INPUT_DIM, config, word_dim=WORD_DIM).double()
 
 
@@ -53,7 +55,7 @@ def make_batch(chars, words, seed=0):
             head = int(torch.randint(0, n - 1, (1,), generator=generator))
             tail = min(n - 1, head + int(torch.randint(1, 4, (1,), generator=generator)))
             heads[b, w], tails[b, w] = head, tail
-    return x, mask, Lattice(embedded * word_mask[..., None], heads, tails, word_mask)
+    return x, mask, LatticeWords(embedded * word_mask[..., None], heads, tails, word_mask)
 
 
 def sinusoid_of(distance: torch.Tensor, dim: int) -> torch.Tensor:
@@ -165,7 +167,7 @@ def test_batched_equals_one_at_a_time():
     with torch.no_grad():
         batched = encoder(x, mask, lattice)
         for b, (n, k) in enumerate(zip(chars, words)):
-            alone = Lattice(lattice.words[b:b + 1, :k], lattice.heads[b:b + 1, :k], lattice.tails[b:b + 1, :k],
+            alone = LatticeWords(lattice.words[b:b + 1, :k], lattice.heads[b:b + 1, :k], lattice.tails[b:b + 1, :k],
                             lattice.mask[b:b + 1, :k])
             out = encoder(x[b:b + 1, :n], mask[b:b + 1, :n], alone)[0]
             torch.testing.assert_close(batched[b, :n], out, atol=1e-10, rtol=1e-10)
@@ -184,7 +186,7 @@ def test_padding_content_never_reaches_real_nodes():
         anywhere = torch.randint(0, 3, lattice.heads.shape)
         noisy_heads = torch.where(lattice.mask, lattice.heads, anywhere)
         noisy_tails = torch.where(lattice.mask, lattice.tails, anywhere + 2)
-        noisy = encoder(noisy_x, mask, Lattice(noisy_words, noisy_heads, noisy_tails, lattice.mask))
+        noisy = encoder(noisy_x, mask, LatticeWords(noisy_words, noisy_heads, noisy_tails, lattice.mask))
     torch.testing.assert_close(noisy, clean, atol=1e-10, rtol=1e-10)
 
 
@@ -220,19 +222,22 @@ def test_relative_scores_are_invariant_to_shifting_every_position():
 def test_sentence_without_words_and_empty_lattice_agree():
     encoder = make_encoder(seed=8).eval()
     x, mask, _ = make_batch([5], [0])
-    no_words = Lattice(torch.zeros(1, 1, WORD_DIM, dtype=torch.float64), torch.zeros(1, 1, dtype=torch.long),
+    no_words = LatticeWords(torch.zeros(1, 1, WORD_DIM, dtype=torch.float64), torch.zeros(1, 1, dtype=torch.long),
                        torch.zeros(1, 1, dtype=torch.long), torch.zeros(1, 1, dtype=torch.bool))  # as collate pads
     with torch.no_grad():
         torch.testing.assert_close(encoder(x, mask, no_words), encoder(x, mask, None), atol=1e-10, rtol=1e-10)
 
 
 def test_config_errors_and_defaults():
+    # The config is the validator: a bad fusion or chunk fails when it loads, before any model is built.
+    from nerkit.config import build_config
+
     with pytest.raises(ConfigError, match="did you mean 'four'"):
-        make_encoder(fusion="fuor")
+        build_config({"encoder": {"name": "flat", "fusion": "fuor"}})
     with pytest.raises(ConfigError, match="attention_chunk"):
-        make_encoder(chunk=-1)
+        build_config({"encoder": {"name": "flat", "attention_chunk": -1}})
     assert ENCODERS["flat"] is FLAT and FLAT.uses_lattice
-    defaults = FLAT(100, FLAT.Config(), word_dim=50)  # the official code's MSRA setting
+    defaults = FLAT(100, FLATOptions(), word_dim=50)  # the official code's MSRA setting
     attention = defaults.layers[0].attention
     assert defaults.output_dim == 160 and len(defaults.layers) == 1 and attention.n_heads == 8
     assert attention.key is None and attention.scale == 1.0
@@ -262,7 +267,7 @@ def test_train_save_load_end_to_end(tmp_path):
     out = tmp_path / "model"
     train(load_config(REPO / "configs" / "demo.yaml", overrides), out=out, progress_bar=False)
     loaded = Pipeline.load(out)
-    assert loaded.model.uses_lattice and len(loaded.words) > 2
+    assert loaded.model.uses_lattice and len(loaded.featurizer.words) > 2
     recorded = json.loads((out / "metrics.json").read_text())["dev"]
     again = loaded.evaluate(sample / "dev.bio")  # the in-memory model's dev score, reproduced after loading
     assert again["counts"] == recorded["counts"]

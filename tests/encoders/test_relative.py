@@ -11,8 +11,10 @@ import pytest
 import torch
 
 from nerkit.encoders import ENCODERS
-from nerkit.encoders.relative import VARIANTS, RelativeTransformer, relative_attention
-from nerkit.encoders.transformer import SinusoidTable
+from nerkit.config import TenerOptions
+from nerkit.encoders.relative import VARIANTS, relative_attention
+from nerkit.encoders.transformer import Transformer
+from nerkit.encoders.attention import SinusoidTable
 from nerkit.errors import ConfigError
 
 HEADS, HEAD_DIM = 2, 4
@@ -150,11 +152,11 @@ def test_relative_scores_are_invariant_to_shifting_positions(name):
 
 def make_encoder(name, **overrides):
     torch.manual_seed(0)
-    config = RelativeTransformer.Config(
+    config = TenerOptions(
         n_heads=HEADS, head_dim=HEAD_DIM, num_layers=2, dropout=0.0, attn_dropout=0.0,
         attention=name, max_relative_distance=CLIP, **overrides,
     )
-    return RelativeTransformer(5, config).double()
+    return Transformer(5, config).double()
 
 
 @pytest.mark.parametrize("name", ATTENTIONS)
@@ -196,13 +198,13 @@ def test_every_parameter_gets_a_gradient(name):
 
 
 def test_defaults_are_tener_on_msra():
-    config = RelativeTransformer.Config()
-    encoder = RelativeTransformer(100, config)
+    config = TenerOptions()
+    encoder = Transformer(100, config)
     assert encoder.output_dim == 480
     attention = encoder.layers[0].attention
     assert attention.key is None and attention.scale == 1.0  # no key projection, un-scaled softmax
     assert encoder.layers[0].feed_forward[0].out_features == 960
-    assert ENCODERS["tener"] is RelativeTransformer
+    assert ENCODERS["tener"] is Transformer
 
 
 def test_paper_choices_can_be_overridden():
@@ -212,13 +214,15 @@ def test_paper_choices_can_be_overridden():
 
 
 def test_unknown_attention_names_the_closest():
+    from nerkit.config import build_config
+
     with pytest.raises(ConfigError, match="did you mean 'shaw'"):
-        make_encoder("shaww")
+        build_config({"encoder": {"name": "tener", "attention": "shaww"}})
 
 
 def test_long_input_grows_the_table():
     torch.manual_seed(0)
-    encoder = RelativeTransformer(3, RelativeTransformer.Config(n_heads=1, head_dim=4, num_layers=1)).eval()
+    encoder = Transformer(3, TenerOptions(n_heads=1, head_dim=4, num_layers=1)).eval()
     sinusoids = encoder.layers[0].attention.positions.sinusoids
     x, mask = torch.randn(1, 3000, 3), torch.ones(1, 3000, dtype=torch.bool)
     short_rows = sinusoids(-9, 10, like=x).clone()

@@ -9,7 +9,9 @@ import pytest
 import torch
 
 from nerkit.encoders import ENCODERS
-from nerkit.encoders.transformer import MultiHeadAttention, SinusoidTable, Transformer, sinusoid
+from nerkit.config import TransformerOptions
+from nerkit.encoders.attention import MultiHeadAttention, SinusoidTable, sinusoid
+from nerkit.encoders.transformer import Transformer
 
 HEADS, HEAD_DIM = 2, 4
 D_MODEL = HEADS * HEAD_DIM
@@ -24,7 +26,7 @@ def make_batch(lengths, dim, seed=0):
 
 def make_encoder(**overrides):
     torch.manual_seed(0)
-    config = Transformer.Config(n_heads=HEADS, head_dim=HEAD_DIM, dropout=0.0, attn_dropout=0.0, **overrides)
+    config = TransformerOptions(n_heads=HEADS, head_dim=HEAD_DIM, dropout=0.0, attn_dropout=0.0, **overrides)
     return Transformer(5, config).double()
 
 
@@ -149,7 +151,7 @@ def test_every_parameter_gets_a_gradient():
 
 
 def test_sizes_are_derived():
-    encoder = Transformer(37, Transformer.Config(n_heads=3, head_dim=10, ff_ratio=2.0, num_layers=1))
+    encoder = Transformer(37, TransformerOptions(n_heads=3, head_dim=10, ff_ratio=2.0, num_layers=1))
     assert encoder.output_dim == 30
     assert encoder.layers[0].feed_forward[0].out_features == 60
     assert ENCODERS["transformer"] is Transformer

@@ -1,0 +1,73 @@
+"""The corpora a config names, read for training: train (long sentences split where no entity is
+cut), dev (its own file, or a seeded slice carved from train, as MSRA has none) and test (scored
+once at the end, never used for selection), with their entity types, tag scheme and checksums."""
+
+from __future__ import annotations
+
+import logging
+import random
+from dataclasses import dataclass
+
+from nerkit.config import Config
+from nerkit.corpus import Corpus, Sentence, read_corpus, sha256_file, split_sentence
+from nerkit.errors import UserError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Splits:
+    train: list[Sentence]
+    dev: list[Sentence]
+    test: list[Sentence] | None
+    types: list[str]
+    scheme: str
+    checksums: dict
+
+
+def seeded_dev_split(sentences: list[Sentence], fraction: float, seed: int) -> tuple[list[Sentence], list[Sentence]]:
+    """Carve a reproducible dev set from training sentences (MSRA has no dev set)."""
+    order = list(range(len(sentences)))
+    random.Random(seed).shuffle(order)
+    n_dev = max(1, round(fraction * len(sentences)))
+    dev_idx = set(order[:n_dev])
+    train = [s for i, s in enumerate(sentences) if i not in dev_idx]
+    dev = [s for i, s in enumerate(sentences) if i in dev_idx]
+    return train, dev
+
+
+def read_gold(path: str, repair: bool) -> Corpus:
+    """A corpus file; the tags `repair` fixed are logged, never silent."""
+    corpus = read_corpus(path, repair=repair)
+    if corpus.repaired:
+        log.info(f"{path}: repaired {corpus.repaired} tags in {corpus.invalid_transitions} invalid transitions")
+    return corpus
+
+
+def read_splits(config: Config) -> Splits:
+    dc = config.data
+    if not dc.train:
+        raise UserError("data.train is not set", fix="name the training file in the config's data section")
+    train_corpus = read_gold(dc.train, dc.repair)
+    train = [s for s in train_corpus.sentences if len(s)]  # an empty JSON-lines text has nothing to learn
+    if dc.limit:
+        train = train[: dc.limit]
+    if dc.dev:
+        dev = read_gold(dc.dev, dc.repair).sentences
+    else:
+        if dc.dev_split <= 0:
+            raise UserError("no dev data: data.dev is not set and data.dev_split is 0",
+                            fix="set data.dev, or data.dev_split (e.g. 0.05) to carve a dev set from train")
+        train, dev = seeded_dev_split(train, dc.dev_split, dc.split_seed)
+        log.info(f"dev: {len(dev)} sentences carved from {dc.train} (seed {dc.split_seed}, {dc.dev_split:.0%})")
+    test = read_gold(dc.test, dc.repair).sentences if dc.test else None
+    pieces = [p for s in train for p in split_sentence(s, dc.max_len)]
+    if len(pieces) != len(train):
+        log.info(f"train: {len(train)} sentences split into {len(pieces)} pieces of at most {dc.max_len} characters")
+    types = sorted({sp.type for s in train for sp in s.spans()})
+    scheme = train_corpus.scheme if dc.scheme == "auto" else dc.scheme
+    if not types:
+        raise UserError("the training data has no entities", where=dc.train)
+    checksums = {name: sha256_file(path) for name, path in (("train", dc.train), ("dev", dc.dev), ("test", dc.test))
+                 if path}
+    return Splits(pieces, dev, test, types, scheme, checksums)

@@ -1,0 +1,134 @@
+"""The contract every registered encoder keeps, checked over `ENCODERS` (and each attention of the
+Transformer): gradients reach every parameter; a padded batch gives each sentence what it gives
+alone; padding comes out as zeros, finite, and nothing written into it reaches a real position; and
+a model trained with it, saved and loaded predicts exactly as before. A new encoder is one file and
+one line in the registry, and this suite covers it without a change."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from nerkit.config import ENCODER_OPTIONS, build_config
+from nerkit.encoders import ENCODERS, LatticeWords
+
+INPUT_DIM, WORD_DIM = 12, 6
+# Small sizes for whichever of these fields an encoder's options have.
+TINY = {"hidden_size": 5, "n_heads": 2, "head_dim": 4, "num_layers": 2, "dropout": 0.3, "attn_dropout": 0.3,
+        "attention_chunk": 3, "max_relative_distance": 3}
+CASES = [(name, None) for name in ENCODERS if name != "tener"] + [("tener", a) for a in ("tener", "xl", "shaw")]
+IDS = [name if attention is None else f"{name}-{attention}" for name, attention in CASES]
+
+
+def make_encoder(name: str, attention: str | None, seed: int = 0):
+    options = ENCODER_OPTIONS[name]()
+    known = {f.name for f in dataclasses.fields(options)}
+    options = dataclasses.replace(options, **{k: v for k, v in TINY.items() if k in known},
+                                  **({"attention": attention} if attention else {}))
+    torch.manual_seed(seed)
+    return ENCODERS[name](INPUT_DIM, options, WORD_DIM).double()
+
+
+def make_inputs(lengths: list[int], words: list[int], seed: int = 0):
+    """x (B, T, D), mask (B, T) and a lattice of `words[b]` random words inside sentence b."""
+    generator = torch.Generator().manual_seed(seed)
+    batch, width, n_words = len(lengths), max(lengths), max(max(words), 1)
+    x = torch.randn(batch, width, INPUT_DIM, generator=generator, dtype=torch.float64)
+    mask = torch.arange(width)[None, :] < torch.tensor(lengths)[:, None]
+    heads = torch.zeros(batch, n_words, dtype=torch.long)
+    tails = torch.zeros(batch, n_words, dtype=torch.long)
+    for b, (length, count) in enumerate(zip(lengths, words)):
+        starts = torch.randint(0, max(1, length - 1), (count,), generator=generator)
+        heads[b, :count] = starts
+        tails[b, :count] = torch.minimum(starts + 1 + torch.randint(0, 3, (count,), generator=generator),
+                                         torch.tensor(length - 1))
+    word_mask = torch.arange(n_words)[None, :] < torch.tensor(words)[:, None]
+    vectors = torch.randn(batch, n_words, WORD_DIM, generator=generator, dtype=torch.float64) * word_mask[..., None]
+    return x, mask, LatticeWords(vectors, heads, tails, word_mask)
+
+
+def test_the_two_registries_name_the_same_encoders():
+    assert set(ENCODERS) == set(ENCODER_OPTIONS)
+    for name, cls in ENCODERS.items():
+        assert isinstance(cls.uses_lattice, bool), name
+        build_config({"encoder": {"name": name}})  # every registered name is a valid config
+
+
+@pytest.mark.parametrize("name, attention", CASES, ids=IDS)
+def test_output_width_is_the_declared_output_dim(name, attention):
+    encoder = make_encoder(name, attention).eval()
+    x, mask, lattice = make_inputs([5, 3], [2, 1])
+    assert encoder(x, mask, lattice).shape == (2, 5, encoder.output_dim)
+
+
+@pytest.mark.parametrize("name, attention", CASES, ids=IDS)
+def test_every_parameter_gets_a_gradient(name, attention):
+    encoder = make_encoder(name, attention).train()
+    x, mask, lattice = make_inputs([7, 4, 6], [3, 1, 2])
+    torch.manual_seed(1)
+    (encoder(x, mask, lattice) ** 2).sum().backward()
+    missing = [n for n, p in encoder.named_parameters() if p.grad is None or not p.grad.abs().sum() > 0]
+    assert not missing, f"no gradient for {missing}"
+
+
+@pytest.mark.parametrize("name, attention", CASES, ids=IDS)
+def test_a_batch_gives_each_sentence_what_it_gives_alone(name, attention):
+    encoder = make_encoder(name, attention).eval()
+    lengths, words = [9, 2, 6, 1], [4, 1, 0, 2]
+    x, mask, lattice = make_inputs(lengths, words)
+    with torch.no_grad():
+        batched = encoder(x, mask, lattice)
+        for b, (length, count) in enumerate(zip(lengths, words)):
+            keep = max(count, 1)  # a sentence without words still has one (masked) slot, as collate pads
+            alone = LatticeWords(lattice.words[b:b + 1, :keep], lattice.heads[b:b + 1, :keep],
+                                 lattice.tails[b:b + 1, :keep], lattice.mask[b:b + 1, :keep])
+            single = encoder(x[b:b + 1, :length], mask[b:b + 1, :length], alone)
+            torch.testing.assert_close(batched[b, :length], single[0], atol=1e-10, rtol=1e-10)
+
+
+@pytest.mark.parametrize("name, attention", CASES, ids=IDS)
+def test_padding_is_zero_finite_and_inert(name, attention):
+    encoder = make_encoder(name, attention).eval()
+    lengths, words = [8, 3, 5], [3, 1, 2]
+    x, mask, lattice = make_inputs(lengths, words)
+    with torch.no_grad():
+        out = encoder(x, mask, lattice)
+        assert torch.isfinite(out).all()
+        assert torch.equal(out[~mask], torch.zeros_like(out[~mask]))
+        # Huge values where nothing is real: in the padded characters and the padded word slots.
+        noisy_x = x.masked_fill(~mask[..., None], 1e6)
+        noisy_words = lattice.words.masked_fill(~lattice.mask[..., None], -1e6)
+        noisy = encoder(noisy_x, mask, LatticeWords(noisy_words, lattice.heads, lattice.tails, lattice.mask))
+        torch.testing.assert_close(noisy[mask], out[mask], atol=1e-10, rtol=1e-10)
+
+
+@pytest.mark.parametrize("name, attention", CASES, ids=IDS)
+def test_train_save_load_predicts_the_same(name, attention, tmp_path, tiny_config):
+    from nerkit.corpus import read_corpus
+    from nerkit.pipeline import Pipeline
+    from nerkit.train import train
+
+    from conftest import TINY_DEV
+
+    known = {f.name for f in dataclasses.fields(ENCODER_OPTIONS[name])}
+    overrides = [f"encoder.name={name}"] + [f"encoder.{k}={v}" for k, v in TINY.items() if k in known]
+    if attention:
+        overrides.append(f"encoder.attention={attention}")
+    if ENCODERS[name].uses_lattice:  # a small lexicon: the entities' own words and some noise
+        words = tmp_path / "words.txt"
+        words.write_text("张三\n北京\n北京大学\n上海\n新华社\n记者\n", encoding="utf-8")
+        overrides += [f"lexicon.source={words}", "embeddings.word_dim=8"]
+    out = tmp_path / "model"
+    metrics = train(tiny_config(*overrides, "train.epochs=2"), out=out, progress_bar=False)
+    loaded = Pipeline.load(out)
+    # The model in memory at the end of training scored dev; the loaded one scores it the same.
+    assert loaded.evaluate(TINY_DEV)["counts"] == metrics["dev"]["counts"]
+    texts = [s.text for s in read_corpus(TINY_DEV).sentences] + ["张三在北京大学读书。" * 3, "上"]
+    predicted = loaded.predict(texts)
+    loaded.save(tmp_path / "again")
+    again = Pipeline.load(tmp_path / "again")
+    assert again.predict(texts) == predicted
+    for key, tensor in loaded.model.state_dict().items():
+        assert torch.equal(again.model.state_dict()[key], tensor), key
