@@ -252,3 +252,23 @@ def test_threads_option_sets_torch_threads_and_keeps_predictions(tiny_model_dir,
         torch.set_num_threads(before)
     code, _, stderr = run_cli(monkeypatch, capfd, "eval", "--model", model, "--data", str(texts_file), "--threads", "-1")
     assert code == 2 and "Invalid value for '--threads'" in stderr and "Traceback" not in stderr
+
+
+def test_eval_and_the_api_read_a_gold_file_as_the_model_read_its_training_data(tmp_path, tiny_config,
+                                                                                monkeypatch, capfd):
+    """One evaluation path: for a model trained with data.repair, `nerkit eval` and
+    `model.evaluate(path)` both repair the file's invalid transitions (and say so on stderr), and
+    agree; `--no-repair` asks for the strict reading, which refuses the file."""
+    import nerkit
+    from nerkit.train import train
+
+    invalid = FIXTURES / "invalid_transitions.bio"
+    out = tmp_path / "model"
+    train(tiny_config("data.repair=true", f"data.dev={invalid}", "train.epochs=2"), out=out, progress_bar=False)
+    api = nerkit.load(out).evaluate(invalid)
+    code, stdout, stderr = run_cli(monkeypatch, capfd, "eval", "--model", str(out), "--data", str(invalid), "--json")
+    assert code == 0, stderr
+    assert json.loads(stdout) == api
+    assert f"{invalid}: repaired" in stderr
+    code, _, stderr = run_cli(monkeypatch, capfd, "eval", "--model", str(out), "--data", str(invalid), "--no-repair")
+    assert code == 2 and "invalid" in stderr.lower() and "Traceback" not in stderr

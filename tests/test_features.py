@@ -190,3 +190,49 @@ def test_bucketed_batches_pad_far_less_than_random_batches_and_are_reproducible(
     assert padding(bucketed) < 0.2 * padding(random_batches)  # about 0.1 with pools of 320
     assert bucketed == bucketed_batches(lengths, 32, random.Random(1), bucket_factor=10)
     assert bucketed != bucketed_batches(lengths, 32, random.Random(2), bucket_factor=10)
+
+
+# ----------------------------------------------------------------------- the featuriser
+
+
+def featurizer_for(tmp_path, tiny_config, *overrides, words="AB公司\n北京\n"):
+    """A FLAT featuriser over a word list and one training sentence written in full-width letters."""
+    from nerkit.corpus import Sentence, Span, scheme_tags
+    from nerkit.features import Featurizer
+    from nerkit.lexicon import Lexicon
+
+    lexicon_file = tmp_path / "words.txt"
+    lexicon_file.write_text(words, encoding="utf-8")
+    config = tiny_config("encoder.name=flat", f"lexicon.source={lexicon_file}", *overrides)
+    sentence = Sentence(list("他在ＡＢ公司工作"), ["O", "O", "B-ORG", "I-ORG", "I-ORG", "I-ORG", "O", "O"])
+    assert sentence.spans() == [Span(2, 6, "ORG")]
+    lexicon = Lexicon.from_source(str(lexicon_file), 2)
+    return Featurizer.build(config, [sentence], scheme_tags(["ORG"], "bio"), lexicon), sentence
+
+
+def test_a_word_matched_only_after_normalisation_has_its_own_id(tmp_path, tiny_config):
+    """With data.normalize, "ＡＢ公司" reads as "AB公司", a lexicon word: it is counted into the
+    word vocabulary from the same normalised text that examples are built from, so it never
+    reaches the model as <unk> (it did when the counting saw the raw text)."""
+    featurizer, sentence = featurizer_for(tmp_path, tiny_config, "data.normalize=true")
+    assert "AB公司" in featurizer.words
+    example = featurizer.example(sentence.tokens)
+    assert example.word_ids == [featurizer.words.index["AB公司"]]
+    assert (example.word_heads, example.word_tails) == ([2], [5])
+    assert featurizer.chars.index["A"] == example.char_ids[2]  # characters normalised the same way
+
+
+def test_without_normalisation_the_raw_text_is_matched(tmp_path, tiny_config):
+    featurizer, sentence = featurizer_for(tmp_path, tiny_config)
+    assert featurizer.example(sentence.tokens).word_ids == [] and len(featurizer.words) == 2
+    assert "Ａ" in featurizer.chars
+
+
+def test_examples_and_counting_agree_on_every_unit(tmp_path, tiny_config):
+    """No unit of a training sentence (character, bigram, lattice word) maps to <unk>: the
+    vocabularies were counted from exactly what `example` looks up."""
+    featurizer, sentence = featurizer_for(tmp_path, tiny_config, "data.normalize=true",
+                                          words="AB公司\n公司\n工作\nAB\n在ＡＢ\n")
+    example = featurizer.example(sentence.tokens)
+    assert 1 not in example.char_ids and 1 not in example.bichar_ids and 1 not in example.word_ids
+    assert len(example.word_ids) == 4  # AB, AB公司, 公司, 工作 (在ＡＢ only matches the raw text)
