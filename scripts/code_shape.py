@@ -13,6 +13,7 @@ calls "both ways" join two modules that each call the other (neither is below th
 from __future__ import annotations
 
 import ast
+import inspect
 import sys
 from collections import Counter
 from pathlib import Path
@@ -50,7 +51,8 @@ def trace(argv: list[str]) -> None:
 
     def hook(frame, event, arg):
         if event == "call":
-            callee = module_of(frame.f_code)
+            # Module and class bodies (run at import) are not the command's flow: only functions count.
+            callee = module_of(frame.f_code) if frame.f_code.co_flags & inspect.CO_OPTIMIZED else None
             caller_frames = [m for m in stack if m is not None]
             if callee is not None and caller_frames and caller_frames[-1] != callee:
                 caller = caller_frames[-1]
