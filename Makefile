@@ -18,7 +18,7 @@ install: $(STAMP)
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check $(TORCH)
-	$(PY) -m pip install -q --disable-pip-version-check -e ".[test,fast]"
+	$(PY) -m pip install -q --disable-pip-version-check -e ".[test,fast,lm]"
 	touch $(STAMP)
 
 demo: $(STAMP)
