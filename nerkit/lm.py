@@ -282,12 +282,10 @@ def _read_config(directory: Path):
     path = directory / "config.json"
     if not path.is_file():
         raise UserError("config.json not found", where=str(directory), fix=FETCH_FIX)
-    from transformers import AutoConfig
-
     try:
-        config = AutoConfig.from_pretrained(str(directory), local_files_only=True)
+        config = _transformers().AutoConfig.from_pretrained(str(directory), local_files_only=True)
     except (OSError, ValueError, KeyError, TypeError) as e:
-        raise UserError(f"not a usable model config ({str(e).splitlines()[0]})", where=str(path),
+        raise UserError(f"not a usable model config ({_gist(e)})", where=str(path),
                         fix="use the config.json of a BERT-style encoder") from None
     needed = ("hidden_size", "num_hidden_layers", "max_position_embeddings", "vocab_size")
     if getattr(config, "is_encoder_decoder", False) or any(not hasattr(config, k) for k in needed):
@@ -305,7 +303,7 @@ def _read_weights(directory: Path) -> tuple[dict[str, torch.Tensor], Path]:
         try:
             return load_file(str(safetensors_path), device="cpu"), safetensors_path
         except (SafetensorError, OSError) as e:
-            raise UserError(f"model.safetensors cannot be read ({e})", where=str(safetensors_path),
+            raise UserError(f"model.safetensors cannot be read ({_gist(e)})", where=str(safetensors_path),
                             fix="the file is damaged or not safetensors; copy or convert it again") from None
     if pickle_path.is_file():
         try:
@@ -314,7 +312,7 @@ def _read_weights(directory: Path) -> tuple[dict[str, torch.Tensor], Path]:
             raise UserError("pytorch_model.bin holds objects other than tensors, which are not loaded",
                             where=str(pickle_path), fix="convert it to model.safetensors where you trust it") from None
         except (RuntimeError, EOFError, ValueError, OSError, zipfile.BadZipFile) as e:
-            raise UserError(f"pytorch_model.bin cannot be read ({str(e).splitlines()[0]})", where=str(pickle_path),
+            raise UserError(f"pytorch_model.bin cannot be read ({_gist(e)})", where=str(pickle_path),
                             fix="the file is damaged; copy it again") from None
         if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
             raise UserError("pytorch_model.bin is not a state dict of tensors", where=str(pickle_path),
@@ -330,15 +328,14 @@ def _build_lm(config, state: dict[str, torch.Tensor], weights: Path) -> nn.Modul
     """The encoder of `config` (no pooler) with `state` loaded into it. Checkpoints of a
     pretraining head ("bert.encoder...", "cls.predictions...") and TF-era LayerNorm names
     (gamma/beta) are accepted; the heads are dropped."""
-    from transformers import AutoModel
-
+    AutoModel = _transformers().AutoModel
     try:
         try:
             lm = AutoModel.from_config(config, add_pooling_layer=False)
         except TypeError:  # encoders without a pooler take no such option
             lm = AutoModel.from_config(config)
     except (ValueError, KeyError) as e:
-        raise UserError(f"cannot build the model of config.json ({str(e).splitlines()[0]})",
+        raise UserError(f"cannot build the model of config.json ({_gist(e)})",
                         where=str(weights.parent / "config.json"), fix="use a BERT-style encoder config") from None
     expected = lm.state_dict()
     renamed = {_modern_name(k): v for k, v in state.items()}
@@ -356,6 +353,23 @@ def _build_lm(config, state: dict[str, torch.Tensor], weights: Path) -> nn.Modul
                         fix="use the weights and config.json of the same model")
     lm.load_state_dict({k: renamed[k] for k in expected})
     return lm
+
+
+def _transformers():
+    try:
+        import transformers
+    except ImportError:
+        raise UserError("the language-model features need the transformers package",
+                        fix='install nerkit with its "lm" extra: `make install`, or pip install -e ".[lm]"') from None
+    return transformers
+
+
+def _gist(error: Exception) -> str:
+    """The first sentence of a library's error message."""
+    text = str(error).strip()
+    if not text:
+        return type(error).__name__
+    return text.splitlines()[0].split(". ")[0].rstrip(".")
 
 
 def _modern_name(name: str) -> str:
@@ -406,7 +420,7 @@ def load_saved_lm(model_dir: str | Path) -> LMEmbedder:
         try:
             embedder.scalar_mix.load_state_dict(load_file(str(directory / MIX_FILE), device="cpu"))
         except (SafetensorError, OSError, RuntimeError) as e:
-            raise UserError(f"{MIX_FILE} cannot be read ({str(e).splitlines()[0]})", where=str(directory / MIX_FILE),
+            raise UserError(f"{MIX_FILE} cannot be read ({_gist(e)})", where=str(directory / MIX_FILE),
                             fix="save the model again") from None
     return embedder
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import shutil
+import sys
 
 import pytest
 import torch
@@ -415,3 +416,11 @@ def test_unknown_layers_option_and_incomplete_saved_lm_are_user_errors(tmp_path,
     (tmp_path / "model" / "lm" / "nerkit_lm.json").unlink()
     with pytest.raises(UserError, match="nerkit_lm.json"):
         load_saved_lm(tmp_path / "model")
+
+
+def test_missing_transformers_is_a_user_error(tmp_path, monkeypatch):
+    (tmp_path / "config.json").write_text("{}", encoding="utf-8")
+    monkeypatch.setitem(sys.modules, "transformers", None)  # makes `import transformers` fail
+    with pytest.raises(UserError, match="transformers") as info:
+        load_lm(tmp_path)
+    assert "lm" in info.value.fix
