@@ -31,6 +31,7 @@ _TEXT_FIX = "give a word2vec text file: an optional `count dim` header line, the
 _CHUNK = 65536  # text lines parsed by one numpy call
 _NUMBER_BYTES = frozenset(b"0123456789+-.eEnaifNAIF \t\r\n")
 _WHITESPACE = re.compile(r"\s")
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
 @dataclass
@@ -75,7 +76,7 @@ def read_vectors(path: str | Path) -> Vectors:
         first = _read_guarded(path, lambda: f.readline())
         sample = _read_guarded(path, lambda: f.read(4096))
     header = _parse_header(first, sample)
-    if header is not None and _looks_binary(header[1], sample):
+    if header is not None and _looks_binary(sample):
         return _read_binary(path, header)
     return _read_text(path, header)
 
@@ -111,24 +112,25 @@ def _read_guarded(path: Path, read: Callable):
 
 def _parse_header(first: bytes, sample: bytes) -> tuple[int, int] | None:
     """`(count, dim)` when the first line is a word2vec header. A headerless file of 1-d vectors can
-    start with two integers too ("12 5"): then the next line has 2 fields, not dim + 1."""
+    start with two integers too ("12 5"): then the next text line has 2 fields, not dim + 1."""
     fields = first.removeprefix(b"\xef\xbb\xbf").split()
     if len(fields) != 2 or not all(f.isdigit() for f in fields):
         return None
     count, dim = int(fields[0]), int(fields[1])
-    if dim != 1 and count:
+    if _looks_binary(sample):
         return count, dim
     following = sample.split(b"\n", 1)[0].split()
-    return (count, dim) if len(following) != 2 else None
+    return None if len(following) == 2 and dim != 1 else (count, dim)
 
 
-def _looks_binary(dim: int, sample: bytes) -> bool:
-    record = sample.lstrip(b"\n")
-    space = record.find(b" ")
-    if space < 0:
+def _looks_binary(sample: bytes) -> bool:
+    """After a header, binary records are `word` + space + raw floats; text has written numbers."""
+    first_line = sample.lstrip(b"\n").split(b"\n", 1)[0]
+    word_end = first_line.find(b" ")
+    if word_end < 0:
         return False
-    values = record[space + 1: space + 1 + min(4 * dim, 64)]
-    return any(byte not in _NUMBER_BYTES for byte in values)
+    values = first_line[word_end + 1:][:64]  # raw floats end here early if one of their bytes is "\n"
+    return not values or any(byte not in _NUMBER_BYTES for byte in values)
 
 
 def _read_text(path: Path, header: tuple[int, int] | None) -> Vectors:
@@ -206,7 +208,7 @@ def _parse_values(path: Path, pending: list[tuple[int, str]], dim: int) -> np.nd
     for number, values in pending:
         for value in values.split():
             try:
-                ok = np.isfinite(np.float32(float(value)))
+                ok = abs(float(value)) <= _FLOAT32_MAX  # False for nan; inf and 1e39 exceed it
             except ValueError:
                 ok = False
             if not ok:
