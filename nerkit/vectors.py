@@ -12,7 +12,6 @@ import importlib.util
 import logging
 import re
 import struct
-import unicodedata
 import warnings
 import zlib
 from collections import Counter
@@ -73,7 +72,7 @@ def read_vectors(path: str | Path) -> Vectors:
     if not path.is_file():
         raise UserError("not a regular file", where=str(path), fix="point to a word2vec or fastText vector file")
     with _open(path) as f:
-        first = _read_guarded(path, lambda: f.readline())
+        first = _read_guarded(path, f.readline)
         sample = _read_guarded(path, lambda: f.read(4096))
     header = _parse_header(first, sample)
     if header is not None and _looks_binary(sample):
@@ -343,47 +342,45 @@ def read_texts(path: str | Path) -> list[str]:
 def text_key(text: str) -> str:
     """A sentence as held-out filtering compares it: whitespace removed, each character NFKC-folded
     when that keeps it one character (so １９９８ and 1998, or ， and , compare equal)."""
-    out = []
-    for char in text:
-        if char.isspace():
-            continue
-        folded = unicodedata.normalize("NFKC", char)
-        out.append(folded if len(folded) == 1 else char)
-    return "".join(out)
+    return "".join(chars_of(text, normalize=True))
 
 
 class HeldOut:
-    """Dev and test sentences that vector training text must not contain (or be part of).
+    """Dev and test sentences that vector training text must not contain, be part of, or share a
+    long run of characters with.
 
-    A text is rejected when it contains a held-out sentence of at least `min_len` characters, or when
-    it is itself part of a held-out sentence (any length), both compared by `text_key`. Shorter
-    held-out "sentences" (MSRA's test set has lines such as 同胞们 or a bare name) are not evidence
-    that a text comes from the test set, and would reject every text that mentions them.
+    A text is rejected when, compared by `text_key`, it contains a held-out sentence of at least
+    `min_len` characters, is itself part of a held-out sentence (any length), or shares a run of
+    `run` characters with one (a held-out sentence cut or joined differently, as MSRA and People's
+    Daily cut the same 1998 articles). Shorter held-out "sentences" (MSRA's test set has lines such
+    as 同胞们 or a bare name) are not evidence that a text comes from the test set, and would reject
+    every text that mentions them.
     """
 
-    def __init__(self, sentences: Iterable[str], min_len: int = 5):
+    def __init__(self, sentences: Iterable[str], min_len: int = 5, run: int = 25):
         from nerkit.lexicon import Lexicon
 
         keys = {text_key(s) for s in sentences} - {""}
-        self.min_len = min_len
-        self.size = len(keys)
-        self._exact = keys
+        self.min_len, self.run = min_len, run
         self._joined = "\n".join(sorted(keys))  # `key in joined` <=> key is part of a held-out sentence
         self._lexicon = Lexicon(keys, min_len=max(2, min_len), max_len=None, source="held-out sentences")
         self._single = {k for k in keys if len(k) == 1 and min_len <= 1}
+        self._runs = {k[i:i + run] for k in keys for i in range(len(k) - run + 1)}
 
     @classmethod
-    def from_files(cls, paths: Iterable[str | Path], min_len: int = 5) -> "HeldOut":
+    def from_files(cls, paths: Iterable[str | Path], **options) -> "HeldOut":
         """The sentences of dev or test files (corpora or plain text, as `read_texts` reads them)."""
-        return cls([text for path in paths for text in read_texts(path)], min_len)
+        return cls([text for path in paths for text in read_texts(path)], **options)
 
     def rejects(self, text: str) -> bool:
         key = text_key(text)
         if not key:
             return False
-        if key in self._exact or key in self._joined:
+        if key in self._joined:
             return True
         if self._single and any(char in self._single for char in key):
+            return True
+        if any(key[i:i + self.run] in self._runs for i in range(len(key) - self.run + 1)):
             return True
         return bool(self._lexicon.match(key))
 
@@ -413,8 +410,8 @@ class _Sentences:
 
 
 def chars_of(text: str, normalize: bool = False) -> list[str]:
-    """The characters the featuriser sees: whitespace dropped, NFKC-folded with `normalize`
-    (nerkit's `data.normalize`)."""
+    """A text's characters as vector tokens: whitespace dropped (a corpus has no whitespace tokens),
+    each NFKC-folded with `normalize` exactly as the featuriser does under `data.normalize`."""
     from nerkit.corpus import normalize_char
 
     return [normalize_char(c) if normalize else c for c in text if not c.isspace()]

@@ -286,10 +286,13 @@ def test_held_out_filter_removes_a_planted_test_sentence():
         "同胞们、朋友们，新年好！",  # contains only a short (< 5 characters) test sentence: kept
         "李鹏总理会见了外宾",  # part of one (no final 。)
         "今天天气很好。",
+        "据悉，中国足球队在１９９８年世界杯上表现",  # 18 characters of one, cut differently
     ]
     kept, removed = held_out.filter(texts)
-    assert kept == ["同胞们、朋友们，新年好！", "今天天气很好。"] and removed == 5
+    assert kept == ["同胞们、朋友们，新年好！", "今天天气很好。", "据悉，中国足球队在１９９８年世界杯上表现"]
+    assert removed == 5
     assert HeldOut(test_sentences, min_len=2).rejects("同胞们、朋友们，新年好！")
+    assert HeldOut(test_sentences, run=15).rejects("据悉，中国足球队在１９９８年世界杯上表现")
 
 
 # ---- jieba's LAC characters ---------------------------------------------------------------------
