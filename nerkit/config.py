@@ -39,21 +39,47 @@ class DataConfig:
 
 
 @dataclass
+class LMConfig:
+    """A pretrained character-level language model as features (`embeddings.lm.*`)."""
+
+    path: str | None = None  # a local Hugging Face directory (BERT, RoBERTa, MacBERT, ...); None: no LM
+    finetune: bool = False  # train the LM's weights too (else frozen, its features cached per corpus)
+    lr: float = 0.0  # the LM's own learning rate when fine-tuned (0: train.lr)
+    layers: str = "last"  # last: the top layer | mix: a learned scalar mix of every layer
+    bf16: bool = False  # run the LM under bf16 autocast (about twice as fast on CPUs with AVX512-BF16)
+    cache: str | None = None  # where frozen features are cached (None: $XDG_CACHE_HOME/nerkit, else ~/.cache/nerkit)
+
+
+@dataclass
 class EmbeddingsConfig:
-    char_dim: int = 100
-    bichar_dim: int = 100  # 0 turns bigram features off
-    word_dim: int = 50  # lexicon words (FLAT)
-    char_vectors: str | None = None  # word2vec text format, optional
+    # Widths: None takes the vector file's when one is given, else DEFAULT_WIDTHS; a width that
+    # disagrees with its vector file is an error naming both.
+    char_dim: int | None = None
+    bichar_dim: int | None = None  # 0 turns bigram features off
+    word_dim: int | None = None  # lexicon words (FLAT)
+    char_vectors: str | None = None  # word2vec text or binary, fastText .vec (.gz allowed)
     bichar_vectors: str | None = None
     word_vectors: str | None = None
+    vectors_keep: str = "all"  # all: every row of a vector file joins the vocabulary | train: training tokens only
+    vectors_normalize: bool = True  # pretrained rows scaled to unit length (TENER's and FLAT's code)
     min_freq: int = 1
     bichar_min_freq: int = 1
     dropout: float = 0.5
+    token_dropout: float = 0.0  # a training token becomes <unk> with this probability, so <unk> is learnt
     freeze: bool = False  # keep pretrained vectors fixed
     # Random vectors: `normal` is PyTorch's N(0, 1); `scaled` is U(-sqrt(3/dim), sqrt(3/dim)) (std
     # 1/sqrt(dim), unit-norm-sized vectors), what TENER's and FLAT's code (fastNLP StaticEmbedding)
     # start from; with plain SGD at lr ~1e-3 N(0, 1) vectors barely move.
     init: str = "normal"
+    lm: LMConfig = field(default_factory=LMConfig)
+
+    def width(self, kind: str) -> int:
+        """The width of the `kind` table (char, bichar, word): as set, else the default."""
+        value = getattr(self, f"{kind}_dim")
+        return DEFAULT_WIDTHS[kind] if value is None else value
+
+
+DEFAULT_WIDTHS = {"char": 100, "bichar": 100, "word": 50}
 
 
 @dataclass
@@ -115,11 +141,17 @@ class FLATOptions:
     attention_chunk: int = 32  # query rows per block of position scores (0 = all at once): bounds memory
 
 
+@dataclass
+class NoEncoderOptions:
+    pass  # `encoder.name: none` has nothing to set
+
+
 ENCODER_OPTIONS = {
     "bilstm": BiLSTMOptions,
     "transformer": TransformerOptions,
     "tener": TenerOptions,
     "flat": FLATOptions,
+    "none": NoEncoderOptions,
 }
 DEVICES = ("auto", "cpu", "cuda")  # auto: the GPU when torch sees one
 ATTENTIONS = ("absolute", "tener", "xl", "shaw")  # absolute, then nerkit.encoders.relative.VARIANTS
@@ -185,9 +217,12 @@ CHOICES = {
     ("train", "schedule"): ("constant", "linear", "inverse_time"),
     ("train", "device"): DEVICES,
     ("crf", "algorithm"): ("auto", "loop", "scan"),
+    ("embeddings", "vectors_keep"): ("all", "train"),
+    ("embeddings.lm", "layers"): ("last", "mix"),
     ("encoder", "attention"): ATTENTIONS,
     ("encoder", "fusion"): FUSIONS,
 }
+NESTED = {("embeddings", "lm"): LMConfig}  # sections inside sections
 # Keys that earlier versions wrote into a model directory's config.yaml and that no longer mean
 # anything: read and dropped, so that those directories still load.
 RETIRED_KEYS = {("train", "eval_every_epochs")}
@@ -282,6 +317,10 @@ def _fill(cls, values: dict, section: str, source: str):
             if (section, key) in RETIRED_KEYS:
                 continue
             raise ConfigError(f"unknown key {section}.{key}", where=source, fix=_suggest(key, known))
+        nested = NESTED.get((section, key))
+        if nested is not None:  # a section inside a section, e.g. embeddings.lm
+            kwargs[key] = _fill(nested, value, f"{section}.{key}", source)
+            continue
         kwargs[key] = _coerce(value, known[key].type, f"{source}: {section}.{key}")
         choices = CHOICES.get((section, key))
         if choices and kwargs[key] not in choices:
@@ -352,6 +391,13 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     return path, value
 
 
+def _set(section, path: list[str], value):
+    """A copy of `section` (a mapping, or nothing yet) with `value` at `path`."""
+    section = dict(section) if isinstance(section, dict) else {}
+    section[path[0]] = value if len(path) == 1 else _set(section.get(path[0]), path[1:], value)
+    return section
+
+
 def build_config(raw: dict, source: str = "<config>", overrides: list[str] = ()) -> Config:
     raw = dict(raw or {})
     file_encoder = raw.get("encoder") if isinstance(raw.get("encoder"), dict) else {}
@@ -364,12 +410,9 @@ def build_config(raw: dict, source: str = "<config>", overrides: list[str] = ())
         if len(path) == 1:
             raw[path[0]] = value
             continue
-        if len(path) != 2:
+        if len(path) > 3 or (len(path) == 3 and (path[0], path[1]) not in NESTED):
             raise ConfigError(f"override {text!r} is nested too deep", fix="write --set section.key=value")
-        section = raw.get(path[0])
-        section = dict(section) if isinstance(section, dict) else {}
-        section[path[1]] = value
-        raw[path[0]] = section
+        raw[path[0]] = _set(raw.get(path[0]), path[1:], value)
         if path[0] == "encoder":
             file_encoder_keys.discard(path[1])
     for key in raw:

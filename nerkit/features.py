@@ -1,20 +1,18 @@
 """Features: the one place text becomes model input. `Featurizer` turns a sentence's characters
 into character, character-bigram ("bichar") and lexicon-word ids (normalisation and the FLAT
 lattice included), and counts the vocabularies from training text through the very same steps;
-then length-bucketed batches of tensors with a bool mask, and pretrained word2vec-format vectors."""
+then length-bucketed batches of tensors with a bool mask."""
 
 from __future__ import annotations
 
-import gzip
 import random
 from collections import Counter
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
 from nerkit.corpus import Sentence, detect_scheme, normalize_char, spans_to_tags
-from nerkit.errors import ModelDirError, UserError
+from nerkit.errors import ModelDirError
 from nerkit.lexicon import Lexicon, SentenceLattice, build_lattice
 
 PAD, UNK = "<pad>", "<unk>"
@@ -34,6 +32,11 @@ class Vocab:
         kept = sorted((t for t, c in counts.items() if c >= min_freq), key=lambda t: (-counts[t], t))
         return cls(kept)
 
+    def extended(self, tokens) -> "Vocab":
+        """This vocabulary with `tokens` it lacks appended, in their order (ids stay as they were)."""
+        new = [t for t in dict.fromkeys(tokens) if t not in self.index]
+        return Vocab(self.tokens + new) if new else self
+
     def ids(self, tokens) -> list[int]:
         get = self.index.get
         return [get(t, 1) for t in tokens]
@@ -47,43 +50,6 @@ class Vocab:
 
 def bigrams(chars: list[str]) -> list[str]:
     return [a + b for a, b in zip(chars, chars[1:] + [END])]
-
-
-def load_vectors(path: str | Path, vocab: Vocab, dim: int) -> tuple[torch.Tensor | None, int]:
-    """Rows of `vocab` found in a word2vec text file (`.gz` allowed, header line optional).
-
-    Returns a (len(vocab), dim) tensor whose missing rows are random, and how many were found."""
-    path = Path(path)
-    if not path.exists():
-        raise UserError("pretrained vector file not found", where=str(path),
-                        fix="check embeddings.*_vectors in the config, or remove it for random init")
-    opener = gzip.open if path.suffix == ".gz" else open
-    table = torch.empty(len(vocab), dim).normal_(0.0, dim ** -0.5)
-    table[0] = 0.0
-    found = 0
-    with opener(path, "rt", encoding="utf-8", errors="strict") as f:
-        try:
-            for number, line in enumerate(f, 1):
-                parts = line.rstrip("\n").rstrip(" ").split(" ")
-                if number == 1 and len(parts) == 2 and all(p.isdigit() for p in parts):
-                    continue  # "N D" header
-                if len(parts) < 2:
-                    continue
-                word, values = parts[0], parts[1:]
-                if len(values) != dim:
-                    raise UserError(f"vector of dimension {len(values)}, expected {dim}", where=f"{path}:{number}",
-                                    fix="set embeddings.*_dim to the file's dimension")
-                row = vocab.index.get(word)
-                if row is None or row == 0:
-                    continue
-                try:
-                    table[row] = torch.tensor([float(v) for v in values])
-                except ValueError:
-                    raise UserError("a vector value is not a number", where=f"{path}:{number}") from None
-                found += 1
-        except UnicodeDecodeError:
-            raise UserError("the vector file is not UTF-8 text", where=str(path)) from None
-    return table, found
 
 
 @dataclass
@@ -103,23 +69,28 @@ class Featurizer:
 
     def __init__(self, chars: Vocab, bichars: Vocab, tags: list[str], words: Vocab | None = None,
                  lexicon: Lexicon | None = None, *, normalize: bool = False, use_bichars: bool = True,
-                 max_words: int | None = None, drop: str = "longest_first"):
+                 max_words: int | None = None, drop: str = "longest_first", lm_vocab=None):
         self.chars, self.bichars, self.tags, self.words, self.lexicon = chars, bichars, tags, words, lexicon
+        self.lm_vocab = lm_vocab  # nerkit.lm.LMVocab of a language model's characters, or None
         self.normalize, self.use_bichars, self.max_words, self.drop = normalize, use_bichars, max_words, drop
         self.tag_index = {t: i for i, t in enumerate(tags)}
         self.scheme = detect_scheme(tags)
+        self.counts: dict[str, Counter] = {}  # by kind, the training tokens `build` counted
 
     @classmethod
     def from_config(cls, config, chars: Vocab, bichars: Vocab, tags: list[str], words: Vocab | None = None,
-                    lexicon: Lexicon | None = None) -> "Featurizer":
+                    lexicon: Lexicon | None = None, lm_vocab=None) -> "Featurizer":
         return cls(chars, bichars, tags, words, lexicon, normalize=config.data.normalize,
-                   use_bichars=config.embeddings.bichar_dim > 0, max_words=config.lexicon.max_words,
-                   drop=config.lexicon.drop)
+                   use_bichars=config.embeddings.width("bichar") > 0, max_words=config.lexicon.max_words,
+                   drop=config.lexicon.drop, lm_vocab=lm_vocab)
 
     @classmethod
-    def build(cls, config, sentences: list[Sentence], tags: list[str], lexicon: Lexicon | None = None) -> "Featurizer":
+    def build(cls, config, sentences: list[Sentence], tags: list[str], lexicon: Lexicon | None = None,
+              lm_vocab=None, extra: dict[str, list[str]] | None = None) -> "Featurizer":
         """Vocabularies counted over the training sentences (never dev or test text); `lexicon` is
-        given for an encoder that reads the lattice."""
+        given for an encoder that reads the lattice, `lm_vocab` for language-model features.
+        `extra`: tokens by kind (char, bichar, word) that join after the training ones, in order:
+        the rows of pretrained vector files, kept whether or not training saw them."""
         counting = cls.from_config(config, Vocab([]), Vocab([]), tags, Vocab([]) if lexicon else None, lexicon)
         char_counts, bichar_counts, word_counts = Counter(), Counter(), Counter()
         for sent in sentences:
@@ -128,10 +99,14 @@ class Featurizer:
             bichar_counts.update(units.bichars)
             if units.lattice is not None:
                 word_counts.update(units.lattice.words)
-        emb = config.embeddings
-        return cls.from_config(config, Vocab.build(char_counts, emb.min_freq),
-                               Vocab.build(bichar_counts, emb.bichar_min_freq) if emb.bichar_dim else Vocab([]),
-                               tags, Vocab.build(word_counts, 1) if lexicon else None, lexicon)
+        emb, extra = config.embeddings, extra or {}
+        chars = Vocab.build(char_counts, emb.min_freq).extended(extra.get("char", ()))
+        bichars = Vocab.build(bichar_counts, emb.bichar_min_freq).extended(extra.get("bichar", ())) \
+            if emb.width("bichar") else Vocab([])
+        words = Vocab.build(word_counts, 1).extended(extra.get("word", ())) if lexicon else None
+        built = cls.from_config(config, chars, bichars, tags, words, lexicon, lm_vocab)
+        built.counts = {"char": char_counts, "bichar": bichar_counts, "word": word_counts}  # for coverage reports
+        return built
 
     def units(self, tokens: list[str]) -> Units:
         chars = [normalize_char(c) for c in tokens] if self.normalize else list(tokens)
@@ -149,6 +124,8 @@ class Featurizer:
         if units.lattice is not None:
             ex.word_ids = self.words.ids(units.lattice.words)
             ex.word_heads, ex.word_tails = units.lattice.word_heads, units.lattice.word_tails
+        if self.lm_vocab is not None:  # the LM sees the text as given: it has its own case and width folding
+            ex.lm_ids = self.lm_vocab.ids(tokens)
         return ex
 
     def training_example(self, sentence: Sentence) -> Example:
@@ -164,13 +141,13 @@ class Featurizer:
                 "words": self.words.tokens if self.words is not None else None}
 
     @classmethod
-    def from_json(cls, config, vocab: dict, lexicon: Lexicon | None, where: str) -> "Featurizer":
+    def from_json(cls, config, vocab: dict, lexicon: Lexicon | None, where: str, lm_vocab=None) -> "Featurizer":
         try:
             chars, bichars, tags = Vocab(vocab["chars"]), Vocab(vocab["bichars"]), list(vocab["tags"])
             words = Vocab(vocab["words"]) if vocab.get("words") is not None else None
         except (KeyError, TypeError):
             raise ModelDirError("vocab.json lacks chars, bichars or tags", where=where) from None
-        return cls.from_config(config, chars, bichars, tags, words, lexicon)
+        return cls.from_config(config, chars, bichars, tags, words, lexicon, lm_vocab)
 
 
 @dataclass
@@ -183,6 +160,8 @@ class Example:
     word_ids: list[int] | None = None  # lattice words (FLAT), after the characters
     word_heads: list[int] | None = None
     word_tails: list[int] | None = None
+    lm_ids: list[int] | None = None  # one language-model token per character
+    lm_states: torch.Tensor | None = None  # (T, S, D) a frozen LM's cached layer states, instead of running it
 
     def __len__(self) -> int:
         return len(self.char_ids)
@@ -198,6 +177,8 @@ class Batch:
     word_heads: torch.Tensor | None = None  # (B, W)
     word_tails: torch.Tensor | None = None  # (B, W)
     word_mask: torch.Tensor | None = None  # (B, W) bool
+    lm_ids: torch.Tensor | None = None  # (B, T)
+    lm_states: torch.Tensor | None = None  # (B, T, S, D) float32
 
     def to(self, device) -> "Batch":
         return Batch(**{k: (v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v)
@@ -229,6 +210,13 @@ def collate(examples: list[Example]) -> Batch:
         batch.word_heads = _pad([e.word_heads for e in examples], words)
         batch.word_tails = _pad([e.word_tails for e in examples], words)
         batch.word_mask = torch.arange(words)[None, :] < counts[:, None]
+    if examples[0].lm_states is not None:
+        states = examples[0].lm_states
+        batch.lm_states = torch.zeros(len(examples), width, *states.shape[1:])  # (B, T, S, D) float32
+        for b, e in enumerate(examples):
+            batch.lm_states[b, :len(e)] = e.lm_states
+    elif examples[0].lm_ids is not None:
+        batch.lm_ids = _pad([e.lm_ids for e in examples], width)
     return batch
 
 

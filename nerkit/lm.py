@@ -9,11 +9,11 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import pickle
 import struct
 import unicodedata
 import zipfile
 from pathlib import Path
+from pickle import UnpicklingError  # the error torch.load(weights_only=True) raises for objects
 
 import numpy as np
 import torch
@@ -308,7 +308,7 @@ def _read_weights(directory: Path) -> tuple[dict[str, torch.Tensor], Path]:
     if pickle_path.is_file():
         try:
             state = torch.load(pickle_path, weights_only=True, map_location="cpu")
-        except pickle.UnpicklingError:
+        except UnpicklingError:
             raise UserError("pytorch_model.bin holds objects other than tensors, which are not loaded",
                             where=str(pickle_path), fix="convert it to model.safetensors where you trust it") from None
         except (RuntimeError, EOFError, ValueError, OSError, zipfile.BadZipFile) as e:
@@ -324,9 +324,9 @@ def _read_weights(directory: Path) -> tuple[dict[str, torch.Tensor], Path]:
     raise UserError("no model.safetensors or pytorch_model.bin", where=str(directory), fix=FETCH_FIX)
 
 
-def _build_lm(config, state: dict[str, torch.Tensor], weights: Path) -> nn.Module:
-    """The encoder of `config` (no pooler) with `state` loaded into it. Checkpoints of a
-    pretraining head ("bert.encoder...", "cls.predictions...") and TF-era LayerNorm names
+def _build_lm(config, state: dict[str, torch.Tensor] | None = None, weights: Path | None = None) -> nn.Module:
+    """The encoder of `config` (no pooler) with `state` loaded into it (None: as built). Checkpoints
+    of a pretraining head ("bert.encoder...", "cls.predictions...") and TF-era LayerNorm names
     (gamma/beta) are accepted; the heads are dropped."""
     AutoModel = _transformers().AutoModel
     try:
@@ -336,7 +336,10 @@ def _build_lm(config, state: dict[str, torch.Tensor], weights: Path) -> nn.Modul
             lm = AutoModel.from_config(config)
     except (ValueError, KeyError) as e:
         raise UserError(f"cannot build the model of config.json ({_gist(e)})",
-                        where=str(weights.parent / "config.json"), fix="use a BERT-style encoder config") from None
+                        where=str(getattr(config, "_name_or_path", "") or "config.json"),
+                        fix="use a BERT-style encoder config") from None
+    if state is None:
+        return lm
     expected = lm.state_dict()
     renamed = {_modern_name(k): v for k, v in state.items()}
     prefix = lm.base_model_prefix + "."
@@ -380,31 +383,35 @@ def _modern_name(name: str) -> str:
 
 # ------------------------------------------------------------------------------------ save / load
 
-def save_lm(embedder: LMEmbedder, model_dir: str | Path) -> Path:
+def save_lm(embedder: LMEmbedder, model_dir: str | Path, weights: bool = True) -> Path:
     """Write the LM into MODEL_DIR/lm/ as a plain Hugging Face directory (config.json, vocab.txt,
-    tokenizer_config.json, model.safetensors with the current, possibly fine-tuned, weights) plus
-    the embedder's options and scalar mix, so that `load_saved_lm` rebuilds it with nothing else."""
+    tokenizer_config.json and, with `weights`, model.safetensors with the current, possibly
+    fine-tuned, weights) plus the embedder's options and scalar mix, so that `load_saved_lm`
+    rebuilds it with nothing else. A nerkit model directory saves it without weights: they are in
+    the tagger's own model.safetensors, which then fills the rebuilt LM."""
     target = Path(model_dir) / LM_DIR
     vocab = embedder.vocab
     tokenizer = {"tokenizer_class": "BertTokenizer", "do_lower_case": vocab.lowercase,
                  "strip_accents": vocab.strip_accents, "tokenize_chinese_chars": True,
                  "model_max_length": embedder.lm.config.max_position_embeddings}
     options = {"layers": embedder.layers, "finetune": embedder.finetune, "bf16": embedder.bf16}
-    weights = {k: v.detach().cpu().contiguous() for k, v in embedder.lm.state_dict().items()}
     with atomic_directory(target) as tmp:
         atomic_write_text(tmp / "config.json", embedder.lm.config.to_json_string())
         atomic_write_text(tmp / "vocab.txt", "".join(t + "\n" for t in vocab.tokens))
         atomic_write_text(tmp / "tokenizer_config.json", json.dumps(tokenizer, indent=2) + "\n")
-        atomic_write_bytes(tmp / "model.safetensors", safetensors_bytes(weights, metadata={"format": "pt"}))
         atomic_write_text(tmp / OPTIONS_FILE, json.dumps(options, indent=2) + "\n")
-        if embedder.scalar_mix is not None:
-            mix = {k: v.detach().cpu().contiguous() for k, v in embedder.scalar_mix.state_dict().items()}
-            atomic_write_bytes(tmp / MIX_FILE, safetensors_bytes(mix))
+        if weights:
+            state = {k: v.detach().cpu().contiguous() for k, v in embedder.lm.state_dict().items()}
+            atomic_write_bytes(tmp / "model.safetensors", safetensors_bytes(state, metadata={"format": "pt"}))
+            if embedder.scalar_mix is not None:
+                mix = {k: v.detach().cpu().contiguous() for k, v in embedder.scalar_mix.state_dict().items()}
+                atomic_write_bytes(tmp / MIX_FILE, safetensors_bytes(mix))
     return target
 
 
 def load_saved_lm(model_dir: str | Path) -> LMEmbedder:
-    """The embedder that `save_lm` wrote into MODEL_DIR/lm/."""
+    """The embedder that `save_lm` wrote into MODEL_DIR/lm/; saved without weights, its weights are
+    left as built (the caller loads them, as a nerkit model directory does from model.safetensors)."""
     directory = Path(model_dir) / LM_DIR
     options_path = directory / OPTIONS_FILE
     if not options_path.is_file():
@@ -412,10 +419,13 @@ def load_saved_lm(model_dir: str | Path) -> LMEmbedder:
                         fix="the model directory's language model is incomplete; save it again")
     options = _read_optional_json(options_path)
     try:
-        embedder = load_lm(directory, layers=options["layers"], finetune=bool(options["finetune"]),
-                           bf16=bool(options.get("bf16", False)))
+        layers, finetune, bf16 = options["layers"], bool(options["finetune"]), bool(options.get("bf16", False))
     except KeyError as e:
         raise UserError(f"{OPTIONS_FILE} lacks {e}", where=str(options_path), fix="save the model again") from None
+    if not (directory / "model.safetensors").is_file():
+        config = _read_config(directory)
+        return LMEmbedder(_build_lm(config), LMVocab.read(directory), layers=layers, finetune=finetune, bf16=bf16)
+    embedder = load_lm(directory, layers=layers, finetune=finetune, bf16=bf16)
     if embedder.scalar_mix is not None:
         try:
             embedder.scalar_mix.load_state_dict(load_file(str(directory / MIX_FILE), device="cpu"))

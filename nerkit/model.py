@@ -1,4 +1,4 @@
-"""The tagger: embedder (char + bichar) -> encoder -> linear -> CRF.
+"""The tagger: embedder (char + bichar [+ language-model features]) -> encoder -> linear -> CRF.
 
 It exposes `loss(batch)` and `decode(batch)` and does no I/O; the pipeline builds it from a config
 and the featuriser's table sizes, and owns saving and loading.
@@ -13,6 +13,8 @@ from nerkit.crf import CRF
 from nerkit.encoders import ENCODERS, LatticeWords
 from nerkit.features import Batch
 
+UNK_ID = 1  # features.Vocab: 0 is padding, 1 the unknown token
+
 
 def embedding(num: int, dim: int, init: str) -> nn.Embedding:
     """A table whose row 0 (padding) is zero; `init` as `embeddings.init` (normal | scaled)."""
@@ -25,44 +27,67 @@ def embedding(num: int, dim: int, init: str) -> nn.Embedding:
     return table
 
 
+def token_dropout(ids: torch.Tensor, p: float) -> torch.Tensor:
+    """Training tokens replaced by <unk> with probability p (padding stays), so that the <unk> row
+    learns what an unseen token should look like (the official code's `word_dropout`)."""
+    drop = (torch.rand(ids.shape, device=ids.device) < p) & (ids > 0)
+    return ids.masked_fill(drop, UNK_ID)
+
+
 class Embedder(nn.Module):
-    """Concatenated character and bigram embeddings, with dropout."""
+    """Concatenated character and bigram embeddings and, with a language model, its features for
+    each character; dropout on the whole. `lm`: a `nerkit.lm.LMEmbedder`, or None."""
 
     def __init__(self, num_chars: int, num_bichars: int, char_dim: int, bichar_dim: int, dropout: float,
-                 init: str = "normal"):
+                 init: str = "normal", token_dropout: float = 0.0, lm: nn.Module | None = None):
         super().__init__()
         self.chars = embedding(num_chars, char_dim, init)
         self.bichars = embedding(num_bichars, bichar_dim, init) if bichar_dim > 0 else None
+        self.lm = lm
         self.dropout = nn.Dropout(dropout)
-        self.output_dim = char_dim + bichar_dim
+        self.token_dropout = token_dropout
+        self.output_dim = char_dim + bichar_dim + (lm.output_dim if lm is not None else 0)
 
-    def forward(self, char_ids: torch.Tensor, bichar_ids: torch.Tensor) -> torch.Tensor:
-        x = self.chars(char_ids)  # (B, T, Dc)
+    def forward(self, batch: Batch) -> torch.Tensor:
+        char_ids, bichar_ids = batch.char_ids, batch.bichar_ids
+        if self.training and self.token_dropout:
+            char_ids, bichar_ids = token_dropout(char_ids, self.token_dropout), token_dropout(bichar_ids, self.token_dropout)
+        parts = [self.chars(char_ids)]  # (B, T, Dc)
         if self.bichars is not None:
-            x = torch.cat([x, self.bichars(bichar_ids)], dim=-1)  # (B, T, Dc + Db)
-        return self.dropout(x)
+            parts.append(self.bichars(bichar_ids))  # (B, T, Db)
+        if self.lm is not None:
+            if batch.lm_states is not None:  # a frozen LM's cached states
+                parts.append(self.lm.combine(batch.lm_states))  # (B, T, D_lm)
+            else:
+                parts.append(self.lm(batch.lm_ids, batch.mask))  # (B, T, D_lm)
+        return self.dropout(torch.cat(parts, dim=-1))  # (B, T, output_dim)
 
 
 class Tagger(nn.Module):
-    def __init__(self, config, num_chars: int, num_bichars: int, tags: list[str], num_words: int = 0):
+    def __init__(self, config, num_chars: int, num_bichars: int, tags: list[str], num_words: int = 0,
+                 lm: nn.Module | None = None):
         super().__init__()
         emb = config.embeddings
-        self.embedder = Embedder(num_chars, num_bichars, emb.char_dim, emb.bichar_dim, emb.dropout, emb.init)
+        self.embedder = Embedder(num_chars, num_bichars, emb.width("char"), emb.width("bichar"), emb.dropout,
+                                 emb.init, emb.token_dropout, lm)
         encoder_cls = ENCODERS[config.encoder.name]
         self.uses_lattice = encoder_cls.uses_lattice
-        self.words = embedding(num_words, emb.word_dim, emb.init) if self.uses_lattice else None
+        self.words = embedding(num_words, emb.width("word"), emb.init) if self.uses_lattice else None
         self.word_dropout = nn.Dropout(emb.dropout)
-        self.encoder = encoder_cls(self.embedder.output_dim, config.encoder.options, emb.word_dim)
+        self.encoder = encoder_cls(self.embedder.output_dim, config.encoder.options, emb.width("word"))
         self.output_dropout = nn.Dropout(config.crf.dropout)
         self.emission = nn.Linear(self.encoder.output_dim, len(tags))
         self.crf = CRF(tags, constrain_training=config.crf.constrain_training, algorithm=config.crf.algorithm)
 
     def emissions(self, batch: Batch) -> torch.Tensor:
-        x = self.embedder(batch.char_ids, batch.bichar_ids)  # (B, T, D)
+        x = self.embedder(batch)  # (B, T, D)
         lattice = None
         if self.uses_lattice:
-            lattice = LatticeWords(self.word_dropout(self.words(batch.word_ids)), batch.word_heads,
-                              batch.word_tails, batch.word_mask)
+            word_ids = batch.word_ids
+            if self.training and self.embedder.token_dropout:
+                word_ids = token_dropout(word_ids, self.embedder.token_dropout)
+            lattice = LatticeWords(self.word_dropout(self.words(word_ids)), batch.word_heads,
+                                   batch.word_tails, batch.word_mask)
         h = self.encoder(x, batch.mask, lattice)  # (B, T, H)
         return self.emission(self.output_dropout(h))  # (B, T, K)
 

@@ -44,10 +44,12 @@ class Evaluation:
 
 
 class Pipeline:
-    def __init__(self, config: Config, featurizer: Featurizer, device: str | torch.device = "cpu"):
+    def __init__(self, config: Config, featurizer: Featurizer, device: str | torch.device = "cpu", lm=None):
+        """`lm`: the `nerkit.lm.LMEmbedder` whose features join the embeddings (its vocabulary is the
+        featuriser's `lm_vocab`), or None."""
         self.config = config
         self.featurizer = featurizer
-        self.model = Tagger(config, **featurizer.sizes())
+        self.model = Tagger(config, **featurizer.sizes(), lm=lm)
         self.device = torch.device(device)
         self.model.to(self.device)
 
@@ -136,6 +138,10 @@ class Pipeline:
         atomic_write_text(directory / "vocab.json", json.dumps(self.featurizer.to_json(), ensure_ascii=False) + "\n")
         if lexicon is not None:
             lexicon.save(directory / "lexicon.txt")
+        if self.model.embedder.lm is not None:  # its config and vocabulary; the weights are in model.safetensors
+            from nerkit.lm import save_lm
+
+            save_lm(self.model.embedder.lm, directory, weights=False)
 
     def write_weights(self, directory: Path, metrics: dict | None = None) -> None:
         state = {k: v.detach().to("cpu").contiguous() for k, v in self.model.state_dict().items()}
@@ -178,8 +184,14 @@ class Pipeline:
             if meta.get("lexicon_sha256") and lexicon.fingerprint != meta["lexicon_sha256"]:
                 raise ModelDirError("lexicon.txt does not match the checksum the model was trained with",
                                     where=str(directory / "lexicon.txt"))
-        featurizer = Featurizer.from_json(config, vocab, lexicon, where=str(directory / "vocab.json"))
-        pipe = cls(config, featurizer, device=resolve_device(device))
+        lm = None
+        if (directory / "lm").is_dir():
+            from nerkit.lm import load_saved_lm
+
+            lm = load_saved_lm(directory)
+        featurizer = Featurizer.from_json(config, vocab, lexicon, where=str(directory / "vocab.json"),
+                                          lm_vocab=lm.vocab if lm is not None else None)
+        pipe = cls(config, featurizer, device=resolve_device(device), lm=lm)
         try:
             state = load_file(str(directory / "model.safetensors"), device="cpu")
         except Exception as e:  # safetensors raises its own error types for a broken header
@@ -210,7 +222,9 @@ def check_model_dir(directory: Path) -> None:
                             fix="pass the --out directory of `nerkit train`")
     if not directory.is_dir():
         raise ModelDirError("not a directory", where=str(directory), fix="pass the model directory, not a file in it")
-    unsafe = sorted(p.name for p in directory.iterdir() if p.suffix.lower() in PICKLE_SUFFIXES)
+    lm_dir = directory / "lm"  # a language model's config and vocabulary, when the model has one
+    unsafe = sorted(str(p.relative_to(directory)) for d in (directory, lm_dir) if d.is_dir()
+                    for p in d.iterdir() if p.suffix.lower() in PICKLE_SUFFIXES)
     if unsafe:
         raise ModelDirError(f"refusing a model directory that holds pickle-capable files: {', '.join(unsafe)}",
                             where=str(directory), fix="nerkit models are safetensors + JSON/YAML; remove those files")

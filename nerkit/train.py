@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import random
 import shutil
 import signal
@@ -28,10 +29,11 @@ from nerkit.corpus import scheme_tags
 from nerkit.device import resolve_device, set_threads
 from nerkit.encoders import ENCODERS
 from nerkit.errors import UserError
-from nerkit.features import Example, Featurizer, bucketed_batches, collate, load_vectors
+from nerkit.features import Example, Featurizer, bucketed_batches, collate
 from nerkit.files import CHECKPOINT, WRITE_ERRNOS, atomic_write_text
 from nerkit.pipeline import Pipeline
 from nerkit.splits import Splits, read_splits
+from nerkit.vectors import coverage, normalize_rows
 
 log = logging.getLogger(__name__)
 
@@ -46,40 +48,81 @@ class Interrupted(Exception):
 
 
 def build_pipeline(config: Config, splits: Splits, device: torch.device | str = "cpu") -> Pipeline:
-    """A new model for the training data: vocabularies counted on train (never dev or test), the
-    lexicon for a lattice encoder, and pretrained vectors where the config names them."""
+    """A new model for the training data: vocabularies counted on train (never dev or test) and
+    extended by the rows of pretrained vector files (`embeddings.vectors_keep: all`), the lexicon for
+    a lattice encoder, a language model's features, and the pretrained vectors in their tables.
+    Table widths the config leaves out are the vector files' (written back into the config)."""
+    emb = config.embeddings
     lexicon = None
     if ENCODERS[config.encoder.name].uses_lattice:
         from nerkit.lexicon import Lexicon
 
         lc = config.lexicon
         lexicon = Lexicon.from_source(lc.source, lc.min_len, lc.max_len or None, lc.min_freq or None)
-    featurizer = Featurizer.build(config, splits.train, scheme_tags(splits.types, splits.scheme), lexicon)
+    vectors = read_pretrained(config, lattice=lexicon is not None)
+    lm = None
+    if emb.lm.path:
+        from nerkit.lm import load_lm
+
+        lm = load_lm(emb.lm.path, layers=emb.lm.layers, finetune=emb.lm.finetune, bf16=emb.lm.bf16)
+        log.info(f"language model {emb.lm.path}: {lm.output_dim} features per character, "
+                 f"{'fine-tuned' if emb.lm.finetune else 'frozen'}, layers {emb.lm.layers}")
+    extra = {kind: v.words for kind, v in vectors.items()} if emb.vectors_keep == "all" else {}
+    featurizer = Featurizer.build(config, splits.train, scheme_tags(splits.types, splits.scheme), lexicon,
+                                  lm.vocab if lm is not None else None, extra)
     if lexicon is not None:
-        log.info(f"lexicon: {len(lexicon)} words; {len(featurizer.words) - 2} of them occur in the training data")
-    pipe = Pipeline(config, featurizer, device)
-    emb, model = config.embeddings, pipe.model
-    for vectors, vocab, table, dim in ((emb.char_vectors, featurizer.chars, model.embedder.chars, emb.char_dim),
-                                       (emb.bichar_vectors, featurizer.bichars, model.embedder.bichars, emb.bichar_dim),
-                                       (emb.word_vectors, featurizer.words, model.words, emb.word_dim)):
-        if vectors and table is not None:
-            rows, found = load_vectors(vectors, vocab, dim)
-            table.weight.data.copy_(rows)
-            table.weight.requires_grad_(not emb.freeze)
-            log.info(f"pretrained vectors {vectors}: {found} of {len(vocab) - 2} vocabulary entries found")
+        log.info(f"lexicon: {len(lexicon)} words; {len(featurizer.counts['word'])} of them occur in the training data")
+    pipe = Pipeline(config, featurizer, device, lm)
+    tables = {"char": (featurizer.chars, pipe.model.embedder.chars), "bichar": (featurizer.bichars, pipe.model.embedder.bichars),
+              "word": (featurizer.words, pipe.model.words)}
+    for kind, found in vectors.items():
+        vocab, table = tables[kind]
+        rows = found.index()
+        hits = [(i, rows[token]) for i, token in enumerate(vocab.tokens) if i > 1 and token in rows]
+        matrix = normalize_rows(found.matrix) if emb.vectors_normalize else found.matrix
+        with torch.no_grad():
+            if hits:
+                ids, source = zip(*hits)
+                table.weight[list(ids)] = torch.from_numpy(matrix[list(source)]).to(table.weight)
+        table.weight.requires_grad_(not emb.freeze)
+        log.info(f"{kind} vectors {found.path}: {len(hits):,} of {len(vocab) - 2:,} table rows pretrained; "
+                 f"training {kind}s with a vector: {coverage(featurizer.counts[kind], rows)}")
     return pipe
 
 
-def make_optimizer(config: Config, params) -> torch.optim.Optimizer:
+def read_pretrained(config: Config, lattice: bool) -> dict:
+    """The vector files the config names (by kind: char, bichar, word), with the tables' widths
+    taken from them: a width the config sets must be the file's."""
+    from nerkit.vectors import check_dim, read_vectors
+
+    emb, found = config.embeddings, {}
+    for kind in ("char", "bichar", "word"):
+        path = getattr(emb, f"{kind}_vectors")
+        if not path or (kind == "word" and not lattice) or (kind == "bichar" and emb.width("bichar") == 0):
+            continue
+        found[kind] = read_vectors(path)
+        check_dim(found[kind], getattr(emb, f"{kind}_dim"), f"embeddings.{kind}_dim")
+        setattr(emb, f"{kind}_dim", found[kind].dim)
+    return found
+
+
+def make_optimizer(config: Config, model: torch.nn.Module) -> torch.optim.Optimizer:
+    """The optimiser of the model's trainable parameters; a fine-tuned language model's own
+    learning rate (`embeddings.lm.lr`) makes its parameters a group of their own."""
     tc = config.train
-    params = [p for p in params if p.requires_grad]
+    params = [p for p in model.parameters() if p.requires_grad]
+    lm = getattr(model.embedder, "lm", None)
+    lm_params = {id(p) for p in lm.lm.parameters()} if lm is not None and config.embeddings.lm.lr else set()
+    groups = [{"params": [p for p in params if id(p) not in lm_params]}]
+    if lm_params:
+        groups.append({"params": [p for p in params if id(p) in lm_params], "lr": config.embeddings.lm.lr})
     if tc.optimizer == "sgd":
-        return torch.optim.SGD(params, lr=tc.lr, momentum=tc.momentum, weight_decay=tc.weight_decay)
+        return torch.optim.SGD(groups, lr=tc.lr, momentum=tc.momentum, weight_decay=tc.weight_decay)
     # The fused kernels update every parameter in one pass: on CPU they make a BiLSTM step ~20%
     # faster, the dense bigram table being most of the parameters.
     fused = all(p.dtype in (torch.float32, torch.float64) and p.device.type in ("cpu", "cuda") for p in params)
     cls = torch.optim.Adam if tc.optimizer == "adam" else torch.optim.AdamW
-    return cls(params, lr=tc.lr, weight_decay=tc.weight_decay, fused=fused)
+    return cls(groups, lr=tc.lr, weight_decay=tc.weight_decay, fused=fused)
 
 
 def lr_factor(config: Config, step: int, steps_per_epoch: int, total_steps: int) -> float:
@@ -224,10 +267,11 @@ def set_up(config: Config, out: Path, force: bool, resume: bool, splits: Splits 
     splits = splits if splits is not None else read_splits(config)
     pipe = build_pipeline(config, splits, device)
     examples = [pipe.featurizer.training_example(s) for s in splits.train]
+    attach_lm_cache(config, pipe, splits, examples)
     n_params = sum(p.numel() for p in pipe.model.parameters())
     log.info(f"model: {config.encoder.name}, {n_params:,} parameters, tags {splits.scheme.upper()} over "
              f"{', '.join(splits.types)}; train {len(examples)} sentences, dev {len(splits.dev)}; device {device}")
-    optimizer = make_optimizer(config, pipe.model.parameters())
+    optimizer = make_optimizer(config, pipe.model)
     steps_per_epoch = math.ceil(len(examples) / tc.batch_size)
     total_steps = steps_per_epoch * tc.epochs
     if tc.max_steps:
@@ -244,6 +288,25 @@ def set_up(config: Config, out: Path, force: bool, resume: bool, splits: Splits 
     run.started = time.perf_counter() - run.progress.elapsed
     run.stopped = run.progress.stopped or "epochs"
     return run
+
+
+def attach_lm_cache(config: Config, pipe: Pipeline, splits: Splits, examples: list[Example]) -> None:
+    """A frozen language model runs once over the training text: its states are cached on disk
+    (keyed by the LM's and the text's checksums) and each example carries its own, so that the
+    epochs train the layers above it at their usual speed."""
+    lm = pipe.model.embedder.lm
+    if lm is None or lm.finetune:
+        return
+    from nerkit.lm import cached_features
+
+    cache = config.embeddings.lm.cache or str(Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+                                              / "nerkit" / "lm")
+    started = time.perf_counter()
+    states = cached_features(lm, [s.tokens for s in splits.train], cache)
+    for example, state in zip(examples, states):
+        example.lm_states = state
+    log.info(f"frozen LM states of {len(examples):,} training sentences from {cache} "
+             f"({time.perf_counter() - started:.0f} s)")
 
 
 def _restore(run: Run) -> None:

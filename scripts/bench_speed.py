@@ -35,7 +35,7 @@ def model_only(pipe: Pipeline, examples, batch_size: int, steps: int, train: boo
     batches = [collate([examples[i] for i in idx]).to(pipe.device)
                for idx in bucketed_batches(lengths, batch_size, random.Random(0))]
     batches = (batches * (steps // len(batches) + 1))[:steps]
-    optimizer = make_optimizer(pipe.config, pipe.model.parameters())
+    optimizer = make_optimizer(pipe.config, pipe.model)
     pipe.model.train(train)
     for b in batches[:5]:  # warm-up
         if train:

@@ -35,7 +35,7 @@ def main(device: str, args: list[str]) -> None:
         lengths = [len(e) for e in examples]
         batches = [collate([examples[i] for i in idx]).to(pipe.device)
                    for idx in bucketed_batches(lengths, config.train.batch_size, random.Random(0))][:40]
-        optimizer = make_optimizer(config, pipe.model.parameters())
+        optimizer = make_optimizer(config, pipe.model)
         model = pipe.model.train()
 
         def full(b):

@@ -133,6 +133,10 @@ def test_choices_accept_their_values():
             if section == "encoder":
                 options = build_config({"encoder": {"name": encoder_of[key], key: choice}}).encoder.options
                 assert getattr(options, key) == choice
+            elif "." in section:  # a section inside a section, e.g. embeddings.lm
+                outer, inner = section.split(".")
+                config = build_config({outer: {inner: {key: choice}}})
+                assert getattr(getattr(getattr(config, outer), inner), key) == choice
             else:
                 assert getattr(getattr(build_config({section: {key: choice}}), section), key) == choice
 

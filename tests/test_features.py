@@ -3,17 +3,14 @@ length-bucketed batching."""
 
 from __future__ import annotations
 
-import gzip
 import random
 from collections import Counter
 
-import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nerkit.errors import UserError
-from nerkit.features import END, PAD, UNK, Example, Vocab, bigrams, bucketed_batches, collate, load_vectors
+from nerkit.features import END, PAD, UNK, Example, Vocab, bigrams, bucketed_batches, collate
 
 # ------------------------------------------------------------------------------------------ Vocab
 
@@ -52,79 +49,6 @@ def test_bigrams_pair_each_char_with_the_next_and_end_with_the_marker():
     assert bigrams(["北", "京", "市"]) == ["北京", "京市", "市" + END]
     assert bigrams(["a"]) == ["a" + END]
     assert bigrams([]) == []
-
-
-# ----------------------------------------------------------------------------------- load_vectors
-
-VECTORS = "北 0.5 -1.0 2.0\n京 1.5 0.25 -3.0\n这个词不在词表 9 9 9\n"
-
-
-def write_vectors(path, text: str):
-    if path.suffix == ".gz":
-        with gzip.open(path, "wt", encoding="utf-8") as f:
-            f.write(text)
-    else:
-        path.write_text(text, encoding="utf-8")
-    return path
-
-
-@pytest.mark.parametrize("name, header", [("v.txt", ""), ("v.txt", "3 3\n"), ("v.txt.gz", ""), ("v.txt.gz", "3 3\n")])
-def test_load_vectors_fills_found_rows_and_counts_them(tmp_path, name, header):
-    vocab = Vocab(["北", "京", "市"])
-    torch.manual_seed(0)
-    table, found = load_vectors(write_vectors(tmp_path / name, header + VECTORS), vocab, 3)
-    assert table.shape == (5, 3)
-    assert found == 2
-    assert table[vocab.index["北"]].tolist() == [0.5, -1.0, 2.0]
-    assert table[vocab.index["京"]].tolist() == [1.5, 0.25, -3.0]
-    assert table[0].abs().sum() == 0  # padding row
-    assert table[vocab.index["市"]].abs().sum() > 0  # missing rows keep a random init
-
-
-def test_load_vectors_reads_only_the_first_line_as_a_header(tmp_path):
-    # Dimension 1: every line has two fields, and digits are characters of the vocabulary.
-    path = write_vectors(tmp_path / "v.txt", "2 1\n7 5\n8 6\n")
-    table, found = load_vectors(path, Vocab(["7", "8"]), 1)
-    assert found == 2 and table[2:, 0].tolist() == [5.0, 6.0]
-
-
-def test_load_vectors_tolerates_trailing_spaces_and_crlf(tmp_path):
-    vocab = Vocab(["北"])
-    path = write_vectors(tmp_path / "v.txt", "北 1 2 3 \r\n")
-    table, found = load_vectors(path, vocab, 3)
-    assert found == 1 and table[2].tolist() == [1.0, 2.0, 3.0]
-
-
-@pytest.mark.parametrize("name, header, line", [("v.txt", "", 2), ("v.txt", "3 3\n", 3), ("v.gz", "3 3\n", 3)])
-def test_load_vectors_dimension_mismatch_names_file_and_line(tmp_path, name, header, line):
-    path = write_vectors(tmp_path / name, header + "北 1 2 3\n京 1 2\n")
-    with pytest.raises(UserError) as info:
-        load_vectors(path, Vocab(["北", "京"]), 3)
-    assert info.value.where == f"{path}:{line}"
-    assert "dimension 2" in info.value.message and "expected 3" in info.value.message
-
-
-def test_load_vectors_rejects_a_file_of_another_dimension_from_its_first_line(tmp_path):
-    path = write_vectors(tmp_path / "v.txt", VECTORS)
-    with pytest.raises(UserError) as info:
-        load_vectors(path, Vocab(["北"]), 4)
-    assert info.value.where == f"{path}:1"
-
-
-def test_load_vectors_bad_number_missing_file_and_non_utf8(tmp_path):
-    bad = write_vectors(tmp_path / "bad.txt", "北 1 x 3\n")
-    with pytest.raises(UserError) as info:
-        load_vectors(bad, Vocab(["北"]), 3)
-    assert info.value.where == f"{bad}:1"
-    with pytest.raises(UserError):
-        load_vectors(tmp_path / "absent.txt", Vocab(["北"]), 3)
-    gbk = tmp_path / "gbk.txt"
-    gbk.write_bytes("北 1 2 3\n".encode("gbk"))
-    with pytest.raises(UserError):
-        load_vectors(gbk, Vocab(["北"]), 3)
-
-
-# ---------------------------------------------------------------------------------------- collate
 
 
 def test_collate_pads_to_the_longest_and_masks_real_positions():

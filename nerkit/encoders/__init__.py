@@ -4,6 +4,7 @@
 from nerkit.encoders.base import Encoder, LatticeWords
 from nerkit.encoders.bilstm import BiLSTM
 from nerkit.encoders.flat import FLAT
+from nerkit.encoders.none import NoEncoder
 from nerkit.encoders.transformer import Transformer
 
 ENCODERS = {
@@ -11,6 +12,7 @@ ENCODERS = {
     "transformer": Transformer,  # attention: absolute
     "tener": Transformer,  # attention: tener | xl | shaw
     "flat": FLAT,
+    "none": NoEncoder,  # embeddings straight to the CRF (LM + CRF)
 }
 
 __all__ = ["ENCODERS", "Encoder", "LatticeWords"]

@@ -67,8 +67,10 @@ def test_output_width_is_the_declared_output_dim(name, attention):
 def test_every_parameter_gets_a_gradient(name, attention):
     encoder = make_encoder(name, attention).train()
     x, mask, lattice = make_inputs([7, 4, 6], [3, 1, 2])
+    x.requires_grad_()  # so that an encoder without parameters (none) still passes gradients on
     torch.manual_seed(1)
     (encoder(x, mask, lattice) ** 2).sum().backward()
+    assert x.grad is not None and x.grad[mask].abs().sum() > 0
     missing = [n for n, p in encoder.named_parameters() if p.grad is None or not p.grad.abs().sum() > 0]
     assert not missing, f"no gradient for {missing}"
 

@@ -1,0 +1,184 @@
+"""Pretrained inputs inside a whole model: static vectors (every file row kept, widths read from the
+file, unit length, coverage, <unk> trained by token dropout) and a language model's features (fine-tuned
+or frozen and cached, through any encoder and with none), trained, saved and loaded on a machine
+that has neither the vector files nor the LM directory."""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import TINY_DEV, TINY_TRAIN
+from nerkit.corpus import read_corpus
+from nerkit.errors import UserError
+from nerkit.pipeline import Pipeline
+from nerkit.splits import read_splits
+from nerkit.train import build_pipeline, train
+
+needs_transformers = pytest.mark.skipif(importlib.util.find_spec("transformers") is None,
+                                        reason="transformers is not installed (make install adds it)")
+
+
+def write_vectors(path, words: list[str], dim: int, seed: int = 0) -> np.ndarray:
+    matrix = np.random.default_rng(seed).normal(size=(len(words), dim)).astype(np.float32)
+    lines = [f"{len(words)} {dim}"] + [w + " " + " ".join(f"{v:.6f}" for v in row) for w, row in zip(words, matrix)]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return np.array([[float(f"{v:.6f}") for v in row] for row in matrix], dtype=np.float32)
+
+
+def training_chars() -> list[str]:
+    return sorted({c for s in read_corpus(TINY_TRAIN).sentences for c in s.tokens})
+
+
+# ----------------------------------------------------------------------- static vectors
+
+
+def test_every_row_of_a_vector_file_joins_the_model_at_unit_length(tmp_path, tiny_config):
+    seen = training_chars()[:10]
+    unseen = ["龘", "靐", "齉"]  # in the file, never in training
+    matrix = write_vectors(tmp_path / "char.vec", seen + unseen, 6)
+    config = tiny_config(f"embeddings.char_vectors={tmp_path / 'char.vec'}", "embeddings.char_dim=null")
+    assert config.embeddings.char_dim is None  # the width comes from the file
+    pipe = build_pipeline(config, read_splits(config))
+    assert config.embeddings.char_dim == 6
+    chars, table = pipe.featurizer.chars, pipe.model.embedder.chars.weight.detach()
+    for word, row in zip(seen + unseen, matrix):
+        assert word in chars
+        expected = torch.from_numpy(row / np.linalg.norm(row))
+        torch.testing.assert_close(table[chars.index[word]], expected)
+    # a text with a character only the vector file knows reaches the model with its vector, not <unk>
+    assert pipe.featurizer.example(["龘"]).char_ids == [chars.index["龘"]]
+
+
+def test_keep_train_leaves_the_unseen_rows_out_and_normalisation_can_be_off(tmp_path, tiny_config):
+    seen = training_chars()[:5]
+    matrix = write_vectors(tmp_path / "char.vec", seen + ["龘"], 4)
+    config = tiny_config(f"embeddings.char_vectors={tmp_path / 'char.vec'}", "embeddings.char_dim=null", "embeddings.vectors_keep=train",
+                         "embeddings.vectors_normalize=false")
+    pipe = build_pipeline(config, read_splits(config))
+    assert "龘" not in pipe.featurizer.chars
+    row = pipe.model.embedder.chars.weight.detach()[pipe.featurizer.chars.index[seen[0]]]
+    torch.testing.assert_close(row, torch.from_numpy(matrix[0]))
+
+
+def test_a_width_that_disagrees_with_the_file_names_both(tmp_path, tiny_config):
+    write_vectors(tmp_path / "char.vec", training_chars()[:3], 6)
+    config = tiny_config(f"embeddings.char_vectors={tmp_path / 'char.vec'}", "embeddings.char_dim=16")
+    with pytest.raises(UserError, match="dimension 6, but embeddings.char_dim is 16"):
+        build_pipeline(config, read_splits(config))
+
+
+def test_coverage_is_logged(tmp_path, tiny_config, caplog):
+    write_vectors(tmp_path / "char.vec", training_chars()[:3], 4)
+    config = tiny_config(f"embeddings.char_vectors={tmp_path / 'char.vec'}", "embeddings.char_dim=null")
+    with caplog.at_level("INFO", logger="nerkit"):
+        build_pipeline(config, read_splits(config))
+    assert any("training chars with a vector: types 3/" in r.message for r in caplog.records)
+
+
+def test_token_dropout_trains_the_unk_row(tiny_config):
+    """Without token dropout no training token is <unk> (min_freq 1), so its row never moves; with it
+    the row learns."""
+    from nerkit.features import collate
+    from nerkit.train import make_optimizer, train_step
+
+    for p, moves in ((0.0, False), (0.2, True)):
+        config = tiny_config(f"embeddings.token_dropout={p}")
+        splits = read_splits(config)
+        torch.manual_seed(0)
+        pipe = build_pipeline(config, splits)
+        before = pipe.model.embedder.chars.weight.detach()[1].clone()
+        examples = [pipe.featurizer.training_example(s) for s in splits.train]
+        optimizer = make_optimizer(config, pipe.model)
+        pipe.model.train()
+        for i in range(5):
+            train_step(pipe.model, collate(examples[8 * i:8 * i + 8]), optimizer)
+        assert (not torch.equal(pipe.model.embedder.chars.weight.detach()[1], before)) is moves, p
+
+
+def test_a_model_with_vectors_loads_without_the_vector_file(tmp_path, tiny_config):
+    write_vectors(tmp_path / "char.vec", training_chars()[:8] + ["龘"], 6)
+    config = tiny_config(f"embeddings.char_vectors={tmp_path / 'char.vec'}", "embeddings.char_dim=null", "train.epochs=1")
+    train(config, out=tmp_path / "model", progress_bar=False)
+    (tmp_path / "char.vec").unlink()
+    loaded = Pipeline.load(tmp_path / "model")
+    assert loaded.config.embeddings.char_dim == 6 and "龘" in loaded.featurizer.chars
+    assert loaded.predict(["龘张三"])  # runs
+
+
+# ----------------------------------------------------------------------- language-model features
+
+
+@pytest.fixture
+def lm_dir(tmp_path):
+    pytest.importorskip("transformers")
+    from test_lm import write_lm
+
+    chars = training_chars() + [c for s in read_corpus(TINY_DEV).sentences for c in s.tokens]
+    vocab = ["[PAD]", "[unused1]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + sorted(set(chars))
+    return write_lm(tmp_path / "tiny-lm", vocab=vocab)
+
+
+@needs_transformers
+@pytest.mark.parametrize("encoder", ["none", "bilstm", "flat"])
+def test_a_fine_tuned_lm_model_saves_and_loads_without_the_lm_directory(tmp_path, tiny_config, lm_dir, encoder):
+    overrides = [f"encoder.name={encoder}", f"embeddings.lm.path={lm_dir}", "embeddings.lm.finetune=true",
+                 "embeddings.lm.lr=0.001", "train.epochs=2", "embeddings.char_dim=4", "embeddings.bichar_dim=0"]
+    if encoder == "flat":
+        words = tmp_path / "words.txt"
+        words.write_text("张三\n北京\n北京大学\n新华社\n", encoding="utf-8")
+        overrides += [f"lexicon.source={words}", "encoder.n_heads=2", "encoder.head_dim=4", "embeddings.word_dim=4"]
+    config = tiny_config(*overrides)
+    out = tmp_path / "model"
+    metrics = train(config, out=out, progress_bar=False)
+    shutil.rmtree(lm_dir)  # the model directory must carry everything
+    assert (out / "lm" / "config.json").is_file() and (out / "lm" / "vocab.txt").is_file()
+    assert not (out / "lm" / "model.safetensors").exists()  # the weights are in the model's own file, once
+    loaded = Pipeline.load(out)
+    assert loaded.evaluate(TINY_DEV)["counts"] == metrics["dev"]["counts"]
+    texts = [s.text for s in read_corpus(TINY_DEV).sentences] + ["张三" * 40]  # longer than the LM's 16 positions
+    predicted = loaded.predict(texts)
+    loaded.save(tmp_path / "again")
+    assert Pipeline.load(tmp_path / "again").predict(texts) == predicted
+
+
+@needs_transformers
+def test_the_lm_gets_its_own_learning_rate(tiny_config, lm_dir):
+    from nerkit.train import make_optimizer
+
+    config = tiny_config(f"embeddings.lm.path={lm_dir}", "embeddings.lm.finetune=true", "embeddings.lm.lr=0.0001")
+    pipe = build_pipeline(config, read_splits(config))
+    groups = make_optimizer(config, pipe.model).param_groups
+    assert [g["lr"] for g in groups] == [config.train.lr, 0.0001]
+    assert {id(p) for p in groups[1]["params"]} == {id(p) for p in pipe.model.embedder.lm.lm.parameters()}
+
+
+@needs_transformers
+def test_a_frozen_lm_runs_once_per_corpus_and_its_cache_equals_running_it(tmp_path, tiny_config, lm_dir, monkeypatch):
+    """Training examples carry the cached states; the emissions they give equal those of the LM
+    run live on the same batch, and a second run reads the cache without calling the LM."""
+    from nerkit.features import collate
+    from nerkit.train import attach_lm_cache
+
+    config = tiny_config(f"embeddings.lm.path={lm_dir}", f"embeddings.lm.cache={tmp_path / 'cache'}",
+                         "embeddings.lm.layers=mix")
+    splits = read_splits(config)
+    pipe = build_pipeline(config, splits)
+    examples = [pipe.featurizer.training_example(s) for s in splits.train]
+    attach_lm_cache(config, pipe, splits, examples)
+    assert all(e.lm_states is not None and e.lm_states.shape[0] == len(e) for e in examples)
+    pipe.model.eval()
+    cached = collate(examples[:6])
+    live = collate([pipe.featurizer.training_example(s) for s in splits.train[:6]])
+    assert cached.lm_states is not None and live.lm_states is None
+    with torch.no_grad():
+        torch.testing.assert_close(pipe.model.emissions(cached), pipe.model.emissions(live), atol=2e-2, rtol=1e-2)
+    lm = pipe.model.embedder.lm
+    monkeypatch.setattr(lm, "states", lambda *a: pytest.fail("the LM ran again instead of the cache"))
+    attach_lm_cache(config, pipe, splits, [pipe.featurizer.training_example(s) for s in splits.train])
+    assert not any(p.requires_grad for p in lm.lm.parameters())
+    assert all(p.requires_grad for p in lm.scalar_mix.parameters())  # the mix still learns
