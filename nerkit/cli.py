@@ -108,19 +108,21 @@ def predict(
     model: Path = typer.Option(..., "--model", "-m", help="Model directory."),
     fmt: str = typer.Option("jsonl", "--format", "-f", help="jsonl | conll | inline"),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write here instead of stdout."),
-    batch_size: int = typer.Option(64, "--batch-size"),
+    batch_size: int = typer.Option(64, "--batch-size", min=1),
     device: str = typer.Option("cpu", "--device", help="cpu | cuda | auto"),
     threads: int = typer.Option(0, "--threads", help="torch threads (0 = torch's default, one per core)."),
 ):
-    """Tag every line of a text file (or stdin)."""
+    """Tag every line of a text file (or stdin, a pipe, /dev/stdin)."""
     from nerkit.pipeline import Pipeline, set_threads
-    from nerkit.predict import FORMATS, predict_stream
+    from nerkit.predict import FORMATS, check_paths, predict_stream
 
     if fmt not in FORMATS:
         raise UserError(f"unknown --format {fmt!r}", fix=f"use one of {', '.join(FORMATS)}")
+    out = str(output) if output else None
+    check_paths(source, out)  # before the model loads: a wrong path costs no wait
     set_threads(threads)
     pipe = Pipeline.load(model, device=device)
-    predict_stream(pipe, source, str(output) if output else None, fmt, batch_size)
+    predict_stream(pipe, source, out, fmt, batch_size)
 
 
 @app.command()

@@ -13,6 +13,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO, Callable, Iterator
 
+from nerkit.errors import UserError
+
 
 # Failures the user fixes on their side: a full disk, a quota, a file size limit, permissions.
 WRITE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EACCES, errno.EPERM, errno.EROFS)
@@ -69,6 +71,22 @@ def atomic_file(path: str | Path) -> Iterator[BinaryIO]:
         tmp.unlink(missing_ok=True)
         raise
     _fsync_dir(path.parent)
+
+
+def check_writable(path: str | Path) -> None:
+    """Raise a UserError now if a file could not be written at `path` (its directory missing, not
+    a directory or not writable, or `path` itself a directory): a long job looks before it starts."""
+    path = Path(path)
+    parent = path.parent
+    if path.is_dir():
+        raise UserError("is a directory", where=str(path), fix="name a file to write")
+    if not parent.exists():
+        raise UserError(f"the directory {parent} does not exist", where=str(path), fix="create it first")
+    if not parent.is_dir():
+        raise UserError(f"{parent} is not a directory", where=str(path), fix="name a file inside a directory")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise UserError(f"the directory {parent} is not writable", where=str(path),
+                        fix="write somewhere else, or change the directory's permissions")
 
 
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:

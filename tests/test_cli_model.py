@@ -1,13 +1,15 @@
 """Tests for the model commands of the CLI: `nerkit train`, `nerkit eval` and `nerkit predict` (its
-three formats, stdin, --output, blank lines, input order) and their exit code 2 on user errors."""
+three formats, stdin, pipes, --output, blank lines, input order) and their exit code 2 on user errors."""
 
 from __future__ import annotations
 
 import io
 import json
+import os
 import re
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -252,3 +254,146 @@ def test_threads_option_sets_torch_threads_and_keeps_predictions(tiny_model_dir,
         torch.set_num_threads(before)
     code, _, stderr = run_cli(monkeypatch, capfd, "eval", "--model", model, "--data", str(texts_file), "--threads", "-1")
     assert code == 2 and "--threads must not be negative" in stderr and "Traceback" not in stderr
+
+
+# ------------------------------------------------------------- predict: inputs, outputs and pipes
+
+
+class FailingPipe:
+    """Stands in for a Pipeline: tags nothing, and raises `error` on its `fail_on`-th chunk."""
+
+    scheme = "bio"
+
+    def __init__(self, error: type[BaseException], fail_on: int = 2):
+        self.error, self.fail_on, self.calls = error, fail_on, 0
+
+    def predict_tokens(self, tokens, batch_size):
+        self.calls += 1
+        if self.calls == self.fail_on:
+            raise self.error("stopped")
+        return [[] for _ in tokens]
+
+
+@pytest.mark.parametrize("error", [RuntimeError, KeyboardInterrupt])
+@pytest.mark.parametrize("existing", [False, True])
+def test_a_failed_predict_leaves_no_temporary_file_and_the_old_output(tmp_path, error, existing):
+    from nerkit.predict import predict_stream
+
+    source = tmp_path / "in.txt"
+    source.write_text("张伟在北京。\n" * 20, encoding="utf-8")
+    output = tmp_path / "out" / "pred.jsonl"
+    output.parent.mkdir()
+    if existing:
+        output.write_text("old\n")
+    with pytest.raises(error):  # the first chunk is written, the second fails
+        predict_stream(FailingPipe(error), str(source), str(output), chunk_chars=30)
+    assert [p.name for p in output.parent.iterdir()] == (["pred.jsonl"] if existing else [])
+    if existing:
+        assert output.read_text() == "old\n"
+
+
+def test_predict_checks_its_output_before_loading_the_model(tiny_model_dir, texts_file, tmp_path, monkeypatch, capfd):
+    from nerkit.pipeline import Pipeline
+
+    def load(*args, **kwargs):
+        raise AssertionError("the model was loaded before the output was checked")
+
+    monkeypatch.setattr(Pipeline, "load", load)
+    (tmp_path / "a_file").write_text("x")
+    (tmp_path / "a_dir").mkdir()
+    cases = [(tmp_path / "missing" / "out.jsonl", "does not exist"),
+             (tmp_path / "a_file" / "out.jsonl", "is not a directory"),
+             (tmp_path / "a_dir", "is a directory")]
+    for output, words in cases:
+        code, stdout, stderr = run_cli(monkeypatch, capfd, "predict", "--model", str(tiny_model_dir), str(texts_file),
+                                       "--output", str(output))
+        assert code == 2, stderr
+        assert stderr.startswith(f"nerkit: error: {output}: ") and words in stderr, stderr
+        assert "Traceback" not in stderr and stdout == ""
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a_dir", "a_file", "texts.txt"]
+
+
+def test_predict_refuses_an_output_directory_it_cannot_write(tiny_model_dir, texts_file, tmp_path, monkeypatch, capfd):
+    """chmod 0o500; root may write there all the same, so for root the permission check is told so."""
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o500)
+    if os.geteuid() == 0:
+        access = os.access
+        monkeypatch.setattr(os, "access", lambda path, mode: access(path, mode) and Path(path) != locked)
+    try:
+        code, _, stderr = run_cli(monkeypatch, capfd, "predict", "--model", str(tiny_model_dir), str(texts_file),
+                                  "--output", str(locked / "out.jsonl"))
+    finally:
+        locked.chmod(0o700)
+    assert code == 2 and "is not writable" in stderr and "Traceback" not in stderr, stderr
+
+
+def test_predict_reads_pipes_and_fd_paths_and_names_a_directory(tiny_model_dir, texts_file, tmp_path, monkeypatch, capfd):
+    """A named pipe, and /dev/fd/N as bash's <(...) gives; a directory has its own message."""
+    model = str(tiny_model_dir)
+    _, expected, _ = run_cli(monkeypatch, capfd, "predict", "--model", model, str(texts_file))
+    data = texts_file.read_bytes()
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    writer = threading.Thread(target=fifo.write_bytes, args=(data,))
+    writer.start()
+    try:
+        code, stdout, stderr = run_cli(monkeypatch, capfd, "predict", "--model", model, str(fifo))
+    finally:
+        if writer.is_alive():  # the pipe was never opened for reading: open it so the writer can end
+            reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+            writer.join(30)
+            os.close(reader)
+    assert code == 0, stderr
+    assert stdout == expected
+
+    read_end, write_end = os.pipe()
+
+    def feed():
+        with os.fdopen(write_end, "wb") as f:
+            f.write(data)
+
+    writer = threading.Thread(target=feed)
+    writer.start()
+    try:
+        code, stdout, stderr = run_cli(monkeypatch, capfd, "predict", "--model", model, f"/dev/fd/{read_end}")
+    finally:
+        writer.join()
+        os.close(read_end)
+    assert code == 0, stderr
+    assert stdout == expected
+
+    code, stdout, stderr = run_cli(monkeypatch, capfd, "predict", "--model", model, str(tmp_path))
+    assert code == 2 and stderr.startswith(f"nerkit: error: {tmp_path}: is a directory"), stderr
+
+
+def test_predict_reads_dev_stdin(tiny_model_dir, texts_file):
+    result = subprocess.run([sys.executable, "-m", "nerkit", "predict", "--model", str(tiny_model_dir), "/dev/stdin"],
+                            input=texts_file.read_bytes(), capture_output=True, cwd=REPO, timeout=120,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert result.returncode == 0, result.stderr.decode()
+    assert [r["text"] for r in parse_jsonl(result.stdout.decode())] == TEXTS
+
+
+def test_predict_into_a_pipe_closed_early_ends_quietly(tiny_model_dir, tmp_path):
+    """`nerkit predict FILE | head -1`: the reader has what it wanted; exit 0 and nothing on stderr."""
+    source = tmp_path / "many.txt"
+    source.write_text("张伟在北京的清华大学工作。\n" * 5000, encoding="utf-8")  # some 600 kB of output
+    with subprocess.Popen([sys.executable, "-m", "nerkit", "predict", "--model", str(tiny_model_dir), str(source)],
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO,
+                          env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "error"}) as process:
+        first = process.stdout.readline()
+        process.stdout.close()
+        stderr = process.stderr.read()
+        assert process.wait(timeout=120) == 0, stderr.decode()
+    assert stderr == b""
+    assert json.loads(first)["text"] == "张伟在北京的清华大学工作。"
+
+
+@pytest.mark.parametrize("size", ["0", "-3"])
+def test_predict_batch_size_must_be_positive(tiny_model_dir, texts_file, monkeypatch, capfd, size):
+    code, stdout, stderr = run_cli(monkeypatch, capfd, "predict", "--model", str(tiny_model_dir), str(texts_file),
+                                   "--batch-size", size)
+    assert code == 2, stderr
+    assert "--batch-size" in stderr and "Traceback" not in stderr and stdout == ""
