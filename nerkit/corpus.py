@@ -164,16 +164,29 @@ def invalid_transition(prev: str | None, tag: str, scheme: str) -> str | None:
 # Reading
 
 
-def _decode(path: Path, data: bytes) -> str:
+def decode_utf8(data: bytes, name: str, line: int = 1, offset: int = 0) -> str:
+    """`data` as text; bytes that are not UTF-8 are a CorpusError naming the line and byte offset.
+    `data` may be a piece of the file `name` that starts on `line`, at byte `offset`. Every reader
+    of text (corpora, `nerkit predict`) decodes here, so all say the same thing."""
     try:
-        text = data.decode("utf-8")
+        return data.decode("utf-8")
     except UnicodeDecodeError as e:
-        line = data[: e.start].count(b"\n") + 1
+        line += data[: e.start].count(b"\n")
         raise CorpusError(
-            f"bytes at offset {e.start} are not UTF-8 ({data[e.start:e.start + 4]!r})",
-            where=f"{path}:{line}",
+            f"bytes at offset {offset + e.start} are not UTF-8 ({data[e.start:e.start + 4]!r})",
+            where=f"{name}:{line}",
             fix="convert the file to UTF-8, e.g. `iconv -f GBK -t UTF-8 IN > OUT`",
         ) from None
+
+
+def nul_error(where: str) -> CorpusError:
+    """A NUL byte in a line of text: the file is binary, or UTF-16 read as UTF-8."""
+    return CorpusError("the line contains a NUL byte", where=where,
+                       fix="the file is probably binary or UTF-16; convert it to UTF-8 text")
+
+
+def _decode(path: Path, data: bytes) -> str:
+    text = decode_utf8(data, str(path))
     return text[1:] if text.startswith("\ufeff") else text  # a BOM is accepted and dropped
 
 
@@ -229,8 +242,7 @@ def read_conll(path: str | Path, repair: bool = False, strict: bool = True) -> C
                 tokens, tags = [], []
             continue
         if "\x00" in line:
-            raise CorpusError("the line contains a NUL byte", where=where,
-                              fix="the file is probably binary or UTF-16; convert it to UTF-8 text")
+            raise nul_error(where)
         if line[0] in " \t":
             raise CorpusError(f"empty token (the line starts with a separator: {_shown(line)})", where=where,
                               fix="each line is `char TAG`; remove the leading space or tab")

@@ -1,14 +1,17 @@
 """Streaming prediction over text files (one text per line) and the eval output file.
 
 Input is read in chunks, so memory stays bounded whatever the file size, and records come out in
-input order. Lines are split only at `\n` (a `\r\n` ending is dropped); bytes that are not UTF-8
-pass through unchanged (surrogate-escaped), so output line N always belongs to input line N. The
-input may be a file, stdin, a pipe or a device (`/dev/stdin`, bash's `<(...)`); the output goes to
-stdout, where a reader that stops early (`| head`) is a normal end, or atomically to a file.
+input order. Lines are split only at `\n` (a `\r\n` ending is dropped) and checked as they are
+read, as `nerkit data` checks corpora: bytes that are not UTF-8, or a NUL byte, end the run with an
+error naming the line. A leading UTF-8 byte-order mark is dropped: each record's `text` is its line
+without the mark and the line ending, and offsets index that `text`. The input may be a file,
+stdin, a pipe or a device (`/dev/stdin`, bash's `<(...)`); the output goes to stdout, where a reader
+that stops early (`| head`) is a normal end, or atomically to a file.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import stat
@@ -17,12 +20,16 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO, Iterable, Iterator
 
-from nerkit.corpus import Sentence, Span, spans_to_tags
+from nerkit.corpus import Sentence, Span, decode_utf8, nul_error, spans_to_tags
 from nerkit.errors import UserError
 from nerkit.files import WRITE_ERRNOS, atomic_file, check_writable
 
 FORMATS = ("jsonl", "conll", "inline")
 STDIN = "-"
+_BOM = b"\xef\xbb\xbf"
+# Bytes read at once: a NUL byte is caught within this many, so a binary file without line breaks
+# (or /dev/zero) is refused without filling memory.
+_PIECE = 1 << 20
 _SOURCE_FIX = "pass a text file with one text per line, or - for stdin"
 
 
@@ -53,14 +60,31 @@ def _open_source(source: str) -> tuple[BinaryIO, int | None]:
     return stream, info.st_size if stat.S_ISREG(info.st_mode) else None
 
 
-def _lines(stream: BinaryIO) -> Iterator[tuple[str, int]]:
-    for raw in stream:
-        size = len(raw)
-        if raw.endswith(b"\n"):
-            raw = raw[:-1]
-        if raw.endswith(b"\r"):
-            raw = raw[:-1]
-        yield raw.decode("utf-8", errors="surrogateescape"), size
+def _read_line(stream: BinaryIO, where: str) -> bytes:
+    """The next line with its `\n` (b"" at the end of the input), read a piece at a time."""
+    pieces = []
+    while True:
+        piece = stream.readline(_PIECE)
+        if b"\x00" in piece:
+            raise nul_error(where)
+        pieces.append(piece)
+        if not piece or piece.endswith(b"\n"):
+            return b"".join(pieces)
+
+
+def _lines(stream: BinaryIO, name: str) -> Iterator[tuple[str, int]]:
+    """Each line of `stream` as text without its ending, and its size in bytes. A line that is not
+    UTF-8 or holds a NUL byte is a CorpusError naming `name` and the line; a leading BOM is dropped."""
+    offset = 0
+    for number in itertools.count(1):
+        raw = _read_line(stream, f"{name}:{number}")
+        if not raw:
+            return
+        line = raw[len(_BOM):] if number == 1 and raw.startswith(_BOM) else raw
+        start = offset + len(raw) - len(line)
+        line = line.removesuffix(b"\n").removesuffix(b"\r")
+        yield decode_utf8(line, name, number, start), len(raw)
+        offset += len(raw)
 
 
 def format_record(text: str, spans: list[Span], fmt: str, scheme: str = "bio") -> str:
@@ -99,7 +123,7 @@ def _predicted_chunks(pipe, lines: Iterable[tuple[str, int]], fmt: str, batch_si
 def _predict_chunk(pipe, texts: list[str], fmt: str, batch_size: int) -> bytes:
     spans = pipe.predict_tokens([list(t) for t in texts], batch_size)
     records = "".join(format_record(t, s, fmt, pipe.scheme) for t, s in zip(texts, spans))
-    return records.encode("utf-8", errors="surrogateescape")
+    return records.encode("utf-8")
 
 
 @contextmanager
@@ -138,7 +162,8 @@ def predict_stream(pipe, source: str, output: str | None, fmt: str = "jsonl", ba
     written = 0
     try:
         with _sink(output) as sink:
-            for data, records, size in _predicted_chunks(pipe, _lines(stream), fmt, batch_size, chunk_chars):
+            lines = _lines(stream, "<stdin>" if source == STDIN else source)
+            for data, records, size in _predicted_chunks(pipe, lines, fmt, batch_size, chunk_chars):
                 sink.write(data)
                 written += records
                 bar.update(size)

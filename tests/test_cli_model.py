@@ -192,24 +192,93 @@ def test_predict_keeps_line_order_over_many_lines_and_odd_line_ends(tiny_model_d
     assert [r["text"] for r in parse_jsonl(stdout)] == lines
 
 
-def test_predict_passes_bytes_that_are_not_utf8_through_on_their_own_line(tiny_model_dir, tmp_path, monkeypatch, capfd):
-    lines = ["张伟\xff在北京".encode("utf-8", "surrogateescape"), b"\xe5\x8c", "李娜\u2028王芳".encode() + b"\x85", b""]
-    path = tmp_path / "odd.txt"
-    path.write_bytes(b"\n".join(lines) + b"\n")
-    for fmt in ("jsonl", "inline"):
-        output = tmp_path / f"odd.{fmt}"
-        code, _, stderr = run_cli(monkeypatch, capfd, "predict", "--model", str(tiny_model_dir), str(path),
-                                  "--format", fmt, "--output", str(output))
-        assert code == 0, stderr
-        out_lines = output.read_bytes().split(b"\n")
-        assert out_lines[-1] == b"" and len(out_lines) - 1 == len(lines)
-        for raw, out in zip(lines, out_lines):
-            text = out.decode("utf-8", "surrogateescape")
-            if fmt == "jsonl":
-                text = json.loads(text)["text"]
-            else:
-                text = re.sub(r"\[([^\]]*)\](?:LOC|ORG|PER)", r"\1", text)
-            assert text.encode("utf-8", "surrogateescape") == raw
+class StubPipe:
+    """Stands in for a Pipeline: tags nothing, and raises `error` on its `fail_on`-th chunk (if any)."""
+
+    scheme = "bio"
+
+    def __init__(self, error: type[BaseException] | None = None, fail_on: int = 2):
+        self.error, self.fail_on, self.calls = error, fail_on, 0
+
+    def predict_tokens(self, tokens, batch_size):
+        self.calls += 1
+        if self.error and self.calls == self.fail_on:
+            raise self.error("stopped")
+        return [[] for _ in tokens]
+
+
+NOT_TEXT = {
+    "GBK on line 2": "张伟在北京。\n".encode() + "李娜在上海。\n".encode("gbk"),
+    "a PNG": b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR\n",
+    "UTF-16 with its BOM": "张伟在北京。\n".encode("utf-16"),
+    "UTF-16 without a BOM": "张伟 in Beijing\n".encode("utf-16-le"),  # valid UTF-8 bytes, with NULs
+}
+
+
+@pytest.mark.parametrize("case", NOT_TEXT)
+def test_predict_refuses_what_is_not_utf8_text_as_data_stats_does(tiny_model_dir, tmp_path, monkeypatch, capfd, case):
+    path = tmp_path / "texts.txt"
+    path.write_bytes(NOT_TEXT[case])
+    code, stdout, predicted = run_cli(monkeypatch, capfd, "predict", "--model", str(tiny_model_dir), str(path))
+    assert code == 2 and stdout == "" and "Traceback" not in predicted, predicted
+    code, _, stats = run_cli(monkeypatch, capfd, "data", "stats", str(path))
+    assert code == 2
+    assert predicted == stats  # the same check, the same message: FILE:LINE, what, and the fix
+    assert re.match(rf"nerkit: error: {re.escape(str(path))}:\d+: (bytes at offset \d+ are not UTF-8|the line "
+                    "contains a NUL byte)", predicted), predicted
+
+
+def test_predict_names_the_line_of_stdin_that_is_not_utf8(tiny_model_dir, monkeypatch, capfd):
+    code, _, stderr = run_cli(monkeypatch, capfd, "predict", "--model", str(tiny_model_dir),
+                              stdin=NOT_TEXT["GBK on line 2"])
+    assert code == 2
+    assert stderr.startswith("nerkit: error: <stdin>:2: bytes at offset 19 are not UTF-8") and "iconv" in stderr
+
+
+@pytest.mark.parametrize("existing", [False, True])
+def test_a_bad_line_after_written_chunks_leaves_no_output(tmp_path, existing):
+    """Records of the lines before the bad one were already written (in chunks): none of them may
+    be left at --output."""
+    from nerkit.errors import CorpusError
+    from nerkit.predict import predict_stream
+
+    source = tmp_path / "in.txt"
+    source.write_bytes("张伟在北京。\n".encode() * 40 + "李娜".encode("gbk") + b"\n")
+    output = tmp_path / "out" / "pred.jsonl"
+    output.parent.mkdir()
+    if existing:
+        output.write_text("old\n")
+    pipe = StubPipe()
+    with pytest.raises(CorpusError) as info:
+        predict_stream(pipe, str(source), str(output), chunk_chars=30)
+    assert pipe.calls > 1  # chunks went out before the bad line was read
+    assert info.value.where == f"{source}:41"
+    assert [p.name for p in output.parent.iterdir()] == (["pred.jsonl"] if existing else [])
+    if existing:
+        assert output.read_text() == "old\n"
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "conll", "inline"])
+def test_predict_drops_a_leading_bom_and_offsets_index_the_printed_text(tiny_model_dir, tmp_path, monkeypatch, capfd, fmt):
+    """The BOM marks the encoding, it is not text: it is not in the first record, and no entity
+    starts with it. A U+FEFF inside a line is a character like any other."""
+    texts = ["张伟在北京工作。", "李娜\ufeff王芳", "新华社的记者王芳报道了这件事。"]
+    path = tmp_path / "bom.txt"
+    path.write_bytes(b"\xef\xbb\xbf" + "\n".join(texts).encode() + b"\n")
+    code, stdout, stderr = run_cli(monkeypatch, capfd, "predict", "--model", str(tiny_model_dir), str(path), "--format", fmt)
+    assert code == 0, stderr
+    if fmt == "jsonl":
+        records = parse_jsonl(stdout)
+        assert [r["text"] for r in records] == texts
+        for record in records:
+            for e in record["entities"]:
+                assert record["text"][e["start"]:e["end"]] == e["text"]
+        assert {"start": 0, "end": 2, "type": "PER", "text": "张伟"} in records[0]["entities"]
+    elif fmt == "conll":
+        assert ["".join(c for c, _ in block) for block in parse_conll(stdout)] == texts
+    else:
+        untagged = [re.sub(r"\[([^\]]*)\](?:LOC|ORG|PER)", r"\1", line) for line in stdout.splitlines()]
+        assert untagged == texts and stdout.startswith("[张伟]PER")
 
 
 # ------------------------------------------------------------------------------------ user errors
@@ -259,21 +328,6 @@ def test_threads_option_sets_torch_threads_and_keeps_predictions(tiny_model_dir,
 # ------------------------------------------------------------- predict: inputs, outputs and pipes
 
 
-class FailingPipe:
-    """Stands in for a Pipeline: tags nothing, and raises `error` on its `fail_on`-th chunk."""
-
-    scheme = "bio"
-
-    def __init__(self, error: type[BaseException], fail_on: int = 2):
-        self.error, self.fail_on, self.calls = error, fail_on, 0
-
-    def predict_tokens(self, tokens, batch_size):
-        self.calls += 1
-        if self.calls == self.fail_on:
-            raise self.error("stopped")
-        return [[] for _ in tokens]
-
-
 @pytest.mark.parametrize("error", [RuntimeError, KeyboardInterrupt])
 @pytest.mark.parametrize("existing", [False, True])
 def test_a_failed_predict_leaves_no_temporary_file_and_the_old_output(tmp_path, error, existing):
@@ -286,7 +340,7 @@ def test_a_failed_predict_leaves_no_temporary_file_and_the_old_output(tmp_path, 
     if existing:
         output.write_text("old\n")
     with pytest.raises(error):  # the first chunk is written, the second fails
-        predict_stream(FailingPipe(error), str(source), str(output), chunk_chars=30)
+        predict_stream(StubPipe(error), str(source), str(output), chunk_chars=30)
     assert [p.name for p in output.parent.iterdir()] == (["pred.jsonl"] if existing else [])
     if existing:
         assert output.read_text() == "old\n"
