@@ -19,7 +19,9 @@ from nerkit.files import atomic_write_text
 SCHEMES = ("bio", "bioes", "bmes")
 _TAG_RE = re.compile(r"^([BIMES])-(\S+)$")
 _SEPARATOR = re.compile(r"[ \t]+")  # only ASCII space and tab separate columns: U+3000 may be a token
-_UNWRITABLE = re.compile(r"[ \t\r\n\x00]")  # characters a CoNLL token cannot contain (the reader rejects them)
+# Characters `write_corpus` keeps out of CoNLL tokens: the reader takes a lone space or tab token
+# (`  O`, as `nerkit predict --format conll` writes it), but other tools would read such a line wrong.
+_UNWRITABLE = re.compile(r"[ \t\r\n\x00]")
 # Where a long sentence may be cut, best first: after a sentence end, then after a clause break.
 _STRONG_BREAKS = set("。！？!?；;…")
 _WEAK_BREAKS = set("，,、：:）)」』”\"")
@@ -243,10 +245,7 @@ def read_conll(path: str | Path, repair: bool = False, strict: bool = True) -> C
             continue
         if "\x00" in line:
             raise nul_error(where)
-        if line[0] in " \t":
-            raise CorpusError(f"empty token (the line starts with a separator: {_shown(line)})", where=where,
-                              fix="each line is `char TAG`; remove the leading space or tab")
-        parts = _SEPARATOR.split(line.rstrip(" \t"))
+        parts = _columns(line, where)
         if len(parts) < 2:
             raise CorpusError(f"expected 2 columns `char TAG`, found 1 ({_shown(line)})", where=where,
                               fix="add the tag after a space or tab (O outside entities)")
@@ -270,6 +269,9 @@ def read_conll(path: str | Path, repair: bool = False, strict: bool = True) -> C
         sentences.append(Sentence(tokens, tags, first_line))
     if not sentences:
         raise CorpusError("the file has no sentences (only blank lines)", where=str(path))
+    if columns > 2 and all(t in (" ", "\t") for s in sentences for t in s.tokens):
+        raise CorpusError("every line starts with spaces or tabs: the lines look indented", where=f"{path}:{sentences[0].line}",
+                          fix="remove the indentation (a token line is `char TAG`)")
     all_tags = {t for s in sentences for t in s.tags}
     try:
         scheme = detect_scheme(all_tags)
@@ -283,6 +285,17 @@ def read_conll(path: str | Path, repair: bool = False, strict: bool = True) -> C
     _check_transitions(corpus, repair=repair, strict=strict)
     corpus.types = sorted({s.type for sent in sentences for s in sent.spans()})
     return corpus
+
+
+def _columns(line: str, where: str) -> list[str]:
+    """The columns of a token line. A line that starts with a space or tab and then a separator
+    holds that space or tab as its token: `nerkit predict --format conll` writes one as `  O`."""
+    if line[0] not in " \t":
+        return _SEPARATOR.split(line.rstrip(" \t"))
+    if line[1] not in " \t":
+        raise CorpusError(f"empty token (the line starts with a separator: {_shown(line)})", where=where,
+                          fix="each line is `char TAG`; remove the leading space or tab")
+    return [line[0], *_SEPARATOR.split(line[1:].strip(" \t"))]
 
 
 def _check_transitions(corpus: Corpus, repair: bool, strict: bool) -> None:

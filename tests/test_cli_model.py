@@ -102,7 +102,7 @@ def test_train_refuses_a_non_empty_output_directory(tmp_path, monkeypatch, capfd
 
 
 def parse_jsonl(text: str) -> list[dict]:
-    return [json.loads(line) for line in text.splitlines()]
+    return [json.loads(line) for line in text.split("\n") if line]  # not splitlines(): U+2028 is in a text
 
 
 def parse_conll(text: str) -> list[list[tuple[str, str]]]:
@@ -190,6 +190,28 @@ def test_predict_keeps_line_order_over_many_lines_and_odd_line_ends(tiny_model_d
                                    "--batch-size", "4")
     assert code == 0, stderr
     assert [r["text"] for r in parse_jsonl(stdout)] == lines
+
+
+def test_predict_conll_with_spaces_and_tabs_reads_back(tiny_model_dir, tmp_path, monkeypatch, capfd):
+    """The formats nerkit writes, it reads: predict --format conll -> data validate -> read_corpus."""
+    from nerkit.corpus import read_corpus
+
+    texts = ["张伟 在 北京\t工作。", "  ", "\t李娜", "New York 的 王芳 ", "\u3000\x0b\x0c\x85\u2028张伟", "张\r伟 \t 李娜"]
+    source = tmp_path / "texts.txt"
+    source.write_text("\n".join(texts) + "\n", encoding="utf-8")
+    model = str(tiny_model_dir)
+    conll = tmp_path / "pred.bio"
+    code, _, stderr = run_cli(monkeypatch, capfd, "predict", "--model", model, str(source), "--format", "conll",
+                              "--output", str(conll))
+    assert code == 0, stderr
+    code, stdout, stderr = run_cli(monkeypatch, capfd, "data", "validate", str(conll))
+    assert code == 0, stderr
+    assert f"OK, {len(texts)} sentences" in stdout
+    _, jsonl, _ = run_cli(monkeypatch, capfd, "predict", "--model", model, str(source))
+    corpus = read_corpus(conll)
+    assert [s.text for s in corpus.sentences] == texts
+    assert [s.spans() for s in corpus.sentences] == [spans_of(r) for r in parse_jsonl(jsonl)]
+    assert any(" " in s.tokens and "\t" in s.tokens for s in corpus.sentences)
 
 
 class StubPipe:

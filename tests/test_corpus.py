@@ -272,6 +272,28 @@ def test_full_width_space_is_a_token(write_file):
     assert corpus.sentences[0].spans() == [Span(1, 2, "PER")]
 
 
+def test_a_space_or_tab_token_reads_as_nerkit_predict_writes_it(write_file):
+    """`nerkit predict --format conll` writes the character, a space, the tag: `  O` is a space."""
+    corpus = read_corpus(write_file("张 B-PER\n  O\n\t O\n三\tO\n \tO\n\t\tO\n   O\n在 O\n\n  O\n"))
+    assert [s.tokens for s in corpus.sentences] == [["张", " ", "\t", "三", " ", "\t", " ", "在"], [" "]]
+    assert corpus.sentences[0].tags == ["B-PER"] + ["O"] * 7
+
+
+def test_a_space_token_keeps_the_column_count(write_file):
+    corpus = read_corpus(write_file("张 NR B-PER\n  PU O\n"))
+    assert corpus.sentences[0].tokens == ["张", " "]
+    err = read_error(write_file("张 NR B-PER\n  O\n"))
+    assert "expected 3 columns" in err.message
+
+
+def test_indented_lines_are_not_read_as_space_tokens(write_file):
+    """Indentation would make every line start with a space token and shift the columns."""
+    path = write_file("  张 B-PER\n  三 I-PER\n")
+    err = read_error(path)
+    assert_at(err, path, 1)
+    assert "indented" in err.message
+
+
 def test_sentences_record_their_first_line(write_file):
     corpus = read_corpus(write_file("\n张 O\n三 O\n\n\n在 O\n"))
     assert [s.line for s in corpus.sentences] == [2, 6]
