@@ -170,7 +170,7 @@ def data_validate(
     repair: Optional[Path] = typer.Option(None, "--repair", help="Write a repaired copy here."),
 ):
     """Check a corpus strictly; with --repair OUT, fix invalid transitions and write the result."""
-    from nerkit.corpus import read_corpus, write_corpus
+    from nerkit.corpus import read_corpus, scheme_label, write_corpus
 
     corpus = read_corpus(file, repair=repair is not None)
     if repair is not None:
@@ -178,7 +178,7 @@ def data_validate(
         typer.echo(f"{file}: repaired {corpus.repaired} tags ({corpus.invalid_transitions} invalid transitions); "
                    f"wrote {repair}")
     else:
-        typer.echo(f"{file}: OK, {len(corpus.sentences)} sentences, {corpus.scheme.upper()}, "
+        typer.echo(f"{file}: OK, {len(corpus.sentences)} sentences, {scheme_label(corpus.labels)}, "
                    f"types {', '.join(corpus.types) or '-'}")
 
 
@@ -194,7 +194,7 @@ def data_convert(
 
     corpus = read_corpus(source, repair=repair)
     write_corpus(target, corpus.sentences, to)
-    typer.echo(f"{source} ({corpus.scheme}) -> {target} ({to}), {len(corpus.sentences)} sentences")
+    typer.echo(f"{source} ({corpus.labels}) -> {target} ({to}), {len(corpus.sentences)} sentences")
 
 
 def main() -> None:

@@ -6,6 +6,7 @@ char-per-line files a token is a character, so they are offsets into the sentenc
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import json
 import re
@@ -17,6 +18,10 @@ from nerkit.errors import CorpusError
 from nerkit.files import atomic_write_text
 
 SCHEMES = ("bio", "bioes", "bmes")
+SPANS = "spans"  # what JSON-lines files have instead of a tag scheme
+RECORD_KEYS = ("text", "entities")
+ENTITY_KEYS = ("start", "end", "type", "text")  # an entity's "text", as nerkit predict writes it, is optional
+_JSONL_FORMAT = 'each line is {"text": "...", "entities": [{"start": 0, "end": 2, "type": "PER"}]}'
 _TAG_RE = re.compile(r"^([BIMES])-(\S+)$")
 _SEPARATOR = re.compile(r"[ \t]+")  # only ASCII space and tab separate columns: U+3000 may be a token
 # Characters `write_corpus` keeps out of CoNLL tokens: the reader takes a lone space or tab token
@@ -60,6 +65,18 @@ class Corpus:
     invalid_transitions: int = 0  # found while reading (each one fixed when repair=True)
     repaired: int = 0  # tags changed by repair
     types: list[str] = field(default_factory=list)
+    format: str = "conll"  # or "jsonl"
+
+    @property
+    def labels(self) -> str:
+        """How the file marks entities: its tag scheme, or SPANS for JSON lines (whose BIOES tags
+        exist only inside nerkit)."""
+        return SPANS if self.format == "jsonl" else self.scheme
+
+
+def scheme_label(labels: str) -> str:
+    """`Corpus.labels` as people read it: BIO, BIOES, BMES, or spans (JSON lines)."""
+    return "spans (JSON lines)" if labels == SPANS else labels.upper()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -329,43 +346,66 @@ def read_jsonl(path: str | Path) -> Corpus:
     text = _decode(path, data)
     sentences = []
     for number, line in enumerate(text.split("\n"), 1):
-        if not line.strip():
-            continue
-        where = f"{path}:{number}"
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise CorpusError(f"not valid JSON ({e.msg} at column {e.colno})", where=where,
-                              fix='each line is {"text": "...", "entities": [{"start": 0, "end": 2, "type": "PER"}]}') from None
-        if not isinstance(record, dict) or not isinstance(record.get("text"), str):
-            raise CorpusError('the record has no "text" string', where=where)
-        sent_text = record["text"]
-        entities = record.get("entities", [])
-        if not isinstance(entities, list):
-            raise CorpusError(f'"entities" is {type(entities).__name__}, not a list', where=where)
-        spans = []
-        for ent in entities:
-            # Exactly ints (not 1.5, "1" or true) and a type that can become a tag (`B-TYPE`).
-            if not (isinstance(ent, dict) and all(type(ent.get(k)) is int for k in ("start", "end"))
-                    and isinstance(ent.get("type"), str) and re.fullmatch(r"\S+", ent["type"])):
-                raise CorpusError(f"entity {_shown(json.dumps(ent, ensure_ascii=False))} needs integer start, end "
-                                  "and a type without spaces", where=where)
-            span = Span(ent["start"], ent["end"], ent["type"])
-            if not 0 <= span.start < span.end <= len(sent_text):
-                raise CorpusError(f"entity {ent!r} is outside the text of {len(sent_text)} characters",
-                                  where=where, fix="offsets count characters, end exclusive")
-            spans.append(span)
-        spans.sort(key=lambda s: (s.start, s.end))
-        for a, b in zip(spans, spans[1:]):
-            if b.start < a.end:
-                raise CorpusError(f"entities {a} and {b} overlap", where=where,
-                                  fix="flat NER allows no nested or overlapping entities")
-        sentences.append(Sentence(list(sent_text), spans_to_tags(len(sent_text), spans, "bioes"), number))
+        if line.strip():
+            sentences.append(_parse_record(line, number, f"{path}:{number}"))
     if not sentences:
         raise CorpusError("the file has no sentences", where=str(path))
-    corpus = Corpus(str(path), sentences, "bioes")
+    corpus = Corpus(str(path), sentences, "bioes", format="jsonl")
     corpus.types = sorted({s.type for sent in sentences for s in sent.spans()})
     return corpus
+
+
+def _parse_record(line: str, number: int, where: str) -> Sentence:
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError as e:
+        raise CorpusError(f"not valid JSON ({e.msg} at column {e.colno})", where=where, fix=_JSONL_FORMAT) from None
+    if not isinstance(record, dict):
+        raise CorpusError('the record has no "text" string', where=where, fix=_JSONL_FORMAT)
+    _check_keys(record, RECORD_KEYS, "", where)
+    text = record.get("text")
+    if not isinstance(text, str):
+        raise CorpusError('the record has no "text" string', where=where, fix=_JSONL_FORMAT)
+    if "entities" not in record:
+        raise CorpusError('the record has no "entities" key', where=where,
+                          fix='write "entities": [] for a text without entities (nerkit predict reads '
+                              'unlabelled text as plain lines)')
+    entities = record["entities"]
+    if not isinstance(entities, list):
+        raise CorpusError(f'"entities" is {type(entities).__name__}, not a list', where=where)
+    spans = sorted((_parse_entity(ent, text, where) for ent in entities), key=lambda s: (s.start, s.end))
+    for a, b in zip(spans, spans[1:]):
+        if b.start < a.end:
+            raise CorpusError(f"entities {a} and {b} overlap", where=where,
+                              fix="flat NER allows no nested or overlapping entities")
+    return Sentence(list(text), spans_to_tags(len(text), spans, "bioes"), number)
+
+
+def _parse_entity(ent, text: str, where: str) -> Span:
+    if isinstance(ent, dict):
+        _check_keys(ent, ENTITY_KEYS, " in an entity", where)
+    # Exactly ints (not 1.5, "1" or true) and a type that can become a tag (`B-TYPE`).
+    if not (isinstance(ent, dict) and all(type(ent.get(k)) is int for k in ("start", "end"))
+            and isinstance(ent.get("type"), str) and re.fullmatch(r"\S+", ent["type"])):
+        raise CorpusError(f"entity {_shown(json.dumps(ent, ensure_ascii=False))} needs integer start, end "
+                          "and a type without spaces", where=where)
+    span = Span(ent["start"], ent["end"], ent["type"])
+    if not 0 <= span.start < span.end <= len(text):
+        raise CorpusError(f"entity {ent!r} is outside the text of {len(text)} characters",
+                          where=where, fix="offsets count characters, end exclusive")
+    if "text" in ent and ent["text"] != text[span.start:span.end]:
+        raise CorpusError(f"the entity's text {ent['text']!r} is not the text at {span.start}:{span.end} "
+                          f"({text[span.start:span.end]!r})", where=where, fix="offsets count characters, end exclusive")
+    return span
+
+
+def _check_keys(obj: dict, known: tuple[str, ...], what: str, where: str) -> None:
+    """An unknown key is an error, not ignored: a misspelt `entities` would lose every entity."""
+    for key in obj:
+        if key not in known:
+            close = difflib.get_close_matches(key, known, n=1, cutoff=0.5)
+            raise CorpusError(f"unknown key {key!r}{what}; the keys are {', '.join(map(repr, known))}", where=where,
+                              fix=f"did you mean {close[0]!r}?" if close else _JSONL_FORMAT)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -518,7 +558,7 @@ def corpus_stats(path: str | Path) -> dict:
         "characters": sum(lengths),
         "entities": dict(sorted(per_type.items())),
         "entities_total": sum(per_type.values()),
-        "scheme": corpus.scheme,
+        "scheme": corpus.labels,
         "length": {"p50": _percentile(lengths, 50), "p90": _percentile(lengths, 90),
                    "p95": _percentile(lengths, 95), "p99": _percentile(lengths, 99), "max": lengths[-1]},
         "invalid_transitions": corpus.invalid_transitions,
@@ -533,7 +573,7 @@ def format_stats(stats: dict) -> str:
         lines.append(f"  known file    {stats['known_as']}")
     lines += [
         f"  sha256        {stats['sha256']}",
-        f"  scheme        {stats['scheme'].upper()}",
+        f"  scheme        {scheme_label(stats['scheme'])}",
         f"  sentences     {stats['sentences']:,}",
         f"  characters    {stats['characters']:,}",
         f"  entities      {stats['entities_total']:,}  ("

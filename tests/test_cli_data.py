@@ -44,7 +44,7 @@ def test_stats_json():
     assert result.returncode == 0, result.stderr
     stats = json.loads(result.stdout)
     assert [Path(s["file"]).name for s in stats] == names
-    assert [s["scheme"] for s in stats] == ["bio", "bmes", "bioes"]
+    assert [s["scheme"] for s in stats] == ["bio", "bmes", "spans"]  # JSON lines have no tag scheme
     for s in stats:
         assert (s["sentences"], s["characters"], s["entities_total"]) == (2, 13, 4)
         assert s["entities"] == {"LOC": 1, "ORG": 1, "PER": 2}
@@ -82,7 +82,7 @@ def test_stats_of_real_data_smallest_file(data_root):
 @pytest.mark.parametrize("name, summary", [
     ("three_types.bio", "OK, 2 sentences, BIO, types LOC, ORG, PER"),
     ("three_types.bmes", "OK, 2 sentences, BMES, types LOC, ORG, PER"),
-    ("three_types.jsonl", "OK, 2 sentences, BIOES, types LOC, ORG, PER"),
+    ("three_types.jsonl", "OK, 2 sentences, spans (JSON lines), types LOC, ORG, PER"),
 ])
 def test_validate_ok(name, summary):
     result = nerkit("data", "validate", FIXTURES / name)
@@ -128,6 +128,13 @@ def test_validate_repair_writes_a_file_that_validates(tmp_path):
     assert [s.spans() for s in read_corpus(out).sentences] == [
         [Span(1, 3, "LOC")], [Span(0, 1, "PER"), Span(1, 2, "ORG")],
     ]
+
+
+def test_validate_names_an_unknown_jsonl_key_and_the_known_ones(write_file):
+    """CLUENER's native `label` (or a misspelt `entites`) once validated as OK with no entities."""
+    path = write_file('{"text": "张三", "entities": []}\n{"text": "李四在北京", "label": {"name": {"李四": [[0, 1]]}}}\n',
+                      "cluener.jsonl")
+    assert_user_error(nerkit("data", "validate", path), f"{path}:2", "unknown key 'label'; the keys are 'text', 'entities'")
 
 
 # ---------------------------------------------------------------- convert

@@ -193,7 +193,8 @@ def test_predict_keeps_line_order_over_many_lines_and_odd_line_ends(tiny_model_d
 
 
 def test_predict_conll_with_spaces_and_tabs_reads_back(tiny_model_dir, tmp_path, monkeypatch, capfd):
-    """The formats nerkit writes, it reads: predict --format conll -> data validate -> read_corpus."""
+    """The formats nerkit writes, it reads: predict --format conll -> data validate -> read_corpus,
+    with the same entities as predict's JSON lines read back."""
     from nerkit.corpus import read_corpus
 
     texts = ["张伟 在 北京\t工作。", "  ", "\t李娜", "New York 的 王芳 ", "\u3000\x0b\x0c\x85\u2028张伟", "张\r伟 \t 李娜"]
@@ -207,10 +208,12 @@ def test_predict_conll_with_spaces_and_tabs_reads_back(tiny_model_dir, tmp_path,
     code, stdout, stderr = run_cli(monkeypatch, capfd, "data", "validate", str(conll))
     assert code == 0, stderr
     assert f"OK, {len(texts)} sentences" in stdout
-    _, jsonl, _ = run_cli(monkeypatch, capfd, "predict", "--model", model, str(source))
+    predicted = tmp_path / "pred.jsonl"
+    code, _, stderr = run_cli(monkeypatch, capfd, "predict", "--model", model, str(source), "--output", str(predicted))
+    assert code == 0, stderr
     corpus = read_corpus(conll)
     assert [s.text for s in corpus.sentences] == texts
-    assert [s.spans() for s in corpus.sentences] == [spans_of(r) for r in parse_jsonl(jsonl)]
+    assert [s.spans() for s in corpus.sentences] == [s.spans() for s in read_corpus(predicted).sentences]
     assert any(" " in s.tokens and "\t" in s.tokens for s in corpus.sentences)
 
 

@@ -387,8 +387,16 @@ def test_fixture_formats_hold_the_same_corpus(name):
 
 
 JSONL_ERRORS = {
-    "not JSON": ('{"text": "张三"}\n{"text": \n', 2, "not valid JSON"),
-    "no text": ('{"text": "张三"}\n\n{"entities": []}\n', 3, 'no "text"'),
+    "not JSON": ('{"text": "张三", "entities": []}\n{"text": \n', 2, "not valid JSON"),
+    "no text": ('{"text": "张三", "entities": []}\n\n{"entities": []}\n', 3, 'no "text"'),
+    "no entities": ('{"text": "张三", "entities": []}\n{"text": "李四"}\n', 2, 'no "entities" key'),
+    "CLUENER's label": ('{"text": "张三", "label": {"name": {"张三": [[0, 1]]}}}\n', 1,
+                        "unknown key 'label'; the keys are 'text', 'entities'"),
+    "misspelt entities": ('{"text": "张三", "entites": []}\n', 1, "unknown key 'entites'"),
+    "unknown entity key": ('{"text": "张三", "entities": [{"start": 0, "end": 2, "typ": "PER"}]}\n', 1,
+                           "unknown key 'typ' in an entity; the keys are 'start', 'end', 'type', 'text'"),
+    "entity text that is not at its offsets": ('{"text": "张三在北京", "entities": [{"start": 0, "end": 2, "type": "PER", '
+                                               '"text": "三在"}]}\n', 1, "'三在' is not the text at 0:2 ('张三')"),
     "bad entity": ('{"text": "张三", "entities": [{"start": 0, "type": "PER"}]}\n', 1, "needs integer start"),
     "outside the text": ('{"text": "张三", "entities": [{"start": 1, "end": 3, "type": "PER"}]}\n', 1, "outside the text"),
     "empty entity": ('{"text": "张三", "entities": [{"start": 1, "end": 1, "type": "PER"}]}\n', 1, "outside the text"),
@@ -404,6 +412,34 @@ def test_malformed_jsonl_names_the_line(case, write_file):
     err = read_error(path)
     assert_at(err, path, line)
     assert words in err.message
+
+
+@pytest.mark.parametrize("content, suggestion", [
+    ('{"text": "张三", "entites": []}\n', "did you mean 'entities'?"),
+    ('{"text": "张三", "entities": [{"start": 0, "end": 2, "tpye": "PER"}]}\n', "did you mean 'type'?"),
+    ('{"txt": "张三", "entities": []}\n', "did you mean 'text'?"),
+])
+def test_a_misspelt_jsonl_key_gets_the_closest_one(write_file, content, suggestion):
+    err = read_error(write_file(content, "bad.jsonl"))
+    assert err.fix == suggestion
+
+
+def test_jsonl_reads_what_nerkit_predict_writes(write_file):
+    """Entities as `nerkit predict` writes them carry their text: a known key, checked."""
+    path = write_file('{"text": "张三在北京", "entities": [{"start": 0, "end": 2, "type": "PER", "text": "张三"}]}\n'
+                      '{"text": "", "entities": []}\n', "pred.jsonl")
+    corpus = read_corpus(path)
+    assert [s.spans() for s in corpus.sentences] == [[Span(0, 2, "PER")], []]
+
+
+def test_jsonl_has_spans_not_a_tag_scheme():
+    from nerkit.corpus import format_stats, scheme_label
+
+    corpus = read_corpus(FIXTURES / "three_types.jsonl")
+    assert corpus.labels == "spans" and scheme_label(corpus.labels) == "spans (JSON lines)"
+    assert corpus_stats(FIXTURES / "three_types.jsonl")["scheme"] == "spans"
+    assert "scheme        spans (JSON lines)" in format_stats(corpus_stats(FIXTURES / "three_types.jsonl"))
+    assert read_corpus(FIXTURES / "three_types.bmes").labels == "bmes"
 
 
 # ---------------------------------------------------------------- normalisation

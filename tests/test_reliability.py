@@ -179,9 +179,12 @@ CATALOGUE = [
     ("type_with_space.jsonl", jsonl({"text": "张三", "entities": [{"start": 0, "end": 2, "type": "PER X"}]}),
      1, "a type without spaces"),
     ("bom_and_crlf.jsonl", "\ufeff" + jsonl({"text": "张三", "entities": [PER]}).replace("\n", "\r\n"), OK,
-     "OK, 1 sentences, BIOES, types PER"),
+     "OK, 1 sentences, spans (JSON lines), types PER"),
     ("u2028_inside_text.jsonl", '{"text": "张三\u2028李四", "entities": [{"start": 3, "end": 5, "type": "PER"}]}\n',
-     OK, "OK, 1 sentences, BIOES, types PER"),
+     OK, "OK, 1 sentences, spans (JSON lines), types PER"),
+    ("cluener_label.jsonl", jsonl({"text": "张三", "label": {"name": {"张三": [[0, 1]]}}}), 1, "unknown key 'label'"),
+    ("misspelt_entities.jsonl", jsonl({"text": "张三", "entites": [PER]}), 1, "did you mean 'entities'?"),
+    ("no_entities_key.jsonl", jsonl({"text": "张三", "entities": [PER]}, {"text": "李四"}), 2, 'no "entities" key'),
     ("empty_text.jsonl", jsonl({"text": "", "entities": []}, {"text": "张三", "entities": [PER]}), OK, "OK, 2 sentences"),
 ]
 if Path("/dev/zero").exists():  # a device never ends: refused before reading
