@@ -154,14 +154,19 @@ def data_stats(
     files: List[Path] = typer.Argument(..., help="Corpus files."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ):
-    """Sentences, characters, entities per type, lengths, scheme, invalid transitions, sha256."""
-    from nerkit.corpus import corpus_stats, format_stats
+    """Sentences, characters, entities per type, lengths, scheme, invalid transitions, sha256.
+    A file that cannot be read gets one error line; the others are still reported (exit 2)."""
+    from nerkit.corpus import files_stats, format_stats
 
-    stats = [corpus_stats(f) for f in files]
+    stats, failures = files_stats(files)
     if as_json:
         _echo_json(stats)
-    else:
+    elif stats:
         typer.echo("\n\n".join(format_stats(s) for s in stats))
+    for error in failures:
+        print(f"nerkit: error: {error}", file=sys.stderr)
+    if failures:
+        raise typer.Exit(2)
 
 
 @data_app.command("validate")
@@ -169,10 +174,11 @@ def data_validate(
     file: Path = typer.Argument(..., help="Corpus file."),
     repair: Optional[Path] = typer.Option(None, "--repair", help="Write a repaired copy here."),
 ):
-    """Check a corpus strictly; with --repair OUT, fix invalid transitions and write the result."""
+    """Check a corpus strictly and list its errors (the first 20, and how many); with --repair OUT,
+    fix invalid transitions and write the result."""
     from nerkit.corpus import read_corpus, scheme_label, write_corpus
 
-    corpus = read_corpus(file, repair=repair is not None)
+    corpus = read_corpus(file, repair=repair is not None, max_errors=20)
     if repair is not None:
         write_corpus(repair, corpus.sentences, "jsonl" if repair.suffix in (".jsonl", ".json") else corpus.scheme)
         typer.echo(f"{file}: repaired {corpus.repaired} tags ({corpus.invalid_transitions} invalid transitions); "
@@ -206,7 +212,8 @@ def main() -> None:
     except UserError as e:
         if debug:
             raise
-        print(f"nerkit: error: {e}", file=sys.stderr)
+        for line in e.lines():
+            print(f"nerkit: error: {line}", file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt:
         print("nerkit: interrupted", file=sys.stderr)

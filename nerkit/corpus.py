@@ -6,6 +6,7 @@ char-per-line files a token is a character, so they are offsets into the sentenc
 
 from __future__ import annotations
 
+import bisect
 import difflib
 import hashlib
 import json
@@ -14,7 +15,7 @@ import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from nerkit.errors import CorpusError
+from nerkit.errors import CorpusError, ManyErrors
 from nerkit.files import atomic_write_text
 
 SCHEMES = ("bio", "bioes", "bmes")
@@ -232,76 +233,114 @@ def _read_bytes(path: str | Path) -> tuple[Path, bytes]:
     return path, data
 
 
-def read_corpus(path: str | Path, repair: bool = False, strict: bool = True) -> Corpus:
+def read_corpus(path: str | Path, repair: bool = False, strict: bool = True, max_errors: int = 1) -> Corpus:
     """Read a corpus, CoNLL or JSON-lines (by extension .jsonl/.json). With `strict`, an invalid
     tag transition is an error unless `repair` fixes it as conlleval reads it; without `strict`
-    they are only counted (for `nerkit data stats`)."""
+    they are only counted (for `nerkit data stats`). The first error is raised at once; with
+    `max_errors` above 1 reading goes on, and ManyErrors lists that many (the first by line) and
+    counts them all (for `nerkit data validate`); a lone error is raised as itself."""
     if str(path).endswith((".jsonl", ".json")):
-        return read_jsonl(path)
-    return read_conll(path, repair=repair, strict=strict)
+        return read_jsonl(path, max_errors=max_errors)
+    return read_conll(path, repair=repair, strict=strict, max_errors=max_errors)
 
 
-def read_conll(path: str | Path, repair: bool = False, strict: bool = True) -> Corpus:
+class _Problems:
+    """Where a reader sends the errors it finds. With `limit` 1 the first is raised at once (train
+    and eval stop there); above, the reader goes on past each bad line or record, and the `limit`
+    errors with the lowest line numbers are kept while all are counted."""
+
+    def __init__(self, path: Path, limit: int):
+        self.path, self.limit = path, limit
+        self.kept: list[tuple[int, CorpusError]] = []
+        self.total = 0
+
+    def add(self, error: CorpusError, line: int) -> None:
+        if self.limit <= 1:
+            raise error
+        self.total += 1
+        bisect.insort(self.kept, (line, error), key=lambda kept: kept[0])
+        del self.kept[self.limit:]
+
+    def raise_any(self) -> None:
+        if self.total == 1:
+            raise self.kept[0][1]
+        if self.total:
+            raise ManyErrors([error for _, error in self.kept], self.total, where=str(self.path))
+
+
+def read_conll(path: str | Path, repair: bool = False, strict: bool = True, max_errors: int = 1) -> Corpus:
     path, data = _read_bytes(path)
-    text = _decode(path, data)
+    problems = _Problems(path, max_errors)
+    sentences, columns = _conll_sentences(path, _decode(path, data), problems)
+    if not sentences:
+        problems.raise_any()
+        raise CorpusError("the file has no sentences (only blank lines)", where=str(path))
+    if columns > 2 and all(t in (" ", "\t") for s in sentences for t in s.tokens):
+        problems.add(CorpusError("every line starts with spaces or tabs: the lines look indented",
+                                 where=f"{path}:{sentences[0].line}",
+                                 fix="remove the indentation (a token line is `char TAG`)"), sentences[0].line)
+    scheme = _file_scheme(path, sentences, problems)
+    corpus = Corpus(str(path), sentences, scheme or "bio")
+    if scheme:
+        _check_transitions(corpus, repair, strict, problems)
+    problems.raise_any()
+    corpus.types = sorted({s.type for sent in sentences for s in sent.spans()})
+    return corpus
+
+
+def _conll_sentences(path: Path, text: str, problems: _Problems) -> tuple[list[Sentence], int | None]:
+    """The sentences of a CoNLL file and its column count. A sentence with a bad line is left out
+    (after its error is sent to `problems`), so no transition error follows from the bad line."""
     sentences: list[Sentence] = []
     tokens: list[str] = []
     tags: list[str] = []
-    first_line = 0
-    columns = None
+    first_line, broken, columns = 0, False, None
     lines = text.split("\n")
     if lines and lines[-1] == "":
         lines.pop()
     for number, raw in enumerate(lines, 1):
         line = raw[:-1] if raw.endswith("\r") else raw
-        where = f"{path}:{number}"
         if not line.strip(" \t"):
-            if tokens:
+            if tokens and not broken:
                 sentences.append(Sentence(tokens, tags, first_line))
-                tokens, tags = [], []
+            tokens, tags, broken = [], [], False
             continue
-        if "\x00" in line:
-            raise nul_error(where)
-        parts = _columns(line, where)
-        if len(parts) < 2:
-            raise CorpusError(f"expected 2 columns `char TAG`, found 1 ({_shown(line)})", where=where,
-                              fix="add the tag after a space or tab (O outside entities)")
-        if columns is None:
-            columns = len(parts)
-        elif len(parts) != columns:
-            raise CorpusError(
-                f"expected {columns} columns as on the file's first token line, found {len(parts)} ({_shown(line)})",
-                where=where, fix="use the same number of columns on every line",
-            )
-        tag = parts[-1]
-        if tag != "O" and not _TAG_RE.match(tag):
-            hint = f"tags are case-sensitive: did you mean {tag.upper()}?" if _TAG_RE.match(tag.upper()) or tag.upper() == "O" \
-                else "use O or B-/I-/M-/E-/S- followed by a type, e.g. B-PER"
-            raise CorpusError(f"unknown tag {_shown(tag)}", where=where, fix=hint)
+        try:
+            parts = _token_line(line, f"{path}:{number}", columns)
+        except CorpusError as e:
+            problems.add(e, number)
+            broken = True
+            continue
+        columns = columns or len(parts)
         if not tokens:
             first_line = number
         tokens.append(parts[0])
-        tags.append(tag)
-    if tokens:
+        tags.append(parts[-1])
+    if tokens and not broken:
         sentences.append(Sentence(tokens, tags, first_line))
-    if not sentences:
-        raise CorpusError("the file has no sentences (only blank lines)", where=str(path))
-    if columns > 2 and all(t in (" ", "\t") for s in sentences for t in s.tokens):
-        raise CorpusError("every line starts with spaces or tabs: the lines look indented", where=f"{path}:{sentences[0].line}",
-                          fix="remove the indentation (a token line is `char TAG`)")
-    all_tags = {t for s in sentences for t in s.tags}
-    try:
-        scheme = detect_scheme(all_tags)
-    except ValueError as e:
-        # Point at the first tag of whichever kind (I- or M-) appears second: where the file breaks
-        # the scheme it started in.
-        first = [next(s.line + i for s in sentences for i, t in enumerate(s.tags) if t.startswith(p))
-                 for p in ("I-", "M-")]
-        raise CorpusError(str(e), where=f"{path}:{max(first)}", fix="use one scheme per file (BIO, BIOES or BMES)") from None
-    corpus = Corpus(str(path), sentences, scheme)
-    _check_transitions(corpus, repair=repair, strict=strict)
-    corpus.types = sorted({s.type for sent in sentences for s in sent.spans()})
-    return corpus
+    return sentences, columns
+
+
+def _token_line(line: str, where: str, columns: int | None) -> list[str]:
+    """The columns of one token line, checked: a token, maybe more columns (as many as the file's
+    first token line has), and a tag last."""
+    if "\x00" in line:
+        raise nul_error(where)
+    parts = _columns(line, where)
+    if len(parts) < 2:
+        raise CorpusError(f"expected 2 columns `char TAG`, found 1 ({_shown(line)})", where=where,
+                          fix="add the tag after a space or tab (O outside entities)")
+    if columns is not None and len(parts) != columns:
+        raise CorpusError(
+            f"expected {columns} columns as on the file's first token line, found {len(parts)} ({_shown(line)})",
+            where=where, fix="use the same number of columns on every line",
+        )
+    tag = parts[-1]
+    if tag != "O" and not _TAG_RE.match(tag):
+        hint = f"tags are case-sensitive: did you mean {tag.upper()}?" if _TAG_RE.match(tag.upper()) or tag.upper() == "O" \
+            else "use O or B-/I-/M-/E-/S- followed by a type, e.g. B-PER"
+        raise CorpusError(f"unknown tag {_shown(tag)}", where=where, fix=hint)
+    return parts
 
 
 def _columns(line: str, where: str) -> list[str]:
@@ -315,9 +354,22 @@ def _columns(line: str, where: str) -> list[str]:
     return [line[0], *_SEPARATOR.split(line[1:].strip(" \t"))]
 
 
-def _check_transitions(corpus: Corpus, repair: bool, strict: bool) -> None:
+def _file_scheme(path: Path, sentences: list[Sentence], problems: _Problems) -> str | None:
+    """The tag scheme of the file's sentences; None, after an error, when they mix I- and M-."""
+    try:
+        return detect_scheme({t for s in sentences for t in s.tags})
+    except ValueError as e:
+        # Point at the first tag of whichever kind (I- or M-) appears second: where the file breaks
+        # the scheme it started in.
+        line = max(next(s.line + i for s in sentences for i, t in enumerate(s.tags) if t.startswith(p))
+                   for p in ("I-", "M-"))
+        problems.add(CorpusError(str(e), where=f"{path}:{line}", fix="use one scheme per file (BIO, BIOES or BMES)"), line)
+        return None
+
+
+def _check_transitions(corpus: Corpus, repair: bool, strict: bool, problems: _Problems) -> None:
     for sent in corpus.sentences:
-        bad = [(i, why) for i, why in _transition_problems(sent.tags, corpus.scheme)]
+        bad = list(_transition_problems(sent.tags, corpus.scheme))
         if not bad:
             continue
         corpus.invalid_transitions += len(bad)
@@ -326,10 +378,11 @@ def _check_transitions(corpus: Corpus, repair: bool, strict: bool) -> None:
             corpus.repaired += sum(a != b for a, b in zip(fixed, sent.tags))
             sent.tags = fixed
         elif strict:
-            i, why = bad[0]
-            line = sent.line + min(i, len(sent.tags) - 1)
-            raise CorpusError(f"invalid transition: {why}", where=f"{corpus.path}:{line}",
-                              fix="fix the tag, or pass --repair (config data.repair: true) to read it as conlleval does")
+            for i, why in bad:
+                line = sent.line + min(i, len(sent.tags) - 1)
+                problems.add(CorpusError(f"invalid transition: {why}", where=f"{corpus.path}:{line}",
+                                         fix="fix the tag, or pass --repair (config data.repair: true) to read it "
+                                             "as conlleval does"), line)
 
 
 def _transition_problems(tags: list[str], scheme: str):
@@ -341,13 +394,18 @@ def _transition_problems(tags: list[str], scheme: str):
         prev = tag
 
 
-def read_jsonl(path: str | Path) -> Corpus:
+def read_jsonl(path: str | Path, max_errors: int = 1) -> Corpus:
     path, data = _read_bytes(path)
-    text = _decode(path, data)
+    problems = _Problems(path, max_errors)
     sentences = []
-    for number, line in enumerate(text.split("\n"), 1):
-        if line.strip():
+    for number, line in enumerate(_decode(path, data).split("\n"), 1):
+        if not line.strip():
+            continue
+        try:
             sentences.append(_parse_record(line, number, f"{path}:{number}"))
+        except CorpusError as e:
+            problems.add(e, number)
+    problems.raise_any()
     if not sentences:
         raise CorpusError("the file has no sentences", where=str(path))
     corpus = Corpus(str(path), sentences, "bioes", format="jsonl")
@@ -565,6 +623,17 @@ def corpus_stats(path: str | Path) -> dict:
         "sha256": digest,
         "known_as": KNOWN_FILES.get(digest),
     }
+
+
+def files_stats(paths: list[str | Path]) -> tuple[list[dict], list[CorpusError]]:
+    """`corpus_stats` of every file that reads, and the error of each one that does not."""
+    stats, failures = [], []
+    for path in paths:
+        try:
+            stats.append(corpus_stats(path))
+        except CorpusError as e:
+            failures.append(e)
+    return stats, failures
 
 
 def format_stats(stats: dict) -> str:

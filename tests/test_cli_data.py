@@ -63,6 +63,25 @@ def test_stats_of_a_missing_file(tmp_path):
     assert_user_error(nerkit("data", "stats", tmp_path / "absent.bio"), tmp_path / "absent.bio", "no such file")
 
 
+def test_stats_of_several_files_reports_every_good_one_and_every_bad_one(write_file, tmp_path):
+    """A bad file no longer hides the others: their stats, then one error line per bad file, exit 2."""
+    bad = write_file("张 O\n三\n", "bad.bio")
+    missing = tmp_path / "missing.bio"
+    files = [FIXTURES / "three_types.bio", bad, FIXTURES / "three_types.jsonl", missing]
+    result = nerkit("data", "stats", *files)
+    assert result.returncode == 2
+    assert result.stdout.count("sentences     2") == 2
+    assert f"{FIXTURES / 'three_types.bio'}\n" in result.stdout and f"{FIXTURES / 'three_types.jsonl'}\n" in result.stdout
+    assert result.stderr.splitlines() == [
+        f"nerkit: error: {bad}:2: expected 2 columns `char TAG`, found 1 ('三'); add the tag after a space or tab "
+        "(O outside entities)",
+        f"nerkit: error: {missing}: no such file; check the path (and NERKIT_DATA)",
+    ]
+    result = nerkit("data", "stats", "--json", *files)
+    assert result.returncode == 2 and len(result.stderr.splitlines()) == 2
+    assert [Path(s["file"]).name for s in json.loads(result.stdout)] == ["three_types.bio", "three_types.jsonl"]
+
+
 def test_stats_of_real_data_smallest_file(data_root):
     path = data_root / "peopledaily" / "example.dev"
     if not path.is_file():
@@ -101,6 +120,28 @@ def test_validate_ok(name, summary):
 def test_validate_error_is_one_line_with_file_and_line(write_file, content, line, words):
     path = write_file(content)
     assert_user_error(nerkit("data", "validate", path), f"{path}:{line}", words)
+
+
+def test_validate_lists_every_error_in_line_order(write_file):
+    path = write_file("张 B-PER\n三 I-PER\n\n在 O\n京 I-LOC\n\n李\n四 b-per\n\n王 O\n五 I-PER\n\n张 I-ORG\n")
+    result = nerkit("data", "validate", path)
+    assert result.returncode == 2 and result.stdout == "" and "Traceback" not in result.stderr
+    lines = result.stderr.splitlines()
+    assert [line.split(": ")[2] for line in lines] == [f"{path}:{n}" for n in (5, 7, 8, 11, 13)] + [str(path)]
+    assert "I-LOC after O continues no entity" in lines[0] and "found 1" in lines[1] and "did you mean B-PER?" in lines[2]
+    assert all(line.startswith("nerkit: error: ") for line in lines)
+    assert lines[-1] == f"nerkit: error: {path}: 5 errors"
+
+
+def test_validate_lists_the_first_twenty_errors_and_counts_all_as_stats_does(write_file):
+    path = write_file("在 O\n京 I-LOC\n\n" * 25)
+    result = nerkit("data", "validate", path)
+    assert result.returncode == 2
+    lines = result.stderr.splitlines()
+    assert len(lines) == 21
+    assert lines[0].startswith(f"nerkit: error: {path}:2: invalid transition") and lines[19].startswith(f"nerkit: error: {path}:59: ")
+    assert lines[-1] == f"nerkit: error: {path}: 25 errors, the first 20 listed"
+    assert "invalid transitions  25" in nerkit("data", "stats", path).stdout
 
 
 def test_validate_empty_file(write_file):

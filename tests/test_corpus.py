@@ -442,6 +442,28 @@ def test_jsonl_has_spans_not_a_tag_scheme():
     assert read_corpus(FIXTURES / "three_types.bmes").labels == "bmes"
 
 
+def test_max_errors_reads_on_and_lists_the_first_errors_by_line(write_file):
+    """Line errors are found before the tag transitions (those need the file's scheme), yet the
+    list is in line order; a bad line's sentence is not checked for transitions."""
+    from nerkit.errors import ManyErrors
+
+    path = write_file("在 O\n京 I-LOC\n\n" * 3 + "李 O\n四\n五 I-PER\n\n" + "在 O\n京 I-LOC\n\n" * 2)
+    with pytest.raises(ManyErrors) as info:
+        read_corpus(path, max_errors=4)
+    assert [e.where for e in info.value.errors] == [f"{path}:{n}" for n in (2, 5, 8, 11)]
+    assert info.value.total == 6  # 5 transitions (none in the sentence of line 11) and line 11
+    assert_at(read_error(path), path, 11)  # by default the first found (a line error) ends the read
+
+
+def test_max_errors_in_json_lines(write_file):
+    from nerkit.errors import ManyErrors
+
+    path = write_file('{"text": "张三"}\n{"text": "张三", "entities": []}\n{"txt": ""}\n', "bad.jsonl")
+    with pytest.raises(ManyErrors) as info:
+        read_corpus(path, max_errors=20)
+    assert [e.where for e in info.value.errors] == [f"{path}:1", f"{path}:3"] and info.value.total == 2
+
+
 # ---------------------------------------------------------------- normalisation
 
 

@@ -214,6 +214,19 @@ def validated(tmp_path_factory) -> dict:
     return {name: (paths[name], result) for name, result in zip(paths, results)}
 
 
+def check_validate_errors(result: subprocess.CompletedProcess, path: Path, where: str, words: str) -> str:
+    """`nerkit data validate` lists every error of a file: one is one short line (check_user_error);
+    several are a line each, the first at WHERE with `words`, then a line counting them."""
+    lines = text_of(result.stderr).splitlines()
+    if len(lines) <= 1:
+        return check_user_error(result, where, words)
+    assert result.returncode == 2 and "Traceback" not in text_of(result.stderr)
+    assert lines[0].startswith(f"nerkit: error: {where}: ") and words in lines[0], lines[0][:500]
+    assert all(line.startswith(f"nerkit: error: {path}:") and len(line) < 600 for line in lines[:-1])
+    assert lines[-1] == f"nerkit: error: {path}: {len(lines) - 1} errors"
+    return f"{lines[0]} (and {len(lines) - 2} more, then: {lines[-1].removeprefix('nerkit: error: ')})"
+
+
 def test_the_catalogue_is_large():
     assert len(CATALOGUE) >= 25
     assert len({name for name, *_ in CATALOGUE}) == len(CATALOGUE)
@@ -228,7 +241,7 @@ def test_validate_catalogue(validated, name, content, outcome, words):
         REPORT.row("Corpus catalogue: `nerkit data validate FILE`", name, "accepted", text_of(result.stdout).strip())
         return
     where = f"{path}" if outcome == FILE else f"{path}:{outcome}"
-    message = check_user_error(result, where, words)
+    message = check_validate_errors(result, path, where, words)
     REPORT.row("Corpus catalogue: `nerkit data validate FILE`", name,
                "error (file)" if outcome == FILE else f"error at line {outcome}", message)
 
