@@ -180,7 +180,7 @@ def data_validate(
 
     corpus = read_corpus(file, repair=repair is not None, max_errors=20)
     if repair is not None:
-        write_corpus(repair, corpus.sentences, "jsonl" if repair.suffix in (".jsonl", ".json") else corpus.scheme)
+        write_corpus(repair, corpus.sentences, "jsonl" if repair.suffix in (".jsonl", ".json") else corpus.scheme, file)
         typer.echo(f"{file}: repaired {corpus.repaired} tags ({corpus.invalid_transitions} invalid transitions); "
                    f"wrote {repair}")
     else:
@@ -199,7 +199,7 @@ def data_convert(
     from nerkit.corpus import read_corpus, write_corpus
 
     corpus = read_corpus(source, repair=repair)
-    write_corpus(target, corpus.sentences, to)
+    write_corpus(target, corpus.sentences, to, source)
     typer.echo(f"{source} ({corpus.labels}) -> {target} ({to}), {len(corpus.sentences)} sentences")
 
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from nerkit.errors import CorpusError, ManyErrors
-from nerkit.files import atomic_write_text
+from nerkit.files import atomic_write_text, same_file
 
 SCHEMES = ("bio", "bioes", "bmes")
 SPANS = "spans"  # what JSON-lines files have instead of a tag scheme
@@ -239,9 +239,13 @@ def read_corpus(path: str | Path, repair: bool = False, strict: bool = True, max
     they are only counted (for `nerkit data stats`). The first error is raised at once; with
     `max_errors` above 1 reading goes on, and ManyErrors lists that many (the first by line) and
     counts them all (for `nerkit data validate`); a lone error is raised as itself."""
-    if str(path).endswith((".jsonl", ".json")):
+    if _is_jsonl(path):
         return read_jsonl(path, max_errors=max_errors)
     return read_conll(path, repair=repair, strict=strict, max_errors=max_errors)
+
+
+def _is_jsonl(path: str | Path) -> bool:
+    return str(path).endswith((".jsonl", ".json"))
 
 
 class _Problems:
@@ -487,26 +491,43 @@ def format_jsonl(sentences: list[Sentence]) -> str:
     return "".join(lines)
 
 
-def write_corpus(path: str | Path, sentences: list[Sentence], to: str) -> None:
-    """Write `sentences` as `to` in bio|bioes|bmes (CoNLL) or jsonl, atomically."""
+def write_corpus(path: str | Path, sentences: list[Sentence], to: str, source: str | Path | None = None) -> None:
+    """Write `sentences` as `to` in bio|bioes|bmes (CoNLL) or jsonl, atomically. `source`, the file
+    they were read from, is never written over, and a token that cannot be written is named with
+    its line there."""
+    if source is not None and same_file(source, path):
+        raise CorpusError("is the input file: the output would replace it", where=str(path), fix="write to another file")
     if to == "jsonl":
-        if any(len(t) != 1 for s in sentences for t in s.tokens):
-            raise CorpusError("JSON-lines offsets count characters, but some tokens are longer than one character",
-                              where=str(path))
+        found = _first_token(sentences, lambda t: len(t) != 1)
+        if found:
+            raise CorpusError(f"the token {found[2]!r} is longer than one character, but JSON-lines offsets count "
+                              "characters", where=_token_where(path, source, *found[:2]), fix="write bio, bioes or bmes")
         atomic_write_text(path, format_jsonl(sentences))
     elif to in SCHEMES:
-        for sent in sentences:
-            bad = next((t for t in sent.tokens if not t or _UNWRITABLE.search(t)), None)
-            if bad is not None:
-                source = f" (the sentence from line {sent.line} of the input)" if sent.line else ""
-                raise CorpusError(
-                    f"the token {bad!r}{source} cannot be written one character per line: spaces, tabs "
-                    "and line breaks separate columns and sentences, and NUL marks a binary file",
-                    where=str(path), fix="remove or replace them in the input (U+3000 is fine), or write jsonl",
-                )
+        found = _first_token(sentences, lambda t: not t or _UNWRITABLE.search(t))
+        if found:
+            raise CorpusError(
+                f"the token {found[2]!r} cannot be written one character per line: spaces, tabs and line breaks "
+                "separate columns and sentences, and NUL marks a binary file",
+                where=_token_where(path, source, *found[:2]),
+                fix="remove or replace them in the input (U+3000 is fine), or write jsonl",
+            )
         atomic_write_text(path, format_conll(sentences, to))
     else:
         raise CorpusError(f"unknown output format {to!r}", fix="use bio, bioes, bmes or jsonl")
+
+
+def _first_token(sentences: list[Sentence], bad) -> tuple[Sentence, int, str] | None:
+    """The first (sentence, index, token) whose token is `bad`, or None."""
+    return next(((s, i, t) for s in sentences for i, t in enumerate(s.tokens) if bad(t)), None)
+
+
+def _token_where(path: str | Path, source: str | Path | None, sent: Sentence, index: int) -> str:
+    """Where a token came from: its line in `source` (a CoNLL file has a line per token, JSON lines
+    one per sentence); the output `path` when that is unknown."""
+    if source is None or not sent.line:
+        return str(path)
+    return f"{source}:{sent.line if _is_jsonl(source) else sent.line + index}"
 
 
 # ---------------------------------------------------------------------------------------------

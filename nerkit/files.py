@@ -73,6 +73,14 @@ def atomic_file(path: str | Path) -> Iterator[BinaryIO]:
     _fsync_dir(path.parent)
 
 
+def same_file(a: str | Path, b: str | Path) -> bool:
+    """Whether `a` and `b` name one existing file, however spelt: another path, a symbolic or a hard link."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
 def check_writable(path: str | Path) -> None:
     """Raise a UserError now if a file could not be written at `path` (its directory missing, not
     a directory or not writable, or `path` itself a directory): a long job looks before it starts."""

@@ -203,10 +203,37 @@ def test_convert_to_an_unknown_format(tmp_path):
 
 
 def test_convert_refuses_a_space_token_in_conll(write_file, tmp_path):
-    source = write_file('{"text": "New York", "entities": [{"start": 0, "end": 8, "type": "LOC"}]}\n', "en.jsonl")
+    source = write_file('{"text": "张三", "entities": []}\n{"text": "New York", "entities": [{"start": 0, "end": 8, '
+                        '"type": "LOC"}]}\n', "en.jsonl")
     out = tmp_path / "en.bio"
-    assert_user_error(nerkit("data", "convert", source, out, "--to", "bio"), out, "cannot be written")
+    assert_user_error(nerkit("data", "convert", source, out, "--to", "bio"), f"{source}:2", "the token ' ' cannot be written")
     assert not out.exists()
+
+
+def test_convert_to_jsonl_names_the_input_line_of_a_long_token(write_file, tmp_path):
+    source = write_file("张 O\n\n在 O\nNew B-LOC\nYork I-LOC\n", "words.bio")
+    out = tmp_path / "out.jsonl"
+    assert_user_error(nerkit("data", "convert", source, out, "--to", "jsonl"), f"{source}:4",
+                      "the token 'New' is longer than one character")
+    assert not out.exists()
+
+
+def test_convert_and_repair_refuse_to_replace_their_input(tmp_path):
+    """The output may not be the input, however it is spelt: the same path, another spelling, a
+    symbolic or a hard link."""
+    source = tmp_path / "in.bio"
+    source.write_bytes((FIXTURES / "three_types.bio").read_bytes())
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "link.bio").symlink_to(source)
+    os.link(source, tmp_path / "hard.bio")
+    targets = [source, tmp_path / "sub" / ".." / "in.bio", tmp_path / "link.bio", tmp_path / "hard.bio"]
+    for target in targets:
+        assert_user_error(nerkit("data", "convert", source, target, "--to", "bioes"), target, "is the input file")
+        assert_user_error(nerkit("data", "validate", source, "--repair", target), target, "is the input file")
+    relative = nerkit("data", "convert", "in.bio", source, "--to", "bioes", cwd=tmp_path)
+    assert_user_error(relative, source, "is the input file")
+    assert source.read_bytes() == (FIXTURES / "three_types.bio").read_bytes()
+    assert (tmp_path / "link.bio").is_symlink()
 
 
 def test_convert_with_repair(tmp_path):

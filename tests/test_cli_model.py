@@ -407,6 +407,16 @@ def test_predict_refuses_an_output_directory_it_cannot_write(tiny_model_dir, tex
     assert code == 2 and "is not writable" in stderr and "Traceback" not in stderr, stderr
 
 
+def test_predict_refuses_to_write_over_its_input(tiny_model_dir, texts_file, tmp_path, monkeypatch, capfd):
+    before = texts_file.read_bytes()
+    (tmp_path / "link.txt").symlink_to(texts_file)
+    for output in (texts_file, tmp_path / "link.txt"):
+        code, _, stderr = run_cli(monkeypatch, capfd, "predict", "--model", str(tiny_model_dir), str(texts_file),
+                                  "--output", str(output))
+        assert code == 2 and stderr.startswith(f"nerkit: error: {output}: is the input file"), stderr
+    assert texts_file.read_bytes() == before
+
+
 def test_predict_reads_pipes_and_fd_paths_and_names_a_directory(tiny_model_dir, texts_file, tmp_path, monkeypatch, capfd):
     """A named pipe, and /dev/fd/N as bash's <(...) gives; a directory has its own message."""
     model = str(tiny_model_dir)
