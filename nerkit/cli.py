@@ -141,14 +141,16 @@ def predict(
     device: Device = DEVICE,
     threads: int = THREADS,
 ):
-    """Tag every line of a text file (or stdin)."""
+    """Tag every line of a text file (or stdin, a pipe, /dev/stdin)."""
     from nerkit.device import set_threads
     from nerkit.pipeline import Pipeline
-    from nerkit.predict import predict_stream
+    from nerkit.predict import check_paths, predict_stream
 
+    out = str(output) if output else None
+    check_paths(source, out)  # before the model loads: a wrong path costs no wait
     set_threads(threads)
     pipe = Pipeline.load(model, device=device)
-    predict_stream(pipe, source, str(output) if output else None, fmt, batch_size)
+    predict_stream(pipe, source, out, fmt, batch_size)
 
 
 @app.command()
@@ -180,14 +182,19 @@ def data_stats(
     files: List[Path] = typer.Argument(..., help="Corpus files."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ):
-    """Sentences, characters, entities per type, lengths, scheme, invalid transitions, sha256."""
-    from nerkit.corpus import corpus_stats, format_stats
+    """Sentences, characters, entities per type, lengths, scheme, invalid transitions, sha256.
+    A file that cannot be read gets one error line; the others are still reported (exit 2)."""
+    from nerkit.corpus import files_stats, format_stats
 
-    stats = [corpus_stats(f) for f in files]
+    stats, failures = files_stats(files)
     if as_json:
         _echo_json(stats)
-    else:
+    elif stats:
         typer.echo("\n\n".join(format_stats(s) for s in stats))
+    for error in failures:
+        print(f"nerkit: error: {error}", file=sys.stderr)
+    if failures:
+        raise typer.Exit(2)
 
 
 @data_app.command("validate")
@@ -195,16 +202,17 @@ def data_validate(
     file: Path = typer.Argument(..., help="Corpus file."),
     repair: Optional[Path] = typer.Option(None, "--repair", help="Write a repaired copy here."),
 ):
-    """Check a corpus strictly; with --repair OUT, fix invalid transitions and write the result."""
-    from nerkit.corpus import read_corpus, write_corpus
+    """Check a corpus strictly and list its errors (the first 20, and how many); with --repair OUT,
+    fix invalid transitions and write the result."""
+    from nerkit.corpus import read_corpus, scheme_label, write_corpus
 
-    corpus = read_corpus(file, repair=repair is not None)
+    corpus = read_corpus(file, repair=repair is not None, max_errors=20)
     if repair is not None:
-        write_corpus(repair, corpus.sentences, "jsonl" if repair.suffix in (".jsonl", ".json") else corpus.scheme)
+        write_corpus(repair, corpus.sentences, "jsonl" if repair.suffix in (".jsonl", ".json") else corpus.scheme, file)
         typer.echo(f"{file}: repaired {corpus.repaired} tags ({corpus.invalid_transitions} invalid transitions); "
                    f"wrote {repair}")
     else:
-        typer.echo(f"{file}: OK, {len(corpus.sentences)} sentences, {corpus.scheme.upper()}, "
+        typer.echo(f"{file}: OK, {len(corpus.sentences)} sentences, {scheme_label(corpus.labels)}, "
                    f"types {', '.join(corpus.types) or '-'}")
 
 
@@ -219,8 +227,8 @@ def data_convert(
     from nerkit.corpus import read_corpus, write_corpus
 
     corpus = read_corpus(source, repair=repair)
-    write_corpus(target, corpus.sentences, to)
-    typer.echo(f"{source} ({corpus.scheme}) -> {target} ({to}), {len(corpus.sentences)} sentences")
+    write_corpus(target, corpus.sentences, to, source)
+    typer.echo(f"{source} ({corpus.labels}) -> {target} ({to}), {len(corpus.sentences)} sentences")
 
 
 def _usage_error(e: UsageError) -> str:
@@ -247,13 +255,11 @@ def main() -> None:
     except UserError as e:
         if debug:
             raise
-        print(f"nerkit: error: {e}", file=sys.stderr)
+        for line in e.lines():
+            print(f"nerkit: error: {line}", file=sys.stderr)
         sys.exit(2)
-    except KeyboardInterrupt:
-        print("nerkit: interrupted", file=sys.stderr)
-        sys.exit(130)
-    except BrokenPipeError:
-        sys.exit(0)
+    # Ctrl-C outside training ends with 130 and a closed pipe with 1 inside typer itself (predict
+    # handles its own closed pipe and ends with 0); training saves a checkpoint first and says so.
 
 
 if __name__ == "__main__":  # `python -m nerkit.cli` as well as `python -m nerkit` and `nerkit`

@@ -22,6 +22,23 @@ class UserError(Exception):
             text += f"; {self.fix}"
         return text
 
+    def lines(self) -> list[str]:
+        """What the CLI prints, each line after `nerkit: error: `."""
+        return [str(self)]
+
+
+class ManyErrors(UserError):
+    """Several errors of one file reported at once (`nerkit data validate`): the first few, and
+    `total`, how many there are in all. The CLI prints each, then the count."""
+
+    def __init__(self, errors: list[UserError], total: int, where: str | None = None):
+        self.errors, self.total = errors, total
+        listed = f", the first {len(errors)} listed" if total > len(errors) else ""
+        super().__init__(f"{total} errors{listed}", where=where)
+
+    def lines(self) -> list[str]:
+        return [str(e) for e in self.errors] + [str(self)]
+
 
 class CorpusError(UserError):
     """A malformed corpus file, always with `FILE:LINE`."""

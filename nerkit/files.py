@@ -1,16 +1,20 @@
 """Atomic file and directory writes: a reader (or a crash) sees the old version or the new one,
-never a half-written file."""
+never a half-written file. New files and directories get the permissions the umask allows, as
+any tool's do (tempfile's would be 0600 and 0700 whatever the umask)."""
 
 from __future__ import annotations
 
 import errno
 import glob
 import os
+import secrets
 import shutil
-import tempfile
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import BinaryIO, Callable, Iterator
+
+from nerkit.errors import UserError
+
 
 # Failures the user fixes on their side: a full disk, a quota, a file size limit, permissions.
 WRITE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EACCES, errno.EPERM, errno.EROFS)
@@ -32,21 +36,71 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def atomic_write_bytes(path: str | Path, data: bytes) -> None:
-    """Write `data` to a temporary file beside `path`, fsync it, then rename it over `path`."""
+def _new_sibling(path: Path, create: Callable[[Path], None]) -> Path:
+    """Create a new temporary sibling `.NAME.RANDOM.tmp` of `path` with `create`, which must fail
+    with FileExistsError when the name is taken."""
+    for _ in range(100):
+        tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+        try:
+            create(tmp)
+            return tmp
+        except FileExistsError:
+            continue
+    raise FileExistsError(errno.EEXIST, "no free temporary name", str(path.parent))
+
+
+def _create_file(tmp: Path) -> None:
+    # Mode 0o666 as open() uses: the kernel takes the umask off.
+    os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+
+
+@contextmanager
+def atomic_file(path: str | Path) -> Iterator[BinaryIO]:
+    """Yield a new file beside `path` to write into; when the block ends it is fsynced and renamed
+    over `path`, and when the block raises anything (Ctrl-C included) it is removed."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    tmp = _new_sibling(path, _create_file)
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
+        with open(tmp, "wb") as f:
+            yield f
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
     _fsync_dir(path.parent)
+
+
+def same_file(a: str | Path, b: str | Path) -> bool:
+    """Whether `a` and `b` name one existing file, however spelt: another path, a symbolic or a hard link."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def check_writable(path: str | Path) -> None:
+    """Raise a UserError now if a file could not be written at `path` (its directory missing, not
+    a directory or not writable, or `path` itself a directory): a long job looks before it starts."""
+    path = Path(path)
+    parent = path.parent
+    if path.is_dir():
+        raise UserError("is a directory", where=str(path), fix="name a file to write")
+    if not parent.exists():
+        raise UserError(f"the directory {parent} does not exist", where=str(path), fix="create it first")
+    if not parent.is_dir():
+        raise UserError(f"{parent} is not a directory", where=str(path), fix="name a file inside a directory")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise UserError(f"the directory {parent} is not writable", where=str(path),
+                        fix="write somewhere else, or change the directory's permissions")
+
+
+def atomic_write_bytes(path: str | Path, data: bytes) -> None:
+    """Write `data` to a temporary file beside `path`, fsync it, then rename it over `path`."""
+    with atomic_file(path) as f:
+        f.write(data)
 
 
 def atomic_write_text(path: str | Path, text: str) -> None:
@@ -67,7 +121,7 @@ def atomic_directory(path: str | Path) -> Iterator[Path]:
     recover_directory(path)
     for stray in path.parent.glob(f".{glob.escape(path.name)}.*.tmp"):
         shutil.rmtree(stray, ignore_errors=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    tmp = _new_sibling(path, lambda p: os.mkdir(p, 0o777))  # the kernel takes the umask off
     try:
         yield tmp
         for child in tmp.rglob("*"):
@@ -96,4 +150,3 @@ def recover_directory(path: str | Path) -> None:
     if not path.exists() and old.is_dir():
         os.replace(old, path)
         _fsync_dir(path.parent)
-

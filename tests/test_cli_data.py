@@ -44,7 +44,7 @@ def test_stats_json():
     assert result.returncode == 0, result.stderr
     stats = json.loads(result.stdout)
     assert [Path(s["file"]).name for s in stats] == names
-    assert [s["scheme"] for s in stats] == ["bio", "bmes", "bioes"]
+    assert [s["scheme"] for s in stats] == ["bio", "bmes", "spans"]  # JSON lines have no tag scheme
     for s in stats:
         assert (s["sentences"], s["characters"], s["entities_total"]) == (2, 13, 4)
         assert s["entities"] == {"LOC": 1, "ORG": 1, "PER": 2}
@@ -61,6 +61,25 @@ def test_stats_text():
 
 def test_stats_of_a_missing_file(tmp_path):
     assert_user_error(nerkit("data", "stats", tmp_path / "absent.bio"), tmp_path / "absent.bio", "no such file")
+
+
+def test_stats_of_several_files_reports_every_good_one_and_every_bad_one(write_file, tmp_path):
+    """A bad file no longer hides the others: their stats, then one error line per bad file, exit 2."""
+    bad = write_file("张 O\n三\n", "bad.bio")
+    missing = tmp_path / "missing.bio"
+    files = [FIXTURES / "three_types.bio", bad, FIXTURES / "three_types.jsonl", missing]
+    result = nerkit("data", "stats", *files)
+    assert result.returncode == 2
+    assert result.stdout.count("sentences     2") == 2
+    assert f"{FIXTURES / 'three_types.bio'}\n" in result.stdout and f"{FIXTURES / 'three_types.jsonl'}\n" in result.stdout
+    assert result.stderr.splitlines() == [
+        f"nerkit: error: {bad}:2: expected 2 columns `char TAG`, found 1 ('三'); add the tag after a space or tab "
+        "(O outside entities)",
+        f"nerkit: error: {missing}: no such file; check the path (and NERKIT_DATA)",
+    ]
+    result = nerkit("data", "stats", "--json", *files)
+    assert result.returncode == 2 and len(result.stderr.splitlines()) == 2
+    assert [Path(s["file"]).name for s in json.loads(result.stdout)] == ["three_types.bio", "three_types.jsonl"]
 
 
 def test_stats_of_real_data_smallest_file(data_root):
@@ -82,7 +101,7 @@ def test_stats_of_real_data_smallest_file(data_root):
 @pytest.mark.parametrize("name, summary", [
     ("three_types.bio", "OK, 2 sentences, BIO, types LOC, ORG, PER"),
     ("three_types.bmes", "OK, 2 sentences, BMES, types LOC, ORG, PER"),
-    ("three_types.jsonl", "OK, 2 sentences, BIOES, types LOC, ORG, PER"),
+    ("three_types.jsonl", "OK, 2 sentences, spans (JSON lines), types LOC, ORG, PER"),
 ])
 def test_validate_ok(name, summary):
     result = nerkit("data", "validate", FIXTURES / name)
@@ -101,6 +120,28 @@ def test_validate_ok(name, summary):
 def test_validate_error_is_one_line_with_file_and_line(write_file, content, line, words):
     path = write_file(content)
     assert_user_error(nerkit("data", "validate", path), f"{path}:{line}", words)
+
+
+def test_validate_lists_every_error_in_line_order(write_file):
+    path = write_file("张 B-PER\n三 I-PER\n\n在 O\n京 I-LOC\n\n李\n四 b-per\n\n王 O\n五 I-PER\n\n张 I-ORG\n")
+    result = nerkit("data", "validate", path)
+    assert result.returncode == 2 and result.stdout == "" and "Traceback" not in result.stderr
+    lines = result.stderr.splitlines()
+    assert [line.split(": ")[2] for line in lines] == [f"{path}:{n}" for n in (5, 7, 8, 11, 13)] + [str(path)]
+    assert "I-LOC after O continues no entity" in lines[0] and "found 1" in lines[1] and "did you mean B-PER?" in lines[2]
+    assert all(line.startswith("nerkit: error: ") for line in lines)
+    assert lines[-1] == f"nerkit: error: {path}: 5 errors"
+
+
+def test_validate_lists_the_first_twenty_errors_and_counts_all_as_stats_does(write_file):
+    path = write_file("在 O\n京 I-LOC\n\n" * 25)
+    result = nerkit("data", "validate", path)
+    assert result.returncode == 2
+    lines = result.stderr.splitlines()
+    assert len(lines) == 21
+    assert lines[0].startswith(f"nerkit: error: {path}:2: invalid transition") and lines[19].startswith(f"nerkit: error: {path}:59: ")
+    assert lines[-1] == f"nerkit: error: {path}: 25 errors, the first 20 listed"
+    assert "invalid transitions  25" in nerkit("data", "stats", path).stdout
 
 
 def test_validate_empty_file(write_file):
@@ -130,6 +171,13 @@ def test_validate_repair_writes_a_file_that_validates(tmp_path):
     ]
 
 
+def test_validate_names_an_unknown_jsonl_key_and_the_known_ones(write_file):
+    """CLUENER's native `label` (or a misspelt `entites`) once validated as OK with no entities."""
+    path = write_file('{"text": "张三", "entities": []}\n{"text": "李四在北京", "label": {"name": {"李四": [[0, 1]]}}}\n',
+                      "cluener.jsonl")
+    assert_user_error(nerkit("data", "validate", path), f"{path}:2", "unknown key 'label'; the keys are 'text', 'entities'")
+
+
 # ---------------------------------------------------------------- convert
 
 
@@ -155,10 +203,37 @@ def test_convert_to_an_unknown_format(tmp_path):
 
 
 def test_convert_refuses_a_space_token_in_conll(write_file, tmp_path):
-    source = write_file('{"text": "New York", "entities": [{"start": 0, "end": 8, "type": "LOC"}]}\n', "en.jsonl")
+    source = write_file('{"text": "张三", "entities": []}\n{"text": "New York", "entities": [{"start": 0, "end": 8, '
+                        '"type": "LOC"}]}\n', "en.jsonl")
     out = tmp_path / "en.bio"
-    assert_user_error(nerkit("data", "convert", source, out, "--to", "bio"), out, "cannot be written")
+    assert_user_error(nerkit("data", "convert", source, out, "--to", "bio"), f"{source}:2", "the token ' ' cannot be written")
     assert not out.exists()
+
+
+def test_convert_to_jsonl_names_the_input_line_of_a_long_token(write_file, tmp_path):
+    source = write_file("张 O\n\n在 O\nNew B-LOC\nYork I-LOC\n", "words.bio")
+    out = tmp_path / "out.jsonl"
+    assert_user_error(nerkit("data", "convert", source, out, "--to", "jsonl"), f"{source}:4",
+                      "the token 'New' is longer than one character")
+    assert not out.exists()
+
+
+def test_convert_and_repair_refuse_to_replace_their_input(tmp_path):
+    """The output may not be the input, however it is spelt: the same path, another spelling, a
+    symbolic or a hard link."""
+    source = tmp_path / "in.bio"
+    source.write_bytes((FIXTURES / "three_types.bio").read_bytes())
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "link.bio").symlink_to(source)
+    os.link(source, tmp_path / "hard.bio")
+    targets = [source, tmp_path / "sub" / ".." / "in.bio", tmp_path / "link.bio", tmp_path / "hard.bio"]
+    for target in targets:
+        assert_user_error(nerkit("data", "convert", source, target, "--to", "bioes"), target, "is the input file")
+        assert_user_error(nerkit("data", "validate", source, "--repair", target), target, "is the input file")
+    relative = nerkit("data", "convert", "in.bio", source, "--to", "bioes", cwd=tmp_path)
+    assert_user_error(relative, source, "is the input file")
+    assert source.read_bytes() == (FIXTURES / "three_types.bio").read_bytes()
+    assert (tmp_path / "link.bio").is_symlink()
 
 
 def test_convert_with_repair(tmp_path):

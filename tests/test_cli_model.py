@@ -1,13 +1,15 @@
 """Tests for the model commands of the CLI: `nerkit train`, `nerkit eval` and `nerkit predict` (its
-three formats, stdin, --output, blank lines, input order) and their exit code 2 on user errors."""
+three formats, stdin, pipes, --output, blank lines, input order) and their exit code 2 on user errors."""
 
 from __future__ import annotations
 
 import io
 import json
+import os
 import re
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -100,7 +102,7 @@ def test_train_refuses_a_non_empty_output_directory(tmp_path, monkeypatch, capfd
 
 
 def parse_jsonl(text: str) -> list[dict]:
-    return [json.loads(line) for line in text.splitlines()]
+    return [json.loads(line) for line in text.split("\n") if line]  # not splitlines(): U+2028 is in a text
 
 
 def parse_conll(text: str) -> list[list[tuple[str, str]]]:
@@ -190,24 +192,118 @@ def test_predict_keeps_line_order_over_many_lines_and_odd_line_ends(tiny_model_d
     assert [r["text"] for r in parse_jsonl(stdout)] == lines
 
 
-def test_predict_passes_bytes_that_are_not_utf8_through_on_their_own_line(tiny_model_dir, tmp_path, monkeypatch, capfd):
-    lines = ["张伟\xff在北京".encode("utf-8", "surrogateescape"), b"\xe5\x8c", "李娜\u2028王芳".encode() + b"\x85", b""]
-    path = tmp_path / "odd.txt"
-    path.write_bytes(b"\n".join(lines) + b"\n")
-    for fmt in ("jsonl", "inline"):
-        output = tmp_path / f"odd.{fmt}"
-        code, _, stderr = run_cli(monkeypatch, capfd, "predict", "--model", str(tiny_model_dir), str(path),
-                                  "--format", fmt, "--output", str(output))
-        assert code == 0, stderr
-        out_lines = output.read_bytes().split(b"\n")
-        assert out_lines[-1] == b"" and len(out_lines) - 1 == len(lines)
-        for raw, out in zip(lines, out_lines):
-            text = out.decode("utf-8", "surrogateescape")
-            if fmt == "jsonl":
-                text = json.loads(text)["text"]
-            else:
-                text = re.sub(r"\[([^\]]*)\](?:LOC|ORG|PER)", r"\1", text)
-            assert text.encode("utf-8", "surrogateescape") == raw
+def test_predict_conll_with_spaces_and_tabs_reads_back(tiny_model_dir, tmp_path, monkeypatch, capfd):
+    """The formats nerkit writes, it reads: predict --format conll -> data validate -> read_corpus,
+    with the same entities as predict's JSON lines read back."""
+    from nerkit.corpus import read_corpus
+
+    texts = ["张伟 在 北京\t工作。", "  ", "\t李娜", "New York 的 王芳 ", "\u3000\x0b\x0c\x85\u2028张伟", "张\r伟 \t 李娜"]
+    source = tmp_path / "texts.txt"
+    source.write_text("\n".join(texts) + "\n", encoding="utf-8")
+    model = str(tiny_model_dir)
+    conll = tmp_path / "pred.bio"
+    code, _, stderr = run_cli(monkeypatch, capfd, "predict", "--model", model, str(source), "--format", "conll",
+                              "--output", str(conll))
+    assert code == 0, stderr
+    code, stdout, stderr = run_cli(monkeypatch, capfd, "data", "validate", str(conll))
+    assert code == 0, stderr
+    assert f"OK, {len(texts)} sentences" in stdout
+    predicted = tmp_path / "pred.jsonl"
+    code, _, stderr = run_cli(monkeypatch, capfd, "predict", "--model", model, str(source), "--output", str(predicted))
+    assert code == 0, stderr
+    corpus = read_corpus(conll)
+    assert [s.text for s in corpus.sentences] == texts
+    assert [s.spans() for s in corpus.sentences] == [s.spans() for s in read_corpus(predicted).sentences]
+    assert any(" " in s.tokens and "\t" in s.tokens for s in corpus.sentences)
+
+
+class StubPipe:
+    """Stands in for a Pipeline: tags nothing, and raises `error` on its `fail_on`-th chunk (if any)."""
+
+    scheme = "bio"
+
+    def __init__(self, error: type[BaseException] | None = None, fail_on: int = 2):
+        self.error, self.fail_on, self.calls = error, fail_on, 0
+
+    def predict_tokens(self, tokens, batch_size):
+        self.calls += 1
+        if self.error and self.calls == self.fail_on:
+            raise self.error("stopped")
+        return [[] for _ in tokens]
+
+
+NOT_TEXT = {
+    "GBK on line 2": "张伟在北京。\n".encode() + "李娜在上海。\n".encode("gbk"),
+    "a PNG": b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR\n",
+    "UTF-16 with its BOM": "张伟在北京。\n".encode("utf-16"),
+    "UTF-16 without a BOM": "张伟 in Beijing\n".encode("utf-16-le"),  # valid UTF-8 bytes, with NULs
+}
+
+
+@pytest.mark.parametrize("case", NOT_TEXT)
+def test_predict_refuses_what_is_not_utf8_text_as_data_stats_does(tiny_model_dir, tmp_path, monkeypatch, capfd, case):
+    path = tmp_path / "texts.txt"
+    path.write_bytes(NOT_TEXT[case])
+    code, stdout, predicted = run_cli(monkeypatch, capfd, "predict", "--model", str(tiny_model_dir), str(path))
+    assert code == 2 and stdout == "" and "Traceback" not in predicted, predicted
+    code, _, stats = run_cli(monkeypatch, capfd, "data", "stats", str(path))
+    assert code == 2
+    assert predicted == stats  # the same check, the same message: FILE:LINE, what, and the fix
+    assert re.match(rf"nerkit: error: {re.escape(str(path))}:\d+: (bytes at offset \d+ are not UTF-8|the line "
+                    "contains a NUL byte)", predicted), predicted
+
+
+def test_predict_names_the_line_of_stdin_that_is_not_utf8(tiny_model_dir, monkeypatch, capfd):
+    code, _, stderr = run_cli(monkeypatch, capfd, "predict", "--model", str(tiny_model_dir),
+                              stdin=NOT_TEXT["GBK on line 2"])
+    assert code == 2
+    assert stderr.startswith("nerkit: error: <stdin>:2: bytes at offset 19 are not UTF-8") and "iconv" in stderr
+
+
+@pytest.mark.parametrize("existing", [False, True])
+def test_a_bad_line_after_written_chunks_leaves_no_output(tmp_path, existing):
+    """Records of the lines before the bad one were already written (in chunks): none of them may
+    be left at --output."""
+    from nerkit.errors import CorpusError
+    from nerkit.predict import predict_stream
+
+    source = tmp_path / "in.txt"
+    source.write_bytes("张伟在北京。\n".encode() * 40 + "李娜".encode("gbk") + b"\n")
+    output = tmp_path / "out" / "pred.jsonl"
+    output.parent.mkdir()
+    if existing:
+        output.write_text("old\n")
+    pipe = StubPipe()
+    with pytest.raises(CorpusError) as info:
+        predict_stream(pipe, str(source), str(output), chunk_chars=30)
+    assert pipe.calls > 1  # chunks went out before the bad line was read
+    assert info.value.where == f"{source}:41"
+    assert [p.name for p in output.parent.iterdir()] == (["pred.jsonl"] if existing else [])
+    if existing:
+        assert output.read_text() == "old\n"
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "conll", "inline"])
+def test_predict_drops_a_leading_bom_and_offsets_index_the_printed_text(tiny_model_dir, tmp_path, monkeypatch, capfd, fmt):
+    """The BOM marks the encoding, it is not text: it is not in the first record, and no entity
+    starts with it. A U+FEFF inside a line is a character like any other."""
+    texts = ["张伟在北京工作。", "李娜\ufeff王芳", "新华社的记者王芳报道了这件事。"]
+    path = tmp_path / "bom.txt"
+    path.write_bytes(b"\xef\xbb\xbf" + "\n".join(texts).encode() + b"\n")
+    code, stdout, stderr = run_cli(monkeypatch, capfd, "predict", "--model", str(tiny_model_dir), str(path), "--format", fmt)
+    assert code == 0, stderr
+    if fmt == "jsonl":
+        records = parse_jsonl(stdout)
+        assert [r["text"] for r in records] == texts
+        for record in records:
+            for e in record["entities"]:
+                assert record["text"][e["start"]:e["end"]] == e["text"]
+        assert {"start": 0, "end": 2, "type": "PER", "text": "张伟"} in records[0]["entities"]
+    elif fmt == "conll":
+        assert ["".join(c for c, _ in block) for block in parse_conll(stdout)] == texts
+    else:
+        untagged = [re.sub(r"\[([^\]]*)\](?:LOC|ORG|PER)", r"\1", line) for line in stdout.splitlines()]
+        assert untagged == texts and stdout.startswith("[张伟]PER")
 
 
 # ------------------------------------------------------------------------------------ user errors
@@ -272,3 +368,141 @@ def test_eval_and_the_api_read_a_gold_file_as_the_model_read_its_training_data(t
     assert f"{invalid}: repaired" in stderr
     code, _, stderr = run_cli(monkeypatch, capfd, "eval", "--model", str(out), "--data", str(invalid), "--no-repair")
     assert code == 2 and "invalid" in stderr.lower() and "Traceback" not in stderr
+
+
+# ------------------------------------------------------------- predict: inputs, outputs and pipes
+
+
+@pytest.mark.parametrize("error", [RuntimeError, KeyboardInterrupt])
+@pytest.mark.parametrize("existing", [False, True])
+def test_a_failed_predict_leaves_no_temporary_file_and_the_old_output(tmp_path, error, existing):
+    from nerkit.predict import predict_stream
+
+    source = tmp_path / "in.txt"
+    source.write_text("张伟在北京。\n" * 20, encoding="utf-8")
+    output = tmp_path / "out" / "pred.jsonl"
+    output.parent.mkdir()
+    if existing:
+        output.write_text("old\n")
+    with pytest.raises(error):  # the first chunk is written, the second fails
+        predict_stream(StubPipe(error), str(source), str(output), chunk_chars=30)
+    assert [p.name for p in output.parent.iterdir()] == (["pred.jsonl"] if existing else [])
+    if existing:
+        assert output.read_text() == "old\n"
+
+
+def test_predict_checks_its_output_before_loading_the_model(tiny_model_dir, texts_file, tmp_path, monkeypatch, capfd):
+    from nerkit.pipeline import Pipeline
+
+    def load(*args, **kwargs):
+        raise AssertionError("the model was loaded before the output was checked")
+
+    monkeypatch.setattr(Pipeline, "load", load)
+    (tmp_path / "a_file").write_text("x")
+    (tmp_path / "a_dir").mkdir()
+    cases = [(tmp_path / "missing" / "out.jsonl", "does not exist"),
+             (tmp_path / "a_file" / "out.jsonl", "is not a directory"),
+             (tmp_path / "a_dir", "is a directory")]
+    for output, words in cases:
+        code, stdout, stderr = run_cli(monkeypatch, capfd, "predict", "--model", str(tiny_model_dir), str(texts_file),
+                                       "--output", str(output))
+        assert code == 2, stderr
+        assert stderr.startswith(f"nerkit: error: {output}: ") and words in stderr, stderr
+        assert "Traceback" not in stderr and stdout == ""
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a_dir", "a_file", "texts.txt"]
+
+
+def test_predict_refuses_an_output_directory_it_cannot_write(tiny_model_dir, texts_file, tmp_path, monkeypatch, capfd):
+    """chmod 0o500; root may write there all the same, so for root the permission check is told so."""
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o500)
+    if os.geteuid() == 0:
+        access = os.access
+        monkeypatch.setattr(os, "access", lambda path, mode: access(path, mode) and Path(path) != locked)
+    try:
+        code, _, stderr = run_cli(monkeypatch, capfd, "predict", "--model", str(tiny_model_dir), str(texts_file),
+                                  "--output", str(locked / "out.jsonl"))
+    finally:
+        locked.chmod(0o700)
+    assert code == 2 and "is not writable" in stderr and "Traceback" not in stderr, stderr
+
+
+def test_predict_refuses_to_write_over_its_input(tiny_model_dir, texts_file, tmp_path, monkeypatch, capfd):
+    before = texts_file.read_bytes()
+    (tmp_path / "link.txt").symlink_to(texts_file)
+    for output in (texts_file, tmp_path / "link.txt"):
+        code, _, stderr = run_cli(monkeypatch, capfd, "predict", "--model", str(tiny_model_dir), str(texts_file),
+                                  "--output", str(output))
+        assert code == 2 and stderr.startswith(f"nerkit: error: {output}: is the input file"), stderr
+    assert texts_file.read_bytes() == before
+
+
+def test_predict_reads_pipes_and_fd_paths_and_names_a_directory(tiny_model_dir, texts_file, tmp_path, monkeypatch, capfd):
+    """A named pipe, and /dev/fd/N as bash's <(...) gives; a directory has its own message."""
+    model = str(tiny_model_dir)
+    _, expected, _ = run_cli(monkeypatch, capfd, "predict", "--model", model, str(texts_file))
+    data = texts_file.read_bytes()
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    writer = threading.Thread(target=fifo.write_bytes, args=(data,))
+    writer.start()
+    try:
+        code, stdout, stderr = run_cli(monkeypatch, capfd, "predict", "--model", model, str(fifo))
+    finally:
+        if writer.is_alive():  # the pipe was never opened for reading: open it so the writer can end
+            reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+            writer.join(30)
+            os.close(reader)
+    assert code == 0, stderr
+    assert stdout == expected
+
+    read_end, write_end = os.pipe()
+
+    def feed():
+        with os.fdopen(write_end, "wb") as f:
+            f.write(data)
+
+    writer = threading.Thread(target=feed)
+    writer.start()
+    try:
+        code, stdout, stderr = run_cli(monkeypatch, capfd, "predict", "--model", model, f"/dev/fd/{read_end}")
+    finally:
+        writer.join()
+        os.close(read_end)
+    assert code == 0, stderr
+    assert stdout == expected
+
+    code, stdout, stderr = run_cli(monkeypatch, capfd, "predict", "--model", model, str(tmp_path))
+    assert code == 2 and stderr.startswith(f"nerkit: error: {tmp_path}: is a directory"), stderr
+
+
+def test_predict_reads_dev_stdin(tiny_model_dir, texts_file):
+    result = subprocess.run([sys.executable, "-m", "nerkit", "predict", "--model", str(tiny_model_dir), "/dev/stdin"],
+                            input=texts_file.read_bytes(), capture_output=True, cwd=REPO, timeout=120,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert result.returncode == 0, result.stderr.decode()
+    assert [r["text"] for r in parse_jsonl(result.stdout.decode())] == TEXTS
+
+
+def test_predict_into_a_pipe_closed_early_ends_quietly(tiny_model_dir, tmp_path):
+    """`nerkit predict FILE | head -1`: the reader has what it wanted; exit 0 and nothing on stderr."""
+    source = tmp_path / "many.txt"
+    source.write_text("张伟在北京的清华大学工作。\n" * 5000, encoding="utf-8")  # some 600 kB of output
+    with subprocess.Popen([sys.executable, "-m", "nerkit", "predict", "--model", str(tiny_model_dir), str(source)],
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO,
+                          env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "error"}) as process:
+        first = process.stdout.readline()
+        process.stdout.close()
+        stderr = process.stderr.read()
+        assert process.wait(timeout=120) == 0, stderr.decode()
+    assert stderr == b""
+    assert json.loads(first)["text"] == "张伟在北京的清华大学工作。"
+
+
+@pytest.mark.parametrize("size", ["0", "-3"])
+def test_predict_batch_size_must_be_positive(tiny_model_dir, texts_file, monkeypatch, capfd, size):
+    code, stdout, stderr = run_cli(monkeypatch, capfd, "predict", "--model", str(tiny_model_dir), str(texts_file),
+                                   "--batch-size", size)
+    assert code == 2, stderr
+    assert "--batch-size" in stderr and "Traceback" not in stderr and stdout == ""

@@ -272,6 +272,28 @@ def test_full_width_space_is_a_token(write_file):
     assert corpus.sentences[0].spans() == [Span(1, 2, "PER")]
 
 
+def test_a_space_or_tab_token_reads_as_nerkit_predict_writes_it(write_file):
+    """`nerkit predict --format conll` writes the character, a space, the tag: `  O` is a space."""
+    corpus = read_corpus(write_file("张 B-PER\n  O\n\t O\n三\tO\n \tO\n\t\tO\n   O\n在 O\n\n  O\n"))
+    assert [s.tokens for s in corpus.sentences] == [["张", " ", "\t", "三", " ", "\t", " ", "在"], [" "]]
+    assert corpus.sentences[0].tags == ["B-PER"] + ["O"] * 7
+
+
+def test_a_space_token_keeps_the_column_count(write_file):
+    corpus = read_corpus(write_file("张 NR B-PER\n  PU O\n"))
+    assert corpus.sentences[0].tokens == ["张", " "]
+    err = read_error(write_file("张 NR B-PER\n  O\n"))
+    assert "expected 3 columns" in err.message
+
+
+def test_indented_lines_are_not_read_as_space_tokens(write_file):
+    """Indentation would make every line start with a space token and shift the columns."""
+    path = write_file("  张 B-PER\n  三 I-PER\n")
+    err = read_error(path)
+    assert_at(err, path, 1)
+    assert "indented" in err.message
+
+
 def test_sentences_record_their_first_line(write_file):
     corpus = read_corpus(write_file("\n张 O\n三 O\n\n\n在 O\n"))
     assert [s.line for s in corpus.sentences] == [2, 6]
@@ -365,8 +387,16 @@ def test_fixture_formats_hold_the_same_corpus(name):
 
 
 JSONL_ERRORS = {
-    "not JSON": ('{"text": "张三"}\n{"text": \n', 2, "not valid JSON"),
-    "no text": ('{"text": "张三"}\n\n{"entities": []}\n', 3, 'no "text"'),
+    "not JSON": ('{"text": "张三", "entities": []}\n{"text": \n', 2, "not valid JSON"),
+    "no text": ('{"text": "张三", "entities": []}\n\n{"entities": []}\n', 3, 'no "text"'),
+    "no entities": ('{"text": "张三", "entities": []}\n{"text": "李四"}\n', 2, 'no "entities" key'),
+    "CLUENER's label": ('{"text": "张三", "label": {"name": {"张三": [[0, 1]]}}}\n', 1,
+                        "unknown key 'label'; the keys are 'text', 'entities'"),
+    "misspelt entities": ('{"text": "张三", "entites": []}\n', 1, "unknown key 'entites'"),
+    "unknown entity key": ('{"text": "张三", "entities": [{"start": 0, "end": 2, "typ": "PER"}]}\n', 1,
+                           "unknown key 'typ' in an entity; the keys are 'start', 'end', 'type', 'text'"),
+    "entity text that is not at its offsets": ('{"text": "张三在北京", "entities": [{"start": 0, "end": 2, "type": "PER", '
+                                               '"text": "三在"}]}\n', 1, "'三在' is not the text at 0:2 ('张三')"),
     "bad entity": ('{"text": "张三", "entities": [{"start": 0, "type": "PER"}]}\n', 1, "needs integer start"),
     "outside the text": ('{"text": "张三", "entities": [{"start": 1, "end": 3, "type": "PER"}]}\n', 1, "outside the text"),
     "empty entity": ('{"text": "张三", "entities": [{"start": 1, "end": 1, "type": "PER"}]}\n', 1, "outside the text"),
@@ -382,6 +412,56 @@ def test_malformed_jsonl_names_the_line(case, write_file):
     err = read_error(path)
     assert_at(err, path, line)
     assert words in err.message
+
+
+@pytest.mark.parametrize("content, suggestion", [
+    ('{"text": "张三", "entites": []}\n', "did you mean 'entities'?"),
+    ('{"text": "张三", "entities": [{"start": 0, "end": 2, "tpye": "PER"}]}\n', "did you mean 'type'?"),
+    ('{"txt": "张三", "entities": []}\n', "did you mean 'text'?"),
+])
+def test_a_misspelt_jsonl_key_gets_the_closest_one(write_file, content, suggestion):
+    err = read_error(write_file(content, "bad.jsonl"))
+    assert err.fix == suggestion
+
+
+def test_jsonl_reads_what_nerkit_predict_writes(write_file):
+    """Entities as `nerkit predict` writes them carry their text: a known key, checked."""
+    path = write_file('{"text": "张三在北京", "entities": [{"start": 0, "end": 2, "type": "PER", "text": "张三"}]}\n'
+                      '{"text": "", "entities": []}\n', "pred.jsonl")
+    corpus = read_corpus(path)
+    assert [s.spans() for s in corpus.sentences] == [[Span(0, 2, "PER")], []]
+
+
+def test_jsonl_has_spans_not_a_tag_scheme():
+    from nerkit.corpus import format_stats, scheme_label
+
+    corpus = read_corpus(FIXTURES / "three_types.jsonl")
+    assert corpus.labels == "spans" and scheme_label(corpus.labels) == "spans (JSON lines)"
+    assert corpus_stats(FIXTURES / "three_types.jsonl")["scheme"] == "spans"
+    assert "scheme        spans (JSON lines)" in format_stats(corpus_stats(FIXTURES / "three_types.jsonl"))
+    assert read_corpus(FIXTURES / "three_types.bmes").labels == "bmes"
+
+
+def test_max_errors_reads_on_and_lists_the_first_errors_by_line(write_file):
+    """Line errors are found before the tag transitions (those need the file's scheme), yet the
+    list is in line order; a bad line's sentence is not checked for transitions."""
+    from nerkit.errors import ManyErrors
+
+    path = write_file("在 O\n京 I-LOC\n\n" * 3 + "李 O\n四\n五 I-PER\n\n" + "在 O\n京 I-LOC\n\n" * 2)
+    with pytest.raises(ManyErrors) as info:
+        read_corpus(path, max_errors=4)
+    assert [e.where for e in info.value.errors] == [f"{path}:{n}" for n in (2, 5, 8, 11)]
+    assert info.value.total == 6  # 5 transitions (none in the sentence of line 11) and line 11
+    assert_at(read_error(path), path, 11)  # by default the first found (a line error) ends the read
+
+
+def test_max_errors_in_json_lines(write_file):
+    from nerkit.errors import ManyErrors
+
+    path = write_file('{"text": "张三"}\n{"text": "张三", "entities": []}\n{"txt": ""}\n', "bad.jsonl")
+    with pytest.raises(ManyErrors) as info:
+        read_corpus(path, max_errors=20)
+    assert [e.where for e in info.value.errors] == [f"{path}:1", f"{path}:3"] and info.value.total == 2
 
 
 # ---------------------------------------------------------------- normalisation

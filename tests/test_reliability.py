@@ -1,6 +1,6 @@
 """Hostile input, end to end through the command line: a catalogue of malformed corpora for
-`nerkit data validate` (and `nerkit train`), bad configs, arbitrary Unicode and invalid UTF-8 for
-`nerkit predict`, streaming in bounded memory, and model directories that try to make the loader
+`nerkit data validate` (and `nerkit train`), bad configs, arbitrary Unicode (accepted) and invalid
+UTF-8 or NUL bytes (refused, naming the line) for `nerkit predict`, streaming in bounded memory, and model directories that try to make the loader
 read outside them.
 
 Commands run as real `python -m nerkit` processes where start-up is part of the point (and through
@@ -179,9 +179,12 @@ CATALOGUE = [
     ("type_with_space.jsonl", jsonl({"text": "张三", "entities": [{"start": 0, "end": 2, "type": "PER X"}]}),
      1, "a type without spaces"),
     ("bom_and_crlf.jsonl", "\ufeff" + jsonl({"text": "张三", "entities": [PER]}).replace("\n", "\r\n"), OK,
-     "OK, 1 sentences, BIOES, types PER"),
+     "OK, 1 sentences, spans (JSON lines), types PER"),
     ("u2028_inside_text.jsonl", '{"text": "张三\u2028李四", "entities": [{"start": 3, "end": 5, "type": "PER"}]}\n',
-     OK, "OK, 1 sentences, BIOES, types PER"),
+     OK, "OK, 1 sentences, spans (JSON lines), types PER"),
+    ("cluener_label.jsonl", jsonl({"text": "张三", "label": {"name": {"张三": [[0, 1]]}}}), 1, "unknown key 'label'"),
+    ("misspelt_entities.jsonl", jsonl({"text": "张三", "entites": [PER]}), 1, "did you mean 'entities'?"),
+    ("no_entities_key.jsonl", jsonl({"text": "张三", "entities": [PER]}, {"text": "李四"}), 2, 'no "entities" key'),
     ("empty_text.jsonl", jsonl({"text": "", "entities": []}, {"text": "张三", "entities": [PER]}), OK, "OK, 2 sentences"),
 ]
 if Path("/dev/zero").exists():  # a device never ends: refused before reading
@@ -212,6 +215,19 @@ def validated(tmp_path_factory) -> dict:
     return {name: (paths[name], result) for name, result in zip(paths, results)}
 
 
+def check_validate_errors(result: subprocess.CompletedProcess, path: Path, where: str, words: str) -> str:
+    """`nerkit data validate` lists every error of a file: one is one short line (check_user_error);
+    several are a line each, the first at WHERE with `words`, then a line counting them."""
+    lines = text_of(result.stderr).splitlines()
+    if len(lines) <= 1:
+        return check_user_error(result, where, words)
+    assert result.returncode == 2 and "Traceback" not in text_of(result.stderr)
+    assert lines[0].startswith(f"nerkit: error: {where}: ") and words in lines[0], lines[0][:500]
+    assert all(line.startswith(f"nerkit: error: {path}:") and len(line) < 600 for line in lines[:-1])
+    assert lines[-1] == f"nerkit: error: {path}: {len(lines) - 1} errors"
+    return f"{lines[0]} (and {len(lines) - 2} more, then: {lines[-1].removeprefix('nerkit: error: ')})"
+
+
 @pytest.mark.parametrize("name, content, outcome, words", CATALOGUE, ids=[c[0] for c in CATALOGUE])
 def test_validate_catalogue(validated, name, content, outcome, words):
     path, result = validated[name]
@@ -221,7 +237,7 @@ def test_validate_catalogue(validated, name, content, outcome, words):
         REPORT.row("Corpus catalogue: `nerkit data validate FILE`", name, "accepted", text_of(result.stdout).strip())
         return
     where = f"{path}" if outcome == FILE else f"{path}:{outcome}"
-    message = check_user_error(result, where, words)
+    message = check_validate_errors(result, path, where, words)
     REPORT.row("Corpus catalogue: `nerkit data validate FILE`", name,
                "error (file)" if outcome == FILE else f"error at line {outcome}", message)
 
@@ -327,17 +343,37 @@ def entity_model(trained_model, tmp_path_factory) -> Path:
     return pipe.save(tmp_path_factory.mktemp("entity_model") / "model")
 
 
-def expected_lines(data: bytes) -> list[str]:
-    """The records `nerkit predict` must give for these bytes: lines split at \\n only, a final \\r
-    dropped, undecodable bytes kept as surrogate escapes."""
+def raw_lines(data: bytes) -> list[bytes]:
+    """The lines `nerkit predict` reads in these bytes: split at \\n only, a final \\r dropped."""
     lines = data.split(b"\n")
     if lines[-1] == b"":
         lines.pop()
-    return [(line[:-1] if line.endswith(b"\r") else line).decode("utf-8", "surrogateescape") for line in lines]
+    return [line[:-1] if line.endswith(b"\r") else line for line in lines]
+
+
+def first_bad_line(data: bytes) -> int | None:
+    """The 1-based line `nerkit predict` must refuse (not UTF-8, or a NUL byte), or None."""
+    for number, line in enumerate(data.split(b"\n"), 1):
+        try:
+            line.decode("utf-8")
+        except UnicodeDecodeError:
+            return number
+        if b"\x00" in line:
+            return number
+    return None
+
+
+def expected_lines(data: bytes) -> list[str]:
+    """The texts of the records `nerkit predict` must give for these (valid) bytes; a leading BOM
+    is not part of the first text."""
+    texts = [line.decode("utf-8") for line in raw_lines(data)]
+    if texts and texts[0].startswith("\ufeff"):
+        texts[0] = texts[0][1:]
+    return texts
 
 
 def read_records(path: Path) -> list[dict]:
-    text = path.read_bytes().decode("utf-8", "surrogateescape")
+    text = path.read_bytes().decode("utf-8")
     assert text == "" or text.endswith("\n")
     return [json.loads(line) for line in text.split("\n")[:-1]]
 
@@ -359,9 +395,9 @@ def check_records(records: list[dict], texts: list[str], types: set[str]) -> int
     return seen
 
 
-FUZZ = {"examples": 0, "lines": 0, "entities": 0}
+FUZZ = {"examples": 0, "lines": 0, "entities": 0, "refused": 0}
 # Lines as text from every Unicode category (no surrogates: they cannot be encoded), or as raw
-# bytes, which may be invalid UTF-8 (read back as surrogate escapes) or hold \n and \r.
+# bytes, which may be invalid UTF-8 or hold NUL, \n and \r (refused with the line's number).
 LINE = st.one_of(st.text(max_size=40), st.binary(max_size=40),
                  st.text(st.characters(categories=["Mn", "Me", "Cf", "Co", "Zl", "Zp", "Cc", "So"]), max_size=20))
 
@@ -371,20 +407,35 @@ def fuzz_dir(tmp_path_factory) -> Path:
     yield tmp_path_factory.mktemp("fuzz")
     if FUZZ["examples"]:  # what the property test saw, for the report
         REPORT.row("Prediction on arbitrary text", "hypothesis: random Unicode text and random bytes through "
-                   "predict_stream", f"{FUZZ['examples']} inputs, {FUZZ['lines']} lines",
-                   f"no failure; {FUZZ['entities']} entities, all offsets index their text")
+                   "predict_stream", f"{FUZZ['examples'] + FUZZ['refused']} inputs, {FUZZ['lines']} lines of text",
+                   f"text: no failure, {FUZZ['entities']} entities, all offsets index their text; "
+                   f"{FUZZ['refused']} inputs not UTF-8 text: an error naming the first such line, output untouched")
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(lines=st.lists(LINE, max_size=6), final_newline=st.booleans())
-def test_predict_stream_never_fails_and_offsets_index_the_text(entity_model_pipe, fuzz_dir, lines, final_newline):
-    """The code path of `nerkit predict` (predict_stream) on arbitrary bytes, in this process."""
+def test_predict_stream_accepts_any_text_refuses_other_bytes_and_offsets_index_the_text(entity_model_pipe, fuzz_dir,
+                                                                                        lines, final_newline):
+    """The code path of `nerkit predict` (predict_stream) on arbitrary bytes, in this process: text
+    gives one record per line whose offsets index it; anything else an error naming the first line
+    that is not UTF-8 text, leaving the output file as it was."""
+    from nerkit.errors import CorpusError
     from nerkit.predict import predict_stream
 
     data = b"\n".join(x if isinstance(x, bytes) else x.encode("utf-8") for x in lines)
     data += b"\n" if final_newline and data else b""
     source, out = fuzz_dir / "in.txt", fuzz_dir / "out.jsonl"
     source.write_bytes(data)
+    before = out.read_bytes() if out.exists() else None
+    bad = first_bad_line(data)
+    if bad is not None:
+        with pytest.raises(CorpusError) as info:
+            predict_stream(entity_model_pipe, str(source), str(out), "jsonl", batch_size=4, chunk_chars=50)
+        assert info.value.where == f"{source}:{bad}"
+        assert (out.read_bytes() if out.exists() else None) == before
+        assert sorted(p.name for p in fuzz_dir.iterdir()) in (["in.txt"], ["in.txt", "out.jsonl"])
+        FUZZ["refused"] += 1
+        return
     written = predict_stream(entity_model_pipe, str(source), str(out), "jsonl", batch_size=4, chunk_chars=50)
     texts = expected_lines(data)
     assert written == len(texts)
@@ -417,23 +468,20 @@ def test_the_offset_checks_see_entities(entity_model_pipe, fuzz_dir):
 
 
 def nasty_lines() -> list[bytes]:
+    """Valid UTF-8 text of every awkward kind (NUL aside: it marks a binary file), one line each."""
     rnd = random.Random(11)
     pools = {
         "combining": ["e\u0301", "\u0301", "a\u0300\u0301\u0302\u0303", "\u20dd"],
         "emoji": ["😀", "👩‍👩‍👧‍👦", "🇨🇳", "👍🏽", "\ufe0f"],
         "rtl": ["שלום", "مرحبا", "\u202e", "\u200f", "\u061c"],
         "cjk": ["张", "伟", "北京", "𠀀", "𪚥", "〇", "\u3000"],
-        "controls": ["\x00", "\x0b", "\x0c", "\x1c", "\x1d", "\x1e", "\x85", "\u2028", "\u2029", "\r", "\t", "\x7f"],
+        "controls": ["\x0b", "\x0c", "\x1c", "\x1d", "\x1e", "\x85", "\u2028", "\u2029", "\r", "\t", "\x7f"],
         "odd": ["\ufeff", "\ufffe", "\uffff", "\ue000", "\U0010fffd", "\u00ad", "\u200b", "\u200d", " "],
     }
     lines = [b"", b"\r", b" ", b"\t\t", "张伟在北京。".encode()]
     for _ in range(300):
         parts = [rnd.choice(rnd.choice(list(pools.values()))) for _ in range(rnd.randint(1, 30))]
-        line = "".join(parts).encode("utf-8")
-        if rnd.random() < 0.3:  # invalid UTF-8: a cut character, a lone continuation byte, GBK
-            pos = rnd.randint(0, len(line))
-            line = line[:pos] + rnd.choice([b"\xe5\xbc", b"\x80", b"\xff\xfe", "张".encode("gbk"), b"\xed\xa0\x80"]) + line[pos:]
-        lines.append(line)
+        lines.append("".join(parts).encode("utf-8"))
     lines.append(("张伟在北京工作。" * 12_500).encode())  # one 100,000-character line
     return lines
 
@@ -450,8 +498,28 @@ def test_predict_cli_on_every_kind_of_line(entity_model, entity_model_pipe, tmp_
     entities = check_records(read_records(out), texts, entity_types(entity_model_pipe))
     assert entities > 0
     REPORT.row("Prediction on arbitrary text", "`nerkit predict FILE`: combining marks, emoji, RTL, astral CJK, "
-               "controls, invalid UTF-8, a 100,000-character line", f"{len(texts)} lines",
+               "controls, a 100,000-character line", f"{len(texts)} lines",
                f"exit 0; one record per line, in order; {entities} entities, all offsets index their text")
+
+
+NOT_TEXT = {  # inserted in the middle of a line of text
+    "a cut character": b"\xe5\xbc", "a lone continuation byte": b"\x80", "a UTF-16 BOM": b"\xff\xfe",
+    "GBK": "张".encode("gbk"), "an encoded surrogate": b"\xed\xa0\x80", "a NUL byte": b"\x00",
+}
+
+
+@pytest.mark.parametrize("name", NOT_TEXT)
+def test_predict_cli_refuses_a_line_that_is_not_text(monkeypatch, capfd, entity_model, tmp_path, name):
+    """As `nerkit data` does: one line naming the file and line, and no output file."""
+    lines = nasty_lines()
+    lines[200] = lines[200][:4] + NOT_TEXT[name] + lines[200][4:]
+    source, out = tmp_path / "nasty.txt", tmp_path / "out.jsonl"
+    source.write_bytes(b"\n".join(lines))
+    result = nerkit_here(monkeypatch, capfd, "predict", source, "--model", entity_model, "--output", out)
+    message = check_user_error(result, f"{source}:201", "NUL byte" if name == "a NUL byte" else "are not UTF-8")
+    assert list(tmp_path.iterdir()) == [source]
+    REPORT.row("Prediction on arbitrary text", f"`nerkit predict FILE --output OUT`: {name} on line 201 of 306",
+               "1 file", f"exit 2, no OUT: {message}")
 
 
 # ------------------------------------------------------------------------------------ streaming

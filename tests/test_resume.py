@@ -86,10 +86,13 @@ else:  # something happens right after checkpoint N is in place
         elif fault == "read_only":
             os.chmod(out, 0o500)
             if os.geteuid() == 0:  # root ignores the mode: fail as the kernel would for anyone else
-                import errno, tempfile
-                def refuse(*args, dir=None, **kwargs):
-                    raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(dir))
-                tempfile.mkdtemp = refuse
+                import errno
+                mkdir = os.mkdir
+                def refuse(path, *args, **kwargs):  # the temporary directory of the next checkpoint
+                    if str(path).endswith(".tmp"):
+                        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))
+                    return mkdir(path, *args, **kwargs)
+                os.mkdir = refuse
     T.save_checkpoint = patched
 from nerkit.cli import main
 main()
@@ -381,7 +384,7 @@ def test_output_dir_turning_read_only_is_a_user_error_and_keeps_the_checkpoint(f
     from safetensors.torch import load_file
 
     assert any(k.startswith("model.") for k in load_file(out / "checkpoint" / "state.safetensors"))
-    how = "simulated for root: mkdtemp raises EACCES" if os.geteuid() == 0 else "chmod 0o500"
+    how = "simulated for root: creating its temporary directory raises EACCES" if os.geteuid() == 0 else "chmod 0o500"
     REPORT.row("Write failures", f"run directory made read-only after step 5 ({how})", 2, message,
                f"{found}: intact, loads")
 
