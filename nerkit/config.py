@@ -54,7 +54,7 @@ class LMConfig:
 class EmbeddingsConfig:
     # Widths: None takes the vector file's when one is given, else DEFAULT_WIDTHS; a width that
     # disagrees with its vector file is an error naming both.
-    char_dim: int | None = None
+    char_dim: int | None = None  # 0 turns character embeddings off (a language model's features alone)
     bichar_dim: int | None = None  # 0 turns bigram features off
     word_dim: int | None = None  # lexicon words (FLAT)
     char_vectors: str | None = None  # word2vec text or binary, fastText .vec (.gz allowed)
@@ -429,6 +429,10 @@ def build_config(raw: dict, source: str = "<config>", overrides: list[str] = ())
     )
     if not 0 <= config.data.dev_split < 1:
         raise ConfigError(f"data.dev_split = {config.data.dev_split} must be in [0, 1)", where=source)
+    emb = config.embeddings
+    if emb.char_dim == 0 and not emb.lm.path:
+        raise ConfigError("embeddings.char_dim is 0 and there is no language model: the model would see nothing",
+                          where=source, fix="set embeddings.char_dim, or embeddings.lm.path")
     if config.train.epochs < 1:
         raise ConfigError("train.epochs must be at least 1", where=source)
     if config.train.batch_size < 1:

@@ -41,7 +41,7 @@ class Embedder(nn.Module):
     def __init__(self, num_chars: int, num_bichars: int, char_dim: int, bichar_dim: int, dropout: float,
                  init: str = "normal", token_dropout: float = 0.0, lm: nn.Module | None = None):
         super().__init__()
-        self.chars = embedding(num_chars, char_dim, init)
+        self.chars = embedding(num_chars, char_dim, init) if char_dim > 0 else None  # 0: the LM's features alone
         self.bichars = embedding(num_bichars, bichar_dim, init) if bichar_dim > 0 else None
         self.lm = lm
         self.dropout = nn.Dropout(dropout)
@@ -52,7 +52,9 @@ class Embedder(nn.Module):
         char_ids, bichar_ids = batch.char_ids, batch.bichar_ids
         if self.training and self.token_dropout:
             char_ids, bichar_ids = token_dropout(char_ids, self.token_dropout), token_dropout(bichar_ids, self.token_dropout)
-        parts = [self.chars(char_ids)]  # (B, T, Dc)
+        parts = []
+        if self.chars is not None:
+            parts.append(self.chars(char_ids))  # (B, T, Dc)
         if self.bichars is not None:
             parts.append(self.bichars(bichar_ids))  # (B, T, Db)
         if self.lm is not None:

@@ -98,7 +98,7 @@ def read_pretrained(config: Config, lattice: bool) -> dict:
     emb, found = config.embeddings, {}
     for kind in ("char", "bichar", "word"):
         path = getattr(emb, f"{kind}_vectors")
-        if not path or (kind == "word" and not lattice) or (kind == "bichar" and emb.width("bichar") == 0):
+        if not path or (kind == "word" and not lattice) or emb.width(kind) == 0:
             continue
         found[kind] = read_vectors(path)
         check_dim(found[kind], getattr(emb, f"{kind}_dim"), f"embeddings.{kind}_dim")

@@ -26,6 +26,24 @@ def config_sha256(config) -> str:
     return hashlib.sha256(yaml.safe_dump(resolved, sort_keys=False, allow_unicode=True).encode("utf-8")).hexdigest()
 
 
+def pretrained_inputs(config) -> dict:
+    """The vector files and language model a run used, each with its sha256 (an LM's: its weights
+    file's), so that a record says exactly what went in."""
+    from nerkit.corpus import sha256_file
+
+    emb, found = config.embeddings, {}
+    for kind in ("char", "bichar", "word"):
+        path = getattr(emb, f"{kind}_vectors")
+        if path:
+            found[f"{kind}_vectors"] = {"path": path, "sha256": sha256_file(path)}
+    if emb.lm.path:
+        weights = [p for p in (Path(emb.lm.path) / "model.safetensors", Path(emb.lm.path) / "pytorch_model.bin")
+                   if p.is_file()]
+        found["lm"] = {"path": emb.lm.path, "finetune": emb.lm.finetune, "layers": emb.lm.layers, "bf16": emb.lm.bf16,
+                       "sha256": sha256_file(weights[0]) if weights else None}
+    return found
+
+
 def measure(config_path: str, overrides: list[str], out: str, predict_batch_size: int, resume: bool = False) -> dict:
     """Train one run through `train()` (from its checkpoint in `out` with `resume`), then load the
     saved model, score dev and test once through the one evaluation path, whose prediction time is
@@ -63,7 +81,8 @@ def measure(config_path: str, overrides: list[str], out: str, predict_batch_size
         "predict_on": "dev" if splits.test is None else "test", "predict_batch_size": predict_batch_size,
         "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,  # KiB on Linux
         "peak_cuda_mib": torch.cuda.max_memory_allocated() / 2**20 if on_gpu else None,
-        "pretrained": bool(emb.char_vectors or emb.bichar_vectors or emb.word_vectors),
+        "pretrained": bool(emb.char_vectors or emb.bichar_vectors or emb.word_vectors or emb.lm.path),
+        "pretrained_inputs": pretrained_inputs(config),
         "device": str(pipe.device), "gpu": torch.cuda.get_device_name() if on_gpu else None,
         "torch_version": torch.__version__, "torch_threads": torch.get_num_threads(),
     }
