@@ -153,10 +153,6 @@ class Lexicon:
             self._fingerprint = digest.hexdigest()
         return self._fingerprint
 
-    def __getstate__(self) -> dict:
-        # DataLoader workers get the words and rebuild a matcher lazily rather than copy one.
-        return {**self.__dict__, "_automaton": None, "_trie": None}
-
     # ---- matching -----------------------------------------------------------------------------
 
     def match(self, text: str, *, backend: Backend = "auto") -> list[tuple[int, int, str]]:

@@ -506,3 +506,20 @@ def test_predict_batch_size_must_be_positive(tiny_model_dir, texts_file, monkeyp
                                    "--batch-size", size)
     assert code == 2, stderr
     assert "--batch-size" in stderr and "Traceback" not in stderr and stdout == ""
+
+
+def test_version_and_how_much_the_commands_say(tmp_path, monkeypatch, capfd, tiny_config):
+    """`--version`; diagnostics (here training's progress lines) go to stderr through logging,
+    silenced by --quiet, while the result stays on stdout."""
+    from nerkit import __version__
+    from nerkit.config import config_to_yaml
+
+    code, stdout, _ = run_cli(monkeypatch, capfd, "--version")
+    assert code == 0 and stdout.strip() == f"nerkit {__version__}"
+    config = tmp_path / "tiny.yaml"
+    config.write_text(config_to_yaml(tiny_config("train.epochs=1")), encoding="utf-8")
+    code, stdout, stderr = run_cli(monkeypatch, capfd, "train", "--config", str(config), "--out", str(tmp_path / "a"))
+    assert code == 0 and "epoch 1/1" in stderr and json.loads(stdout)["epochs"] == 1
+    code, stdout, stderr = run_cli(monkeypatch, capfd, "--quiet", "train", "--config", str(config),
+                                   "--out", str(tmp_path / "b"))
+    assert code == 0 and stderr == "" and json.loads(stdout)["epochs"] == 1

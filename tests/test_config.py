@@ -354,3 +354,18 @@ def test_same_run_ignores_only_what_a_resume_may_change(write_config):
     assert not same_run(base, load_config(path, ["train.lr=0.2"]))
     assert not same_run(base, load_config(path, ["encoder.name=tener"]))
     assert not same_run(base, load_config(path, ["data.max_len=100"]))
+
+
+def test_loading_a_config_imports_no_torch():
+    """The config validates everything when it loads, without the heavy libraries: a typo in a config
+    is reported in a fraction of a second."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from nerkit.config import load_config; "
+            "[load_config(p) for p in sys.argv[1:]]; "
+            "heavy = [m for m in ('torch', 'transformers', 'gensim', 'numpy') if m in sys.modules]; "
+            "print(heavy); sys.exit(1 if heavy else 0)")
+    configs = sorted(str(p) for p in (REPO / "configs").glob("*.yaml"))
+    result = subprocess.run([sys.executable, "-c", code, *configs], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import pickle
 import subprocess
 import sys
 import textwrap
@@ -231,14 +230,6 @@ def test_without_pyahocorasick_auto_falls_back_to_the_trie(monkeypatch):
         lexicon.match("中国人", backend="ahocorasick")
     with pytest.raises(UserError, match="unknown lexicon matcher"):
         lexicon.match("中国人", backend="regex")
-
-
-def test_pickled_lexicon_matches_the_same():
-    lexicon = Lexicon({"中国": 3, "国人": 1})
-    lexicon.match("中国人")  # builds a matcher, which is not pickled
-    copy = pickle.loads(pickle.dumps(lexicon))
-    assert copy.match("中国人") == lexicon.match("中国人")
-    assert copy.freq("中国") == 3
 
 
 # ---- lattices -------------------------------------------------------------------------------------
