@@ -28,7 +28,6 @@ from nerkit.files import atomic_write_bytes
 KINDS = ("char", "bichar", "word")  # what `train_vectors` trains, each written as KIND.vec
 _TEXT_FIX = "give a word2vec text file: an optional `count dim` header line, then `word v1 ... vD` lines"
 _CHUNK = 65536  # text lines parsed by one numpy call
-_NUMBER_BYTES = frozenset(b"0123456789+-.eEnaifNAIF \t\r\n")
 _WHITESPACE = re.compile(r"\s")
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
 
@@ -123,13 +122,15 @@ def _parse_header(first: bytes, sample: bytes) -> tuple[int, int] | None:
 
 
 def _looks_binary(sample: bytes) -> bool:
-    """After a header, binary records are `word` + space + raw floats; text has written numbers."""
+    """After a header, binary records are `word` + space + raw floats; text has written numbers. Raw
+    float bytes are almost never all printable ASCII, while a text line with a typo (`0.1x`) still is:
+    it is read as text, so that its error names its line and value."""
     first_line = sample.lstrip(b"\n").split(b"\n", 1)[0]
     word_end = first_line.find(b" ")
     if word_end < 0:
         return False
     values = first_line[word_end + 1:][:64]  # raw floats end here early if one of their bytes is "\n"
-    return not values or any(byte not in _NUMBER_BYTES for byte in values)
+    return not values or any((byte < 0x20 and byte not in b"\t\r") or byte >= 0x7F for byte in values)
 
 
 def _read_text(path: Path, header: tuple[int, int] | None) -> Vectors:

@@ -42,10 +42,12 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         for policy in ("ACTIVE", "PASSIVE"):
+            print(f"load average before {policy} alone: {os.getloadavg()[0]:.2f}", flush=True)
             proc = start(args.config, tmp / "alone", policy, args.steps, args.limit, args.threads)
             if proc.wait():
                 sys.exit(f"the run alone failed under {policy}")
             results[f"{policy} alone"] = steady(tmp / "alone")
+            print(f"load average before {policy} shared: {os.getloadavg()[0]:.2f}", flush=True)
             pair = [start(args.config, tmp / f"shared{i}", policy, args.steps, args.limit, args.threads) for i in (1, 2)]
             if any(p.wait() for p in pair):
                 sys.exit(f"a shared run failed under {policy}")

@@ -182,3 +182,29 @@ def test_a_frozen_lm_runs_once_per_corpus_and_its_cache_equals_running_it(tmp_pa
     attach_lm_cache(config, pipe, splits, [pipe.featurizer.training_example(s) for s in splits.train])
     assert not any(p.requires_grad for p in lm.lm.parameters())
     assert all(p.requires_grad for p in lm.scalar_mix.parameters())  # the mix still learns
+
+
+@pytest.mark.parametrize("override, words", [
+    ("embeddings.char_vectors={tmp}/absent.vec", "vector file not found"),
+    ("embeddings.char_vectors={tmp}/bad.vec", "bad.vec:2: the value 'x' is not a finite number"),
+    ("embeddings.lm.path={tmp}/absent-lm", "language-model directory not found"),
+    ("embeddings.lm.path={tmp}", "config.json not found"),
+])
+def test_a_broken_pretrained_input_is_one_line_and_exit_2(tmp_path, tiny_config, override, words):
+    """Through the command line: a missing or malformed vector file, a directory that is no language
+    model: exit 2, one line naming the file, no traceback, nothing trained."""
+    import subprocess
+    import sys
+
+    from nerkit.config import config_to_yaml
+
+    (tmp_path / "bad.vec").write_text("2 3\n张 0.1 0.2 x\n三 0.1 0.2 0.3\n", encoding="utf-8")
+    config = tmp_path / "tiny.yaml"
+    config.write_text(config_to_yaml(tiny_config()), encoding="utf-8")
+    result = subprocess.run([sys.executable, "-m", "nerkit", "train", "--config", str(config), "--out",
+                             str(tmp_path / "out"), "--set", override.format(tmp=tmp_path), "--set", "embeddings.char_dim=null"],
+                            capture_output=True, text=True)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.startswith("nerkit: error: ") and words in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr and str(tmp_path) in result.stderr
+    assert not (tmp_path / "out" / "model.safetensors").exists()
