@@ -31,7 +31,9 @@ class DataConfig:
     test: str | None = None  # reported once at the end, never used for selection
     dev_split: float = 0.05
     split_seed: int = 13
-    max_len: int = 250  # longer training sentences are split at punctuation, never inside an entity
+    # Longer training sentences are split at punctuation, never inside an entity; prediction reads
+    # longer texts in windows of max_len that overlap by half (pipeline.windows).
+    max_len: int = 250
     normalize: bool = False  # NFKC full-width -> half-width on the model's input only
     repair: bool = False  # fix invalid tag transitions as conlleval reads them
     scheme: str = "auto"  # the scheme the model tags in: auto (the training file's) | bio | bioes | bmes
