@@ -17,6 +17,7 @@ from nerkit.lexicon import Lexicon, SentenceLattice, build_lattice
 
 PAD, UNK = "<pad>", "<unk>"
 END = "</s>"  # bigram end marker: the last character's bigram is c[n-1] + END
+SPACE = " "  # what every whitespace character (tab, U+3000, a line break, ...) is to the model
 
 
 class Vocab:
@@ -54,8 +55,9 @@ def bigrams(chars: list[str]) -> list[str]:
 
 @dataclass
 class Units:
-    """What a sentence is made of, as the model sees it: normalised characters, their bigrams and,
-    for a lattice encoder, the lexicon words matched in the normalised text."""
+    """What a sentence is made of, as the model sees it: normalised characters (every whitespace
+    character the one SPACE), their bigrams and, for a lattice encoder, the lexicon words matched
+    in the normalised text."""
 
     chars: list[str]
     bichars: list[str]
@@ -109,7 +111,7 @@ class Featurizer:
         return built
 
     def units(self, tokens: list[str]) -> Units:
-        chars = [normalize_char(c) for c in tokens] if self.normalize else list(tokens)
+        chars = [SPACE if c.isspace() else normalize_char(c) if self.normalize else c for c in tokens]
         lattice = None
         if self.lexicon is not None:
             lattice = build_lattice("".join(chars), self.lexicon, self.max_words, self.drop)

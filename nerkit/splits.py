@@ -9,7 +9,8 @@ import random
 from dataclasses import dataclass
 
 from nerkit.config import Config
-from nerkit.corpus import Corpus, Sentence, read_corpus, sha256_file, split_sentence
+from nerkit.corpus import Corpus, Sentence, read_corpus, sha256_file, split_sentence, split_tag
+from nerkit.features import SPACE
 from nerkit.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -34,6 +35,28 @@ def seeded_dev_split(sentences: list[Sentence], fraction: float, seed: int) -> t
     train = [s for i, s in enumerate(sentences) if i not in dev_idx]
     dev = [s for i, s in enumerate(sentences) if i in dev_idx]
     return train, dev
+
+
+def insert_spaces(sentences: list[Sentence], rate: float, seed: int) -> list[Sentence]:
+    """Training sentences with a SPACE token (tag O) in each gap between characters, and at either
+    end, that no entity crosses, with probability `rate` per gap (seeded: the same on a resume).
+    Char-per-line corpora hold no spaces, so a model would meet its first at prediction; here it
+    learns that a space is outside every entity and that names stop before one. Entities keep
+    their characters, and dev and test are left as they are."""
+    rnd = random.Random(seed)
+    spaced = []
+    for sent in sentences:
+        tokens, tags = [], []
+        for token, tag in zip(sent.tokens + [None], sent.tags + [None]):
+            outside = tag is None or split_tag(tag)[0] not in ("I", "M", "E")  # no entity crosses the gap
+            if outside and rnd.random() < rate:
+                tokens.append(SPACE)
+                tags.append("O")
+            if token is not None:
+                tokens.append(token)
+                tags.append(tag)
+        spaced.append(Sentence(tokens, tags, sent.line))
+    return spaced
 
 
 def read_gold(path: str, repair: bool) -> Corpus:
@@ -61,6 +84,11 @@ def read_splits(config: Config) -> Splits:
         train, dev = seeded_dev_split(train, dc.dev_split, dc.split_seed)
         log.info(f"dev: {len(dev)} sentences carved from {dc.train} (seed {dc.split_seed}, {dc.dev_split:.0%})")
     test = read_gold(dc.test, dc.repair).sentences if dc.test else None
+    if dc.insert_spaces:
+        before = sum(len(s) for s in train)
+        train = insert_spaces(train, dc.insert_spaces, dc.split_seed)
+        log.info(f"train: {sum(len(s) for s in train) - before:,} space tokens inserted "
+                 f"(data.insert_spaces = {dc.insert_spaces})")
     pieces = [p for s in train for p in split_sentence(s, dc.max_len)]
     if len(pieces) != len(train):
         log.info(f"train: {len(train)} sentences split into {len(pieces)} pieces of at most {dc.max_len} characters")

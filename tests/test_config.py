@@ -119,6 +119,7 @@ def test_negative_value_is_an_error(section, key, value):
 @pytest.mark.parametrize("raw, words", [
     ({"train": {"optimizer": "adamm"}}, "not one of sgd, adam, adamw"),
     ({"data": {"dev_split": 1.0}}, "data.dev_split"),
+    ({"data": {"insert_spaces": 1.5}}, "data.insert_spaces = 1.5 must be in [0, 1]"),
     ({"train": {"batch_size": 0}}, "train.batch_size"),
     ({"train": "fast"}, "must be a mapping"),
 ])
@@ -319,6 +320,7 @@ def _field_values(cls, section: str):
         values[f.name] = st.sampled_from(choices) if choices else by_type[f.type]
     if cls is DataConfig:
         values["dev_split"] = st.floats(0, 0.99)
+        values["insert_spaces"] = st.floats(0, 1)
     if cls is TrainConfig:
         values["batch_size"] = st.integers(1, 512)
         values["eval_batch_size"] = st.integers(1, 512)

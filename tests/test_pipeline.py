@@ -370,6 +370,7 @@ def check_entities(text: str, entities: list[dict], types) -> None:
     for e in entities:
         assert 0 <= e["start"] < e["end"] <= len(text)
         assert text[e["start"]:e["end"]] == e["text"]
+        assert not e["text"][0].isspace() and not e["text"][-1].isspace(), e  # so never whitespace alone
         assert e["start"] >= end  # sorted, no overlaps
         assert e["type"] in types
         end = e["end"]
@@ -393,6 +394,44 @@ def test_the_offset_checks_see_entities(eager_pipeline):
     entities = eager_pipeline.predict([text])[0]
     assert len(entities) >= 10
     check_entities(text, entities, {t[2:] for t in eager_pipeline.tags if t != "O"})
+
+
+SPACES = [" ", "  ", "\t", "\u3000", "\xa0", "\n", "\u2028", "\u2003"]
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.lists(st.one_of(st.sampled_from(list("张三李娜在北京大学读书，。ＡＢ")), st.sampled_from(SPACES)),
+                         max_size=50).map("".join), min_size=1, max_size=4))
+def test_whitespace_never_starts_ends_or_makes_up_an_entity(eager_pipeline, texts):
+    """The decoding rule: whatever the model tags, an entity starts and ends with a character that is
+    not whitespace (so none is whitespace alone), and its offsets still index the text."""
+    results = eager_pipeline.predict(texts, batch_size=2)
+    for text, entities in zip(texts, results):
+        check_entities(text, entities, {t[2:] for t in eager_pipeline.tags if t != "O"})
+    assert results == [eager_pipeline.predict([t])[0] for t in texts]
+
+
+def test_the_whitespace_checks_see_entities_beside_spaces(eager_pipeline):
+    """The model these tests use tags spaces as entities: without the rule, its entities would
+    start, end or consist of whitespace (the reported `PER "张三 "` and `ORG " "`)."""
+    text = "张三 在 北京 大学 读书\u3000李娜\t在　上海 "
+    entities = eager_pipeline.predict([text])[0]
+    check_entities(text, entities, {t[2:] for t in eager_pipeline.tags if t != "O"})
+    beside = [e for e in entities if (e["start"] > 0 and text[e["start"] - 1].isspace())
+              or (e["end"] < len(text) and text[e["end"]].isspace())]
+    assert len(beside) >= 3
+    # What the model itself says of the spaces (the whole text as one window), before the rule.
+    ids = eager_pipeline.model.decode(collate([eager_pipeline.featurizer.example(list(text))]))[0]
+    assert sum(eager_pipeline.tags[i] != "O" for c, i in zip(text, ids) if c.isspace()) >= 2
+
+
+def test_without_whitespace_trims_entities_and_drops_blank_ones():
+    from nerkit.pipeline import without_whitespace
+
+    tokens = list(" 张三 \u3000 北京\t")
+    spans = [Span(0, 4, "PER"), Span(4, 6, "ORG"), Span(6, 9, "LOC")]
+    assert without_whitespace(tokens, spans) == [Span(1, 3, "PER"), Span(6, 8, "LOC")]
+    assert without_whitespace(list("北 京"), [Span(0, 3, "LOC")]) == [Span(0, 3, "LOC")]  # inside, a space stays
 
 
 # ------------------------------------------------------------------------------ long texts

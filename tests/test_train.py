@@ -95,6 +95,30 @@ def test_dev_is_carved_from_train_when_absent_seeded_disjoint_and_reproducible(t
     assert sorted(limited_train + limited_dev) == all_lines[:40] and len(limited_dev) == 10
 
 
+def test_insert_spaces_puts_spaces_outside_entities_in_train_only(tiny_config):
+    """data.insert_spaces: space tokens tagged O in gaps that no entity crosses, seeded, in the
+    training sentences only; the entities keep their text, and the vocabulary learns the space."""
+    from nerkit.corpus import scheme_tags
+    from nerkit.features import SPACE, Featurizer
+
+    plain = read_splits(tiny_config())
+    spaced = read_splits(tiny_config("data.insert_spaces=0.3"))
+    assert spaced.dev == plain.dev
+    assert len(spaced.train) == len(plain.train)
+    inserted = 0
+    for before, after in zip(plain.train, spaced.train):
+        kept = [(t, g) for t, g in zip(after.tokens, after.tags) if t != SPACE or g != "O"]
+        assert kept == list(zip(before.tokens, before.tags))  # only spaces were added, tagged O
+        assert [after.text[s.start:s.end] for s in after.spans()] == [before.text[s.start:s.end] for s in before.spans()]
+        inserted += len(after) - len(before)
+    total = sum(len(s) + 1 for s in plain.train)
+    assert 0.15 * total < inserted < 0.3 * total  # every gap outside an entity, with probability 0.3
+    assert [s.tokens for s in read_splits(tiny_config("data.insert_spaces=0.3")).train] == [s.tokens for s in spaced.train]
+    tags = scheme_tags(plain.types, plain.scheme)
+    assert SPACE in Featurizer.build(tiny_config(), spaced.train, tags).chars
+    assert SPACE not in Featurizer.build(tiny_config(), plain.train, tags).chars
+
+
 def test_training_without_a_dev_file_uses_the_carved_split(tmp_path, tiny_config):
     metrics = train(tiny_config("data.dev=null", "data.dev_split=0.25", "train.epochs=1"), out=tmp_path / "m")
     assert metrics["dev"]["counts"]["gold"] == sum(len(s.spans()) for s in read_splits(
