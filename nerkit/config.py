@@ -34,7 +34,10 @@ class DataConfig:
     # Longer training sentences are split at punctuation, never inside an entity; prediction reads
     # longer texts in windows of max_len that overlap by half (pipeline.windows).
     max_len: int = 250
-    normalize: bool = False  # NFKC full-width -> half-width on the model's input only
+    # NFKC, one character for one (full-width ＡＢ１２ -> AB12), on the model's input only: offsets
+    # and the entities' text stay the original's. A model directory's config.yaml says what its model
+    # was trained with (the benchmark configs and runs from before this default say false).
+    normalize: bool = True
     repair: bool = False  # fix invalid tag transitions as conlleval reads them
     # The chance of a space token (tag O) in each gap between training characters that no entity
     # crosses, so that a model trained on text without spaces learns them (splits.insert_spaces).

@@ -172,6 +172,10 @@ class Pipeline:
             raw = yaml.safe_load((directory / "config.yaml").read_text(encoding="utf-8"))
         except (yaml.YAMLError, UnicodeDecodeError):
             raise ModelDirError("config.yaml is not valid YAML", where=str(directory / "config.yaml")) from None
+        if isinstance(raw, dict) and isinstance(raw.get("data") or {}, dict):
+            # nerkit always writes data.normalize; a hand-edited file without it is read as the
+            # models trained before it became true by default were.
+            raw["data"] = {"normalize": False, **(raw.get("data") or {})}
         config = build_config(raw, str(directory / "config.yaml"))
         vocab = _read_json(directory / "vocab.json")
         lexicon = None

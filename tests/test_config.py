@@ -85,6 +85,17 @@ def test_the_demo_config_loads():
     assert cfg.encoder.options.hidden_size == 128
 
 
+def test_new_configs_normalise_and_the_benchmark_configs_read_the_corpus_as_it_is():
+    """data.normalize is true unless a config says otherwise; the benchmark configs say false, as
+    their recorded runs (and the runs a `nerkit bench --resume` continues) were trained."""
+    assert build_config({}).data.normalize is True
+    assert load_config(REPO / "configs" / "demo.yaml").data.normalize is True
+    benchmark = sorted((REPO / "configs").glob("*_*.yaml"))
+    assert len(benchmark) == 8
+    for path in benchmark:
+        assert load_config(path).data.normalize is False, path
+
+
 @pytest.mark.parametrize("text, value", [
     ("true", True), ("'yes'", True), ("'on'", True), ("'1'", True), ("1", True),
     ("false", False), ("'No'", False), ("'off'", False), ("0", False),

@@ -147,7 +147,7 @@ def test_a_word_matched_only_after_normalisation_has_its_own_id(tmp_path, tiny_c
 
 
 def test_without_normalisation_the_raw_text_is_matched(tmp_path, tiny_config):
-    featurizer, sentence = featurizer_for(tmp_path, tiny_config)
+    featurizer, sentence = featurizer_for(tmp_path, tiny_config, "data.normalize=false")
     assert featurizer.example(sentence.tokens).word_ids == [] and len(featurizer.words) == 2
     assert "Ａ" in featurizer.chars
 

@@ -194,6 +194,30 @@ def test_train_save_load_gives_identical_tensors_and_predictions(tmp_path, tiny_
     assert (tmp_path / "again" / "model.safetensors").read_bytes() == (tmp_path / "model" / "model.safetensors").read_bytes()
 
 
+def test_full_width_input_reads_as_half_width_and_saved_models_keep_their_setting(tmp_path, tiny_config,
+                                                                                 tiny_model_dir):
+    """data.normalize is the default: "ＡＢ" and "２０２" reach the model as "AB" and "202", while
+    offsets and entity texts stay the input's. A model trained without it, as every model before
+    this default was, keeps reading raw forms: its config.yaml says normalize: false (and one
+    that lacks the key, edited by hand, reads as such models were trained)."""
+    new = Pipeline.load(tiny_model_dir)
+    assert new.config.data.normalize is True
+    assert new.featurizer.units(list("张伟于２０２ＡＢ")).chars == list("张伟于202AB")
+    full, half = new.predict(["李娜在ＡＢ公司，张伟于２０２"])[0], new.predict(["李娜在AB公司，张伟于202"])[0]
+    assert [(e["start"], e["end"], e["type"]) for e in full] == [(e["start"], e["end"], e["type"]) for e in half]
+    assert all(e["text"] == "李娜在ＡＢ公司，张伟于２０２"[e["start"]:e["end"]] for e in full)
+
+    old = build_pipeline(tiny_config("data.normalize=false"))
+    old.save(tmp_path / "old")
+    assert "normalize: false" in (tmp_path / "old" / "config.yaml").read_text(encoding="utf-8")
+    loaded = Pipeline.load(tmp_path / "old")
+    assert loaded.config.data.normalize is False
+    assert loaded.featurizer.units(list("ＡＢ")).chars == ["Ａ", "Ｂ"]
+    config_file = tmp_path / "old" / "config.yaml"
+    config_file.write_text(config_file.read_text(encoding="utf-8").replace("  normalize: false\n", ""), encoding="utf-8")
+    assert Pipeline.load(tmp_path / "old").config.data.normalize is False
+
+
 def test_trained_model_directory_reproduces_its_recorded_dev_score(tiny_model_dir):
     # The figure training wrote (best epoch, in memory) equals what the saved model scores after loading.
     recorded = json.loads((tiny_model_dir / "metrics.json").read_text())["dev"]
