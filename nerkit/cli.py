@@ -113,10 +113,12 @@ def evaluate(
     """Entity-level precision, recall and F1 of a model on a gold corpus."""
     from nerkit.device import set_threads
     from nerkit.evaluate import format_errors, format_table
-    from nerkit.files import atomic_write_text
+    from nerkit.files import atomic_write_text, check_output
     from nerkit.pipeline import Pipeline
     from nerkit.predict import eval_output
 
+    if output:
+        check_output(output, data)  # before the evaluation: a wrong path costs no wait
     set_threads(threads)
     pipe = Pipeline.load(model, device=device)
     result = pipe.evaluation(data, batch_size, repair=repair, with_errors=show_errors)

@@ -92,6 +92,42 @@ def test_train_then_eval_from_the_command_line(tmp_path, monkeypatch, capfd):
     assert code == 0 and stdout.splitlines()[-1].split()[0] == "overall"
 
 
+def test_eval_checks_its_output_before_the_evaluation(tiny_model_dir, tmp_path, monkeypatch, capfd):
+    """`nerkit eval --output`: a directory, a path in a missing directory, a directory it cannot
+    write or the gold file itself is refused at once (exit 2, one line), before the model loads:
+    it used to be a traceback after the whole evaluation, its result lost."""
+    from nerkit.pipeline import Pipeline
+
+    gold = tmp_path / "gold.bio"
+    gold.write_bytes((FIXTURES / "tiny_dev.bio").read_bytes())
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o500)
+    if os.geteuid() == 0:  # root may write there all the same: the permission check is told so
+        access = os.access
+        monkeypatch.setattr(os, "access", lambda path, mode: access(path, mode) and Path(path) != locked)
+    (tmp_path / "a_dir").mkdir()
+    (tmp_path / "link.bio").symlink_to(gold)
+
+    def load(*args, **kwargs):
+        raise AssertionError("the model was loaded before the output was checked")
+
+    monkeypatch.setattr(Pipeline, "load", load)
+    cases = [(tmp_path / "a_dir", "is a directory"), (tmp_path / "missing" / "out.txt", "does not exist"),
+             (locked / "out.txt", "is not writable"), (gold, "is the input file"),
+             (tmp_path / "link.bio", "is the input file")]
+    try:
+        for output, words in cases:
+            code, stdout, stderr = run_cli(monkeypatch, capfd, "eval", "--model", str(tiny_model_dir), "--data",
+                                           str(gold), "--output", str(output))
+            assert code == 2 and stderr.startswith(f"nerkit: error: {output}: ") and words in stderr, stderr
+            assert "Traceback" not in stderr and stdout == ""
+    finally:
+        locked.chmod(0o700)
+    assert gold.read_bytes() == (FIXTURES / "tiny_dev.bio").read_bytes()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a_dir", "gold.bio", "link.bio", "locked"]
+    assert list(locked.iterdir()) == []
+
+
 def test_train_refuses_a_non_empty_output_directory(tmp_path, monkeypatch, capfd, tiny_model_dir):
     code, _, stderr = run_cli(monkeypatch, capfd, "train", "--config", str(tiny_model_dir / "config.yaml"),
                               "--out", str(tiny_model_dir))
