@@ -208,7 +208,8 @@ def data_validate(
     fix invalid transitions and write the result."""
     from nerkit.corpus import read_corpus, scheme_label, write_corpus
 
-    corpus = read_corpus(file, repair=repair is not None, max_errors=20)
+    corpus = read_corpus(file, repair=repair is not None, max_errors=20,
+                         repair_option="pass --repair OUT for a repaired copy")
     if repair is not None:
         write_corpus(repair, corpus.sentences, "jsonl" if repair.suffix in (".jsonl", ".json") else corpus.scheme, file)
         typer.echo(f"{file}: repaired {corpus.repaired} tags ({corpus.invalid_transitions} invalid transitions); "

@@ -108,7 +108,8 @@ class Pipeline:
         if isinstance(data, list):
             sentences, scheme = data, self.scheme
         else:
-            corpus = read_gold(data, self.config.data.repair if repair is None else repair)
+            corpus = read_gold(data, self.config.data.repair if repair is None else repair,
+                               "pass --repair (repair=True in Python)")
             sentences, scheme = corpus.sentences, corpus.scheme
         started = time.perf_counter()
         predicted = self.predict_tokens([s.tokens for s in sentences], batch_size)  # Python lists: GPU work done

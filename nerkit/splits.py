@@ -9,7 +9,7 @@ import random
 from dataclasses import dataclass
 
 from nerkit.config import Config
-from nerkit.corpus import Corpus, Sentence, read_corpus, sha256_file, split_sentence, split_tag
+from nerkit.corpus import REPAIR_OPTION, Corpus, Sentence, read_corpus, sha256_file, split_sentence, split_tag
 from nerkit.features import SPACE
 from nerkit.errors import UserError
 
@@ -59,9 +59,12 @@ def insert_spaces(sentences: list[Sentence], rate: float, seed: int) -> list[Sen
     return spaced
 
 
-def read_gold(path: str, repair: bool) -> Corpus:
-    """A corpus file; the tags `repair` fixed are logged, never silent."""
-    corpus = read_corpus(path, repair=repair)
+TRAIN_REPAIR_OPTION = "set data.repair: true (--set data.repair=true)"  # how a training run asks for repair
+
+
+def read_gold(path: str, repair: bool, repair_option: str = REPAIR_OPTION) -> Corpus:
+    """A corpus file; the tags `repair` fixed are logged, never silent. `repair_option`: as read_corpus's."""
+    corpus = read_corpus(path, repair=repair, repair_option=repair_option)
     if corpus.repaired:
         log.info(f"{path}: repaired {corpus.repaired} tags in {corpus.invalid_transitions} invalid transitions")
     return corpus
@@ -71,19 +74,19 @@ def read_splits(config: Config) -> Splits:
     dc = config.data
     if not dc.train:
         raise UserError("data.train is not set", fix="name the training file in the config's data section")
-    train_corpus = read_gold(dc.train, dc.repair)
+    train_corpus = read_gold(dc.train, dc.repair, TRAIN_REPAIR_OPTION)
     train = [s for s in train_corpus.sentences if len(s)]  # an empty JSON-lines text has nothing to learn
     if dc.limit:
         train = train[: dc.limit]
     if dc.dev:
-        dev = read_gold(dc.dev, dc.repair).sentences
+        dev = read_gold(dc.dev, dc.repair, TRAIN_REPAIR_OPTION).sentences
     else:
         if dc.dev_split <= 0:
             raise UserError("no dev data: data.dev is not set and data.dev_split is 0",
                             fix="set data.dev, or data.dev_split (e.g. 0.05) to carve a dev set from train")
         train, dev = seeded_dev_split(train, dc.dev_split, dc.split_seed)
         log.info(f"dev: {len(dev)} sentences carved from {dc.train} (seed {dc.split_seed}, {dc.dev_split:.0%})")
-    test = read_gold(dc.test, dc.repair).sentences if dc.test else None
+    test = read_gold(dc.test, dc.repair, TRAIN_REPAIR_OPTION).sentences if dc.test else None
     if dc.insert_spaces:
         before = sum(len(s) for s in train)
         train = insert_spaces(train, dc.insert_spaces, dc.split_seed)

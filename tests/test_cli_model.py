@@ -406,6 +406,67 @@ def test_eval_and_the_api_read_a_gold_file_as_the_model_read_its_training_data(t
     assert code == 2 and "invalid" in stderr.lower() and "Traceback" not in stderr
 
 
+# ------------------------------------------------------------------------------------------- hints
+
+
+def command_options() -> set[str]:
+    """Every long option of every nerkit command (and of `nerkit vectors`)."""
+    import typer.main
+
+    from nerkit.cli import app
+    from nerkit.cli_vectors import vectors_app
+
+    def collect(command, found: set[str]) -> set[str]:
+        for param in command.params:
+            found.update(o for o in param.opts + param.secondary_opts if o.startswith("--"))
+        for sub in getattr(command, "commands", {}).values():
+            collect(sub, found)
+        return found
+
+    return collect(typer.main.get_command(app), set()) | collect(typer.main.get_command(vectors_app), set())
+
+
+# Options that nerkit's texts name but that belong to nerkit's entry point or to other programs.
+NOT_NERKIT_OPTIONS = {"--debug", "--help", "--force-reinstall", "--porcelain", "--untracked-files"}  # main; pip; git
+
+
+def test_every_option_a_message_names_exists():
+    """Every `--option` in nerkit's strings (messages, fixes, help) is an option of some command."""
+    import ast
+
+    named = {}
+    for path in (REPO / "nerkit").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                for option in re.findall(r"(?<![\w-])--[a-z][a-z-]*", node.value):
+                    named.setdefault(option, path.name)
+    unknown = {o: where for o, where in named.items() if o not in command_options() | NOT_NERKIT_OPTIONS}
+    assert not unknown
+    assert "--repair" in named and "--set" in named
+
+
+def test_an_invalid_transition_names_how_each_command_repairs(tmp_path, tiny_model_dir, monkeypatch, capfd):
+    """The fix of an invalid tag transition names an option of the command that read the file:
+    `nerkit train` has no --repair (the config's data.repair, or --set data.repair=true), eval and
+    convert have --repair, and validate writes a repaired copy with --repair OUT."""
+    invalid = str(FIXTURES / "invalid_transitions.bio")
+    config = tmp_path / "c.yaml"
+    config.write_text(yaml.safe_dump({"data": {"train": invalid, "dev": invalid}}), encoding="utf-8")
+    runs = {
+        "train": (["train", "--config", str(config), "--out", str(tmp_path / "m")],
+                  "set data.repair: true (--set data.repair=true)"),
+        "eval": (["eval", "--model", str(tiny_model_dir), "--data", invalid], "pass --repair (repair=True in Python)"),
+        "validate": (["data", "validate", invalid], "pass --repair OUT for a repaired copy"),
+        "convert": (["data", "convert", invalid, str(tmp_path / "o.bio"), "--to", "bio"], "pass --repair"),
+    }
+    for command, (args, hint) in runs.items():
+        code, _, stderr = run_cli(monkeypatch, capfd, *args)
+        lines = [line for line in stderr.splitlines() if "invalid transition" in line]
+        assert code == 2 and lines, (command, stderr)
+        assert all(f"read it as conlleval does: {hint}" in line for line in lines), (command, stderr)
+    assert "--repair" not in run_cli(monkeypatch, capfd, *runs["train"][0])[2].replace("data.repair", "")
+
+
 # ------------------------------------------------------------- predict: inputs, outputs and pipes
 
 
