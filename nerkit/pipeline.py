@@ -6,6 +6,7 @@ load, safetensors + JSON/YAML only, never pickle). Building one from training da
 from __future__ import annotations
 
 import json
+import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,12 +20,14 @@ from nerkit import __version__
 from nerkit.config import Config, build_config, config_to_yaml
 from nerkit.corpus import Sentence, Span, invalid_transition, split_tag, tags_to_spans
 from nerkit.device import resolve_device
-from nerkit.errors import ModelDirError
+from nerkit.errors import ModelDirError, UserError
 from nerkit.evaluate import errors, score
 from nerkit.features import Featurizer, bucketed_batches, collate
 from nerkit.files import atomic_directory, atomic_write_bytes, atomic_write_text
 from nerkit.model import Tagger
 from nerkit.splits import read_gold
+
+log = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1
 MODEL_FILES = ("nerkit.json", "config.yaml", "vocab.json", "model.safetensors")
@@ -60,6 +63,11 @@ class Pipeline:
     @property
     def scheme(self) -> str:
         return self.featurizer.scheme
+
+    @property
+    def types(self) -> list[str]:
+        """The entity types the model predicts."""
+        return sorted({split_tag(t)[1] for t in self.tags if t != "O"})
 
     # ------------------------------------------------------------------------------ prediction
 
@@ -111,6 +119,7 @@ class Pipeline:
             corpus = read_gold(data, self.config.data.repair if repair is None else repair,
                                "pass --repair (repair=True in Python)")
             sentences, scheme = corpus.sentences, corpus.scheme
+            self.check_types(corpus.types, str(data))
         started = time.perf_counter()
         predicted = self.predict_tokens([s.tokens for s in sentences], batch_size)  # Python lists: GPU work done
         seconds = time.perf_counter() - started
@@ -119,6 +128,25 @@ class Pipeline:
         if with_errors:
             metrics["errors"] = errors(gold, predicted)
         return Evaluation(sentences, predicted, metrics, seconds, scheme)
+
+    def check_types(self, gold_types: list[str], where: str) -> None:
+        """A gold file scored against a model of other entity types gives a table of zeros: an
+        error when no type is shared, a warning naming the types that only one side has."""
+        gold, model = set(gold_types), set(self.types)
+        listed = f"the file's types: {', '.join(sorted(gold)) or 'none'}; the model's: {', '.join(sorted(model))}"
+        if gold and not gold & model:
+            raise UserError(f"the gold file shares no entity type with the model ({listed})", where=where,
+                            fix="evaluate on a corpus labelled with the model's types "
+                                "(renamed, if the file spells them otherwise)")
+        if not gold:
+            log.warning(f"{where}: the gold file has no entities: every prediction counts as spurious")
+        elif gold != model:
+            effects = []
+            if gold - model:
+                effects.append(f"{', '.join(sorted(gold - model))} can only be missed")
+            if model - gold:
+                effects.append(f"predicted {', '.join(sorted(model - gold))} can only be spurious")
+            log.warning(f"{where}: the entity types differ ({listed}): {'; '.join(effects)}")
 
     def evaluate(self, data: str | Path | list[Sentence], batch_size: int = 128, repair: bool | None = None,
                  with_errors: bool = False) -> dict:

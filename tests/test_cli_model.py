@@ -128,6 +128,35 @@ def test_eval_checks_its_output_before_the_evaluation(tiny_model_dir, tmp_path, 
     assert list(locked.iterdir()) == []
 
 
+def test_eval_of_a_corpus_of_other_entity_types_says_so(tiny_model_dir, tmp_path, monkeypatch, capfd):
+    """A model of LOC, ORG and PER on a corpus of GPE and NORP printed a table of zeros and exit 0:
+    now an error naming both type sets (the API raises it too). Types that only one side has are a
+    warning on stderr, and the scores are printed."""
+    import nerkit
+    from nerkit.errors import UserError
+
+    other = tmp_path / "other.bio"
+    other.write_text("在 O\n北 B-GPE\n京 I-GPE\n\n汉 B-NORP\n族 I-NORP\n", encoding="utf-8")
+    code, stdout, stderr = run_cli(monkeypatch, capfd, "eval", "--model", str(tiny_model_dir), "--data", str(other))
+    assert code == 2 and stdout == "" and "Traceback" not in stderr, stderr
+    assert stderr == (f"nerkit: error: {other}: the gold file shares no entity type with the model (the file's types: "
+                      f"GPE, NORP; the model's: LOC, ORG, PER); evaluate on a corpus labelled with the model's types "
+                      f"(renamed, if the file spells them otherwise)\n")
+    with pytest.raises(UserError, match="shares no entity type"):
+        nerkit.load(tiny_model_dir).evaluate(other)
+
+    partial = tmp_path / "partial.bio"
+    partial.write_text("张 B-PER\n伟 I-PER\n在 O\n北 B-GPE\n京 I-GPE\n", encoding="utf-8")
+    code, stdout, stderr = run_cli(monkeypatch, capfd, "eval", "--model", str(tiny_model_dir), "--data", str(partial),
+                                   "--json")
+    assert code == 0 and set(json.loads(stdout)) >= {"precision", "recall", "f1"}, stderr
+    assert (f"{partial}: the entity types differ (the file's types: GPE, PER; the model's: LOC, ORG, PER): GPE can "
+            "only be missed; predicted LOC, ORG can only be spurious") in stderr
+    code, _, stderr = run_cli(monkeypatch, capfd, "eval", "--model", str(tiny_model_dir), "--data",
+                              str(FIXTURES / "tiny_dev.bio"))
+    assert code == 0 and "types differ" not in stderr
+
+
 def test_train_refuses_a_non_empty_output_directory(tmp_path, monkeypatch, capfd, tiny_model_dir):
     code, _, stderr = run_cli(monkeypatch, capfd, "train", "--config", str(tiny_model_dir / "config.yaml"),
                               "--out", str(tiny_model_dir))
