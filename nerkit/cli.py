@@ -60,7 +60,8 @@ def train(
     config: Optional[Path] = typer.Option(None, "--config", "-c", help="YAML config file."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Model directory (default: the config's output_dir)."),
     set_: List[str] = typer.Option([], "--set", help="Override a config value: --set train.lr=0.01 (repeatable)."),
-    dry_run: bool = typer.Option(False, "--dry-run", help="Print the fully resolved config and exit."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the fully resolved config, check that its data "
+                                 "files exist and --out is usable, and exit."),
     force: bool = typer.Option(False, "--force", help="Replace a non-empty output directory."),
     resume: Optional[Path] = typer.Option(None, "--resume", help="Continue the interrupted run in this directory."),
 ):
@@ -80,7 +81,10 @@ def train(
     if out is not None:
         cfg.output_dir = str(out)
     if dry_run:
+        from nerkit.train import check_run
+
         typer.echo(config_to_yaml(cfg), nl=False)
+        check_run(cfg, Path(cfg.output_dir), force, resume is not None)
         return
     from nerkit.train import Interrupted, train as run_training
 

@@ -28,6 +28,7 @@ _SEPARATOR = re.compile(r"[ \t]+")  # only ASCII space and tab separate columns:
 # Characters `write_corpus` keeps out of CoNLL tokens: the reader takes a lone space or tab token
 # (`  O`, as `nerkit predict --format conll` writes it), but other tools would read such a line wrong.
 _UNWRITABLE = re.compile(r"[ \t\r\n\x00]")
+SPACE = " "  # what every whitespace character (tab, U+3000, a line break, ...) is to the model
 # Where a long sentence may be cut, best first: after a sentence end, then after a clause break.
 _STRONG_BREAKS = set("。！？!?；;…")
 _WEAK_BREAKS = set("，,、：:）)」』”\"")

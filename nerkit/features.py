@@ -11,13 +11,12 @@ from dataclasses import dataclass
 
 import torch
 
-from nerkit.corpus import Sentence, detect_scheme, normalize_char, spans_to_tags
+from nerkit.corpus import SPACE, Sentence, detect_scheme, normalize_char, spans_to_tags
 from nerkit.errors import ModelDirError
 from nerkit.lexicon import Lexicon, SentenceLattice, build_lattice
 
 PAD, UNK = "<pad>", "<unk>"
 END = "</s>"  # bigram end marker: the last character's bigram is c[n-1] + END
-SPACE = " "  # what every whitespace character (tab, U+3000, a line break, ...) is to the model
 
 
 class Vocab:

@@ -5,12 +5,12 @@ once at the end, never used for selection), with their entity types, tag scheme 
 from __future__ import annotations
 
 import logging
+import os
 import random
 from dataclasses import dataclass
 
 from nerkit.config import Config
-from nerkit.corpus import REPAIR_OPTION, Corpus, Sentence, read_corpus, sha256_file, split_sentence, split_tag
-from nerkit.features import SPACE
+from nerkit.corpus import REPAIR_OPTION, SPACE, Corpus, Sentence, read_corpus, sha256_file, split_sentence, split_tag
 from nerkit.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -70,10 +70,28 @@ def read_gold(path: str, repair: bool, repair_option: str = REPAIR_OPTION) -> Co
     return corpus
 
 
-def read_splits(config: Config) -> Splits:
+def check_data_files(config: Config) -> None:
+    """Raise a UserError now if a corpus the config names (data.train, dev, test) is not a
+    readable file: a run looks before it reads, and a missing test file costs no wait for train."""
     dc = config.data
     if not dc.train:
         raise UserError("data.train is not set", fix="name the training file in the config's data section")
+    for key in ("train", "dev", "test"):
+        path = getattr(dc, key)
+        if not path:
+            continue
+        fix = f"correct data.{key} in the config, or give it with --set data.{key}=PATH"
+        if not os.path.exists(path):
+            raise UserError(f"data.{key}: file not found", where=path, fix=fix)
+        if not os.path.isfile(path):
+            raise UserError(f"data.{key}: not a file", where=path, fix=fix)
+        if not os.access(path, os.R_OK):
+            raise UserError(f"data.{key}: cannot read the file (permission denied)", where=path)
+
+
+def read_splits(config: Config) -> Splits:
+    dc = config.data
+    check_data_files(config)
     train_corpus = read_gold(dc.train, dc.repair, TRAIN_REPAIR_OPTION)
     train = [s for s in train_corpus.sentences if len(s)]  # an empty JSON-lines text has nothing to learn
     if dc.limit:

@@ -32,7 +32,7 @@ from nerkit.errors import UserError
 from nerkit.features import Example, Featurizer, bucketed_batches, collate
 from nerkit.files import CHECKPOINT, WRITE_ERRNOS, atomic_write_text
 from nerkit.pipeline import Pipeline
-from nerkit.splits import Splits, read_splits
+from nerkit.splits import Splits, check_data_files, read_splits
 from nerkit.vectors import coverage, normalize_rows
 
 log = logging.getLogger(__name__)
@@ -161,13 +161,32 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def prepare_output_dir(out: Path, force: bool) -> None:
+def check_output_dir(out: Path, force: bool) -> None:
+    """Raise a UserError if a new run could not write its model directory `out`: a file there, a
+    directory that is not empty (unless `force` replaces it), or a place it cannot create or write."""
     if out.exists() and not out.is_dir():
         raise UserError("the output path is a file", where=str(out), fix="choose a directory for --out")
+    if out.exists() and any(out.iterdir()) and not force:
+        raise UserError("the output directory is not empty", where=str(out),
+                        fix="choose another --out, resume with --resume, or pass --force to replace it")
+    existing = next(p for p in (out, *out.parents) if p.exists())  # where the run creates what is missing
+    if not existing.is_dir():
+        raise UserError(f"{existing} is not a directory", where=str(out), fix="choose another --out")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise UserError(f"cannot write in {existing} (permission denied)", where=str(out), fix="choose another --out")
+
+
+def check_run(config: Config, out: Path, force: bool, resume: bool) -> None:
+    """What a run checks before it reads any data: the corpora exist, and a new run's output
+    directory is usable (`--force` replaces a non-empty one; a resumed run continues in its own)."""
+    check_data_files(config)
+    if not resume:
+        check_output_dir(out, force)
+
+
+def prepare_output_dir(out: Path, force: bool) -> None:
+    check_output_dir(out, force)
     if out.exists() and any(out.iterdir()):
-        if not force:
-            raise UserError("the output directory is not empty", where=str(out),
-                            fix="choose another --out, resume with --resume, or pass --force to replace it")
         shutil.rmtree(out)
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -261,6 +280,7 @@ def set_up(config: Config, out: Path, force: bool, resume: bool, splits: Splits 
     """Everything a run needs before its first step: a fresh output directory, or the state of the
     run in `out` restored from its checkpoint."""
     tc = config.train
+    check_run(config, out, force, resume)  # before the data loads: a wrong path or a used --out costs no wait
     set_threads(tc.threads)
     device = resolve_device(tc.device, "train.device")
     seed_everything(tc.seed)
