@@ -242,3 +242,63 @@ def test_resuming_refuses_changes_that_would_alter_the_model(tmp_path, tiny_conf
     train(tiny_config("train.epochs=1"), out=tmp_path / "run")
     with pytest.raises(UserError, match="encoder.hidden_size cannot change when resuming"):
         nerkit.train.resume_config(tmp_path / "run", ["encoder.hidden_size=32"])
+
+
+# ------------------------------------------------------------------------------ warm-up and limits
+
+
+@pytest.fixture
+def nerkit_log():
+    """The messages of the `nerkit` loggers at INFO and above, whatever the CLI's logging set-up."""
+    import logging
+
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler(logging.INFO)
+    handler.emit = records.append
+    logger = logging.getLogger("nerkit")
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    yield records
+    logger.removeHandler(handler)
+    logger.setLevel(level)
+
+
+def warnings_of(records) -> list[str]:
+    return [r.getMessage() for r in records if r.levelname == "WARNING"]
+
+
+def test_a_warm_up_longer_than_the_run_is_reported_at_set_up(tmp_path, tiny_config, nerkit_log):
+    """8 batches per epoch, 2 epochs: a warm-up of 20 steps keeps the run below train.lr all along,
+    and says so (with the value a tenth of the run would be)."""
+    train(tiny_config("train.epochs=2", "train.warmup_steps=20"), out=tmp_path / "a")
+    found = [m for m in warnings_of(nerkit_log) if "train.warmup_steps = 20" in m]
+    assert len(found) == 1 and "that 2 epochs of" in found[0] and "--set train.warmup_steps=" in found[0], found
+    nerkit_log.clear()
+    train(tiny_config("train.epochs=2", "train.warmup_steps=3"), out=tmp_path / "b")
+    assert not [m for m in warnings_of(nerkit_log) if "warmup" in m]
+    train(tiny_config("train.epochs=50", "train.max_steps=10", "train.warmup_steps=8"), out=tmp_path / "c")
+    assert any("that train.max_steps allows" in m for m in warnings_of(nerkit_log))
+
+
+def test_a_warm_up_longer_than_a_time_budget_allows_is_reported(tmp_path, tiny_config, nerkit_log, monkeypatch):
+    """The defect: 2,760 warm-up steps on an 85-step epoch with a time budget trained silently at a
+    fraction of its rate. The steps a budget allows are known after an epoch, at the pace so far."""
+    clock = iter(range(0, 10**6, 1))  # one second per reading of the clock: a slow machine
+    monkeypatch.setattr(nerkit.train.time, "perf_counter", lambda: float(next(clock)))
+    train(tiny_config("train.epochs=100", "train.warmup_steps=200", "train.time_budget=40"), out=tmp_path / "m")
+    found = [m for m in warnings_of(nerkit_log) if "train.warmup_steps = 200" in m]
+    assert len(found) == 1 and "that train.time_budget = 40 s allows at this pace" in found[0], warnings_of(nerkit_log)
+
+
+@pytest.mark.parametrize("limit, key, value", [("train.max_steps=3", "max_steps", "6"),
+                                               ("train.time_budget=1e-9", "time_budget", "2e-09")])
+def test_a_run_a_limit_stops_prints_the_resume_command(tmp_path, tiny_config, nerkit_log, limit, key, value):
+    """As Ctrl-C does: a run that train.max_steps or train.time_budget stopped says how to go on."""
+    out = tmp_path / "m"
+    train(tiny_config(limit, "train.epochs=5"), out=out)
+    assert any(f"continue with: nerkit train --resume {out} --set train.{key}={value}" in m
+               for m in warnings_of(nerkit_log)), warnings_of(nerkit_log)
+    nerkit_log.clear()
+    train(tiny_config("train.epochs=1"), out=tmp_path / "done")
+    assert not [m for m in warnings_of(nerkit_log) if "--resume" in m]
