@@ -203,7 +203,7 @@ class TrainConfig:
     device: str = "auto"  # auto | cpu | cuda
     threads: int = 0  # torch intra-op threads (0 = torch's default)
     max_steps: int = 0  # stop after N optimiser steps (0 = no limit)
-    time_budget: float = 0.0  # seconds (0 = no limit)
+    time_budget: float = 0.0  # seconds (0 = no limit); written with a unit too: 90s, 20m, 1.5h
     checkpoint_every: int = 0  # steps between resumable checkpoints (0 = at epoch ends only)
 
 
@@ -232,6 +232,9 @@ CHOICES = {
     ("encoder", "fusion"): FUSIONS,
 }
 NESTED = {("embeddings", "lm"): LMConfig}  # sections inside sections
+DURATIONS = {("train", "time_budget")}  # seconds, also given as "90s", "20m", "1.5h"
+_DURATION = re.compile(r"^\s*(?P<number>[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?)\s*(?P<unit>[smh]?)\s*$")
+_SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600}
 # Keys that earlier versions wrote into a model directory's config.yaml and that no longer mean
 # anything: read and dropped, so that those directories still load.
 RETIRED_KEYS = {("train", "eval_every_epochs")}
@@ -313,6 +316,18 @@ def _coerce(value: Any, annotation, where: str) -> Any:
     return value
 
 
+def _duration(value: Any, where: str) -> Any:
+    """A duration in seconds from "90s", "20m", "1.5h" or a plain number; anything else is left to
+    `_coerce` (which names the key when it is not a number)."""
+    if not isinstance(value, str):
+        return value
+    m = _DURATION.match(interpolate(value, where))
+    if not m:
+        raise ConfigError(f"{value!r} is not a duration", where=where,
+                          fix='write seconds, or a number with s, m or h: "90s", "20m", "1.5h"')
+    return float(m["number"]) * _SECONDS[m["unit"]]
+
+
 def _fill(cls, values: dict, section: str, source: str):
     """Build dataclass `cls` from `values`, naming `section.key` and `source` in every error."""
     if values is None:
@@ -330,6 +345,8 @@ def _fill(cls, values: dict, section: str, source: str):
         if nested is not None:  # a section inside a section, e.g. embeddings.lm
             kwargs[key] = _fill(nested, value, f"{section}.{key}", source)
             continue
+        if (section, key) in DURATIONS:
+            value = _duration(value, f"{source}: {section}.{key}")
         kwargs[key] = _coerce(value, known[key].type, f"{source}: {section}.{key}")
         choices = CHOICES.get((section, key))
         if choices and kwargs[key] not in choices:

@@ -474,6 +474,43 @@ def test_every_option_a_message_names_exists():
     assert "--repair" in named and "--set" in named
 
 
+def all_commands():
+    """(words, click command) of every nerkit command and group, and of `nerkit vectors`."""
+    import typer.main
+
+    from nerkit.cli import app
+    from nerkit.cli_vectors import vectors_app
+
+    def walk(command, words):
+        yield words, command
+        for name, sub in getattr(command, "commands", {}).items():
+            yield from walk(sub, words + [name])
+
+    yield from walk(typer.main.get_command(app), [])
+    yield from walk(typer.main.get_command(vectors_app), ["<vectors>"])
+
+
+def test_every_option_has_help_and_flags_show_as_flags():
+    """Every option and argument says what it is for in --help (some had nothing), and a boolean
+    flag is shown as a flag, not as an option taking `<bool>` (typer's own --help keeps it)."""
+    from typer.testing import CliRunner
+
+    from nerkit.cli import app
+    from nerkit.cli_vectors import vectors_app
+
+    seen = 0
+    for words, command in all_commands():
+        for param in command.params:
+            assert (getattr(param, "help", None) or "").strip(), (words, param.name)
+            seen += 1
+        runner_app, args = (vectors_app, words[1:]) if words[:1] == ["<vectors>"] else (app, words)
+        result = CliRunner().invoke(runner_app, [*args, "--help"], env={"COLUMNS": "200"}, prog_name="nerkit")
+        assert result.exit_code == 0, result.output
+        shown = [line for line in result.output.splitlines() if "<bool>" in line]
+        assert all("--help" in line or "completion" in line for line in shown), (words, shown)
+    assert seen > 50
+
+
 def test_an_invalid_transition_names_how_each_command_repairs(tmp_path, tiny_model_dir, monkeypatch, capfd):
     """The fix of an invalid tag transition names an option of the command that read the file:
     `nerkit train` has no --repair (the config's data.repair, or --set data.repair=true), eval and

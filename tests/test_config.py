@@ -138,6 +138,26 @@ def test_invalid_values(raw, words):
     assert words in str(config_error(raw))
 
 
+@pytest.mark.parametrize("value, seconds", [
+    ("90s", 90), ("20m", 1200), ("1.5h", 5400), (".5h", 1800), ("3600", 3600), (600, 600), (7.5, 7.5),
+    ("2e3", 2000), (" 2 m ", 120), ("0", 0),
+])
+def test_a_time_budget_takes_a_unit(value, seconds, write_config):
+    """train.time_budget in seconds, or with s, m or h, in the file and in --set; stored as seconds."""
+    assert build_config({"train": {"time_budget": value}}).train.time_budget == seconds
+    assert build_config({}, overrides=[f"train.time_budget={value}"]).train.time_budget == seconds
+    assert load_config(write_config(f"train:\n  time_budget: {value}\n")).train.time_budget == seconds
+
+
+@pytest.mark.parametrize("value, words", [("20 minutes", "is not a duration"), ("1.5d", "is not a duration"),
+                                          ("h", "is not a duration"), ("-5m", "must not be negative")])
+def test_a_time_budget_that_is_not_a_duration_is_named(value, words):
+    err = config_error({"train": {"time_budget": value}})
+    assert "train.time_budget" in str(err) and words in str(err)
+    if "duration" in words:
+        assert '"20m"' in err.fix
+
+
 def test_choices_accept_their_values():
     encoder_of = {"attention": "tener", "fusion": "flat"}  # the encoder whose options have the key
     for (section, key), choices in CHOICES.items():
