@@ -80,9 +80,9 @@ def check_data_files(config: Config) -> None:
         path = getattr(dc, key)
         if not path:
             continue
-        fix = f"correct data.{key} in the config, or give it with --set data.{key}=PATH"
+        fix = f"check the path (and NERKIT_DATA), or give it with --set data.{key}=PATH"
         if not os.path.exists(path):
-            raise UserError(f"data.{key}: file not found", where=path, fix=fix)
+            raise UserError(f"data.{key}: no such file", where=path, fix=fix)
         if not os.path.isfile(path):
             raise UserError(f"data.{key}: not a file", where=path, fix=fix)
         if not os.access(path, os.R_OK):

@@ -272,7 +272,7 @@ def test_train_dry_run_checks_the_data_files_and_the_output_directory(tmp_path):
     (tmp_path / "used" / "x").write_text("x")
     config = tmp_path / "c.yaml"
     config.write_text(f"data:\n  train: {train_file}\n  dev: {tmp_path / 'dev.bio'}\n", encoding="utf-8")
-    cases = [([], tmp_path / "dev.bio", "data.dev: file not found"),
+    cases = [([], tmp_path / "dev.bio", "data.dev: no such file"),
              (["--set", f"data.dev={tmp_path}"], tmp_path, "data.dev: not a file"),
              (["--set", "data.dev=null", "--out", str(tmp_path / "used")], tmp_path / "used", "the output directory is not empty")]
     for args, where, words in cases:

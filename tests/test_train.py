@@ -160,7 +160,7 @@ def test_the_output_directory_and_the_data_files_are_checked_before_any_data_is_
     with pytest.raises(UserError, match="not empty"):
         train(tiny_config("train.epochs=1"), out=used)
     (tmp_path / "a_dir").mkdir()
-    for key, path, words in [("test", tmp_path / "missing.bio", "data.test: file not found"),
+    for key, path, words in [("test", tmp_path / "missing.bio", "data.test: no such file"),
                              ("dev", tmp_path / "a_dir", "data.dev: not a file")]:
         with pytest.raises(UserError, match=words) as info:
             train(tiny_config(f"data.{key}={path}"), out=tmp_path / "new")
