@@ -33,6 +33,14 @@ app.add_typer(vectors_app, name="vectors")
 Device = Literal[DEVICES]
 Format = Literal["jsonl", "conll", "inline"]  # nerkit.predict.FORMATS (a test keeps them equal)
 Target = Literal["bio", "bioes", "bmes", "jsonl"]
+
+
+def flag(*names: str, help: str, default: bool | None = False, **kwargs):
+    """A boolean option that --help shows as a plain flag (no metavar), not as one taking `<bool>`
+    (typer's own --help keeps its `<bool>`)."""
+    return typer.Option(default, *names, metavar="", help=help, **kwargs)
+
+
 DEVICE = typer.Option("cpu", "--device", help="Where the model runs.")
 THREADS = typer.Option(0, "--threads", min=0, help="torch threads (0 = torch's default, one per core).")
 
@@ -49,9 +57,9 @@ def _version(value: bool) -> None:
 
 @app.callback()
 def options(
-    quiet: bool = typer.Option(False, "--quiet", "-q", help="Only warnings and errors on stderr."),
-    verbose: bool = typer.Option(False, "--verbose", "-v", help="Also debugging messages on stderr."),
-    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version."),
+    quiet: bool = flag("--quiet", "-q", help="Only warnings and errors on stderr."),
+    verbose: bool = flag("--verbose", "-v", help="Also debugging messages on stderr."),
+    version: bool = flag("--version", help="Print the version.", callback=_version, is_eager=True),
 ):
     """nerkit: train, evaluate and apply Chinese named-entity recognisers."""
     configure_logging(logging.WARNING if quiet else logging.DEBUG if verbose else logging.INFO)
@@ -62,8 +70,9 @@ def train(
     config: Optional[Path] = typer.Option(None, "--config", "-c", help="YAML config file."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Model directory (default: the config's output_dir)."),
     set_: List[str] = typer.Option([], "--set", help="Override a config value: --set train.lr=0.01 (repeatable)."),
-    dry_run: bool = typer.Option(False, "--dry-run", help="Print the fully resolved config and exit."),
-    force: bool = typer.Option(False, "--force", help="Replace a non-empty output directory."),
+    dry_run: bool = flag("--dry-run", help="Print the fully resolved config, check that its data files exist "
+                         "and --out is usable, and exit."),
+    force: bool = flag("--force", help="Replace a non-empty output directory."),
     resume: Optional[Path] = typer.Option(None, "--resume", help="Continue the interrupted run in this directory."),
 ):
     """Train a model from a YAML config, or resume an interrupted run."""
@@ -82,7 +91,10 @@ def train(
     if out is not None:
         cfg.output_dir = str(out)
     if dry_run:
+        from nerkit.train import check_run
+
         typer.echo(config_to_yaml(cfg), nl=False)
+        check_run(cfg, Path(cfg.output_dir), force, resume is not None)
         return
     from nerkit.train import Interrupted, train as run_training
 
@@ -103,22 +115,24 @@ def evaluate(
     model: Path = typer.Option(..., "--model", "-m", help="Model directory."),
     data: Path = typer.Option(..., "--data", "-d", help="Gold corpus (CoNLL or .jsonl)."),
     output: Optional[Path] = typer.Option(None, "--output", help="Write `char gold predicted` lines here."),
-    as_json: bool = typer.Option(False, "--json", help="Print the metrics as JSON."),
+    as_json: bool = flag("--json", help="Print the metrics as JSON."),
     batch_size: int = typer.Option(128, "--batch-size", min=1, help="Sentences per batch."),
-    repair: Optional[bool] = typer.Option(None, "--repair/--no-repair", help="Read invalid tag transitions as "
-                                          "conlleval does (default: as the model's training data was read)."),
+    repair: Optional[bool] = flag("--repair/--no-repair", default=None, help="Read invalid tag transitions as "
+                                  "conlleval does (default: as the model's training data was read)."),
     device: Device = DEVICE,
     threads: int = THREADS,
-    show_errors: bool = typer.Option(False, "--errors", help="Also break the errors down by type: wrong type, "
-                                     "wrong boundary, both, missed, spurious."),
+    show_errors: bool = flag("--errors", help="Also break the errors down by type: wrong type, "
+                             "wrong boundary, both, missed, spurious."),
 ):
     """Entity-level precision, recall and F1 of a model on a gold corpus."""
     from nerkit.device import set_threads
     from nerkit.evaluate import format_errors, format_table
-    from nerkit.files import atomic_write_text
+    from nerkit.files import atomic_write_text, check_output
     from nerkit.pipeline import Pipeline
     from nerkit.predict import eval_output
 
+    if output:
+        check_output(output, data)  # before the evaluation: a wrong path costs no wait
     set_threads(threads)
     pipe = Pipeline.load(model, device=device)
     result = pipe.evaluation(data, batch_size, repair=repair, with_errors=show_errors)
@@ -159,12 +173,13 @@ def predict(
 def bench(
     matrix: Path = typer.Option(..., "--matrix", help="Matrix YAML, e.g. configs/bench/full.yaml."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output directory (default bench-out/MATRIX_NAME)."),
-    quick: bool = typer.Option(False, "--quick", help="Apply the matrix's quick: overrides (a small slice, minutes)."),
+    quick: bool = flag("--quick", help="Apply the matrix's quick: overrides (a small slice, minutes)."),
     only: List[str] = typer.Option([], "--only", help="Only the runs with this name or name prefix (repeatable, or a,b)."),
-    resume: bool = typer.Option(False, "--resume", help="Skip runs recorded as ok in OUT/results.jsonl; continue a run from its checkpoint "
-                                "when only train limits, threads or device changed (e.g. a larger train.time_budget)."),
+    resume: bool = flag("--resume", help="Skip runs recorded as ok in OUT/results.jsonl; continue a run from its "
+                        "checkpoint when only train limits, threads or device changed (e.g. a larger "
+                        "train.time_budget)."),
     device: Optional[Device] = typer.Option(None, "--device", help="train.device of every run."),
-    markdown_only: bool = typer.Option(False, "--markdown-only", help="Only rebuild RESULTS.md from results.jsonl."),
+    markdown_only: bool = flag("--markdown-only", help="Only rebuild RESULTS.md from results.jsonl."),
     set_: List[str] = typer.Option([], "--set", help="Override a config value of every run: --set train.time_budget=900."),
     seeds: Optional[str] = typer.Option(None, "--seeds", help="Comma-separated seeds replacing every entry's, e.g. 1,2."),
     jobs: int = typer.Option(1, "--jobs", "-j", min=1, help="Runs trained at once (each its own process)."),
@@ -182,7 +197,7 @@ def bench(
 @data_app.command("stats")
 def data_stats(
     files: List[Path] = typer.Argument(..., help="Corpus files."),
-    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+    as_json: bool = flag("--json", help="Print JSON."),
 ):
     """Sentences, characters, entities per type, lengths, scheme, invalid transitions, sha256.
     A file that cannot be read gets one error line; the others are still reported (exit 2)."""
@@ -208,7 +223,8 @@ def data_validate(
     fix invalid transitions and write the result."""
     from nerkit.corpus import read_corpus, scheme_label, write_corpus
 
-    corpus = read_corpus(file, repair=repair is not None, max_errors=20)
+    corpus = read_corpus(file, repair=repair is not None, max_errors=20,
+                         repair_option="pass --repair OUT for a repaired copy")
     if repair is not None:
         write_corpus(repair, corpus.sentences, "jsonl" if repair.suffix in (".jsonl", ".json") else corpus.scheme, file)
         typer.echo(f"{file}: repaired {corpus.repaired} tags ({corpus.invalid_transitions} invalid transitions); "
@@ -223,7 +239,7 @@ def data_convert(
     source: Path = typer.Argument(..., help="Input corpus (CoNLL or .jsonl)."),
     target: Path = typer.Argument(..., help="Output file."),
     to: Target = typer.Option(..., "--to", help="Target tag scheme or format."),
-    repair: bool = typer.Option(False, "--repair", help="Fix invalid transitions while reading."),
+    repair: bool = flag("--repair", help="Fix invalid transitions while reading."),
 ):
     """Convert between tag schemes and formats."""
     from nerkit.corpus import read_corpus, write_corpus

@@ -10,6 +10,8 @@ from typing import List
 
 import typer
 
+from nerkit.cli import flag
+
 vectors_app = typer.Typer(no_args_is_help=True, help="Train or export static character, bigram and word vectors.")
 
 
@@ -20,14 +22,14 @@ def train(
     out: Path = typer.Option(..., "--out", "-o", help="Directory for char.vec, bichar.vec and word.vec."),
     dim: int = typer.Option(50, "--dim", help="Dimension of the character and bigram vectors."),
     word_dim: int = typer.Option(0, "--word-dim", help="Dimension of the word vectors (0: the same as --dim)."),
-    window: int = typer.Option(5, "--window"),
+    window: int = typer.Option(5, "--window", help="Context characters (or words) on each side."),
     min_count: int = typer.Option(5, "--min-count", help="Tokens seen fewer times get no vector."),
-    epochs: int = typer.Option(5, "--epochs"),
-    seed: int = typer.Option(1, "--seed"),
+    epochs: int = typer.Option(5, "--epochs", help="Passes over the text."),
+    seed: int = typer.Option(1, "--seed", help="Random seed (with --workers 1 the files are the same on every run)."),
     workers: int = typer.Option(1, "--workers", help="gensim threads; only 1 gives identical files on every run."),
-    cbow: bool = typer.Option(False, "--cbow", help="CBOW instead of skip-gram (faster, weaker on rare tokens)."),
+    cbow: bool = flag("--cbow", help="CBOW instead of skip-gram (faster, weaker on rare tokens)."),
     kinds: str = typer.Option("char,bichar,word", "--kinds", help="Which of char, bichar, word to train."),
-    normalize: bool = typer.Option(False, "--normalize", help="NFKC-fold characters, as data.normalize does."),
+    normalize: bool = flag("--normalize", help="NFKC-fold characters, as data.normalize does."),
     exclude: List[Path] = typer.Option([], "--exclude", help="A dev or test corpus whose sentences the "
                                        "training text must not contain (repeatable)."),
 ):

@@ -31,9 +31,18 @@ class DataConfig:
     test: str | None = None  # reported once at the end, never used for selection
     dev_split: float = 0.05
     split_seed: int = 13
-    max_len: int = 250  # longer training sentences are split at punctuation, never inside an entity
-    normalize: bool = False  # NFKC full-width -> half-width on the model's input only
+    # Longer training sentences are split at punctuation, never inside an entity; prediction reads
+    # longer texts in windows of max_len that overlap by half (pipeline.windows).
+    max_len: int = 250
+    # NFKC, one character for one (full-width ＡＢ１２ -> AB12), on the model's input only: offsets
+    # and the entities' text stay the original's. A model directory's config.yaml says what its model
+    # was trained with (the benchmark configs and runs from before this default say false).
+    normalize: bool = True
     repair: bool = False  # fix invalid tag transitions as conlleval reads them
+    # The chance of a space token (tag O) in each gap between training characters that no entity
+    # crosses, so that a model trained on text without spaces learns them (splits.insert_spaces).
+    # 0 leaves the training data as it is (the benchmark configs and earlier runs); the demo uses it.
+    insert_spaces: float = 0.0
     scheme: str = "auto"  # the scheme the model tags in: auto (the training file's) | bio | bioes | bmes
     limit: int = 0  # use only the first N training sentences (0 = all)
 
@@ -194,7 +203,7 @@ class TrainConfig:
     device: str = "auto"  # auto | cpu | cuda
     threads: int = 0  # torch intra-op threads (0 = torch's default)
     max_steps: int = 0  # stop after N optimiser steps (0 = no limit)
-    time_budget: float = 0.0  # seconds (0 = no limit)
+    time_budget: float = 0.0  # seconds (0 = no limit); written with a unit too: 90s, 20m, 1.5h
     checkpoint_every: int = 0  # steps between resumable checkpoints (0 = at epoch ends only)
 
 
@@ -223,6 +232,9 @@ CHOICES = {
     ("encoder", "fusion"): FUSIONS,
 }
 NESTED = {("embeddings", "lm"): LMConfig}  # sections inside sections
+DURATIONS = {("train", "time_budget")}  # seconds, also given as "90s", "20m", "1.5h"
+_DURATION = re.compile(r"^\s*(?P<number>[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?)\s*(?P<unit>[smh]?)\s*$")
+_SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600}
 # Keys that earlier versions wrote into a model directory's config.yaml and that no longer mean
 # anything: read and dropped, so that those directories still load.
 RETIRED_KEYS = {("train", "eval_every_epochs")}
@@ -304,6 +316,18 @@ def _coerce(value: Any, annotation, where: str) -> Any:
     return value
 
 
+def _duration(value: Any, where: str) -> Any:
+    """A duration in seconds from "90s", "20m", "1.5h" or a plain number; anything else is left to
+    `_coerce` (which names the key when it is not a number)."""
+    if not isinstance(value, str):
+        return value
+    m = _DURATION.match(interpolate(value, where))
+    if not m:
+        raise ConfigError(f"{value!r} is not a duration", where=where,
+                          fix='write seconds, or a number with s, m or h: "90s", "20m", "1.5h"')
+    return float(m["number"]) * _SECONDS[m["unit"]]
+
+
 def _fill(cls, values: dict, section: str, source: str):
     """Build dataclass `cls` from `values`, naming `section.key` and `source` in every error."""
     if values is None:
@@ -321,6 +345,8 @@ def _fill(cls, values: dict, section: str, source: str):
         if nested is not None:  # a section inside a section, e.g. embeddings.lm
             kwargs[key] = _fill(nested, value, f"{section}.{key}", source)
             continue
+        if (section, key) in DURATIONS:
+            value = _duration(value, f"{source}: {section}.{key}")
         kwargs[key] = _coerce(value, known[key].type, f"{source}: {section}.{key}")
         choices = CHOICES.get((section, key))
         if choices and kwargs[key] not in choices:
@@ -433,6 +459,9 @@ def build_config(raw: dict, source: str = "<config>", overrides: list[str] = ())
     if emb.char_dim == 0 and not emb.lm.path:
         raise ConfigError("embeddings.char_dim is 0 and there is no language model: the model would see nothing",
                           where=source, fix="set embeddings.char_dim, or embeddings.lm.path")
+    if config.data.insert_spaces > 1:
+        raise ConfigError(f"data.insert_spaces = {config.data.insert_spaces} must be in [0, 1] (a probability)",
+                          where=source, fix="e.g. 0.05")
     if config.train.epochs < 1:
         raise ConfigError("train.epochs must be at least 1", where=source)
     if config.train.batch_size < 1:

@@ -28,6 +28,7 @@ _SEPARATOR = re.compile(r"[ \t]+")  # only ASCII space and tab separate columns:
 # Characters `write_corpus` keeps out of CoNLL tokens: the reader takes a lone space or tab token
 # (`  O`, as `nerkit predict --format conll` writes it), but other tools would read such a line wrong.
 _UNWRITABLE = re.compile(r"[ \t\r\n\x00]")
+SPACE = " "  # what every whitespace character (tab, U+3000, a line break, ...) is to the model
 # Where a long sentence may be cut, best first: after a sentence end, then after a clause break.
 _STRONG_BREAKS = set("。！？!?；;…")
 _WEAK_BREAKS = set("，,、：:）)」』”\"")
@@ -233,15 +234,20 @@ def _read_bytes(path: str | Path) -> tuple[Path, bytes]:
     return path, data
 
 
-def read_corpus(path: str | Path, repair: bool = False, strict: bool = True, max_errors: int = 1) -> Corpus:
+REPAIR_OPTION = "pass --repair"  # how `nerkit eval` and `nerkit data convert` ask for `repair`
+
+
+def read_corpus(path: str | Path, repair: bool = False, strict: bool = True, max_errors: int = 1,
+                repair_option: str = REPAIR_OPTION) -> Corpus:
     """Read a corpus, CoNLL or JSON-lines (by extension .jsonl/.json). With `strict`, an invalid
     tag transition is an error unless `repair` fixes it as conlleval reads it; without `strict`
     they are only counted (for `nerkit data stats`). The first error is raised at once; with
     `max_errors` above 1 reading goes on, and ManyErrors lists that many (the first by line) and
-    counts them all (for `nerkit data validate`); a lone error is raised as itself."""
+    counts them all (for `nerkit data validate`); a lone error is raised as itself.
+    `repair_option`: how the command that reads the file asks for `repair`, for the error's fix."""
     if _is_jsonl(path):
         return read_jsonl(path, max_errors=max_errors)
-    return read_conll(path, repair=repair, strict=strict, max_errors=max_errors)
+    return read_conll(path, repair=repair, strict=strict, max_errors=max_errors, repair_option=repair_option)
 
 
 def _is_jsonl(path: str | Path) -> bool:
@@ -272,7 +278,8 @@ class _Problems:
             raise ManyErrors([error for _, error in self.kept], self.total, where=str(self.path))
 
 
-def read_conll(path: str | Path, repair: bool = False, strict: bool = True, max_errors: int = 1) -> Corpus:
+def read_conll(path: str | Path, repair: bool = False, strict: bool = True, max_errors: int = 1,
+               repair_option: str = REPAIR_OPTION) -> Corpus:
     path, data = _read_bytes(path)
     problems = _Problems(path, max_errors)
     sentences, columns = _conll_sentences(path, _decode(path, data), problems)
@@ -286,7 +293,7 @@ def read_conll(path: str | Path, repair: bool = False, strict: bool = True, max_
     scheme = _file_scheme(path, sentences, problems)
     corpus = Corpus(str(path), sentences, scheme or "bio")
     if scheme:
-        _check_transitions(corpus, repair, strict, problems)
+        _check_transitions(corpus, repair, strict, problems, repair_option)
     problems.raise_any()
     corpus.types = sorted({s.type for sent in sentences for s in sent.spans()})
     return corpus
@@ -371,7 +378,7 @@ def _file_scheme(path: Path, sentences: list[Sentence], problems: _Problems) -> 
         return None
 
 
-def _check_transitions(corpus: Corpus, repair: bool, strict: bool, problems: _Problems) -> None:
+def _check_transitions(corpus: Corpus, repair: bool, strict: bool, problems: _Problems, repair_option: str) -> None:
     for sent in corpus.sentences:
         bad = list(_transition_problems(sent.tags, corpus.scheme))
         if not bad:
@@ -385,8 +392,7 @@ def _check_transitions(corpus: Corpus, repair: bool, strict: bool, problems: _Pr
             for i, why in bad:
                 line = sent.line + min(i, len(sent.tags) - 1)
                 problems.add(CorpusError(f"invalid transition: {why}", where=f"{corpus.path}:{line}",
-                                         fix="fix the tag, or pass --repair (config data.repair: true) to read it "
-                                             "as conlleval does"), line)
+                                         fix=f"fix the tag, or read it as conlleval does: {repair_option}"), line)
 
 
 def _transition_problems(tags: list[str], scheme: str):

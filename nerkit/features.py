@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from nerkit.corpus import Sentence, detect_scheme, normalize_char, spans_to_tags
+from nerkit.corpus import SPACE, Sentence, detect_scheme, normalize_char, spans_to_tags
 from nerkit.errors import ModelDirError
 from nerkit.lexicon import Lexicon, SentenceLattice, build_lattice
 
@@ -54,8 +54,9 @@ def bigrams(chars: list[str]) -> list[str]:
 
 @dataclass
 class Units:
-    """What a sentence is made of, as the model sees it: normalised characters, their bigrams and,
-    for a lattice encoder, the lexicon words matched in the normalised text."""
+    """What a sentence is made of, as the model sees it: normalised characters (every whitespace
+    character the one SPACE), their bigrams and, for a lattice encoder, the lexicon words matched
+    in the normalised text."""
 
     chars: list[str]
     bichars: list[str]
@@ -109,7 +110,7 @@ class Featurizer:
         return built
 
     def units(self, tokens: list[str]) -> Units:
-        chars = [normalize_char(c) for c in tokens] if self.normalize else list(tokens)
+        chars = [SPACE if c.isspace() else normalize_char(c) if self.normalize else c for c in tokens]
         lattice = None
         if self.lexicon is not None:
             lattice = build_lattice("".join(chars), self.lexicon, self.max_words, self.drop)

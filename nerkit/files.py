@@ -97,6 +97,17 @@ def check_writable(path: str | Path) -> None:
                         fix="write somewhere else, or change the directory's permissions")
 
 
+def check_output(output: str | Path, *inputs: str | Path) -> None:
+    """Raise a UserError now if a file could not be written at `output` (`check_writable`) or if
+    `output` is one of the `inputs` the command reads, by any path or link: a command that writes
+    a file looks before its work, and never writes over what it reads."""
+    check_writable(output)
+    for source in inputs:
+        if same_file(source, output):
+            raise UserError("is the input file: the output would replace it", where=str(output),
+                            fix="write to another file")
+
+
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:
     """Write `data` to a temporary file beside `path`, fsync it, then rename it over `path`."""
     with atomic_file(path) as f:

@@ -6,6 +6,7 @@ load, safetensors + JSON/YAML only, never pickle). Building one from training da
 from __future__ import annotations
 
 import json
+import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,14 +18,16 @@ from safetensors.torch import save as safetensors_bytes
 
 from nerkit import __version__
 from nerkit.config import Config, build_config, config_to_yaml
-from nerkit.corpus import Sentence, Span, cut_points, tags_to_spans
+from nerkit.corpus import Sentence, Span, invalid_transition, split_tag, tags_to_spans
 from nerkit.device import resolve_device
-from nerkit.errors import ModelDirError
+from nerkit.errors import ModelDirError, UserError
 from nerkit.evaluate import errors, score
 from nerkit.features import Featurizer, bucketed_batches, collate
 from nerkit.files import atomic_directory, atomic_write_bytes, atomic_write_text
 from nerkit.model import Tagger
 from nerkit.splits import read_gold
+
+log = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1
 MODEL_FILES = ("nerkit.json", "config.yaml", "vocab.json", "model.safetensors")
@@ -61,31 +64,34 @@ class Pipeline:
     def scheme(self) -> str:
         return self.featurizer.scheme
 
+    @property
+    def types(self) -> list[str]:
+        """The entity types the model predicts."""
+        return sorted({split_tag(t)[1] for t in self.tags if t != "O"})
+
     # ------------------------------------------------------------------------------ prediction
 
     def predict_tokens(self, token_lists: list[list[str]], batch_size: int = 64) -> list[list[Span]]:
-        """Spans for each token list; lists longer than `data.max_len` are split into pieces
-        (preferably at punctuation) and the pieces' spans shifted back."""
-        pieces: list[tuple[int, int, list[str]]] = []  # (sentence index, offset, tokens)
+        """Spans for each token list. A list longer than `data.max_len` is read in overlapping
+        windows of that length (`windows`) whose tag sequences are stitched into one (`stitch`), so
+        that no entity is cut where a window ends. Whitespace never starts, ends or makes up an
+        entity (`without_whitespace`): every prediction and evaluation passes here."""
+        pieces: list[tuple[int, int, int]] = []  # (sentence index, window start, window end)
         for i, tokens in enumerate(token_lists):
-            if not tokens:
-                continue
-            starts = cut_points(tokens, self.config.data.max_len)
-            for a, b in zip(starts, starts[1:] + [len(tokens)]):
-                pieces.append((i, a, tokens[a:b]))
-        results: list[list[Span]] = [[] for _ in token_lists]
-        examples = [self.featurizer.example(p[2]) for p in pieces]
+            pieces.extend((i, a, b) for a, b in windows(len(tokens), self.config.data.max_len))
+        examples = [self.featurizer.example(token_lists[i][a:b]) for i, a, b in pieces]
+        decoded: list[list[str]] = [[] for _ in pieces]
         self.model.eval()
         with torch.inference_mode():
             for idx in bucketed_batches([len(e) for e in examples], batch_size):
-                batch = collate([examples[i] for i in idx]).to(self.device)
-                for i, tag_ids in zip(idx, self.model.decode(batch)):
-                    sent, offset, _ = pieces[i]
-                    spans = tags_to_spans([self.tags[t] for t in tag_ids])
-                    results[sent].extend(Span(s.start + offset, s.end + offset, s.type) for s in spans)
-        for spans in results:
-            spans.sort(key=lambda s: s.start)
-        return results
+                batch = collate([examples[j] for j in idx]).to(self.device)
+                for j, tag_ids in zip(idx, self.model.decode(batch)):
+                    decoded[j] = [self.tags[t] for t in tag_ids]
+        by_sentence: list[list[tuple[int, list[str]]]] = [[] for _ in token_lists]  # (window start, tags)
+        for (i, a, _), tags in zip(pieces, decoded):
+            by_sentence[i].append((a, tags))
+        return [without_whitespace(tokens, tags_to_spans(stitch(found, self.scheme))) if found else []
+                for tokens, found in zip(token_lists, by_sentence)]
 
     def predict(self, texts: str | Iterable[str], batch_size: int = 64) -> list[list[dict]]:
         """Entities of each text: `{"start", "end", "type", "text"}`, offsets into the text, end
@@ -110,8 +116,10 @@ class Pipeline:
         if isinstance(data, list):
             sentences, scheme = data, self.scheme
         else:
-            corpus = read_gold(data, self.config.data.repair if repair is None else repair)
+            corpus = read_gold(data, self.config.data.repair if repair is None else repair,
+                               "pass --repair (repair=True in Python)")
             sentences, scheme = corpus.sentences, corpus.scheme
+            self.check_types(corpus.types, str(data))
         started = time.perf_counter()
         predicted = self.predict_tokens([s.tokens for s in sentences], batch_size)  # Python lists: GPU work done
         seconds = time.perf_counter() - started
@@ -120,6 +128,25 @@ class Pipeline:
         if with_errors:
             metrics["errors"] = errors(gold, predicted)
         return Evaluation(sentences, predicted, metrics, seconds, scheme)
+
+    def check_types(self, gold_types: list[str], where: str) -> None:
+        """A gold file scored against a model of other entity types gives a table of zeros: an
+        error when no type is shared, a warning naming the types that only one side has."""
+        gold, model = set(gold_types), set(self.types)
+        listed = f"the file's types: {', '.join(sorted(gold)) or 'none'}; the model's: {', '.join(sorted(model))}"
+        if gold and not gold & model:
+            raise UserError(f"the gold file shares no entity type with the model ({listed})", where=where,
+                            fix="evaluate on a corpus labelled with the model's types "
+                                "(renamed, if the file spells them otherwise)")
+        if not gold:
+            log.warning(f"{where}: the gold file has no entities: every prediction counts as spurious")
+        elif gold != model:
+            effects = []
+            if gold - model:
+                effects.append(f"{', '.join(sorted(gold - model))} can only be missed")
+            if model - gold:
+                effects.append(f"predicted {', '.join(sorted(model - gold))} can only be spurious")
+            log.warning(f"{where}: the entity types differ ({listed}): {'; '.join(effects)}")
 
     def evaluate(self, data: str | Path | list[Sentence], batch_size: int = 128, repair: bool | None = None,
                  with_errors: bool = False) -> dict:
@@ -174,6 +201,10 @@ class Pipeline:
             raw = yaml.safe_load((directory / "config.yaml").read_text(encoding="utf-8"))
         except (yaml.YAMLError, UnicodeDecodeError):
             raise ModelDirError("config.yaml is not valid YAML", where=str(directory / "config.yaml")) from None
+        if isinstance(raw, dict) and isinstance(raw.get("data") or {}, dict):
+            # nerkit always writes data.normalize; a hand-edited file without it is read as the
+            # models trained before it became true by default were.
+            raw["data"] = {"normalize": False, **(raw.get("data") or {})}
         config = build_config(raw, str(directory / "config.yaml"))
         vocab = _read_json(directory / "vocab.json")
         lexicon = None
@@ -207,6 +238,97 @@ class Pipeline:
         pipe.model.load_state_dict(state)
         pipe.model.eval()
         return pipe
+
+
+def without_whitespace(tokens: list[str], spans: list[Span]) -> list[Span]:
+    """The decoding rule for whitespace: each entity without the whitespace tokens at its start and
+    end, and none that is whitespace alone. A model that never saw a space in training (a
+    char-per-line corpus has none) reads one as an unknown character, which may as well be part of
+    a name; whatever it decides, a space is never the edge of an entity."""
+    trimmed = []
+    for span in spans:
+        start, end = span.start, span.end
+        while start < end and tokens[start].isspace():
+            start += 1
+        while end > start and tokens[end - 1].isspace():
+            end -= 1
+        if start < end:
+            trimmed.append(Span(start, end, span.type))
+    return trimmed
+
+
+# ------------------------------------------------------------------------------ long texts
+# A text longer than data.max_len is read in windows of max_len characters that overlap by half a
+# window, so every character but those near the text's own ends has at least a quarter window of
+# context on each side. Each pair of neighbouring windows hands over at a stitch point inside their
+# overlap: the point nearest the overlap's middle (where a character is as central in one window as
+# in the other) that is an entity boundary in both windows' tag sequences. Every entity then comes
+# whole from one window, and the stitched sequence is valid because each window's is. Only when no
+# point of the overlap is a boundary in both (an entity at least as long as the overlap) does the
+# hand-over happen at the middle, where `_join` makes the two sequences meet validly.
+
+
+def windows(length: int, max_len: int) -> list[tuple[int, int]]:
+    """(start, end) of the windows over a text of `length` characters: one when it fits in
+    `max_len` (or `max_len` is 0), else windows of exactly `max_len` characters, evenly spaced
+    from the start to the end, each starting at most half a window after the previous one."""
+    if length == 0:
+        return []
+    if max_len <= 0 or length <= max_len:
+        return [(0, length)]
+    stride = max_len - max_len // 2  # ceil(max_len / 2): overlaps of at least max_len // 2
+    count = -(-(length - max_len) // stride) + 1
+    starts = [k * (length - max_len) // (count - 1) for k in range(count)]
+    return [(a, a + max_len) for a in starts]
+
+
+def _is_boundary(tags: list[str], q: int) -> bool:
+    """Whether no entity of the valid sequence `tags` crosses position `q` (between tags q-1 and q)."""
+    return q <= 0 or q >= len(tags) or split_tag(tags[q])[0] not in ("I", "M", "E")
+
+
+def stitch(found: list[tuple[int, list[str]]], scheme: str) -> list[str]:
+    """One valid tag sequence from the tag sequences of overlapping windows, `(start, tags)` in
+    order of their start as `windows` placed them: each window decides the characters between its
+    stitch points with its neighbours (see the comment above)."""
+    tags: list[str] = []
+    joins = []  # stitch points where the two windows do not share a boundary
+    taken = 0  # characters of the text decided so far
+    for (a0, left), (a1, right) in zip(found, found[1:]):
+        b0 = a0 + len(left)
+        middle = a1 + b0  # twice the overlap's middle, in integers
+        points = range(max(a1, taken), b0 + 1)
+        shared = [p for p in points if _is_boundary(left, p - a0) and _is_boundary(right, p - a1)]
+        if shared:
+            point = min(shared, key=lambda p: (abs(2 * p - middle), p))
+        else:
+            point = min(max(middle // 2, points.start), points.stop - 1)
+            joins.append(point)
+        tags += left[taken - a0:point - a0]
+        taken = point
+    last_start, last = found[-1]
+    tags += last[taken - last_start:]
+    for point in joins:
+        _join(tags, point, scheme)
+    return tags
+
+
+def _join(tags: list[str], point: int, scheme: str) -> None:
+    """Make `tags[point - 1] -> tags[point]`, two windows' decisions, a valid transition, changing
+    only those two tags and keeping each valid with its other neighbour. An entity that one window
+    ends at the stitch point and the other continues across it becomes one entity; otherwise a
+    continuation without its start starts there, and an entity left open is closed."""
+    if point <= 0 or point >= len(tags) or not invalid_transition(tags[point - 1], tags[point], scheme):
+        return
+    (lp, lt), (rp, rt) = split_tag(tags[point - 1]), split_tag(tags[point])
+    inside = "M" if scheme == "bmes" else "I"
+    if rp in ("I", "M", "E") and lp in ("E", "S") and lt == rt:  # ended on the left, continued on the right
+        tags[point - 1] = f"{inside}-{lt}" if lp == "E" else f"B-{lt}"
+        return
+    if rp in ("I", "M", "E"):  # a continuation that nothing on the left opens: it starts here
+        tags[point] = f"B-{rt}" if rp != "E" else f"S-{rt}"
+    if scheme != "bio" and lp in ("B", "I", "M"):  # an entity the left window leaves open: it ends here
+        tags[point - 1] = f"S-{lt}" if lp == "B" else f"E-{lt}"
 
 
 def _read_json(path: Path) -> dict:

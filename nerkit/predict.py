@@ -22,7 +22,7 @@ from typing import BinaryIO, Iterable, Iterator
 
 from nerkit.corpus import Sentence, Span, decode_utf8, nul_error, spans_to_tags
 from nerkit.errors import UserError
-from nerkit.files import WRITE_ERRNOS, atomic_file, check_writable, same_file
+from nerkit.files import WRITE_ERRNOS, atomic_file, check_output
 
 FORMATS = ("jsonl", "conll", "inline")
 STDIN = "-"
@@ -45,9 +45,7 @@ def check_paths(source: str, output: str | None) -> None:
         if not os.access(path, os.R_OK):
             raise UserError("cannot read the input (permission denied)", where=source)
     if output is not None:
-        check_writable(output)
-        if source != STDIN and same_file(source, output):
-            raise UserError("is the input file: the output would replace it", where=output, fix="write to another file")
+        check_output(output, *([source] if source != STDIN else []))
 
 
 def _open_source(source: str) -> tuple[BinaryIO, int | None]:

@@ -32,12 +32,15 @@ from nerkit.errors import UserError
 from nerkit.features import Example, Featurizer, bucketed_batches, collate
 from nerkit.files import CHECKPOINT, WRITE_ERRNOS, atomic_write_text
 from nerkit.pipeline import Pipeline
-from nerkit.splits import Splits, read_splits
+from nerkit.splits import Splits, check_data_files, read_splits
 from nerkit.vectors import coverage, normalize_rows
 
 log = logging.getLogger(__name__)
 
 WARMUP_BATCHES = 20  # a session's first batches, left out of the steady throughput
+# A learning-rate warm-up this share of a run's steps or more keeps most of the run below train.lr.
+LONG_WARMUP = 0.5
+LIMITS = ("max_steps", "time_budget")  # the stops a resume that raises the limit continues
 
 
 class Interrupted(Exception):
@@ -138,6 +141,19 @@ def lr_factor(config: Config, step: int, steps_per_epoch: int, total_steps: int)
     return 1.0
 
 
+def warn_long_warmup(config: Config, steps: int, what: str) -> bool:
+    """Warn when `train.warmup_steps` is LONG_WARMUP or more of the `steps` the run will take
+    (`what` says where that count comes from); returns whether it warned."""
+    warmup = config.train.warmup_steps
+    if not warmup or warmup < LONG_WARMUP * steps:
+        return False
+    reached = "never reaches train.lr" if warmup >= steps else f"reaches train.lr only at step {warmup:,}"
+    log.warning(f"train.warmup_steps = {warmup:,} is {warmup / max(steps, 1):.0%} of the {steps:,} steps {what}: "
+                f"the learning rate {reached}; set it to about a tenth of the steps "
+                f"(--set train.warmup_steps={max(1, steps // 10)})")
+    return True
+
+
 def train_step(model, batch, optimizer, scheduler=None, params: list = (), clip_norm: float = 0.0,
                clip_value: float = 0.0) -> float:
     """One optimiser step on one batch (`params`: the ones to clip); returns the batch's loss. The only
@@ -161,13 +177,32 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def prepare_output_dir(out: Path, force: bool) -> None:
+def check_output_dir(out: Path, force: bool) -> None:
+    """Raise a UserError if a new run could not write its model directory `out`: a file there, a
+    directory that is not empty (unless `force` replaces it), or a place it cannot create or write."""
     if out.exists() and not out.is_dir():
         raise UserError("the output path is a file", where=str(out), fix="choose a directory for --out")
+    if out.exists() and any(out.iterdir()) and not force:
+        raise UserError("the output directory is not empty", where=str(out),
+                        fix="choose another --out, resume with --resume, or pass --force to replace it")
+    existing = next(p for p in (out, *out.parents) if p.exists())  # where the run creates what is missing
+    if not existing.is_dir():
+        raise UserError(f"{existing} is not a directory", where=str(out), fix="choose another --out")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise UserError(f"cannot write in {existing} (permission denied)", where=str(out), fix="choose another --out")
+
+
+def check_run(config: Config, out: Path, force: bool, resume: bool) -> None:
+    """What a run checks before it reads any data: the corpora exist, and a new run's output
+    directory is usable (`--force` replaces a non-empty one; a resumed run continues in its own)."""
+    check_data_files(config)
+    if not resume:
+        check_output_dir(out, force)
+
+
+def prepare_output_dir(out: Path, force: bool) -> None:
+    check_output_dir(out, force)
     if out.exists() and any(out.iterdir()):
-        if not force:
-            raise UserError("the output directory is not empty", where=str(out),
-                            fix="choose another --out, resume with --resume, or pass --force to replace it")
         shutil.rmtree(out)
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -243,6 +278,8 @@ class Run:
     session_steps: int = 0
     stopped: str = "epochs"  # why the run ends: epochs | early_stopping | max_steps | time_budget
     params: list = field(default_factory=list)
+    total_steps: int = 0  # the steps train.epochs and train.max_steps allow (a time budget may allow fewer)
+    warned_warmup: bool = False  # whether a warm-up too long for the run has been reported
 
     @property
     def lengths(self) -> list[int]:
@@ -261,6 +298,7 @@ def set_up(config: Config, out: Path, force: bool, resume: bool, splits: Splits 
     """Everything a run needs before its first step: a fresh output directory, or the state of the
     run in `out` restored from its checkpoint."""
     tc = config.train
+    check_run(config, out, force, resume)  # before the data loads: a wrong path or a used --out costs no wait
     set_threads(tc.threads)
     device = resolve_device(tc.device, "train.device")
     seed_everything(tc.seed)
@@ -276,10 +314,13 @@ def set_up(config: Config, out: Path, force: bool, resume: bool, splits: Splits 
     total_steps = steps_per_epoch * tc.epochs
     if tc.max_steps:
         total_steps = min(total_steps, tc.max_steps)
+    warned = warn_long_warmup(config, total_steps, "that train.max_steps allows" if total_steps == tc.max_steps
+                              else f"that {tc.epochs:,} epochs of {steps_per_epoch:,} batches make")
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: lr_factor(config, step, steps_per_epoch, total_steps))
     run = Run(config, out, splits, pipe, examples, optimizer, scheduler, Progress(checksums=splits.checksums), None,
-              stop, progress_bar, params=[p for p in pipe.model.parameters() if p.requires_grad])
+              stop, progress_bar, params=[p for p in pipe.model.parameters() if p.requires_grad],
+              total_steps=total_steps, warned_warmup=warned)
     if resume:
         _restore(run)
     else:
@@ -410,6 +451,11 @@ def end_epoch(run: Run, epoch: int, n_batches: int) -> bool:
     log.info(f"epoch {epoch}/{tc.epochs}{cut}  loss {record['loss']:.4f}  dev P {100 * dev['precision']:.2f} "
              f"R {100 * dev['recall']:.2f} F1 {100 * dev['f1']:.2f}{' *' if improved else ''}  "
              f"{record['chars_per_s']:,.0f} chars/s  {record['elapsed_s']:.0f}s")
+    if tc.time_budget and not run.warned_warmup:  # the steps the budget allows, at the pace so far
+        affordable = int(progress.step * tc.time_budget / max(run.elapsed(), 1e-9))
+        if affordable < run.total_steps:
+            run.warned_warmup = warn_long_warmup(
+                run.config, affordable, f"that train.time_budget = {tc.time_budget:g} s allows at this pace")
     if partial:  # the record is left out of epochs_logged: a resume that finishes the epoch drops it
         pipe.save(run.out / "last", {"epoch": epoch, "dev": dev, "partial": True})
         progress.stopped, progress.cut_dev_f1 = run.stopped, dev["f1"]
@@ -458,6 +504,11 @@ def finish(run: Run, epoch: int) -> dict:
                  f"R {100 * metrics['test']['recall']:.2f} F1 {100 * metrics['test']['f1']:.2f}")
     pipe.write_weights(run.out, metrics)
     log.info(f"model saved to {run.out}")
+    if run.stopped in LIMITS and (progress.batch > 0 or epoch < tc.epochs):  # epochs were left to train
+        limit = getattr(tc, run.stopped)
+        log.warning(f"train.{run.stopped} = {limit:g} stopped the run in epoch {min(epoch, tc.epochs)} of {tc.epochs}, "
+                    f"step {progress.step:,}; continue with: nerkit train --resume {run.out} "
+                    f"--set train.{run.stopped}={2 * limit:g}")
     return metrics
 
 

@@ -246,7 +246,9 @@ def test_convert_with_repair(tmp_path):
 # ---------------------------------------------------------------- train: config errors and --dry-run
 
 
-def test_train_dry_run_prints_the_resolved_config(tmp_path):
+def test_train_dry_run_prints_the_resolved_config(tmp_path, monkeypatch):
+    monkeypatch.setenv("NERKIT_DATA", str(tmp_path))
+    (tmp_path / "x.bio").write_bytes((FIXTURES / "three_types.bio").read_bytes())
     config = tmp_path / "c.yaml"
     config.write_text("data:\n  train: ${NERKIT_DATA}/x.bio\nencoder:\n  name: bilstm\n  hidden_size: 64\n"
                       "train:\n  lr: 1e-3\n", encoding="utf-8")
@@ -256,9 +258,31 @@ def test_train_dry_run_prints_the_resolved_config(tmp_path):
     resolved = yaml.safe_load(result.stdout)
     assert resolved["train"]["lr"] == 0.0123
     assert resolved["encoder"]["name"] == "transformer" and "hidden_size" not in resolved["encoder"]
-    assert resolved["data"]["train"] == f"{os.environ.get('NERKIT_DATA', 'data')}/x.bio"
+    assert resolved["data"]["train"] == f"{tmp_path}/x.bio"
     assert resolved["output_dir"] == str(tmp_path / "model")
     assert not (tmp_path / "model").exists()
+
+
+def test_train_dry_run_checks_the_data_files_and_the_output_directory(tmp_path):
+    """--dry-run prints the resolved config, then checks what the run would find: each data file
+    exists and is a file, and --out is usable (exit 2 and one error line when not)."""
+    train_file = tmp_path / "train.bio"
+    train_file.write_bytes((FIXTURES / "three_types.bio").read_bytes())
+    (tmp_path / "used").mkdir()
+    (tmp_path / "used" / "x").write_text("x")
+    config = tmp_path / "c.yaml"
+    config.write_text(f"data:\n  train: {train_file}\n  dev: {tmp_path / 'dev.bio'}\n", encoding="utf-8")
+    cases = [([], tmp_path / "dev.bio", "data.dev: no such file"),
+             (["--set", f"data.dev={tmp_path}"], tmp_path, "data.dev: not a file"),
+             (["--set", "data.dev=null", "--out", str(tmp_path / "used")], tmp_path / "used", "the output directory is not empty")]
+    for args, where, words in cases:
+        result = nerkit("train", "--config", config, "--dry-run", *args)
+        assert yaml.safe_load(result.stdout)["data"]["train"] == str(train_file)  # printed all the same
+        assert result.returncode == 2 and result.stderr.startswith(f"nerkit: error: {where}: {words}"), result.stderr
+        assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
+    result = nerkit("train", "--config", config, "--dry-run", "--set", "data.dev=null", "--out", tmp_path / "used",
+                    "--force")
+    assert result.returncode == 0, result.stderr
 
 
 def test_train_with_a_missing_config(tmp_path):

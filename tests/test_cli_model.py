@@ -92,6 +92,71 @@ def test_train_then_eval_from_the_command_line(tmp_path, monkeypatch, capfd):
     assert code == 0 and stdout.splitlines()[-1].split()[0] == "overall"
 
 
+def test_eval_checks_its_output_before_the_evaluation(tiny_model_dir, tmp_path, monkeypatch, capfd):
+    """`nerkit eval --output`: a directory, a path in a missing directory, a directory it cannot
+    write or the gold file itself is refused at once (exit 2, one line), before the model loads:
+    it used to be a traceback after the whole evaluation, its result lost."""
+    from nerkit.pipeline import Pipeline
+
+    gold = tmp_path / "gold.bio"
+    gold.write_bytes((FIXTURES / "tiny_dev.bio").read_bytes())
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o500)
+    if os.geteuid() == 0:  # root may write there all the same: the permission check is told so
+        access = os.access
+        monkeypatch.setattr(os, "access", lambda path, mode: access(path, mode) and Path(path) != locked)
+    (tmp_path / "a_dir").mkdir()
+    (tmp_path / "link.bio").symlink_to(gold)
+
+    def load(*args, **kwargs):
+        raise AssertionError("the model was loaded before the output was checked")
+
+    monkeypatch.setattr(Pipeline, "load", load)
+    cases = [(tmp_path / "a_dir", "is a directory"), (tmp_path / "missing" / "out.txt", "does not exist"),
+             (locked / "out.txt", "is not writable"), (gold, "is the input file"),
+             (tmp_path / "link.bio", "is the input file")]
+    try:
+        for output, words in cases:
+            code, stdout, stderr = run_cli(monkeypatch, capfd, "eval", "--model", str(tiny_model_dir), "--data",
+                                           str(gold), "--output", str(output))
+            assert code == 2 and stderr.startswith(f"nerkit: error: {output}: ") and words in stderr, stderr
+            assert "Traceback" not in stderr and stdout == ""
+    finally:
+        locked.chmod(0o700)
+    assert gold.read_bytes() == (FIXTURES / "tiny_dev.bio").read_bytes()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a_dir", "gold.bio", "link.bio", "locked"]
+    assert list(locked.iterdir()) == []
+
+
+def test_eval_of_a_corpus_of_other_entity_types_says_so(tiny_model_dir, tmp_path, monkeypatch, capfd):
+    """A model of LOC, ORG and PER on a corpus of GPE and NORP printed a table of zeros and exit 0:
+    now an error naming both type sets (the API raises it too). Types that only one side has are a
+    warning on stderr, and the scores are printed."""
+    import nerkit
+    from nerkit.errors import UserError
+
+    other = tmp_path / "other.bio"
+    other.write_text("在 O\n北 B-GPE\n京 I-GPE\n\n汉 B-NORP\n族 I-NORP\n", encoding="utf-8")
+    code, stdout, stderr = run_cli(monkeypatch, capfd, "eval", "--model", str(tiny_model_dir), "--data", str(other))
+    assert code == 2 and stdout == "" and "Traceback" not in stderr, stderr
+    assert stderr == (f"nerkit: error: {other}: the gold file shares no entity type with the model (the file's types: "
+                      f"GPE, NORP; the model's: LOC, ORG, PER); evaluate on a corpus labelled with the model's types "
+                      f"(renamed, if the file spells them otherwise)\n")
+    with pytest.raises(UserError, match="shares no entity type"):
+        nerkit.load(tiny_model_dir).evaluate(other)
+
+    partial = tmp_path / "partial.bio"
+    partial.write_text("张 B-PER\n伟 I-PER\n在 O\n北 B-GPE\n京 I-GPE\n", encoding="utf-8")
+    code, stdout, stderr = run_cli(monkeypatch, capfd, "eval", "--model", str(tiny_model_dir), "--data", str(partial),
+                                   "--json")
+    assert code == 0 and set(json.loads(stdout)) >= {"precision", "recall", "f1"}, stderr
+    assert (f"{partial}: the entity types differ (the file's types: GPE, PER; the model's: LOC, ORG, PER): GPE can "
+            "only be missed; predicted LOC, ORG can only be spurious") in stderr
+    code, _, stderr = run_cli(monkeypatch, capfd, "eval", "--model", str(tiny_model_dir), "--data",
+                              str(FIXTURES / "tiny_dev.bio"))
+    assert code == 0 and "types differ" not in stderr
+
+
 def test_train_refuses_a_non_empty_output_directory(tmp_path, monkeypatch, capfd, tiny_model_dir):
     code, _, stderr = run_cli(monkeypatch, capfd, "train", "--config", str(tiny_model_dir / "config.yaml"),
                               "--out", str(tiny_model_dir))
@@ -368,6 +433,104 @@ def test_eval_and_the_api_read_a_gold_file_as_the_model_read_its_training_data(t
     assert f"{invalid}: repaired" in stderr
     code, _, stderr = run_cli(monkeypatch, capfd, "eval", "--model", str(out), "--data", str(invalid), "--no-repair")
     assert code == 2 and "invalid" in stderr.lower() and "Traceback" not in stderr
+
+
+# ------------------------------------------------------------------------------------------- hints
+
+
+def command_options() -> set[str]:
+    """Every long option of every nerkit command (and of `nerkit vectors`)."""
+    import typer.main
+
+    from nerkit.cli import app
+    from nerkit.cli_vectors import vectors_app
+
+    def collect(command, found: set[str]) -> set[str]:
+        for param in command.params:
+            found.update(o for o in param.opts + param.secondary_opts if o.startswith("--"))
+        for sub in getattr(command, "commands", {}).values():
+            collect(sub, found)
+        return found
+
+    return collect(typer.main.get_command(app), set()) | collect(typer.main.get_command(vectors_app), set())
+
+
+# Options that nerkit's texts name but that belong to nerkit's entry point or to other programs.
+NOT_NERKIT_OPTIONS = {"--debug", "--help", "--force-reinstall", "--porcelain", "--untracked-files"}  # main; pip; git
+
+
+def test_every_option_a_message_names_exists():
+    """Every `--option` in nerkit's strings (messages, fixes, help) is an option of some command."""
+    import ast
+
+    named = {}
+    for path in (REPO / "nerkit").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                for option in re.findall(r"(?<![\w-])--[a-z][a-z-]*", node.value):
+                    named.setdefault(option, path.name)
+    unknown = {o: where for o, where in named.items() if o not in command_options() | NOT_NERKIT_OPTIONS}
+    assert not unknown
+    assert "--repair" in named and "--set" in named
+
+
+def all_commands():
+    """(words, click command) of every nerkit command and group, and of `nerkit vectors`."""
+    import typer.main
+
+    from nerkit.cli import app
+    from nerkit.cli_vectors import vectors_app
+
+    def walk(command, words):
+        yield words, command
+        for name, sub in getattr(command, "commands", {}).items():
+            yield from walk(sub, words + [name])
+
+    yield from walk(typer.main.get_command(app), [])
+    yield from walk(typer.main.get_command(vectors_app), ["<vectors>"])
+
+
+def test_every_option_has_help_and_flags_show_as_flags():
+    """Every option and argument says what it is for in --help (some had nothing), and a boolean
+    flag is shown as a flag, not as an option taking `<bool>` (typer's own --help keeps it)."""
+    from typer.testing import CliRunner
+
+    from nerkit.cli import app
+    from nerkit.cli_vectors import vectors_app
+
+    seen = 0
+    for words, command in all_commands():
+        for param in command.params:
+            assert (getattr(param, "help", None) or "").strip(), (words, param.name)
+            seen += 1
+        runner_app, args = (vectors_app, words[1:]) if words[:1] == ["<vectors>"] else (app, words)
+        result = CliRunner().invoke(runner_app, [*args, "--help"], env={"COLUMNS": "200"}, prog_name="nerkit")
+        assert result.exit_code == 0, result.output
+        shown = [line for line in result.output.splitlines() if "<bool>" in line]
+        assert all("--help" in line or "completion" in line for line in shown), (words, shown)
+    assert seen > 50
+
+
+def test_an_invalid_transition_names_how_each_command_repairs(tmp_path, tiny_model_dir, monkeypatch, capfd):
+    """The fix of an invalid tag transition names an option of the command that read the file:
+    `nerkit train` has no --repair (the config's data.repair, or --set data.repair=true), eval and
+    convert have --repair, and validate writes a repaired copy with --repair OUT."""
+    invalid = str(FIXTURES / "invalid_transitions.bio")
+    config = tmp_path / "c.yaml"
+    config.write_text(yaml.safe_dump({"data": {"train": invalid, "dev": invalid}}), encoding="utf-8")
+    runs = {
+        "train": (["train", "--config", str(config), "--out", str(tmp_path / "m")],
+                  "set data.repair: true (--set data.repair=true)"),
+        "eval": (["eval", "--model", str(tiny_model_dir), "--data", invalid], "pass --repair (repair=True in Python)"),
+        "validate": (["data", "validate", invalid], "pass --repair OUT for a repaired copy"),
+        "convert": (["data", "convert", invalid, str(tmp_path / "o.bio"), "--to", "bio"], "pass --repair"),
+    }
+    for command, (args, hint) in runs.items():
+        code, _, stderr = run_cli(monkeypatch, capfd, *args)
+        lines = [line for line in stderr.splitlines() if "invalid transition" in line]
+        assert code == 2 and lines, (command, stderr)
+        assert all(f"read it as conlleval does: {hint}" in line for line in lines), (command, stderr)
+    assert "--repair" not in run_cli(monkeypatch, capfd, *runs["train"][0])[2].replace("data.repair", "")
 
 
 # ------------------------------------------------------------- predict: inputs, outputs and pipes

@@ -85,6 +85,17 @@ def test_the_demo_config_loads():
     assert cfg.encoder.options.hidden_size == 128
 
 
+def test_new_configs_normalise_and_the_benchmark_configs_read_the_corpus_as_it_is():
+    """data.normalize is true unless a config says otherwise; the benchmark configs say false, as
+    their recorded runs (and the runs a `nerkit bench --resume` continues) were trained."""
+    assert build_config({}).data.normalize is True
+    assert load_config(REPO / "configs" / "demo.yaml").data.normalize is True
+    benchmark = sorted((REPO / "configs").glob("*_*.yaml"))
+    assert len(benchmark) == 8
+    for path in benchmark:
+        assert load_config(path).data.normalize is False, path
+
+
 @pytest.mark.parametrize("text, value", [
     ("true", True), ("'yes'", True), ("'on'", True), ("'1'", True), ("1", True),
     ("false", False), ("'No'", False), ("'off'", False), ("0", False),
@@ -119,11 +130,32 @@ def test_negative_value_is_an_error(section, key, value):
 @pytest.mark.parametrize("raw, words", [
     ({"train": {"optimizer": "adamm"}}, "not one of sgd, adam, adamw"),
     ({"data": {"dev_split": 1.0}}, "data.dev_split"),
+    ({"data": {"insert_spaces": 1.5}}, "data.insert_spaces = 1.5 must be in [0, 1]"),
     ({"train": {"batch_size": 0}}, "train.batch_size"),
     ({"train": "fast"}, "must be a mapping"),
 ])
 def test_invalid_values(raw, words):
     assert words in str(config_error(raw))
+
+
+@pytest.mark.parametrize("value, seconds", [
+    ("90s", 90), ("20m", 1200), ("1.5h", 5400), (".5h", 1800), ("3600", 3600), (600, 600), (7.5, 7.5),
+    ("2e3", 2000), (" 2 m ", 120), ("0", 0),
+])
+def test_a_time_budget_takes_a_unit(value, seconds, write_config):
+    """train.time_budget in seconds, or with s, m or h, in the file and in --set; stored as seconds."""
+    assert build_config({"train": {"time_budget": value}}).train.time_budget == seconds
+    assert build_config({}, overrides=[f"train.time_budget={value}"]).train.time_budget == seconds
+    assert load_config(write_config(f"train:\n  time_budget: {value}\n")).train.time_budget == seconds
+
+
+@pytest.mark.parametrize("value, words", [("20 minutes", "is not a duration"), ("1.5d", "is not a duration"),
+                                          ("h", "is not a duration"), ("-5m", "must not be negative")])
+def test_a_time_budget_that_is_not_a_duration_is_named(value, words):
+    err = config_error({"train": {"time_budget": value}})
+    assert "train.time_budget" in str(err) and words in str(err)
+    if "duration" in words:
+        assert '"20m"' in err.fix
 
 
 def test_choices_accept_their_values():
@@ -319,6 +351,7 @@ def _field_values(cls, section: str):
         values[f.name] = st.sampled_from(choices) if choices else by_type[f.type]
     if cls is DataConfig:
         values["dev_split"] = st.floats(0, 0.99)
+        values["insert_spaces"] = st.floats(0, 1)
     if cls is TrainConfig:
         values["batch_size"] = st.integers(1, 512)
         values["eval_batch_size"] = st.integers(1, 512)

@@ -1,5 +1,6 @@
 """docs/BENCHMARKS.md's result tables are the ones `nerkit bench` builds from the recorded
-results.jsonl files (scripts/benchmarks_doc.py splices them in)."""
+results.jsonl files (scripts/benchmarks_doc.py splices them in); the README describes what a
+model directory holds."""
 
 from __future__ import annotations
 
@@ -27,3 +28,14 @@ def test_a_hand_edited_figure_is_caught():
     first = benchmarks_doc.BLOCK.search(doc)
     edited = doc[: first.start(4)] + re.sub(r"\d+\.\d\d", "99.99", first.group(4), count=1) + doc[first.end(4):]
     assert edited != doc and benchmarks_doc.render(edited) == doc
+
+
+def test_the_readme_names_everything_a_model_directory_holds(tiny_model_dir):
+    """Each file and directory a training run leaves in its --out (checkpoint/ was missing: most of
+    the demo's size), and what FLAT and language-model directories add."""
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    section = readme.split("## Model directory", 1)[1].split("\n## ", 1)[0]
+    entries = [p.name + ("/" if p.is_dir() else "") for p in tiny_model_dir.iterdir()]
+    assert "checkpoint/" in entries
+    missing = [name for name in entries + ["lexicon.txt", "lm/"] if f"`{name}`" not in section]
+    assert not missing

@@ -147,7 +147,7 @@ def test_a_word_matched_only_after_normalisation_has_its_own_id(tmp_path, tiny_c
 
 
 def test_without_normalisation_the_raw_text_is_matched(tmp_path, tiny_config):
-    featurizer, sentence = featurizer_for(tmp_path, tiny_config)
+    featurizer, sentence = featurizer_for(tmp_path, tiny_config, "data.normalize=false")
     assert featurizer.example(sentence.tokens).word_ids == [] and len(featurizer.words) == 2
     assert "Ａ" in featurizer.chars
 
@@ -160,3 +160,15 @@ def test_examples_and_counting_agree_on_every_unit(tmp_path, tiny_config):
     example = featurizer.example(sentence.tokens)
     assert 1 not in example.char_ids and 1 not in example.bichar_ids and 1 not in example.word_ids
     assert len(example.word_ids) == 4  # AB, AB公司, 公司, 工作 (在ＡＢ only matches the raw text)
+
+
+def test_every_whitespace_character_is_one_space_to_the_model(tmp_path, tiny_config):
+    """A tab, U+3000, a no-break space or a line break reads as the one SPACE that training with
+    data.insert_spaces teaches, normalised or not; other characters stay as they are."""
+    from nerkit.features import SPACE
+
+    for normalize in ("false", "true"):
+        featurizer, _ = featurizer_for(tmp_path, tiny_config, f"data.normalize={normalize}")
+        units = featurizer.units(list("北 京\t上\u3000海\xa0\n\u2003。"))
+        assert units.chars == ["北", SPACE, "京", SPACE, "上", SPACE, "海", SPACE, SPACE, SPACE, "。"]
+        assert units.bichars[:2] == ["北" + SPACE, SPACE + "京"]

@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from safetensors.torch import load_file, save_file
 
-from nerkit.corpus import cut_points, read_corpus
+from nerkit.corpus import Span, read_corpus
 from nerkit.config import ENCODER_OPTIONS
 from nerkit.encoders import ENCODERS
 from nerkit.errors import ModelDirError
@@ -192,6 +192,30 @@ def test_train_save_load_gives_identical_tensors_and_predictions(tmp_path, tiny_
     # Saving the loaded model again reproduces the weights file byte for byte.
     loaded.save(tmp_path / "again")
     assert (tmp_path / "again" / "model.safetensors").read_bytes() == (tmp_path / "model" / "model.safetensors").read_bytes()
+
+
+def test_full_width_input_reads_as_half_width_and_saved_models_keep_their_setting(tmp_path, tiny_config,
+                                                                                 tiny_model_dir):
+    """data.normalize is the default: "ＡＢ" and "２０２" reach the model as "AB" and "202", while
+    offsets and entity texts stay the input's. A model trained without it, as every model before
+    this default was, keeps reading raw forms: its config.yaml says normalize: false (and one
+    that lacks the key, edited by hand, reads as such models were trained)."""
+    new = Pipeline.load(tiny_model_dir)
+    assert new.config.data.normalize is True
+    assert new.featurizer.units(list("张伟于２０２ＡＢ")).chars == list("张伟于202AB")
+    full, half = new.predict(["李娜在ＡＢ公司，张伟于２０２"])[0], new.predict(["李娜在AB公司，张伟于202"])[0]
+    assert [(e["start"], e["end"], e["type"]) for e in full] == [(e["start"], e["end"], e["type"]) for e in half]
+    assert all(e["text"] == "李娜在ＡＢ公司，张伟于２０２"[e["start"]:e["end"]] for e in full)
+
+    old = build_pipeline(tiny_config("data.normalize=false"))
+    old.save(tmp_path / "old")
+    assert "normalize: false" in (tmp_path / "old" / "config.yaml").read_text(encoding="utf-8")
+    loaded = Pipeline.load(tmp_path / "old")
+    assert loaded.config.data.normalize is False
+    assert loaded.featurizer.units(list("ＡＢ")).chars == ["Ａ", "Ｂ"]
+    config_file = tmp_path / "old" / "config.yaml"
+    config_file.write_text(config_file.read_text(encoding="utf-8").replace("  normalize: false\n", ""), encoding="utf-8")
+    assert Pipeline.load(tmp_path / "old").config.data.normalize is False
 
 
 def test_trained_model_directory_reproduces_its_recorded_dev_score(tiny_model_dir):
@@ -370,6 +394,7 @@ def check_entities(text: str, entities: list[dict], types) -> None:
     for e in entities:
         assert 0 <= e["start"] < e["end"] <= len(text)
         assert text[e["start"]:e["end"]] == e["text"]
+        assert not e["text"][0].isspace() and not e["text"][-1].isspace(), e  # so never whitespace alone
         assert e["start"] >= end  # sorted, no overlaps
         assert e["type"] in types
         end = e["end"]
@@ -395,37 +420,193 @@ def test_the_offset_checks_see_entities(eager_pipeline):
     check_entities(text, entities, {t[2:] for t in eager_pipeline.tags if t != "O"})
 
 
-def shifted(entities: list[dict], offset: int) -> list[dict]:
-    return [{**e, "start": e["start"] + offset, "end": e["end"] + offset} for e in entities]
+SPACES = [" ", "  ", "\t", "\u3000", "\xa0", "\n", "\u2028", "\u2003"]
 
 
-def test_a_long_line_without_punctuation_is_cut_every_max_len_characters(eager_pipeline):
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.lists(st.one_of(st.sampled_from(list("张三李娜在北京大学读书，。ＡＢ")), st.sampled_from(SPACES)),
+                         max_size=50).map("".join), min_size=1, max_size=4))
+def test_whitespace_never_starts_ends_or_makes_up_an_entity(eager_pipeline, texts):
+    """The decoding rule: whatever the model tags, an entity starts and ends with a character that is
+    not whitespace (so none is whitespace alone), and its offsets still index the text."""
+    results = eager_pipeline.predict(texts, batch_size=2)
+    for text, entities in zip(texts, results):
+        check_entities(text, entities, {t[2:] for t in eager_pipeline.tags if t != "O"})
+    assert results == [eager_pipeline.predict([t])[0] for t in texts]
+
+
+def test_the_whitespace_checks_see_entities_beside_spaces(eager_pipeline):
+    """The model these tests use tags spaces as entities: without the rule, its entities would
+    start, end or consist of whitespace (the reported `PER "张三 "` and `ORG " "`)."""
+    text = "张三 在 北京 大学 读书\u3000李娜\t在　上海 "
+    entities = eager_pipeline.predict([text])[0]
+    check_entities(text, entities, {t[2:] for t in eager_pipeline.tags if t != "O"})
+    beside = [e for e in entities if (e["start"] > 0 and text[e["start"] - 1].isspace())
+              or (e["end"] < len(text) and text[e["end"]].isspace())]
+    assert len(beside) >= 3
+    # What the model itself says of the spaces (the whole text as one window), before the rule.
+    ids = eager_pipeline.model.decode(collate([eager_pipeline.featurizer.example(list(text))]))[0]
+    assert sum(eager_pipeline.tags[i] != "O" for c, i in zip(text, ids) if c.isspace()) >= 2
+
+
+def test_without_whitespace_trims_entities_and_drops_blank_ones():
+    from nerkit.pipeline import without_whitespace
+
+    tokens = list(" 张三 \u3000 北京\t")
+    spans = [Span(0, 4, "PER"), Span(4, 6, "ORG"), Span(6, 9, "LOC")]
+    assert without_whitespace(tokens, spans) == [Span(1, 3, "PER"), Span(6, 8, "LOC")]
+    assert without_whitespace(list("北 京"), [Span(0, 3, "LOC")]) == [Span(0, 3, "LOC")]  # inside, a space stays
+
+
+# ------------------------------------------------------------------------------ long texts
+
+
+def stub_tagger(pipe: Pipeline, tag_window) -> Pipeline:
+    """`pipe` with its featuriser and model replaced by a stub that sees each window's text and tags
+    it as `tag_window(text)` says (spans into the window): a known tagger, so that the stitching of
+    windows can be checked exactly."""
+    from nerkit.corpus import spans_to_tags
+    from nerkit.features import Example
+
+    def example(tokens, tags=None):
+        return Example([ord(c) for c in tokens], [0] * len(tokens))  # the text itself, as code points
+
+    def decode(batch):
+        rows = []
+        for ids, mask in zip(batch.char_ids.tolist(), batch.mask.tolist()):
+            text = "".join(chr(i) for i, m in zip(ids, mask) if m)
+            tags = spans_to_tags(len(text), tag_window(text), pipe.scheme)
+            rows.append([pipe.tags.index(t) for t in tags])
+        return rows
+
+    pipe.featurizer.example = example
+    pipe.model.decode = decode
+    return pipe
+
+
+RUN_CHARS = set("甲乙丙丁戊")
+
+
+def runs(text: str) -> list[Span]:
+    """Every maximal run of RUN_CHARS in `text` as a PER entity: what the stub tagger below sees,
+    including the part of a run a window's edge cuts off, as a real model tags a cut name."""
+    spans, start = [], None
+    for i, c in enumerate(text + "的"):
+        if c in RUN_CHARS and start is None:
+            start = i
+        elif c not in RUN_CHARS and start is not None:
+            spans.append(Span(start, i, "PER"))
+            start = None
+    return spans
+
+
+def entities_of(pipe: Pipeline, text: str) -> list[Span]:
+    return pipe.predict_tokens([list(text)])[0]
+
+
+@pytest.mark.parametrize("scheme", ["bio", "bioes", "bmes"])
+def test_no_entity_is_cut_where_a_window_ends(tiny_config, scheme):
+    """max_len 10: entities of 2-5 characters at every offset of texts of up to 60 characters, so that
+    every window edge falls inside some entity: each comes back whole, as in the text."""
+    pipe = stub_tagger(build_pipeline(tiny_config("data.max_len=10"), scheme), runs)
+    rnd = random.Random(3)
+    checked = 0
+    for length in (11, 17, 23, 40, 60):
+        for size in (2, 3, 4, 5):
+            for offset in range(length - size + 1):
+                text = "的" * offset + "甲乙丙丁戊"[:size] + "的" * (length - offset - size)
+                assert entities_of(pipe, text) == runs(text), (text, offset)
+                checked += 1
+        for _ in range(20):  # many entities, two or more characters apart
+            text = "".join(rnd.choice(["的", "的的", "甲乙", "甲乙丙", "甲乙丙丁"]) for _ in range(length))[:length]
+            text = text.replace("乙甲", "乙的甲").replace("丙甲", "丙的甲").replace("丁甲", "丁的甲")
+            assert entities_of(pipe, text) == runs(text), text
+    assert checked > 500
+    # Batched over many texts as one at a time.
+    texts = ["的" * k + "甲乙丙" + "的" * (30 - k) for k in range(30)]
+    assert pipe.predict_tokens([list(t) for t in texts], batch_size=7) == [entities_of(pipe, t) for t in texts]
+
+
+@pytest.mark.parametrize("scheme", ["bio", "bioes"])
+def test_a_run_of_one_character_is_not_cut_into_window_sized_entities(tiny_config, scheme):
+    """The defect: "张" * 5000 came back as 25 entities of exactly max_len (200) characters. A tagger
+    that tags all it sees as one entity now gives one entity over the whole text."""
+    pipe = stub_tagger(build_pipeline(tiny_config("data.max_len=200"), scheme), lambda t: [Span(0, len(t), "PER")])
+    assert entities_of(pipe, "张" * 5000) == [Span(0, 5000, "PER")]
+    assert entities_of(pipe, "张" * 200) == [Span(0, 200, "PER")]
+
+
+def test_what_a_window_sees_at_its_edges_is_decided_by_its_neighbour(tiny_config):
+    """A tagger that tags the first and last 3 characters of every window (max_len 20): only the
+    text's own ends keep them, since every other character is decided by the window where it is
+    more central."""
+    edges = lambda t: [Span(0, 3, "PER"), Span(len(t) - 3, len(t), "LOC")]  # noqa: E731
+    pipe = stub_tagger(build_pipeline(tiny_config("data.max_len=20")), edges)
+    for length in range(21, 120):
+        assert entities_of(pipe, "的" * length) == [Span(0, 3, "PER"), Span(length - 3, length, "LOC")], length
+
+
+def test_windows_overlap_by_half_a_window_and_cover_the_text():
+    from nerkit.pipeline import windows
+
+    assert windows(0, 10) == [] and windows(7, 10) == [(0, 7)] and windows(300, 0) == [(0, 300)]
+    assert windows(5000, 200) == [(a, a + 200) for a in range(0, 4801, 100)]
+    for max_len in (1, 2, 3, 8, 10, 250):
+        for length in range(max_len + 1, max_len + 120):
+            found = windows(length, max_len)
+            assert found[0][0] == 0 and found[-1][1] == length
+            assert all(b - a == max_len for a, b in found)
+            for (a0, b0), (a1, b1) in zip(found, found[1:]):
+                assert a0 < a1 <= a0 + max_len - max_len // 2  # at least half a window of overlap
+
+
+@st.composite
+def windowed_tags(draw, scheme: str):
+    """Tag sequences of windows over one text as `windows` places them, each valid on its own (random
+    entities of two types), and the text's length."""
+    from nerkit.corpus import spans_to_tags
+    from nerkit.pipeline import windows
+
+    max_len = draw(st.integers(1, 12))
+    length = draw(st.integers(1, 60))
+    found = []
+    for a, b in windows(length, max_len):
+        spans, i = [], 0
+        while i < b - a:
+            size = draw(st.integers(0, 6))
+            if size and i + size <= b - a and draw(st.booleans()):
+                spans.append(Span(i, i + size, draw(st.sampled_from(["PER", "LOC"]))))
+                i += size
+            else:
+                i += 1
+        found.append((a, spans_to_tags(b - a, spans, scheme)))
+    return length, found
+
+
+@pytest.mark.parametrize("scheme", ["bio", "bioes", "bmes"])
+@settings(max_examples=300, deadline=None)
+@given(data=st.data())
+def test_stitched_windows_make_one_valid_tag_sequence(scheme, data):
+    """Whatever the windows decided, even entities that disagree across every point of an overlap,
+    the stitched sequence is as long as the text and valid in the scheme, as a CRF's path is."""
+    from nerkit.corpus import scheme_tags
+    from nerkit.pipeline import stitch
+
+    length, found = data.draw(windowed_tags(scheme))
+    tags = stitch(found, scheme)
+    assert len(tags) == length
+    assert is_valid_path(scheme_tags(["LOC", "PER"], scheme), tags), (found, tags)
+
+
+def test_long_lines_of_a_real_model_index_the_text_and_batch_as_one_at_a_time(eager_pipeline):
     rnd = random.Random(7)
-    line = "".join(rnd.choice("张伟李娜北京上海清华大学abc12😀ＡＢ") for _ in range(100))
-    whole = eager_pipeline.predict([line])[0]
-    piecewise = []
-    for start in range(0, 100, 8):
-        piecewise += shifted(eager_pipeline.predict([line[start:start + 8]])[0], start)
-    assert whole == piecewise
-    assert len(whole) >= 5
-    check_entities(line, whole, {t[2:] for t in eager_pipeline.tags if t != "O"})
-    # No entity crosses a cut.
-    assert all(e["end"] - e["start"] <= 8 and e["start"] // 8 == (e["end"] - 1) // 8 for e in whole)
-
-
-def test_a_long_line_with_punctuation_is_cut_into_pieces_and_stitched(eager_pipeline):
-    rnd = random.Random(8)
-    line = "".join(rnd.choice("张伟李娜北京上海清华大学，。！abc😀") for _ in range(100))
-    starts = cut_points(list(line), 8)
-    assert len(starts) > 12 and starts[0] == 0
-    bounds = list(zip(starts, starts[1:] + [len(line)]))
-    assert all(0 < b - a <= 8 for a, b in bounds)
-    piecewise = []
-    for a, b in bounds:
-        piecewise += shifted(eager_pipeline.predict([line[a:b]])[0], a)
-    whole = eager_pipeline.predict([line])[0]
-    assert whole == piecewise
-    check_entities(line, whole, {t[2:] for t in eager_pipeline.tags if t != "O"})
+    lines = ["".join(rnd.choice("张伟李娜北京上海清华大学，。abc12😀ＡＢ") for _ in range(rnd.randint(9, 120)))
+             for _ in range(12)]
+    together = eager_pipeline.predict(lines, batch_size=5)
+    assert together == [eager_pipeline.predict([line])[0] for line in lines]
+    assert sum(len(e) for e in together) >= 20
+    for line, entities in zip(lines, together):
+        check_entities(line, entities, {t[2:] for t in eager_pipeline.tags if t != "O"})
 
 
 def test_predict_keeps_empty_texts_in_place(eager_pipeline):
