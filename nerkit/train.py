@@ -76,8 +76,8 @@ def build_pipeline(config: Config, splits: Splits, device: torch.device | str = 
     if lexicon is not None:
         log.info(f"lexicon: {len(lexicon)} words; {len(featurizer.counts['word'])} of them occur in the training data")
     pipe = Pipeline(config, featurizer, device, lm)
-    tables = {"char": (featurizer.chars, pipe.model.embedder.chars), "bichar": (featurizer.bichars, pipe.model.embedder.bichars),
-              "word": (featurizer.words, pipe.model.words)}
+    tables = {"char": (featurizer.chars, pipe.model.embedder.chars),
+              "bichar": (featurizer.bichars, pipe.model.embedder.bichars), "word": (featurizer.words, pipe.model.words)}
     for kind, found in vectors.items():
         vocab, table = tables[kind]
         rows = found.index()
