@@ -18,6 +18,7 @@ import typer
 from typer._click.exceptions import NoArgsIsHelpError, UsageError  # the click that typer carries
 
 from nerkit import __version__
+from nerkit.cli_vectors import vectors_app
 from nerkit.config import DEVICES
 from nerkit.errors import UserError
 from nerkit.log import configure_logging
@@ -26,6 +27,7 @@ app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, no_args_
                   help="nerkit: train, evaluate and apply Chinese named-entity recognisers.")
 data_app = typer.Typer(no_args_is_help=True, help="Inspect, check and convert corpus files.")
 app.add_typer(data_app, name="data")
+app.add_typer(vectors_app, name="vectors")
 
 # Options with a fixed set of values (typer turns a Literal into a choice that it checks).
 Device = Literal[DEVICES]
@@ -245,12 +247,6 @@ def data_convert(
     corpus = read_corpus(source, repair=repair)
     write_corpus(target, corpus.sentences, to, source)
     typer.echo(f"{source} ({corpus.labels}) -> {target} ({to}), {len(corpus.sentences)} sentences")
-
-
-# `nerkit vectors` lives in its own module, which uses the option helpers above.
-from nerkit.cli_vectors import vectors_app  # noqa: E402
-
-app.add_typer(vectors_app, name="vectors")
 
 
 def _usage_error(e: UsageError) -> str:

@@ -10,8 +10,6 @@ from typing import List
 
 import typer
 
-from nerkit.cli import flag
-
 vectors_app = typer.Typer(no_args_is_help=True, help="Train or export static character, bigram and word vectors.")
 
 
@@ -27,9 +25,9 @@ def train(
     epochs: int = typer.Option(5, "--epochs", help="Passes over the text."),
     seed: int = typer.Option(1, "--seed", help="Random seed (with --workers 1 the files are the same on every run)."),
     workers: int = typer.Option(1, "--workers", help="gensim threads; only 1 gives identical files on every run."),
-    cbow: bool = flag("--cbow", help="CBOW instead of skip-gram (faster, weaker on rare tokens)."),
+    cbow: bool = typer.Option(False, "--cbow", metavar="", help="CBOW instead of skip-gram (faster, weaker on rare tokens)."),
     kinds: str = typer.Option("char,bichar,word", "--kinds", help="Which of char, bichar, word to train."),
-    normalize: bool = flag("--normalize", help="NFKC-fold characters, as data.normalize does."),
+    normalize: bool = typer.Option(False, "--normalize", metavar="", help="NFKC-fold characters, as data.normalize does."),
     exclude: List[Path] = typer.Option([], "--exclude", help="A dev or test corpus whose sentences the "
                                        "training text must not contain (repeatable)."),
 ):
