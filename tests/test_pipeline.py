@@ -612,3 +612,16 @@ def test_long_lines_of_a_real_model_index_the_text_and_batch_as_one_at_a_time(ea
 def test_predict_keeps_empty_texts_in_place(eager_pipeline):
     results = eager_pipeline.predict(["", "张伟在北京工作", ""])
     assert results[0] == [] and results[2] == [] and len(results) == 3
+
+
+def test_predict_takes_one_string_as_one_text_and_refuses_what_is_not_text(tiny_model_dir):
+    """`model.predict("...")` is one text (it was read as one text per character); a non-string is a
+    TypeError that says which text and what it was, not a bare one from deep inside."""
+    pipe = Pipeline.load(tiny_model_dir)
+    text = "张伟在北京大学读书。"
+    assert pipe.predict(text) == pipe.predict([text])
+    assert len(pipe.predict(text)) == 1
+    with pytest.raises(TypeError, match="text 1 is NoneType"):
+        pipe.predict(["张伟", None])
+    with pytest.raises(TypeError, match="text 0 is bytes"):
+        pipe.predict([text.encode("utf-8")])
