@@ -18,6 +18,7 @@ import typer
 from typer._click.exceptions import NoArgsIsHelpError, UsageError  # the click that typer carries
 
 from nerkit import __version__
+from nerkit.cli_plot import plot_app
 from nerkit.cli_vectors import vectors_app
 from nerkit.config import DEVICES
 from nerkit.errors import UserError
@@ -28,6 +29,7 @@ app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, no_args_
 data_app = typer.Typer(no_args_is_help=True, help="Inspect, check and convert corpus files.")
 app.add_typer(data_app, name="data")
 app.add_typer(vectors_app, name="vectors")
+app.add_typer(plot_app, name="plot")
 
 # Options with a fixed set of values (typer turns a Literal into a choice that it checks).
 Device = Literal[DEVICES]
