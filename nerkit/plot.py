@@ -30,7 +30,7 @@ PROBE = "中"
 FONT_FIX = "install one: `make fonts` (Debian: apt-get install fonts-wqy-microhei)"
 
 
-def _matplotlib():
+def load_matplotlib():
     try:
         import matplotlib
     except ImportError:
@@ -52,7 +52,7 @@ def _has_glyph(path: str, char: str = PROBE) -> bool:
 def cjk_font() -> tuple[str, str] | None:
     """(family name, file) of an installed font with Chinese characters, or None. The system's font
     directories are scanned afresh (matplotlib's own cache may predate the font's installation)."""
-    _matplotlib()
+    load_matplotlib()
     from matplotlib import font_manager
 
     files = sorted(set(font_manager.findSystemFonts()))
@@ -107,7 +107,7 @@ def _save(draw, out: str | Path, text: str, *args, **kwargs) -> Path:
     atomically."""
     fmt = image_format(out)
     check_output(out)
-    matplotlib = _matplotlib()
+    matplotlib = load_matplotlib()
     with matplotlib.rc_context(style(text)):
         data = figure_bytes(draw(*args, **kwargs), fmt)
     atomic_write_bytes(out, data)
