@@ -11,7 +11,7 @@ STAMP := $(VENV)/.installed-stamp
 
 export NERKIT_DATA
 
-.PHONY: install fonts demo test lm vectors bench bench-quick benchmarks-doc clean
+.PHONY: install fonts browser demo test lm vectors bench bench-quick benchmarks-doc clean
 
 install: $(STAMP)
 
@@ -30,6 +30,15 @@ fonts:
 		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
 			fontconfig fonts-wqy-microhei >/dev/null) || echo "note: could not install fonts-wqy-microhei"; \
 	else echo "note: no font with Chinese characters; install one (e.g. apt-get install fonts-wqy-microhei)"; fi
+
+# Headless Chromium for the HTML report's browser tests (tests/test_report.py; they are skipped, saying
+# why, without it): Debian's chromium (about 290 MB) when apt-get can run as root. .ci/run runs this.
+browser:
+	@if command -v chromium >/dev/null || command -v chromium-browser >/dev/null; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+			chromium >/dev/null) || echo "note: could not install chromium"; \
+	else echo "note: no chromium; the report's browser tests will be skipped"; fi
 
 demo: $(STAMP)
 	$(NERKIT) data stats data/sample/train.bio data/sample/dev.bio data/sample/test.bio

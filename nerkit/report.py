@@ -275,7 +275,7 @@ def curves_svg(model_dir: Path) -> str | None:
     from nerkit.plot import curves_figure, figure_bytes, load_matplotlib, style
 
     matplotlib = load_matplotlib()
-    with matplotlib.rc_context(style()):
+    with matplotlib.rc_context(style(model_dir.name)):
         return figure_bytes(curves_figure([model_dir]), "svg").decode("utf-8")
 
 
