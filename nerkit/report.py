@@ -104,7 +104,8 @@ def highlight(text: str, spans: list[Span], colors: dict[str, str], wrong: set[S
 def page_start(title: str) -> str:
     return (f'<!DOCTYPE html>\n<html lang="zh">\n<head>\n<meta charset="utf-8">\n<title>{esc(title)}</title>\n'
             f'<meta name="viewport" content="width=device-width, initial-scale=1">\n<style>{STYLE}</style>\n'
-            f'</head>\n<body>\n')
+            # Without a script to page through them, every row is shown.
+            '<noscript><style>tr[hidden] { display: table-row; }</style></noscript>\n</head>\n<body>\n')
 
 
 def page_end(script: str = "") -> str:

@@ -160,6 +160,17 @@ def _similarity(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.corrcoef(a, b)[0, 1])
 
 
+def test_without_a_chinese_font_a_figure_that_needs_one_warns(monkeypatch, caplog):
+    import nerkit.plot
+
+    monkeypatch.setattr(nerkit.plot, "cjk_font", lambda: None)
+    with caplog.at_level("WARNING", logger="nerkit.plot"):
+        assert nerkit.plot.style("loss")["font.sans-serif"] == ["DejaVu Sans"]
+        assert not caplog.records  # nothing to say for a figure without Chinese
+        nerkit.plot.style("张三")
+    assert "no font with Chinese characters" in caplog.text
+
+
 @needs_cjk_font
 def test_a_chinese_label_is_drawn_with_the_fonts_glyph_not_a_box():
     _, path = cjk_font()

@@ -168,6 +168,26 @@ def test_corpus_text_stays_text_and_the_page_needs_nothing_outside(report):
     assert "&lt;script&gt;" in page and "&amp;amp;" in page
 
 
+def test_a_model_without_training_history_still_gets_a_report(tiny_model_dir, gold_file, tmp_path):
+    from nerkit.report import write_report
+
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, model)
+    (model / "metrics.jsonl").unlink()
+    write_report(model, gold_file, tmp_path / "r.html")
+    dom = parse((tmp_path / "r.html").read_text(encoding="utf-8"))
+    assert not dom.find_all("svg") and "No training history" in dom.find_all("section", id="curves")[0].text()
+
+
+def test_the_command_line_offers_every_predict_format():
+    import typing
+
+    from nerkit.cli import Format
+    from nerkit.predict import FORMATS
+
+    assert typing.get_args(Format) == FORMATS
+
+
 def test_report_from_the_command_line(tiny_model_dir, gold_file, tmp_path):
     from test_plot import nerkit
 
