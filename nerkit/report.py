@@ -35,7 +35,7 @@ td.num, th.num { text-align: right; font-variant-numeric: tabular-nums; }
 tr.total td { font-weight: bold; }
 .meta { color: #555; }
 .curves svg { max-width: 100%; height: auto; }
-mark.ent { padding: 0 1px; border-radius: 3px; background: var(--c, #eee); }
+mark.ent { padding: 0 1px; border-radius: 3px; background: #eee; }
 mark.ent sub { font-size: 0.65em; color: #444; margin-left: 1px; }
 mark.ent.err { outline: 2px solid #d00; }
 #sentences td.text { line-height: 1.9; }
@@ -94,7 +94,7 @@ def highlight(text: str, spans: list[Span], colors: dict[str, str], wrong: set[S
         css = "ent err" if span in wrong else "ent"
         color = colors.get(span.type, "#eee")
         out.append(esc(text[position:span.start]))
-        out.append(f'<mark class="{css}" style="--c:{color}" title="{esc(span.type)}">'
+        out.append(f'<mark class="{css}" style="background:{color}" title="{esc(span.type)}">'
                    f'{esc(text[span.start:span.end])}<sub>{esc(span.type)}</sub></mark>')
         position = span.end
     out.append(esc(text[position:]))
