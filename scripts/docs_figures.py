@@ -1,6 +1,8 @@
 """Redraw the README's example figures in docs/img/: the training curves and the attention of a tiny
-TENER model trained for a few seconds on the test fixtures (tests/fixtures/tiny_*.bio), and the
-position-encoding curves. Each PNG is reduced to a 64-colour palette to stay a few tens of KB.
+TENER model trained for a few seconds on the test fixtures (tests/fixtures/tiny_*.bio), the
+position-encoding curves, and (when headless Chromium is installed) a screenshot of the model's
+`nerkit report` on the fixtures' dev file. Each PNG is reduced to a 64-colour palette to stay a
+few tens of KB.
 
     python scripts/docs_figures.py [--out docs/img]
 """
@@ -8,6 +10,8 @@ position-encoding curves. Each PNG is reduced to a 64-colour palette to stay a f
 from __future__ import annotations
 
 import argparse
+import shutil
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -47,6 +51,20 @@ def main() -> None:
         train(config, out=model, progress_bar=False)
         figures = [(plot_curves([model], args.out / "curves.png"), 900),
                    (plot_attention(model, "张三在北京大学读书。", args.out / "attention.png"), 700)]
+        chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+        if chromium:
+            from conftest import TINY_DEV
+            from nerkit.report import write_report
+
+            page = Path(tmp) / "report.html"
+            write_report(model, TINY_DEV, page)
+            shot = args.out / "report.png"
+            subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+                            "--window-size=1100,1500", f"--screenshot={shot}", page.as_uri()],
+                           check=True, capture_output=True, timeout=120)
+            figures.append((shot, 800))
+        else:
+            print("no chromium: docs/img/report.png left as it is")
     figures.append((plot_positions(64, args.out / "positions.png"), 900))
     for path, width in figures:
         shrink(path, width)
