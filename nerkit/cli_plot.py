@@ -31,8 +31,7 @@ def positions(
     dim: int = typer.Option(64, "--dim", help="Width of the sinusoidal encodings (even)."),
     max_distance: int = typer.Option(50, "--max-distance", min=1, help="Offsets k from -N to N."),
 ):
-    """What sinusoidal positions tell attention: P_i . P_i+k, the same through random projections,
-    and TENER's direction-aware relative term."""
+    """What attention reads of positions: sinusoids' P_i . P_i+k, through random projections, and TENER's term."""
     from nerkit.plot import plot_positions
 
     typer.echo(f"wrote {plot_positions(dim, out, max_distance)}")
@@ -44,8 +43,7 @@ def attention(
     text: str = typer.Option(..., "--text", "-t", help="One sentence."),
     out: Path = OUT,
 ):
-    """Attention weights of every layer and head on one sentence, as heatmaps labelled with its
-    characters (and, for FLAT, its lattice words)."""
+    """Attention weights of every layer and head on one sentence, labelled with its characters (and FLAT's words)."""
     from nerkit.plot import plot_attention
 
     typer.echo(f"wrote {plot_attention(model, text, out)}")

@@ -231,7 +231,8 @@ PROBE = """<script>
     return Array.prototype.filter.call(document.querySelectorAll('#error-rows > tr'), function (r) {
       return !r.hidden; }).map(function (r) { return [r.dataset.types, r.dataset.kinds]; });
   }
-  var out = {all: visible()}, type = document.getElementById('filter-type'), kind = document.getElementById('filter-kind');
+  var out = {all: visible()};
+  var type = document.getElementById('filter-type'), kind = document.getElementById('filter-kind');
   type.value = 'LOC'; type.dispatchEvent(new Event('change')); out.loc = visible();
   type.value = ''; kind.value = 'missed'; kind.dispatchEvent(new Event('change')); out.missed = visible();
   kind.value = ''; kind.dispatchEvent(new Event('change'));
