@@ -6,8 +6,8 @@ without attention is a user error."""
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
+from typing import NamedTuple
 
 import numpy as np
 import pytest
@@ -18,18 +18,35 @@ pytest.importorskip("matplotlib", reason="nerkit[report] (matplotlib) is not ins
 from nerkit.errors import UserError  # noqa: E402
 from nerkit.plot import cjk_font, epoch_position, position_scores  # noqa: E402
 
-from conftest import REPO  # noqa: E402
 
 needs_cjk_font = pytest.mark.skipif(cjk_font() is None, reason="no font with Chinese characters installed "
                                     "(`make fonts` installs fonts-wqy-microhei)")
 
 
-def nerkit(*args: str, check: bool = True) -> subprocess.CompletedProcess:
-    result = subprocess.run([sys.executable, "-m", "nerkit", *args], capture_output=True, text=True, cwd=REPO,
-                            env={"PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"})
-    if check:
-        assert result.returncode == 0, result.stderr
-    return result
+class Run(NamedTuple):
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+@pytest.fixture
+def nerkit(monkeypatch, capfd):
+    """`nerkit(*args, check=True)`: the command line through its real entry point (`main`, which
+    maps a UserError to exit code 2), in this process, where a matplotlib warning (a glyph missing
+    from the fonts) is an error."""
+    from nerkit.cli import main
+
+    def run(*args: str, check: bool = True) -> Run:
+        monkeypatch.setattr(sys, "argv", ["nerkit", *args])
+        with pytest.raises(SystemExit) as info:
+            main()
+        out, err = capfd.readouterr()
+        result = Run(info.value.code or 0, out, err)
+        if check:
+            assert result.returncode == 0, result.stderr
+        return result
+
+    return run
 
 
 def read_png(path) -> np.ndarray:
@@ -56,7 +73,7 @@ def record(epoch, loss, f1, **extra):
 # ----------------------------------------------------------------------------- curves
 
 
-def test_curves_of_two_runs_make_one_png_with_ink(tmp_path):
+def test_curves_of_two_runs_make_one_png_with_ink(tmp_path, nerkit):
     a = write_history(tmp_path / "runs" / "a", [record(1, 9.0, 0.2), record(2, 5.0, 0.5), record(3, 4.0, 0.6)])
     b = write_history(tmp_path / "runs" / "b", [record(1, 8.0, 0.3),
                                                 record(2, 6.0, 0.4, partial=True, batches=3, of_batches=4)])
@@ -73,7 +90,7 @@ def test_a_partial_epoch_sits_at_its_fraction_of_batches():
     assert epoch_position(record(3, 1.0, 0.5)) == 3.0
 
 
-def test_curves_as_svg_and_the_errors_a_user_can_fix(tmp_path):
+def test_curves_as_svg_and_the_errors_a_user_can_fix(tmp_path, nerkit):
     run = write_history(tmp_path / "run", [record(1, 9.0, 0.2)])
     svg = tmp_path / "c.svg"
     nerkit("plot", "curves", str(run), "--out", str(svg))
@@ -106,7 +123,7 @@ def test_position_scores_say_what_the_figure_claims():
     assert any(np.argmax(p) != middle for p in scores["projected"])
 
 
-def test_positions_png(tmp_path):
+def test_positions_png(tmp_path, nerkit):
     out = tmp_path / "positions.png"
     nerkit("plot", "positions", "--dim", "32", "--out", str(out))
     image = read_png(out)
@@ -215,10 +232,10 @@ def test_recording_attention_changes_nothing_and_sees_each_layer(tener_model_dir
 
 
 @needs_cjk_font
-def test_attention_png_for_a_transformer(tener_model_dir, tmp_path):
+def test_attention_png_for_a_transformer(tener_model_dir, tmp_path, nerkit):
     out = tmp_path / "attention.png"
     result = nerkit("plot", "attention", "--model", str(tener_model_dir), "--text", "张三在北京", "--out", str(out))
-    # matplotlib warns "Glyph ... missing from font(s)" for a character the fonts lack.
+    # matplotlib warns "Glyph ... missing from font(s)" for a character the fonts lack (an error here).
     assert "missing from font" not in result.stderr, result.stderr
     image = read_png(out)
     assert image.shape[0] > 300 and image.shape[1] > 300 and 0.05 < inked(image) < 0.9
@@ -244,7 +261,7 @@ def test_flat_attention_labels_the_lattice_words(tmp_path, tiny_config):
     assert inked(read_png(image)) > 0.05
 
 
-def test_a_bilstm_has_no_attention_to_plot(tiny_model_dir, tmp_path):
+def test_a_bilstm_has_no_attention_to_plot(tiny_model_dir, tmp_path, nerkit):
     from nerkit.pipeline import Pipeline
     from nerkit.plot import attention_maps
 

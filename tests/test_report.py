@@ -21,6 +21,7 @@ from nerkit.evaluate import ERROR_KINDS
 from nerkit.report import FILTER_SCRIPT, confusion
 
 from conftest import TINY_DEV
+from test_plot import nerkit  # noqa: F401 (the fixture)
 
 pytest.importorskip("matplotlib", reason="nerkit[report] (matplotlib) is not installed")
 
@@ -188,9 +189,7 @@ def test_the_command_line_offers_every_predict_format():
     assert typing.get_args(Format) == FORMATS
 
 
-def test_report_from_the_command_line(tiny_model_dir, gold_file, tmp_path):
-    from test_plot import nerkit
-
+def test_report_from_the_command_line(tiny_model_dir, gold_file, tmp_path, nerkit):
     out = tmp_path / "r.html"
     result = nerkit("report", "--model", str(tiny_model_dir), "--data", str(gold_file), "--out", str(out))
     assert "F1" in result.stdout and out.is_file()
