@@ -85,6 +85,25 @@ def test_curves_of_two_runs_make_one_png_with_ink(tmp_path, nerkit):
     assert 0.01 < inked(image) < 0.5
 
 
+def test_every_run_is_in_the_legend_and_partial_epochs_are_hollow(tmp_path):
+    import matplotlib.pyplot as plt
+
+    from nerkit.plot import curves_figure
+
+    a = write_history(tmp_path / "x" / "run", [record(1, 9.0, 0.2), record(2, 5.0, 0.5)])
+    b = write_history(tmp_path / "y" / "run", [record(1, 8.0, 0.3), record(2, 7.0, 0.4),
+                                               record(3, 6.0, 0.5, partial=True, batches=1, of_batches=4)])
+    figure = curves_figure([a, b])
+    legend = [t.get_text() for t in figure.legends[0].get_texts()]
+    assert legend[:2] == [str(a), str(b)] and "partial" in legend[2]  # same names: the paths tell them apart
+    for ax in figure.axes:
+        hollow = [line for line in ax.get_lines() if line.get_markerfacecolor() == "white"]
+        assert [list(line.get_xdata()) for line in hollow] == [[2.25]]
+    f1 = [line for line in figure.axes[2].get_lines() if line.get_label() == str(b)][0]
+    assert list(f1.get_ydata()) == pytest.approx([30.0, 40.0, 50.0])
+    plt.close(figure)
+
+
 def test_a_partial_epoch_sits_at_its_fraction_of_batches():
     assert epoch_position(record(3, 1.0, 0.5, partial=True, batches=30, of_batches=40)) == 2.75
     assert epoch_position(record(3, 1.0, 0.5)) == 3.0
