@@ -35,8 +35,7 @@ def load_matplotlib():
         import matplotlib
     except ImportError:
         raise UserError("drawing figures needs matplotlib", fix="pip install 'nerkit[report]'") from None
-    matplotlib.use("Agg")  # files only, never a window
-    return matplotlib
+    return matplotlib  # figures are matplotlib.figure.Figure objects: no pyplot, no backend chosen
 
 
 def _has_glyph(path: str, char: str = PROBE) -> bool:
@@ -94,11 +93,11 @@ def image_format(out: str | Path) -> str:
 
 
 def figure_bytes(figure, fmt: str) -> bytes:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    FigureCanvasAgg(figure)  # a canvas of its own, outside pyplot (and any interactive backend)
     buffer = io.BytesIO()
     figure.savefig(buffer, format=fmt, bbox_inches="tight", metadata={"Date": None} if fmt == "svg" else None)
-    import matplotlib.pyplot as plt
-
-    plt.close(figure)
     return buffer.getvalue()
 
 
@@ -148,12 +147,13 @@ def epoch_position(record: dict) -> float:
 
 def curves_figure(run_dirs: list[str | Path], labels: list[str] | None = None):
     """Loss, learning rate and dev F1 per epoch, one line per run; partial epochs are hollow points."""
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure
     from matplotlib.lines import Line2D
 
     histories = [read_history(d) for d in run_dirs]
     names = labels or _run_labels(run_dirs)
-    figure, axes = plt.subplots(1, 3, figsize=(13, 3.6))
+    figure = Figure(figsize=(13, 3.6))
+    axes = figure.subplots(1, 3)
     panels = (("loss", "training loss", 1.0), ("lr", "learning rate", 1.0), ("dev_f1", "dev F1 (%)", 100.0))
     any_partial = False
     for (key, title, factor), ax in zip(panels, axes):
@@ -230,11 +230,12 @@ def position_scores(dim: int, max_distance: int = 50, projections: int = 3, seed
 
 
 def positions_figure(dim: int, max_distance: int = 50):
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure
 
     scores = position_scores(dim, max_distance)
     k = scores["offsets"]
-    figure, axes = plt.subplots(1, 3, figsize=(13, 3.6), sharex=True)
+    figure = Figure(figsize=(13, 3.6))
+    axes = figure.subplots(1, 3, sharex=True)
     axes[0].plot(k, scores["absolute"], color="C0")
     axes[0].set_title(f"$P_i \\cdot P_{{i+k}}$ (d = {dim}): symmetric")
     for n, p in enumerate(scores["projected"]):
@@ -294,12 +295,12 @@ def attention_maps(pipe, text: str) -> tuple[list[str], list[torch.Tensor]]:
 
 
 def attention_figure(labels: list[str], layers: list[torch.Tensor], chars: int):
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure
 
     heads, length = layers[0].size(0), len(labels)
     cell = max(2.6, 0.2 * length)
-    figure, axes = plt.subplots(len(layers), heads, figsize=(cell * heads + 1, cell * len(layers) + 0.5),
-                                squeeze=False)
+    figure = Figure(figsize=(cell * heads + 1, cell * len(layers) + 0.5))
+    axes = figure.subplots(len(layers), heads, squeeze=False)
     size = max(5, min(10, 260 / max(length, 1)))
     for layer, weights in enumerate(layers):
         for head in range(heads):

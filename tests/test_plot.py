@@ -86,8 +86,6 @@ def test_curves_of_two_runs_make_one_png_with_ink(tmp_path, nerkit):
 
 
 def test_every_run_is_in_the_legend_and_partial_epochs_are_hollow(tmp_path):
-    import matplotlib.pyplot as plt
-
     from nerkit.plot import curves_figure
 
     a = write_history(tmp_path / "x" / "run", [record(1, 9.0, 0.2), record(2, 5.0, 0.5)])
@@ -101,7 +99,6 @@ def test_every_run_is_in_the_legend_and_partial_epochs_are_hollow(tmp_path):
         assert [list(line.get_xdata()) for line in hollow] == [[2.25]]
     f1 = [line for line in figure.axes[2].get_lines() if line.get_label() == str(b)][0]
     assert list(f1.get_ydata()) == pytest.approx([30.0, 40.0, 50.0])
-    plt.close(figure)
 
 
 def test_a_partial_epoch_sits_at_its_fraction_of_batches():
@@ -167,16 +164,17 @@ def _ink_box(image: np.ndarray) -> np.ndarray:
 def _drawn(char: str) -> np.ndarray:
     """`char` as nerkit's figures draw it (its style, a large label), as ink in [0, 1]."""
     import matplotlib
-    import matplotlib.pyplot as plt
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
 
     from nerkit.plot import style
 
     with matplotlib.rc_context(style(char)):
-        figure = plt.figure(figsize=(2, 2), dpi=100)
+        figure = Figure(figsize=(2, 2), dpi=100)
+        canvas = FigureCanvasAgg(figure)
         figure.text(0.5, 0.5, char, fontsize=90, ha="center", va="center")
-        figure.canvas.draw()
-        pixels = np.asarray(figure.canvas.buffer_rgba())[..., :3].mean(axis=-1) / 255.0
-        plt.close(figure)
+        canvas.draw()
+        pixels = np.asarray(canvas.buffer_rgba())[..., :3].mean(axis=-1) / 255.0
     return 1.0 - pixels
 
 
