@@ -218,6 +218,23 @@ def test_a_chinese_label_is_drawn_with_the_fonts_glyph_not_a_box():
 # ----------------------------------------------------------------------------- attention
 
 
+def test_recorded_weights_are_the_softmax_of_the_masked_logits():
+    from nerkit.encoders.attention import MultiHeadAttention, recorded_attention
+
+    torch.manual_seed(0)
+    attention = MultiHeadAttention(2, 4, attn_dropout=0.5).eval()
+    x = torch.randn(2, 5, 8)  # (B, L, d_model)
+    mask = torch.tensor([[True] * 5, [True] * 3 + [False] * 2])  # (B, L)
+    plain = attention(x, mask)
+    with recorded_attention(attention) as recorded:
+        hooked = attention(x, mask)
+    assert torch.equal(plain, hooked)
+    (weights,) = recorded  # (B, H, L, L)
+    expected = attention.logits(x).masked_fill(~mask[:, None, None, :], float("-inf")).softmax(-1)
+    torch.testing.assert_close(weights, expected)
+    assert weights[1, :, :, 3:].abs().max() == 0  # padding keys get no weight
+
+
 @pytest.fixture(scope="module")
 def tener_model_dir(tmp_path_factory, tiny_config):
     from nerkit.train import train
