@@ -298,16 +298,18 @@ def attention_figure(labels: list[str], layers: list[torch.Tensor], chars: int):
     from matplotlib.figure import Figure
 
     heads, length = layers[0].size(0), len(labels)
-    cell = max(2.6, 0.2 * length)
-    figure = Figure(figsize=(cell * heads + 1, cell * len(layers) + 0.5))
+    cell = max(2.6, 0.28 * length)  # inches per heatmap: room for a label per row and column
+    size = max(5.0, min(10.0, 0.6 * 72 * cell / length))  # points
+    figure = Figure(figsize=(cell * heads + 1.5, cell * len(layers) + 0.8), layout="constrained")
     axes = figure.subplots(len(layers), heads, squeeze=False)
-    size = max(5, min(10, 260 / max(length, 1)))
     for layer, weights in enumerate(layers):
         for head in range(heads):
             ax = axes[layer][head]
             image = ax.imshow(weights[head].numpy(), cmap="viridis", vmin=0.0, vmax=1.0)
-            ax.set_xticks(range(length), labels, fontsize=size, rotation=90 if chars < length else 0)
+            ax.set_xticks(range(length), labels, fontsize=size)
             ax.set_yticks(range(length), labels, fontsize=size)
+            for word in ax.get_xticklabels()[chars:]:  # FLAT's words read downwards, characters stay upright
+                word.set_rotation(90)
             if chars < length:  # FLAT: a line between the characters and the lattice words
                 ax.axhline(chars - 0.5, color="white", linewidth=0.8)
                 ax.axvline(chars - 0.5, color="white", linewidth=0.8)
