@@ -42,8 +42,10 @@ def attention(
     model: Path = typer.Option(..., "--model", "-m", help="Model directory (a transformer, tener or flat encoder)."),
     text: str = typer.Option(..., "--text", "-t", help="One sentence."),
     out: Path = OUT,
+    layer: int = typer.Option(0, "--layer", min=0, help="Only this layer, counted from 1 (0: every layer)."),
+    head: int = typer.Option(0, "--head", min=0, help="Only this head, counted from 1 (0: every head)."),
 ):
     """Attention weights of every layer and head on one sentence, labelled with its characters (and FLAT's words)."""
     from nerkit.plot import plot_attention
 
-    typer.echo(f"wrote {plot_attention(model, text, out)}")
+    typer.echo(f"wrote {plot_attention(model, text, out, layer, head)}")

@@ -294,18 +294,23 @@ def attention_maps(pipe, text: str) -> tuple[list[str], list[torch.Tensor]]:
     return labels, layers
 
 
-def attention_figure(labels: list[str], layers: list[torch.Tensor], chars: int):
+MAX_FIGURE_INCHES = 60  # 6,000 pixels a side at 100 dpi
+
+
+def attention_figure(labels: list[str], grid: list[list[tuple[str, torch.Tensor]]], chars: int):
+    """Heatmaps, `grid[row][column]` = (title, (L, L) weights, rows the queries); `chars`: how many
+    of the `labels` are characters (FLAT's lattice words follow them)."""
     from matplotlib.figure import Figure
 
-    heads, length = layers[0].size(0), len(labels)
+    rows, columns, length = len(grid), len(grid[0]), len(labels)
     cell = max(2.6, 0.28 * length)  # inches per heatmap: room for a label per row and column
+    cell = min(cell, MAX_FIGURE_INCHES / max(rows, columns))
     size = max(5.0, min(10.0, 0.6 * 72 * cell / length))  # points
-    figure = Figure(figsize=(cell * heads + 1.5, cell * len(layers) + 0.8), layout="constrained")
-    axes = figure.subplots(len(layers), heads, squeeze=False)
-    for layer, weights in enumerate(layers):
-        for head in range(heads):
-            ax = axes[layer][head]
-            image = ax.imshow(weights[head].numpy(), cmap="viridis", vmin=0.0, vmax=1.0)
+    figure = Figure(figsize=(cell * columns + 1.5, cell * rows + 0.8), layout="constrained")
+    axes = figure.subplots(rows, columns, squeeze=False)
+    for ax_row, maps in zip(axes, grid):
+        for ax, (title, weights) in zip(ax_row, maps):
+            image = ax.imshow(weights.numpy(), cmap="viridis", vmin=0.0, vmax=1.0)
             ax.set_xticks(range(length), labels, fontsize=size)
             ax.set_yticks(range(length), labels, fontsize=size)
             for word in ax.get_xticklabels()[chars:]:  # FLAT's words read downwards, characters stay upright
@@ -313,18 +318,26 @@ def attention_figure(labels: list[str], layers: list[torch.Tensor], chars: int):
             if chars < length:  # FLAT: a line between the characters and the lattice words
                 ax.axhline(chars - 0.5, color="white", linewidth=0.8)
                 ax.axvline(chars - 0.5, color="white", linewidth=0.8)
-            ax.set_title(f"layer {layer + 1}, head {head + 1}", fontsize=9)
+            ax.set_title(title, fontsize=9)
             ax.tick_params(length=0)
     figure.colorbar(image, ax=axes, shrink=0.6, label="attention weight (rows: queries)")
     return figure
 
 
-def plot_attention(model_dir: str | Path, text: str, out: str | Path, device: str = "cpu") -> Path:
-    """`nerkit plot attention`: every layer's and head's attention on `text`, written to `out`."""
+def plot_attention(model_dir: str | Path, text: str, out: str | Path, layer: int = 0, head: int = 0,
+                   device: str = "cpu") -> Path:
+    """`nerkit plot attention`: the attention on `text` of every layer (a row each) and head (a
+    column each), or only of `layer` and / or `head` (counted from 1; 0: all), written to `out`."""
     from nerkit.pipeline import Pipeline
 
     image_format(out)
     check_output(out)
     pipe = Pipeline.load(model_dir, device=device)
-    labels, layers = attention_maps(pipe, text)
-    return _save(attention_figure, out, "".join(labels), labels, layers, len(text))
+    labels, weights = attention_maps(pipe, text)
+    n_layers, n_heads = len(weights), weights[0].size(0)
+    if layer > n_layers or head > n_heads:
+        raise UserError(f"the model has {n_layers} layers of {n_heads} heads: there is no layer {layer}, head {head}",
+                        fix=f"choose --layer 1..{n_layers} and --head 1..{n_heads} (0: all)")
+    grid = [[(f"layer {i + 1}, head {j + 1}", weights[i][j]) for j in range(n_heads) if head in (0, j + 1)]
+            for i in range(n_layers) if layer in (0, i + 1)]
+    return _save(attention_figure, out, "".join(labels), labels, grid, len(text))

@@ -273,6 +273,14 @@ def test_attention_png_for_a_transformer(tener_model_dir, tmp_path, nerkit):
     assert "missing from font" not in result.stderr, result.stderr
     image = read_png(out)
     assert image.shape[0] > 300 and image.shape[1] > 300 and 0.05 < inked(image) < 0.9
+    one = tmp_path / "one.png"
+    nerkit("plot", "attention", "--model", str(tener_model_dir), "--text", "张三在北京", "--out", str(one),
+           "--layer", "2", "--head", "1")
+    single = read_png(one)  # one heatmap of the 2 x 2: half as wide and half as tall, give or take the margins
+    assert single.shape[0] < 0.7 * image.shape[0] and single.shape[1] < 0.7 * image.shape[1]
+    wrong = nerkit("plot", "attention", "--model", str(tener_model_dir), "--text", "张三", "--out", str(one),
+                   "--layer", "3", check=False)
+    assert wrong.returncode == 2 and "no layer 3" in wrong.stderr
 
 
 @needs_cjk_font
