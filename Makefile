@@ -11,15 +11,34 @@ STAMP := $(VENV)/.installed-stamp
 
 export NERKIT_DATA
 
-.PHONY: install demo test lm vectors bench bench-quick benchmarks-doc clean
+.PHONY: install fonts browser demo test lm vectors bench bench-quick benchmarks-doc clean
 
 install: $(STAMP)
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check $(TORCH)
-	$(PY) -m pip install -q --disable-pip-version-check -e ".[test,fast,lm,vectors]"
+	$(PY) -m pip install -q --disable-pip-version-check -e ".[test,fast,lm,vectors,report]"
 	touch $(STAMP)
+
+# A font with Chinese characters for `nerkit plot` (else they are empty boxes): WenQuanYi Micro Hei
+# (Debian fonts-wqy-microhei, 5 MB) is installed when fontconfig knows none and apt-get can run as
+# root; otherwise a note says what to install, and the figures' tests that need one are skipped.
+fonts:
+	@if fc-list :lang=zh 2>/dev/null | grep -q .; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+			fontconfig fonts-wqy-microhei >/dev/null) || echo "note: could not install fonts-wqy-microhei"; \
+	else echo "note: no font with Chinese characters; install one (e.g. apt-get install fonts-wqy-microhei)"; fi
+
+# Headless Chromium for the HTML report's browser tests (tests/test_report.py; they are skipped, saying
+# why, without it): Debian's chromium (about 290 MB) when apt-get can run as root. .ci/run runs this.
+browser:
+	@if command -v chromium >/dev/null || command -v chromium-browser >/dev/null; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+			chromium >/dev/null) || echo "note: could not install chromium"; \
+	else echo "note: no chromium; the report's browser tests will be skipped"; fi
 
 demo: $(STAMP)
 	$(NERKIT) data stats data/sample/train.bio data/sample/dev.bio data/sample/test.bio
@@ -27,7 +46,7 @@ demo: $(STAMP)
 	$(NERKIT) eval --model runs/demo --data data/sample/test.bio
 	$(NERKIT) predict --model runs/demo data/sample/texts.txt --format inline
 
-test: $(STAMP)
+test: $(STAMP) fonts
 	$(PY) -m pytest -q -p no:cacheprovider
 
 # A real small Chinese encoder for the language-model features (nerkit/lm.py) in lm/m3e-small/:

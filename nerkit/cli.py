@@ -18,6 +18,7 @@ import typer
 from typer._click.exceptions import NoArgsIsHelpError, UsageError  # the click that typer carries
 
 from nerkit import __version__
+from nerkit.cli_plot import plot_app
 from nerkit.cli_vectors import vectors_app
 from nerkit.config import DEVICES
 from nerkit.errors import UserError
@@ -28,10 +29,11 @@ app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, no_args_
 data_app = typer.Typer(no_args_is_help=True, help="Inspect, check and convert corpus files.")
 app.add_typer(data_app, name="data")
 app.add_typer(vectors_app, name="vectors")
+app.add_typer(plot_app, name="plot")
 
 # Options with a fixed set of values (typer turns a Literal into a choice that it checks).
 Device = Literal[DEVICES]
-Format = Literal["jsonl", "conll", "inline"]  # nerkit.predict.FORMATS (a test keeps them equal)
+Format = Literal["jsonl", "conll", "inline", "html"]  # nerkit.predict.FORMATS (a test keeps them equal)
 Target = Literal["bio", "bioes", "bmes", "jsonl"]
 
 
@@ -167,6 +169,27 @@ def predict(
     set_threads(threads)
     pipe = Pipeline.load(model, device=device)
     predict_stream(pipe, source, out, fmt, batch_size)
+
+
+@app.command()
+def report(
+    model: Path = typer.Option(..., "--model", "-m", help="Model directory."),
+    data: Path = typer.Option(..., "--data", "-d", help="Gold corpus (CoNLL or .jsonl)."),
+    out: Path = typer.Option(..., "--out", "-o", help="The HTML page to write."),
+    batch_size: int = typer.Option(128, "--batch-size", min=1, help="Sentences per batch."),
+    repair: Optional[bool] = flag("--repair/--no-repair", default=None, help="Read invalid tag transitions as "
+                                  "conlleval does (default: as the model's training data was read)."),
+    device: Device = DEVICE,
+    threads: int = THREADS,
+):
+    """One self-contained HTML page: scores, training curves, entity-type confusions, the error
+    breakdown and every sentence with an error, filterable by type and kind."""
+    from nerkit.device import set_threads
+    from nerkit.report import write_report
+
+    set_threads(threads)
+    metrics = write_report(model, data, out, batch_size, repair=repair, device=device)
+    typer.echo(f"wrote {out} (F1 {100 * metrics['f1']:.2f})")
 
 
 @app.command()

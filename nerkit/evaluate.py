@@ -51,27 +51,35 @@ def errors(gold: list[list[Span]], predicted: list[list[Span]]) -> dict[str, dic
     if len(gold) != len(predicted):
         raise ValueError(f"{len(gold)} gold sentences but {len(predicted)} predicted")
     counts: dict[str, dict[str, int]] = {}
-
-    def add(type_: str, kind: str) -> None:
-        counts.setdefault(type_, dict.fromkeys(ERROR_KINDS, 0))[kind] += 1
-
     for g_spans, p_spans in zip(gold, predicted):
-        g_set, p_set = set(g_spans), set(p_spans)
-        for g in g_set:
-            touching = [p for p in p_set if _overlap(p, g)]
-            if g in p_set:
-                kind = "correct"
-            elif any((p.start, p.end) == (g.start, g.end) for p in touching):
-                kind = "wrong_type"
-            elif any(p.type == g.type for p in touching):
-                kind = "wrong_boundary"
-            else:
-                kind = "wrong_both" if touching else "missed"
-            add(g.type, kind)
-        for p in p_set:
-            if not any(_overlap(p, g) for g in g_set):
-                add(p.type, "spurious")
+        for span, kind in sentence_errors(g_spans, p_spans):
+            counts.setdefault(span.type, dict.fromkeys(ERROR_KINDS, 0))[kind] += 1
     return dict(sorted(counts.items()))
+
+
+def sentence_errors(gold: list[Span], predicted: list[Span]) -> list[tuple[Span, str]]:
+    """One sentence's part of `errors`: each gold entity with what became of it, then each
+    spurious prediction with `spurious`, in order of position. `errors` counts these, and the HTML
+    report (report.py) shows them, so the two never disagree."""
+    g_set, p_set = set(gold), set(predicted)
+    found = []
+    for g in sorted(g_set, key=_position):
+        touching = [p for p in p_set if _overlap(p, g)]
+        if g in p_set:
+            kind = "correct"
+        elif any((p.start, p.end) == (g.start, g.end) for p in touching):
+            kind = "wrong_type"
+        elif any(p.type == g.type for p in touching):
+            kind = "wrong_boundary"
+        else:
+            kind = "wrong_both" if touching else "missed"
+        found.append((g, kind))
+    found += [(p, "spurious") for p in sorted(p_set, key=_position) if not any(_overlap(p, g) for g in g_set)]
+    return found
+
+
+def _position(span: Span) -> tuple[int, int, str]:
+    return span.start, span.end, span.type
 
 
 def _overlap(a: Span, b: Span) -> bool:

@@ -24,7 +24,7 @@ from nerkit.corpus import Sentence, Span, decode_utf8, nul_error, spans_to_tags
 from nerkit.errors import UserError
 from nerkit.files import WRITE_ERRNOS, atomic_file, check_output
 
-FORMATS = ("jsonl", "conll", "inline")
+FORMATS = ("jsonl", "conll", "inline", "html")
 STDIN = "-"
 _BOM = b"\xef\xbb\xbf"
 # Bytes read at once: a NUL byte is caught within this many, so a binary file without line breaks
@@ -87,7 +87,13 @@ def _lines(stream: BinaryIO, name: str) -> Iterator[tuple[str, int]]:
         offset += len(raw)
 
 
-def format_record(text: str, spans: list[Span], fmt: str, scheme: str = "bio") -> str:
+def format_record(text: str, spans: list[Span], fmt: str, scheme: str = "bio",
+                  colors: dict[str, str] | None = None) -> str:
+    """One record of output; `colors`: the entity types' colours for html (report.type_colors)."""
+    if fmt == "html":
+        from nerkit.report import prediction_record
+
+        return prediction_record(text, spans, colors or {})
     if fmt == "jsonl":
         ents = [{"start": s.start, "end": s.end, "type": s.type, "text": text[s.start:s.end]} for s in spans]
         return json.dumps({"text": text, "entities": ents}, ensure_ascii=False) + "\n"
@@ -122,7 +128,12 @@ def _predicted_chunks(pipe, lines: Iterable[tuple[str, int]], fmt: str, batch_si
 
 def _predict_chunk(pipe, texts: list[str], fmt: str, batch_size: int) -> bytes:
     spans = pipe.predict_tokens([list(t) for t in texts], batch_size)
-    records = "".join(format_record(t, s, fmt, pipe.scheme) for t, s in zip(texts, spans))
+    colors = None
+    if fmt == "html":
+        from nerkit.report import type_colors
+
+        colors = type_colors(pipe.types)
+    records = "".join(format_record(t, s, fmt, pipe.scheme, colors) for t, s in zip(texts, spans))
     return records.encode("utf-8")
 
 
@@ -162,11 +173,17 @@ def predict_stream(pipe, source: str, output: str | None, fmt: str = "jsonl", ba
     written = 0
     try:
         with _sink(output) as sink:
+            if fmt == "html":  # a page: its head, the records as they come, its end
+                from nerkit.report import predictions_footer, predictions_header
+
+                sink.write(predictions_header().encode("utf-8"))
             lines = _lines(stream, "<stdin>" if source == STDIN else source)
             for data, records, size in _predicted_chunks(pipe, lines, fmt, batch_size, chunk_chars):
                 sink.write(data)
                 written += records
                 bar.update(size)
+            if fmt == "html":
+                sink.write(predictions_footer().encode("utf-8"))
     except BrokenPipeError:
         if output is not None:
             raise

@@ -6,7 +6,9 @@ distances), and the post-norm block. Nothing here knows a particular paper; `rel
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Iterator
 
 import torch
 from torch import nn
@@ -135,6 +137,23 @@ class MultiHeadAttention(nn.Module):
                 out = out + value_positions
         batch, length, _ = x.shape
         return self.output(out.transpose(1, 2).reshape(batch, length, -1))  # (B, L, d_model)
+
+
+@contextmanager
+def recorded_attention(model: nn.Module) -> Iterator[list[torch.Tensor]]:
+    """Inside the block, every forward pass of each `MultiHeadAttention` in `model` appends its
+    attention weights, the softmax output, (B, H, L, L), to the yielded list, in the order the
+    modules run (layer by layer). A forward hook on the module's attention dropout reads them as they
+    pass, so the attention's arithmetic is untouched; call it in eval mode, where that dropout is
+    the identity and what is recorded is exactly what weighs the values."""
+    weights: list[torch.Tensor] = []
+    hooks = [module.dropout.register_forward_hook(lambda _m, inputs, _out: weights.append(inputs[0].detach()))
+             for module in model.modules() if isinstance(module, MultiHeadAttention)]
+    try:
+        yield weights
+    finally:
+        for hook in hooks:
+            hook.remove()
 
 
 class EncoderLayer(nn.Module):

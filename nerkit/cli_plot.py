@@ -1,0 +1,51 @@
+"""`nerkit plot`: training curves, position encodings and attention maps as PNG or SVG files.
+
+Each command parses its options, calls one function of `nerkit.plot`, and prints the file it wrote.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List
+
+import typer
+
+plot_app = typer.Typer(no_args_is_help=True, help="Draw training curves, position encodings and attention maps.")
+OUT = typer.Option(..., "--out", "-o", help="The image to write: .png or .svg.")
+
+
+@plot_app.command()
+def curves(
+    runs: List[Path] = typer.Argument(..., help="Run directories written by `nerkit train` (their metrics.jsonl)."),
+    out: Path = OUT,
+):
+    """Loss, learning rate and dev F1 per epoch of one or more runs, on one figure."""
+    from nerkit.plot import plot_curves
+
+    typer.echo(f"wrote {plot_curves(runs, out)}")
+
+
+@plot_app.command()
+def positions(
+    out: Path = OUT,
+    dim: int = typer.Option(64, "--dim", help="Width of the sinusoidal encodings (even)."),
+    max_distance: int = typer.Option(50, "--max-distance", min=1, help="Offsets k from -N to N."),
+):
+    """What attention reads of positions: sinusoids' P_i . P_i+k, through random projections, and TENER's term."""
+    from nerkit.plot import plot_positions
+
+    typer.echo(f"wrote {plot_positions(dim, out, max_distance)}")
+
+
+@plot_app.command()
+def attention(
+    model: Path = typer.Option(..., "--model", "-m", help="Model directory (a transformer, tener or flat encoder)."),
+    text: str = typer.Option(..., "--text", "-t", help="One sentence."),
+    out: Path = OUT,
+    layer: int = typer.Option(0, "--layer", min=0, help="Only this layer, counted from 1 (0: every layer)."),
+    head: int = typer.Option(0, "--head", min=0, help="Only this head, counted from 1 (0: every head)."),
+):
+    """Attention weights of every layer and head on one sentence, labelled with its characters (and FLAT's words)."""
+    from nerkit.plot import plot_attention
+
+    typer.echo(f"wrote {plot_attention(model, text, out, layer, head)}")

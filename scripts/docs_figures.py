@@ -1,0 +1,75 @@
+"""Redraw the README's example figures in docs/img/: the training curves and the attention of a tiny
+TENER model trained for a few seconds on the test fixtures (tests/fixtures/tiny_*.bio), the
+position-encoding curves, and (when headless Chromium is installed) a screenshot of the model's
+`nerkit report` on the fixtures' dev file. Each PNG is reduced to a 64-colour palette to stay a
+few tens of KB.
+
+    python scripts/docs_figures.py [--out docs/img]
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "tests"))
+
+
+def shrink(path: Path, width: int) -> None:
+    """Scale the PNG to `width` pixels and store it with a 64-colour palette."""
+    from PIL import Image
+
+    image = Image.open(path).convert("RGB")
+    if image.width > width:
+        image = image.resize((width, round(image.height * width / image.width)), Image.LANCZOS)
+    image.quantize(colors=64, method=Image.Quantize.MEDIANCUT).save(path, optimize=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=REPO / "docs" / "img")
+    args = parser.parse_args()
+    import torch
+
+    from conftest import tiny_raw_config
+    from nerkit.config import build_config
+    from nerkit.plot import plot_attention, plot_curves, plot_positions
+    from nerkit.train import train
+
+    torch.set_num_threads(1)
+    args.out.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        model = Path(tmp) / "tiny-tener"
+        config = build_config(tiny_raw_config(), "<tiny config>",
+                              ["encoder.name=tener", "encoder.n_heads=2", "encoder.head_dim=8",
+                               "encoder.num_layers=2", "train.epochs=12", "train.lr=0.005"])
+        train(config, out=model, progress_bar=False)
+        figures = [(plot_curves([model], args.out / "curves.png"), 900),
+                   (plot_attention(model, "张三在北京大学读书。", args.out / "attention.png"), 700)]
+        chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+        if chromium:
+            from conftest import TINY_DEV
+            from nerkit.report import write_report
+
+            page = Path(tmp) / "report.html"
+            write_report(model, TINY_DEV, page)
+            shot = args.out / "report.png"
+            subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+                            "--window-size=1100,1500", f"--screenshot={shot}", page.as_uri()],
+                           check=True, capture_output=True, timeout=120)
+            figures.append((shot, 800))
+        else:
+            print("no chromium: docs/img/report.png left as it is")
+    figures.append((plot_positions(64, args.out / "positions.png"), 900))
+    for path, width in figures:
+        shrink(path, width)
+        print(f"{path}: {path.stat().st_size / 1024:.0f} KB")
+
+
+if __name__ == "__main__":
+    main()
