@@ -39,13 +39,19 @@ def positions(
 
 @plot_app.command()
 def attention(
-    model: Path = typer.Option(..., "--model", "-m", help="Model directory (a transformer, tener or flat encoder)."),
+    model: list[Path] = typer.Option(..., "--model", "-m", help="Model directory (a transformer, tener or flat "
+                                     "encoder); repeat it to draw several models one under the other."),
     text: str = typer.Option(..., "--text", "-t", help="One sentence."),
     out: Path = OUT,
     layer: int = typer.Option(0, "--layer", min=0, help="Only this layer, counted from 1 (0: every layer)."),
     head: int = typer.Option(0, "--head", min=0, help="Only this head, counted from 1 (0: every head)."),
 ):
-    """Attention weights of every layer and head on one sentence, labelled with its characters (and FLAT's words)."""
+    """Attention weights of every layer and head on one sentence, labelled with its characters (and FLAT's
+    words), and how far each layer's attention reaches."""
     from nerkit.plot import plot_attention
 
-    typer.echo(f"wrote {plot_attention(model, text, out, layer, head)}")
+    path, spread = plot_attention(model, text, out, layer, head)
+    for row in spread:
+        typer.echo(f"{row['model']} ({row['encoder']}) layer {row['layer']}: mean attended distance "
+                   f"{row['mean_distance']:.2f} characters, {100 * row['within_2']:.1f}% of the weight within 2")
+    typer.echo(f"wrote {path}")

@@ -324,20 +324,52 @@ def attention_figure(labels: list[str], grid: list[list[tuple[str, torch.Tensor]
     return figure
 
 
-def plot_attention(model_dir: str | Path, text: str, out: str | Path, layer: int = 0, head: int = 0,
-                   device: str = "cpu") -> Path:
+def attention_spread(weights: torch.Tensor, chars: int) -> tuple[float, float]:
+    """How far one layer's attention reaches, over its character queries and character keys (FLAT's
+    word nodes left out, each row's character weights renormalised), averaged over heads and
+    queries: the mean distance |i - j| in characters, and the share of the weight within two
+    characters of the query. Absolute attention spreads over the sentence; TENER's concentrates."""
+    w = weights[:, :chars, :chars]  # (H, L, L)
+    w = w / w.sum(-1, keepdim=True).clamp_min(1e-12)
+    position = torch.arange(chars, dtype=w.dtype)
+    distance = (position[None, :] - position[:, None]).abs()  # (L, L)
+    mean_distance = (w * distance).sum(-1).mean().item()
+    near = (w * (distance <= 2)).sum(-1).mean().item()
+    return mean_distance, near
+
+
+def plot_attention(model_dirs: str | Path | list[str | Path], text: str, out: str | Path, layer: int = 0,
+                   head: int = 0, device: str = "cpu") -> tuple[Path, list[dict]]:
     """`nerkit plot attention`: the attention on `text` of every layer (a row each) and head (a
-    column each), or only of `layer` and / or `head` (counted from 1; 0: all), written to `out`."""
+    column each) of each model, models one under the other, or only of `layer` and / or `head`
+    (counted from 1; 0: all), written to `out`. Returns the path and, per model and layer drawn,
+    its `attention_spread` (mean distance, share within two characters)."""
     from nerkit.pipeline import Pipeline
 
     image_format(out)
     check_output(out)
-    pipe = Pipeline.load(model_dir, device=device)
-    labels, weights = attention_maps(pipe, text)
-    n_layers, n_heads = len(weights), weights[0].size(0)
-    if layer > n_layers or head > n_heads:
-        raise UserError(f"the model has {n_layers} layers of {n_heads} heads: there is no layer {layer}, head {head}",
-                        fix=f"choose --layer 1..{n_layers} and --head 1..{n_heads} (0: all)")
-    grid = [[(f"layer {i + 1}, head {j + 1}", weights[i][j]) for j in range(n_heads) if head in (0, j + 1)]
-            for i in range(n_layers) if layer in (0, i + 1)]
-    return _save(attention_figure, out, "".join(labels), labels, grid, len(text))
+    model_dirs = [model_dirs] if isinstance(model_dirs, (str, Path)) else list(model_dirs)
+    grid, spread, labels = [], [], None
+    for model_dir in model_dirs:
+        pipe = Pipeline.load(model_dir, device=device)
+        nodes, weights = attention_maps(pipe, text)
+        if labels is not None and nodes != labels:
+            raise UserError(f"{model_dir}: its lattice gives this text other nodes than {model_dirs[0]}'s, so their "
+                            "maps do not line up", fix="plot a FLAT model on its own, or beside FLAT models of the same lexicon")
+        labels = nodes
+        n_layers, n_heads = len(weights), weights[0].size(0)
+        if layer > n_layers or head > n_heads:
+            raise UserError(f"{model_dir}: the model has {n_layers} layers of {n_heads} heads: there is no "
+                            f"layer {layer}, head {head}", fix=f"choose --layer 1..{n_layers} and --head 1..{n_heads} (0: all)")
+        name = f"{Path(model_dir).name} ({pipe.config.encoder.name}), " if len(model_dirs) > 1 else ""
+        for i in range(n_layers):
+            if layer not in (0, i + 1):
+                continue
+            grid.append([(f"{name}layer {i + 1}, head {j + 1}", weights[i][j]) for j in range(n_heads) if head in (0, j + 1)])
+            distance, near = attention_spread(weights[i], len(text))
+            spread.append({"model": str(model_dir), "encoder": pipe.config.encoder.name, "layer": i + 1,
+                           "mean_distance": distance, "within_2": near})
+    if len(model_dirs) > 1 and len({len(row) for row in grid}) > 1:
+        raise UserError("the models have different numbers of heads, so their maps do not line up in one grid",
+                        fix="choose one head with --head N")
+    return _save(attention_figure, out, "".join(labels), labels, grid, len(text)), spread

@@ -5,6 +5,13 @@ position-encoding curves, and (when headless Chromium is installed) a screenshot
 few tens of KB.
 
     python scripts/docs_figures.py [--out docs/img]
+
+With `--compare ABSOLUTE_MODEL TENER_MODEL` it draws only docs/img/attention_compare.png, the first
+layer of two trained models one under the other on one sentence, and prints how far each layer's
+attention reaches (`nerkit.plot.attention_spread`) averaged over the first `--sentences` sentences
+of at most 60 characters of the models' dev set (carved from train as in training).
+
+    python scripts/docs_figures.py --compare runs/transformer runs/tener
 """
 
 from __future__ import annotations
@@ -33,7 +40,12 @@ def shrink(path: Path, width: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=REPO / "docs" / "img")
+    parser.add_argument("--compare", nargs=2, type=Path, metavar=("ABSOLUTE", "TENER"))
+    parser.add_argument("--sentences", type=int, default=300)
+    parser.add_argument("--text", default="中国人民银行行长周小川在北京会见了美国财政部长。")
     args = parser.parse_args()
+    if args.compare:
+        return compare(args.compare, args.out, args.text, args.sentences)
     import torch
 
     from conftest import tiny_raw_config
@@ -50,7 +62,7 @@ def main() -> None:
                                "encoder.num_layers=2", "train.epochs=12", "train.lr=0.005"])
         train(config, out=model, progress_bar=False)
         figures = [(plot_curves([model], args.out / "curves.png"), 900),
-                   (plot_attention(model, "张三在北京大学读书。", args.out / "attention.png"), 700)]
+                   (plot_attention(model, "张三在北京大学读书。", args.out / "attention.png")[0], 700)]
         chromium = shutil.which("chromium") or shutil.which("chromium-browser")
         if chromium:
             from conftest import TINY_DEV
@@ -69,6 +81,33 @@ def main() -> None:
     for path, width in figures:
         shrink(path, width)
         print(f"{path}: {path.stat().st_size / 1024:.0f} KB")
+
+
+def compare(models: list[Path], out: Path, text: str, sentences: int) -> None:
+    """The attention of trained models side by side, and their spread over dev sentences."""
+    import torch
+
+    from nerkit.pipeline import Pipeline
+    from nerkit.plot import attention_maps, attention_spread, plot_attention
+    from nerkit.splits import read_splits
+
+    torch.set_num_threads(1)
+    out.mkdir(parents=True, exist_ok=True)
+    path, _ = plot_attention(models, text, out / "attention_compare.png", layer=1)
+    shrink(path, 900)
+    print(f"{path}: {path.stat().st_size / 1024:.0f} KB")
+    for model in models:
+        pipe = Pipeline.load(model)
+        dev = [s.tokens for s in read_splits(pipe.config).dev if len(s.tokens) <= 60][:sentences]
+        per_layer = None
+        for tokens in dev:
+            _, layers = attention_maps(pipe, "".join(tokens))
+            spread = [attention_spread(w, len(tokens)) for w in layers]
+            per_layer = spread if per_layer is None else [(a + c, b + d) for (a, b), (c, d) in zip(per_layer, spread)]
+        for i, (distance, near) in enumerate(per_layer):
+            print(f"{model} ({pipe.config.encoder.name}) layer {i + 1}: mean attended distance "
+                  f"{distance / len(dev):.2f} characters, {100 * near / len(dev):.1f}% within 2, "
+                  f"over {len(dev)} dev sentences (mean length {sum(map(len, dev)) / len(dev):.1f})")
 
 
 if __name__ == "__main__":

@@ -283,6 +283,49 @@ def test_attention_png_for_a_transformer(tener_model_dir, tmp_path, nerkit):
     assert wrong.returncode == 2 and "no layer 3" in wrong.stderr
 
 
+def test_attention_spread_measures_how_far_attention_reaches():
+    from nerkit.plot import attention_spread
+
+    length = 6
+    uniform = torch.full((2, length, length), 1 / length)  # (H, L, L)
+    distance, near = attention_spread(uniform, length)
+    pairs = [(i, j) for i in range(length) for j in range(length)]
+    assert distance == pytest.approx(sum(abs(i - j) for i, j in pairs) / len(pairs))
+    assert near == pytest.approx(sum(abs(i - j) <= 2 for i, j in pairs) / len(pairs))
+    assert attention_spread(torch.eye(length)[None], length) == (0.0, 1.0)  # each character on itself
+    last = torch.zeros(1, length, length)
+    last[..., -1] = 1.0  # everything on the last character: distances 5, 4, ..., 0
+    assert attention_spread(last, length) == (pytest.approx(2.5), pytest.approx(3 / 6))
+    lattice = torch.zeros(1, length + 2, length + 2)  # FLAT: two word nodes after the characters
+    lattice[:, :, :length] = torch.eye(length + 2)[:, :length] * 0.5
+    lattice[:, :, length:] = 0.25  # half of each row's weight on the words: left out, the rest renormalised
+    assert attention_spread(lattice, length) == (0.0, 1.0)
+
+
+@needs_cjk_font
+def test_two_models_one_under_the_other_with_their_spread(tener_model_dir, tmp_path, tiny_config, nerkit):
+    from nerkit.train import train
+
+    absolute = tmp_path / "absolute"
+    train(tiny_config("encoder.name=transformer", "encoder.n_heads=2", "encoder.head_dim=4",
+                      "encoder.num_layers=1", "train.epochs=1"), out=absolute, progress_bar=False)
+    one, both = tmp_path / "one.png", tmp_path / "both.png"
+    nerkit("plot", "attention", "--model", str(tener_model_dir), "--text", "张三在北京", "--out", str(one), "--layer", "1")
+    result = nerkit("plot", "attention", "--model", str(absolute), "--model", str(tener_model_dir),
+                    "--text", "张三在北京", "--out", str(both), "--layer", "1")
+    spread = [line for line in result.stdout.splitlines() if "mean attended distance" in line]
+    assert len(spread) == 2 and "(transformer) layer 1" in spread[0] and "(tener) layer 1" in spread[1]
+    assert read_png(both).shape[0] > 1.6 * read_png(one).shape[0]  # two rows of maps against one
+    wide = tmp_path / "wide"
+    train(tiny_config("encoder.name=transformer", "encoder.n_heads=1", "encoder.head_dim=8",
+                      "encoder.num_layers=1", "train.epochs=1"), out=wide, progress_bar=False)
+    mismatch = nerkit("plot", "attention", "--model", str(wide), "--model", str(tener_model_dir),
+                      "--text", "张三", "--out", str(tmp_path / "m.png"), check=False)
+    assert mismatch.returncode == 2 and "--head" in mismatch.stderr
+    nerkit("plot", "attention", "--model", str(wide), "--model", str(tener_model_dir),
+           "--text", "张三", "--out", str(tmp_path / "m.png"), "--head", "1")
+
+
 @needs_cjk_font
 def test_flat_attention_labels_the_lattice_words(tmp_path, tiny_config):
     from nerkit.pipeline import Pipeline
