@@ -6,7 +6,8 @@ read, as `nerkit data` checks corpora: bytes that are not UTF-8, or a NUL byte, 
 error naming the line. A leading UTF-8 byte-order mark is dropped: each record's `text` is its line
 without the mark and the line ending, and offsets index that `text`. The input may be a file,
 stdin, a pipe or a device (`/dev/stdin`, bash's `<(...)`); the output goes to stdout, where a reader
-that stops early (`| head`) is a normal end, or atomically to a file.
+that stops early (`| head`) is a normal end, or atomically to a file. The chunks are predicted
+here, or by worker processes (`nerkit.workers`, `--workers N`), whose output is the same.
 """
 
 from __future__ import annotations

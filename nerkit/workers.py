@@ -114,7 +114,8 @@ def in_order(tasks: Iterator[bytes], conns: list[Connection], window: int,
 class Workers:
     """`count` processes that each hold the model of `model` (a directory), started by `with`
     and ended when the block ends, however it ends. `predict_chunks` is what `predict_stream`
-    calls; `threads` (0: one per core) are shared out among the processes."""
+    calls; `threads` (0: one per core) are shared out among the processes. They are spawned (a
+    new interpreter each), so a script that uses them starts them under `if __name__ == "__main__":`."""
 
     def __init__(self, model: str | Path, count: int, device: str = "cpu", threads: int = 0):
         self.model, self.count, self.device = str(model), count, device
@@ -167,7 +168,10 @@ class Workers:
             if process.is_alive():
                 process.terminate()  # a busy one (an error or Ctrl-C ended the run) is stopped
         for process in self.processes:
-            process.join()
+            process.join(10)
+            if process.is_alive():  # not even SIGTERM ended it
+                process.kill()
+                process.join()
 
     def predict_chunks(self, chunks: Iterable[tuple[list[str], int]], fmt: str,
                        batch_size: int) -> Iterator[tuple[bytes, int, int]]:
@@ -194,18 +198,19 @@ class Workers:
         process = self.processes[index]
         process.join(5)
         code = process.exitcode
+        fix = "run again, or with --workers 1 to predict in one process"
         if code is None:
             how = "stopped answering"
+        elif code == -signal.SIGKILL:
+            how, fix = "was killed by SIGKILL (out of memory?)", "run again, with fewer --workers if memory is short"
         elif code < 0:
             try:
-                name = signal.Signals(-code).name
+                how = f"was killed by {signal.Signals(-code).name}"
             except ValueError:
-                name = f"signal {-code}"
-            how = f"was killed by {name}" + (" (out of memory?)" if -code == signal.SIGKILL else "")
+                how = f"was killed by signal {-code}"
         else:
             how = f"ended with exit code {code}" + (" (its error is above)" if code else "")
-        return UserError(f"prediction worker {index + 1} of {self.count} {how} {doing}",
-                         fix="run again, with fewer --workers if memory is short")
+        return UserError(f"prediction worker {index + 1} of {self.count} {how} {doing}", fix=fix)
 
 
 @contextmanager
