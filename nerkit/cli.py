@@ -157,18 +157,19 @@ def predict(
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write here instead of stdout."),
     batch_size: int = typer.Option(64, "--batch-size", min=1, help="Sentences per batch."),
     device: Device = DEVICE,
-    threads: int = THREADS,
+    threads: int = typer.Option(0, "--threads", min=0, help="torch threads in all, shared out among the "
+                                "workers (0 = one per core)."),
+    workers: int = typer.Option(1, "--workers", min=1, help="Processes that predict at once, each "
+                                "holding a copy of the model (1 = this process)."),
 ):
     """Tag every line of a text file (or stdin, a pipe, /dev/stdin)."""
-    from nerkit.device import set_threads
-    from nerkit.pipeline import Pipeline
     from nerkit.predict import check_paths, predict_stream
+    from nerkit.workers import predictor
 
     out = str(output) if output else None
     check_paths(source, out)  # before the model loads: a wrong path costs no wait
-    set_threads(threads)
-    pipe = Pipeline.load(model, device=device)
-    predict_stream(pipe, source, out, fmt, batch_size)
+    with predictor(model, device, threads, workers) as pipe:
+        predict_stream(pipe, source, out, fmt, batch_size)
 
 
 @app.command()

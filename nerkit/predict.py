@@ -6,7 +6,8 @@ read, as `nerkit data` checks corpora: bytes that are not UTF-8, or a NUL byte, 
 error naming the line. A leading UTF-8 byte-order mark is dropped: each record's `text` is its line
 without the mark and the line ending, and offsets index that `text`. The input may be a file,
 stdin, a pipe or a device (`/dev/stdin`, bash's `<(...)`); the output goes to stdout, where a reader
-that stops early (`| head`) is a normal end, or atomically to a file.
+that stops early (`| head`) is a normal end, or atomically to a file. The chunks are predicted
+here, or by worker processes (`nerkit.workers`, `--workers N`), whose output is the same.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from typing import BinaryIO, Iterable, Iterator
 from nerkit.corpus import Sentence, Span, decode_utf8, nul_error, spans_to_tags
 from nerkit.errors import UserError
 from nerkit.files import WRITE_ERRNOS, atomic_file, check_output
+from nerkit.workers import Workers
 
 FORMATS = ("jsonl", "conll", "inline", "html")
 STDIN = "-"
@@ -31,6 +33,9 @@ _BOM = b"\xef\xbb\xbf"
 # (or /dev/zero) is refused without filling memory.
 _PIECE = 1 << 20
 _SOURCE_FIX = "pass a text file with one text per line, or - for stdin"
+# Characters of input predicted (and written) at a time: enough for batches of similar lengths, few
+# enough that a page of text is several chunks for the processes of `--workers` to share.
+CHUNK_CHARS = 20_000
 
 
 def check_paths(source: str, output: str | None) -> None:
@@ -109,10 +114,9 @@ def format_record(text: str, spans: list[Span], fmt: str, scheme: str = "bio",
     return "".join(f"{c} {t}\n" for c, t in zip(text, tags)) + "\n"
 
 
-def _predicted_chunks(pipe, lines: Iterable[tuple[str, int]], fmt: str, batch_size: int,
-                      chunk_chars: int) -> Iterator[tuple[bytes, int, int]]:
-    """The output for about `chunk_chars` characters of input at a time: (encoded records, how
-    many records, how many input bytes they cover)."""
+def _chunks(lines: Iterable[tuple[str, int]], chunk_chars: int) -> Iterator[tuple[list[str], int]]:
+    """The texts of about `chunk_chars` characters of input at a time, and how many input bytes
+    they cover. One process or several (`nerkit.workers`), the chunks are the same."""
     texts: list[str] = []
     size = chars = 0
     for text, line_size in lines:
@@ -120,13 +124,14 @@ def _predicted_chunks(pipe, lines: Iterable[tuple[str, int]], fmt: str, batch_si
         size += line_size
         chars += len(text)
         if chars >= chunk_chars:
-            yield _predict_chunk(pipe, texts, fmt, batch_size), len(texts), size
+            yield texts, size
             texts, size, chars = [], 0, 0
     if texts:
-        yield _predict_chunk(pipe, texts, fmt, batch_size), len(texts), size
+        yield texts, size
 
 
-def _predict_chunk(pipe, texts: list[str], fmt: str, batch_size: int) -> bytes:
+def predict_chunk(pipe, texts: list[str], fmt: str, batch_size: int) -> bytes:
+    """The encoded records of one chunk's texts (what a worker process returns, too)."""
     spans = pipe.predict_tokens([list(t) for t in texts], batch_size)
     colors = None
     if fmt == "html":
@@ -135,6 +140,17 @@ def _predict_chunk(pipe, texts: list[str], fmt: str, batch_size: int) -> bytes:
         colors = type_colors(pipe.types)
     records = "".join(format_record(t, s, fmt, pipe.scheme, colors) for t, s in zip(texts, spans))
     return records.encode("utf-8")
+
+
+def _predicted(pipe, chunks: Iterable[tuple[list[str], int]], fmt: str,
+               batch_size: int) -> Iterator[tuple[bytes, int, int]]:
+    """Each chunk's output in input order, with how many records and input bytes it holds: predicted
+    here by a Pipeline, or by the processes of a `Workers`."""
+    if isinstance(pipe, Workers):
+        yield from pipe.predict_chunks(chunks, fmt, batch_size)
+        return
+    for texts, size in chunks:
+        yield predict_chunk(pipe, texts, fmt, batch_size), len(texts), size
 
 
 @contextmanager
@@ -157,9 +173,10 @@ def _silence_stdout() -> None:
 
 
 def predict_stream(pipe, source: str, output: str | None, fmt: str = "jsonl", batch_size: int = 64,
-                   chunk_chars: int = 200_000, progress: bool | None = None) -> int:
-    """Predict every line of `source` (a path, or '-' for stdin) into `output` (a path, or stdout).
-    Returns the number of records written."""
+                   chunk_chars: int = CHUNK_CHARS, progress: bool | None = None) -> int:
+    """Predict every line of `source` (a path, or '-' for stdin) into `output` (a path, or stdout)
+    with `pipe`: a Pipeline, or `nerkit.workers.Workers` (processes that each hold one; the output
+    is the same). Returns the number of records written."""
     if fmt not in FORMATS:
         raise UserError(f"unknown output format {fmt!r}", fix=f"use one of {', '.join(FORMATS)}")
     if batch_size < 1:
@@ -177,8 +194,8 @@ def predict_stream(pipe, source: str, output: str | None, fmt: str = "jsonl", ba
                 from nerkit.report import predictions_footer, predictions_header
 
                 sink.write(predictions_header().encode("utf-8"))
-            lines = _lines(stream, "<stdin>" if source == STDIN else source)
-            for data, records, size in _predicted_chunks(pipe, lines, fmt, batch_size, chunk_chars):
+            chunks = _chunks(_lines(stream, "<stdin>" if source == STDIN else source), chunk_chars)
+            for data, records, size in _predicted(pipe, chunks, fmt, batch_size):
                 sink.write(data)
                 written += records
                 bar.update(size)
