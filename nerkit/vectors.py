@@ -595,13 +595,19 @@ def _tensor_desc(desc: bytes, where: str) -> tuple[int, list[int]]:
     return dtype_code, dims
 
 
-def jieba_lac_files() -> tuple[Path, Path]:
-    """(embedding tensor, character dictionary) of the LAC-small model inside the installed jieba."""
+def jieba_lac_folder() -> Path:
+    """The lac_small/ folder of the installed jieba (Baidu's LAC-small model), found without
+    importing jieba; whether it holds every file is for the caller to check."""
     spec = importlib.util.find_spec("jieba")
     if spec is None:
         raise UserError("jieba is not installed", fix="pip install jieba")
     locations = list(spec.submodule_search_locations or [])
-    folder = (Path(locations[0]) if locations else Path(spec.origin).parent) / "lac_small"
+    return (Path(locations[0]) if locations else Path(spec.origin).parent) / "lac_small"
+
+
+def jieba_lac_files() -> tuple[Path, Path]:
+    """(embedding tensor, character dictionary) of the LAC-small model inside the installed jieba."""
+    folder = jieba_lac_folder()
     tensor, dictionary = folder / "model_baseline" / "word_emb", folder / "word.dic"
     for path in (tensor, dictionary):
         if not path.is_file():
