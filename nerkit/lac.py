@@ -35,9 +35,9 @@ MSRA_TYPES = {"PER": "NR", "LOC": "NS", "ORG": "NT"}
 # LAC was trained on folded text: the rows of word_emb that never moved from their random start
 # (norm 0.65 against about 5) are those of upper-case ASCII letters, of the full-width (U+FF01-FF5E)
 # and small (U+FE50-FE6B) forms of ASCII, and of this CJK punctuation, whose ASCII twins are trained.
-_ASCII_TWINS = {"。": ".", "、": ",", "“": '"', "”": '"', "〝": '"', "〞": '"', "「": '"', "」": '"', "『": '"',
-                "』": '"', "‘": "'", "’": "'", "【": "[", "】": "]", "〖": "[", "〗": "]", "〔": "[", "〕": "]",
-                "〈": "<", "〉": ">", "—": "-", "‐": "-", "∶": ":"}
+_ASCII_TWINS = {"。": ".", "、": ",", "“": '"', "”": '"', "〝": '"', "〞": '"', "「": '"', "」": '"',
+                "『": '"', "』": '"', "‘": "'", "’": "'", "【": "[", "】": "]", "〖": "[", "〗": "]",
+                "〔": "[", "〕": "]", "〈": "<", "〉": ">", "—": "-", "‐": "-", "∶": ":"}
 
 
 # ------------------------------------------------------------------------------------ characters
@@ -231,12 +231,13 @@ class LACTagger(nn.Module):
         emissions = self.emission(self.encoder(ids, mask)[-1])  # (B, T, K)
         start, end, transitions = self.crf[0], self.crf[1], self.crf[2:]  # (K,), (K,), (K, K)
         score = start + emissions[:, 0]  # (B, K)
+        itself = torch.arange(score.shape[1], device=score.device).expand_as(score)  # (B, K)
         pointers = []
         for t in range(1, ids.shape[1]):
             best, previous = (score[:, :, None] + transitions).max(dim=1)  # (B, K) over the previous tag
             real = mask[:, t, None]  # (B, 1)
             score = torch.where(real, best + emissions[:, t], score)
-            pointers.append(torch.where(real, previous, torch.arange(score.shape[1], device=score.device).expand_as(previous)))
+            pointers.append(torch.where(real, previous, itself))
         tag = (score + end).argmax(dim=1)  # (B,)
         path = [tag]
         for back in reversed(pointers):  # padding points each tag to itself, so rows trace back together
@@ -324,11 +325,16 @@ def read_jieba_lac(fold: bool = True) -> tuple[LACTagger, LACVocab, list[str]]:
     from nerkit.vectors import jieba_lac_folder, read_paddle_tensor
 
     folder = jieba_lac_folder()
+    embedding_path = folder / "model_baseline" / "word_emb"
+    for path in (folder / CHARS_FILE, folder / TAGS_FILE, embedding_path):
+        _require(path)
     vocab = LACVocab.read(folder / CHARS_FILE, fold)
     tags = _read_tags(folder / TAGS_FILE)
-    embedding_path = folder / "model_baseline" / "word_emb"
-    _require(embedding_path)
-    rows, dim = read_paddle_tensor(embedding_path).shape
+    embedding = read_paddle_tensor(embedding_path)
+    if embedding.ndim != 2:
+        raise UserError(f"expected a 2-d embedding table, found shape {embedding.shape}", where=str(embedding_path),
+                        fix="reinstall jieba (pip install --force-reinstall jieba)")
+    rows, dim = embedding.shape
     config = LACConfig(vocab_size=rows, embedding_dim=dim, hidden_size=dim, num_tags=len(tags), fold=fold)
     tensors = {}
     for name, shape in paddle_shapes(config).items():
@@ -368,16 +374,20 @@ def _read_tags(path: Path) -> list[str]:
 # ------------------------------------------------------------------------------------ directories
 
 def export_lac(out_dir: str | Path, fold: bool = True) -> dict:
-    """Write jieba's LAC-small as a nerkit directory: config.json (model_type lac-bigru and the
-    sizes), word.dic, tag.dic and model.safetensors (encoder, emission layer and CRF)."""
+    """Write jieba's LAC-small as a nerkit directory (`write_directory`)."""
     tagger, vocab, tags = read_jieba_lac(fold)
-    config = tagger.encoder.config
+    return write_directory(out_dir, tagger, vocab, tags, source="jieba's lac_small (Baidu LAC, Apache-2.0)")
+
+
+def write_directory(out_dir: str | Path, tagger: LACTagger, vocab: LACVocab, tags: list[str], source: str) -> dict:
+    """config.json (model_type lac-bigru, the sizes, `source`), word.dic, tag.dic and
+    model.safetensors (encoder, emission layer and CRF), written atomically."""
     out_dir = Path(out_dir)
-    meta = {**config.to_dict(), "source": "jieba's lac_small (Baidu LAC, Apache-2.0)"}
-    state = {k: v.contiguous() for k, v in tagger.state_dict().items()}
+    meta = {**tagger.encoder.config.to_dict(), "source": source}
+    state = {k: v.detach().cpu().contiguous() for k, v in tagger.state_dict().items()}
     try:
         with atomic_directory(out_dir) as tmp:
-            atomic_write_text(tmp / "config.json", json.dumps(meta, indent=2) + "\n")
+            atomic_write_text(tmp / "config.json", json.dumps(meta, indent=2, ensure_ascii=False) + "\n")
             atomic_write_text(tmp / CHARS_FILE, vocab.lines())
             atomic_write_text(tmp / TAGS_FILE, "".join(f"{i}\t{t}\n" for i, t in enumerate(tags)))
             atomic_write_bytes(tmp / WEIGHTS_FILE, safetensors_bytes(state, metadata={"format": "pt"}))
@@ -387,7 +397,8 @@ def export_lac(out_dir: str | Path, fold: bool = True) -> dict:
                             fix="free disk space or choose another --out") from None
         raise
     return {"path": str(out_dir), "characters": len(vocab), "tags": len(tags),
-            "parameters": sum(v.numel() for v in state.values()), "embedding": list(state["encoder.embedding.weight"].shape)}
+            "parameters": sum(v.numel() for v in state.values()),
+            "embedding": list(state["encoder.embedding.weight"].shape)}
 
 
 def is_lac_directory(directory: Path) -> bool:
