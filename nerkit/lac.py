@@ -85,7 +85,7 @@ class LACVocab:
     @staticmethod
     def _folded(char: str) -> str:
         if 0xFF01 <= ord(char) <= 0xFF5E or 0xFE50 <= ord(char) <= 0xFE6B:
-            char = unicodedata.normalize("NFKC", char)  # ａ -> a, ，-> ,, ﹑ -> 、
+            char = unicodedata.normalize("NFKC", char)  # ａ -> a, ， -> ",", ﹑ -> 、
         return _ASCII_TWINS.get(char, char.lower() if char.isascii() else char)
 
     def id(self, char: str) -> int:
@@ -334,8 +334,12 @@ def read_jieba_lac(fold: bool = True) -> tuple[LACTagger, LACVocab, list[str]]:
     if embedding.ndim != 2:
         raise UserError(f"expected a 2-d embedding table, found shape {embedding.shape}", where=str(embedding_path),
                         fix="reinstall jieba (pip install --force-reinstall jieba)")
+    first_gru = folder / "model_baseline" / "gru_0.w_0"
+    _require(first_gru)
     rows, dim = embedding.shape
-    config = LACConfig(vocab_size=rows, embedding_dim=dim, hidden_size=dim, num_tags=len(tags), fold=fold)
+    hidden = read_paddle_tensor(first_gru).shape[0]  # (H, 3H)
+    config = LACConfig(vocab_size=rows, embedding_dim=dim, hidden_size=hidden, num_layers=2,  # nets.py's bigru_num
+                       num_tags=len(tags), fold=fold)
     tensors = {}
     for name, shape in paddle_shapes(config).items():
         path = folder / "model_baseline" / name
@@ -369,122 +373,6 @@ def _read_tags(path: Path) -> list[str]:
             sorted(int(row) for row, _, _ in pairs) != list(range(len(pairs))):
         raise UserError("expected lines `id<TAB>tag` with ids 0, 1, 2, ...", where=str(path), fix=EXPORT_FIX)
     return [tag for _, _, tag in sorted(pairs, key=lambda p: int(p[0]))]
-
-
-# ------------------------------------------------------------------------------------ directories
-
-def export_lac(out_dir: str | Path, fold: bool = True) -> dict:
-    """Write jieba's LAC-small as a nerkit directory (`write_directory`)."""
-    tagger, vocab, tags = read_jieba_lac(fold)
-    return write_directory(out_dir, tagger, vocab, tags, source="jieba's lac_small (Baidu LAC, Apache-2.0)")
-
-
-def write_directory(out_dir: str | Path, tagger: LACTagger, vocab: LACVocab, tags: list[str], source: str) -> dict:
-    """config.json (model_type lac-bigru, the sizes, `source`), word.dic, tag.dic and
-    model.safetensors (encoder, emission layer and CRF), written atomically."""
-    out_dir = Path(out_dir)
-    meta = {**tagger.encoder.config.to_dict(), "source": source}
-    state = {k: v.detach().cpu().contiguous() for k, v in tagger.state_dict().items()}
-    try:
-        with atomic_directory(out_dir) as tmp:
-            atomic_write_text(tmp / "config.json", json.dumps(meta, indent=2, ensure_ascii=False) + "\n")
-            atomic_write_text(tmp / CHARS_FILE, vocab.lines())
-            atomic_write_text(tmp / TAGS_FILE, "".join(f"{i}\t{t}\n" for i, t in enumerate(tags)))
-            atomic_write_bytes(tmp / WEIGHTS_FILE, safetensors_bytes(state, metadata={"format": "pt"}))
-    except OSError as e:
-        if e.errno in WRITE_ERRNOS:
-            raise UserError(f"cannot write the LAC directory ({e.strerror})", where=str(out_dir),
-                            fix="free disk space or choose another --out") from None
-        raise
-    return {"path": str(out_dir), "characters": len(vocab), "tags": len(tags),
-            "parameters": sum(v.numel() for v in state.values()),
-            "embedding": list(state["encoder.embedding.weight"].shape)}
-
-
-def is_lac_directory(directory: Path) -> bool:
-    return _read_optional_json(directory / "config.json").get("model_type") == MODEL_TYPE
-
-
-def read_config(directory: Path) -> LACConfig:
-    path = directory / "config.json"
-    data = _read_optional_json(path)
-    fields = {k: data[k] for k in asdict(LACConfig()) if k in data}
-    sizes = {k: v for k, v in fields.items() if k != "fold"}
-    if any(not isinstance(v, int) or isinstance(v, bool) or v < 1 for v in sizes.values()):
-        raise UserError("the sizes must be positive integers", where=str(path), fix=EXPORT_FIX)
-    config = LACConfig(**fields)
-    if not isinstance(config.fold, bool):
-        raise UserError("fold must be true or false", where=str(path), fix=EXPORT_FIX)
-    return config
-
-
-def load_tagger(directory: str | Path) -> tuple[LACTagger, LACVocab, list[str]]:
-    """The whole LAC tagger of an exported directory (`export_lac`)."""
-    directory = Path(directory)
-    if not directory.is_dir():
-        raise UserError("LAC directory not found", where=str(directory), fix=EXPORT_FIX)
-    config = read_config(directory)
-    tagger = LACTagger(config)
-    _load_weights(tagger, directory / WEIGHTS_FILE)
-    return tagger.eval(), _vocab(directory, config), _read_tags(directory / TAGS_FILE)
-
-
-def load_lac(directory: str | Path, layers: str = "last", finetune: bool = False, bf16: bool = False,
-             weights: bool = True) -> "LACEmbedder":
-    """The `LACEmbedder` of an exported directory, or of a model directory's lm/ (there without
-    `weights`: the tagger's model.safetensors fills them)."""
-    directory = Path(directory)
-    config = read_config(directory)
-    encoder = LACEncoder(config)
-    if weights:
-        _load_weights(encoder, directory / WEIGHTS_FILE, prefix="encoder.")
-    return LACEmbedder(encoder, _vocab(directory, config), layers=layers, finetune=finetune, bf16=bf16)
-
-
-def _vocab(directory: Path, config: LACConfig) -> LACVocab:
-    vocab = LACVocab.read(directory / CHARS_FILE, config.fold)
-    if max(vocab.entries.values()) >= config.vocab_size:
-        raise UserError(f"ids reach {max(vocab.entries.values())} but config.json's vocab_size is "
-                        f"{config.vocab_size}", where=str(directory / CHARS_FILE), fix=EXPORT_FIX)
-    return vocab
-
-
-def _load_weights(module: nn.Module, path: Path, prefix: str = "") -> None:
-    """Fill `module` from the safetensors file, whose names carry `prefix` (other names are left)."""
-    try:
-        state = load_file(str(path), device="cpu")
-    except FileNotFoundError:
-        raise UserError(f"{path.name} not found", where=str(path.parent), fix=EXPORT_FIX) from None
-    except (SafetensorError, OSError) as e:
-        raise UserError(f"{path.name} cannot be read ({_gist(e)})", where=str(path), fix=EXPORT_FIX) from None
-    expected = module.state_dict()
-    missing = [k for k in expected if prefix + k not in state]
-    if missing:
-        raise UserError(f"the weights lack {len(missing)} tensors, e.g. {prefix + missing[0]}", where=str(path),
-                        fix=EXPORT_FIX)
-    wrong = [f"{k} {tuple(state[prefix + k].shape)} != {tuple(v.shape)}" for k, v in expected.items()
-             if state[prefix + k].shape != v.shape]
-    if wrong:
-        raise UserError(f"the weights do not fit config.json: {wrong[0]}", where=str(path), fix=EXPORT_FIX)
-    module.load_state_dict({k: state[prefix + k] for k in expected})
-
-
-def save_lac(embedder: "LACEmbedder", model_dir: str | Path, weights: bool = True) -> Path:
-    """`nerkit.lm.save_lm` for LAC: MODEL_DIR/lm/ with config.json, word.dic, the embedder's
-    options and, with `weights`, the encoder's (possibly fine-tuned) weights and scalar mix."""
-    target = Path(model_dir) / LM_DIR
-    options = {"layers": embedder.layers, "finetune": embedder.finetune, "bf16": embedder.bf16}
-    with atomic_directory(target) as tmp:
-        atomic_write_text(tmp / "config.json", json.dumps(embedder.lm.config.to_dict(), indent=2) + "\n")
-        atomic_write_text(tmp / CHARS_FILE, embedder.vocab.lines())
-        atomic_write_text(tmp / OPTIONS_FILE, json.dumps(options, indent=2) + "\n")
-        if weights:
-            state = {"encoder." + k: v.detach().cpu().contiguous() for k, v in embedder.lm.state_dict().items()}
-            atomic_write_bytes(tmp / WEIGHTS_FILE, safetensors_bytes(state, metadata={"format": "pt"}))
-            if embedder.scalar_mix is not None:
-                mix = {k: v.detach().cpu().contiguous() for k, v in embedder.scalar_mix.state_dict().items()}
-                atomic_write_bytes(tmp / MIX_FILE, safetensors_bytes(mix))
-    return target
 
 
 # ------------------------------------------------------------------------------------ as LM features
@@ -550,3 +438,127 @@ class LACEmbedder(nn.Module):
             digest.update(f"{name} {tensor.dtype} {tuple(tensor.shape)}".encode("utf-8"))
             digest.update(tensor.detach().cpu().contiguous().view(torch.uint8).numpy())
         return digest.hexdigest()
+
+
+# ------------------------------------------------------------------------------------ directories
+
+def export_lac(out_dir: str | Path, fold: bool = True) -> dict:
+    """Write jieba's LAC-small as a nerkit directory (`write_directory`)."""
+    tagger, vocab, tags = read_jieba_lac(fold)
+    return write_directory(out_dir, tagger, vocab, tags, source="jieba's lac_small (Baidu LAC, Apache-2.0)")
+
+
+def write_directory(out_dir: str | Path, tagger: LACTagger, vocab: LACVocab, tags: list[str], source: str) -> dict:
+    """config.json (model_type lac-bigru, the sizes, `source`), word.dic, tag.dic and
+    model.safetensors (encoder, emission layer and CRF), written atomically."""
+    out_dir = Path(out_dir)
+    meta = {**tagger.encoder.config.to_dict(), "source": source}
+    state = {k: v.detach().cpu().contiguous() for k, v in tagger.state_dict().items()}
+    try:
+        with atomic_directory(out_dir) as tmp:
+            atomic_write_text(tmp / "config.json", json.dumps(meta, indent=2, ensure_ascii=False) + "\n")
+            atomic_write_text(tmp / CHARS_FILE, vocab.lines())
+            atomic_write_text(tmp / TAGS_FILE, "".join(f"{i}\t{t}\n" for i, t in enumerate(tags)))
+            atomic_write_bytes(tmp / WEIGHTS_FILE, safetensors_bytes(state, metadata={"format": "pt"}))
+    except OSError as e:
+        if e.errno in WRITE_ERRNOS:
+            raise UserError(f"cannot write the LAC directory ({e.strerror})", where=str(out_dir),
+                            fix="free disk space or choose another --out") from None
+        raise
+    return {"path": str(out_dir), "characters": len(vocab), "tags": len(tags),
+            "parameters": sum(v.numel() for v in state.values()),
+            "embedding": list(state["encoder.embedding.weight"].shape)}
+
+
+def is_lac_directory(directory: Path) -> bool:
+    return _read_optional_json(directory / "config.json").get("model_type") == MODEL_TYPE
+
+
+def read_config(directory: Path) -> LACConfig:
+    """config.json of a LAC directory: its model_type, every size and `fold`, checked."""
+    path = directory / "config.json"
+    if not path.is_file():
+        raise UserError("config.json not found", where=str(directory), fix=EXPORT_FIX)
+    data = _read_optional_json(path)
+    if data.get("model_type") != MODEL_TYPE:
+        raise UserError(f"not a LAC directory (model_type {data.get('model_type')!r}, not {MODEL_TYPE!r})",
+                        where=str(path), fix=EXPORT_FIX)
+    missing = [k for k in asdict(LACConfig()) if k not in data]
+    if missing:
+        raise UserError(f"config.json lacks {', '.join(missing)}", where=str(path), fix=EXPORT_FIX)
+    config = LACConfig(**{k: data[k] for k in asdict(LACConfig())})
+    sizes = [v for k, v in asdict(config).items() if k != "fold"]
+    if any(not isinstance(v, int) or isinstance(v, bool) or v < 1 for v in sizes):
+        raise UserError("the sizes must be positive integers", where=str(path), fix=EXPORT_FIX)
+    if not isinstance(config.fold, bool):
+        raise UserError("fold must be true or false", where=str(path), fix=EXPORT_FIX)
+    return config
+
+
+def load_tagger(directory: str | Path) -> tuple[LACTagger, LACVocab, list[str]]:
+    """The whole LAC tagger of an exported directory (`export_lac`)."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise UserError("LAC directory not found", where=str(directory), fix=EXPORT_FIX)
+    config = read_config(directory)
+    tagger = LACTagger(config)
+    _load_weights(tagger, directory / WEIGHTS_FILE)
+    return tagger.eval(), _vocab(directory, config), _read_tags(directory / TAGS_FILE)
+
+
+def load_lac(directory: str | Path, layers: str = "last", finetune: bool = False, bf16: bool = False,
+             weights: bool = True) -> LACEmbedder:
+    """The `LACEmbedder` of an exported directory, or of a model directory's lm/ (there without
+    `weights`: the tagger's model.safetensors fills them)."""
+    directory = Path(directory)
+    config = read_config(directory)
+    encoder = LACEncoder(config)
+    if weights:
+        _load_weights(encoder, directory / WEIGHTS_FILE, prefix="encoder.")
+    return LACEmbedder(encoder, _vocab(directory, config), layers=layers, finetune=finetune, bf16=bf16)
+
+
+def _vocab(directory: Path, config: LACConfig) -> LACVocab:
+    vocab = LACVocab.read(directory / CHARS_FILE, config.fold)
+    if max(vocab.entries.values()) >= config.vocab_size:
+        raise UserError(f"ids reach {max(vocab.entries.values())} but config.json's vocab_size is "
+                        f"{config.vocab_size}", where=str(directory / CHARS_FILE), fix=EXPORT_FIX)
+    return vocab
+
+
+def _load_weights(module: nn.Module, path: Path, prefix: str = "") -> None:
+    """Fill `module` from the safetensors file, whose names carry `prefix` (other names are left)."""
+    try:
+        state = load_file(str(path), device="cpu")
+    except FileNotFoundError:
+        raise UserError(f"{path.name} not found", where=str(path.parent), fix=EXPORT_FIX) from None
+    except (SafetensorError, OSError) as e:
+        raise UserError(f"{path.name} cannot be read ({_gist(e)})", where=str(path), fix=EXPORT_FIX) from None
+    expected = module.state_dict()
+    missing = [k for k in expected if prefix + k not in state]
+    if missing:
+        raise UserError(f"the weights lack {len(missing)} tensors, e.g. {prefix + missing[0]}", where=str(path),
+                        fix=EXPORT_FIX)
+    wrong = [f"{k} {tuple(state[prefix + k].shape)} != {tuple(v.shape)}" for k, v in expected.items()
+             if state[prefix + k].shape != v.shape]
+    if wrong:
+        raise UserError(f"the weights do not fit config.json: {wrong[0]}", where=str(path), fix=EXPORT_FIX)
+    module.load_state_dict({k: state[prefix + k] for k in expected})
+
+
+def save_lac(embedder: LACEmbedder, model_dir: str | Path, weights: bool = True) -> Path:
+    """`nerkit.lm.save_lm` for LAC: MODEL_DIR/lm/ with config.json, word.dic, the embedder's
+    options and, with `weights`, the encoder's (possibly fine-tuned) weights and scalar mix."""
+    target = Path(model_dir) / LM_DIR
+    options = {"layers": embedder.layers, "finetune": embedder.finetune, "bf16": embedder.bf16}
+    with atomic_directory(target) as tmp:
+        atomic_write_text(tmp / "config.json", json.dumps(embedder.lm.config.to_dict(), indent=2) + "\n")
+        atomic_write_text(tmp / CHARS_FILE, embedder.vocab.lines())
+        atomic_write_text(tmp / OPTIONS_FILE, json.dumps(options, indent=2) + "\n")
+        if weights:
+            state = {"encoder." + k: v.detach().cpu().contiguous() for k, v in embedder.lm.state_dict().items()}
+            atomic_write_bytes(tmp / WEIGHTS_FILE, safetensors_bytes(state, metadata={"format": "pt"}))
+            if embedder.scalar_mix is not None:
+                mix = {k: v.detach().cpu().contiguous() for k, v in embedder.scalar_mix.state_dict().items()}
+                atomic_write_bytes(tmp / MIX_FILE, safetensors_bytes(mix))
+    return target

@@ -366,6 +366,12 @@ def break_size_type(d):
     (d / "config.json").write_text(json.dumps({**config, "num_layers": "two"}), encoding="utf-8")
 
 
+def break_missing_size(d):
+    config = json.loads((d / "config.json").read_text(encoding="utf-8"))
+    del config["num_tags"]
+    (d / "config.json").write_text(json.dumps(config), encoding="utf-8")
+
+
 def break_chars(d):
     (d / "word.dic").write_text("0\t张\nthree\n", encoding="utf-8")
 
@@ -380,7 +386,8 @@ def break_vocab_size(d):
 
 @pytest.mark.parametrize("damage,match", [
     (break_weights, "model.safetensors not found"), (break_sizes, "do not fit"),
-    (break_size_type, "positive integers"), (break_chars, "expected `id<TAB>character`"),
+    (break_size_type, "positive integers"), (break_missing_size, "lacks num_tags"),
+    (break_chars, "expected `id<TAB>character`"),
     (break_oov, "no OOV entry"), (break_vocab_size, "vocab_size"),
 ])
 def test_each_broken_lac_directory_is_a_user_error(lac_dir, damage, match):
