@@ -11,7 +11,7 @@ STAMP := $(VENV)/.installed-stamp
 
 export NERKIT_DATA
 
-.PHONY: install fonts browser demo test lm vectors bench bench-quick benchmarks-doc clean
+.PHONY: install fonts browser demo test lm lac vectors bench bench-quick benchmarks-doc clean
 
 install: $(STAMP)
 
@@ -54,6 +54,11 @@ test: $(STAMP) fonts
 # for research use only and git-ignored: see README, "Pretrained resources". Does nothing when present.
 lm: $(STAMP)
 	$(PY) scripts/fetch_lm.py --out lm/m3e-small
+
+# Baidu's LAC-small (character embeddings + two bi-GRU layers, 10 MB) from the installed jieba, for
+# embeddings.lm.path: lm/lac-small. Nothing is downloaded; see README "Pretrained resources".
+lac: $(STAMP)
+	$(NERKIT) vectors export-lac --out lm/lac-small
 
 # Every encoder on both datasets, each run in its own process; results in bench-out/*/RESULTS.md.
 # Extra options through BENCH_ARGS, e.g. `make bench BENCH_ARGS="--resume --device cuda"`, or a

@@ -1,4 +1,5 @@
-"""`nerkit vectors`: train static vectors on your own text, or export jieba's LAC character vectors.
+"""`nerkit vectors`: train static vectors on your own text, export jieba's LAC character vectors, or
+convert jieba's whole LAC-small model into a directory for `embeddings.lm.path`.
 
 Each command parses its options, calls one function of `nerkit.vectors`, and prints one line.
 """
@@ -10,7 +11,8 @@ from typing import List
 
 import typer
 
-vectors_app = typer.Typer(no_args_is_help=True, help="Train or export static character, bigram and word vectors.")
+vectors_app = typer.Typer(no_args_is_help=True, help="Train or export static character, bigram and word vectors; "
+                          "export jieba's LAC-small model.")
 
 
 @vectors_app.command()
@@ -56,3 +58,18 @@ def export_jieba(
     typer.echo(f"wrote {report['vectors']:,} character vectors of dimension {report['dim']} to {out} "
                f"(LAC table {report['table'][0]:,} x {report['table'][1]}; {len(report['skipped'])} pseudo-tokens "
                "and whitespace characters left out)")
+
+
+@vectors_app.command("export-lac")
+def export_lac(
+    out: Path = typer.Option(..., "--out", "-o", help="The directory to write (e.g. lm/lac-small); "
+                             "then set embeddings.lm.path to it."),
+):
+    """Convert jieba's bundled Baidu LAC-small model (character embeddings, bi-GRU layers, CRF) into
+    a directory that embeddings.lm.path reads as a language model."""
+    from nerkit.lac import export_lac as export
+
+    report = export(out)
+    typer.echo(f"wrote LAC-small to {out}: {report['characters']:,} characters (embeddings "
+               f"{report['embedding'][0]:,} x {report['embedding'][1]}), {report['tags']} tags, "
+               f"{report['parameters']:,} parameters")

@@ -1,7 +1,8 @@
 """Language-model features: a character-level Chinese encoder (BERT, RoBERTa-wwm, MacBERT style) read
 from a local Hugging Face directory, one LM token per character so offsets stay exact, with windows
 for long sentences, a learned scalar mix of layers, a self-contained save/load and a disk cache of
-frozen features. `transformers` is imported only inside the functions that build a model.
+frozen features. `transformers` is imported only inside the functions that build a model. A
+directory exported from Baidu's LAC (model_type lac-bigru) loads as nerkit.lac's bi-GRU instead.
 """
 
 from __future__ import annotations
@@ -37,7 +38,8 @@ SPACE_TOKEN = "[unused1]"
 # Below this share of one-character entries (after removing "##") a vocabulary is word pieces.
 MIN_CHAR_SHARE = 0.5
 CACHE_FORMAT = 1
-FETCH_FIX = "run `make lm` for lm/m3e-small, or give a local Hugging Face directory of a character-level encoder"
+FETCH_FIX = ("run `make lm` for lm/m3e-small (or `make lac` for lm/lac-small), or give a local Hugging Face "
+             "directory of a character-level encoder")
 
 
 # ------------------------------------------------------------------------------------ vocabulary
@@ -265,10 +267,15 @@ class LMEmbedder(nn.Module):
 
 def load_lm(path: str | Path, layers: str = "last", finetune: bool = False, bf16: bool = False) -> LMEmbedder:
     """An `LMEmbedder` from a local Hugging Face directory: config.json, vocab.txt and weights as
-    model.safetensors or pytorch_model.bin (read with weights_only). Never touches a hub."""
+    model.safetensors or pytorch_model.bin (read with weights_only). Never touches a hub. A LAC
+    directory (`nerkit vectors export-lac`) gives nerkit.lac's `LACEmbedder`, which acts the same."""
     directory = Path(path)
     if not directory.is_dir():
         raise UserError("language-model directory not found", where=str(directory), fix=FETCH_FIX)
+    if _is_lac(directory):
+        from nerkit.lac import load_lac
+
+        return load_lac(directory, layers=layers, finetune=finetune, bf16=bf16)
     config = _read_config(directory)
     vocab = LMVocab.read(directory)
     if len(vocab) > config.vocab_size:
@@ -286,15 +293,23 @@ def _read_config(directory: Path):
         config = _transformers().AutoConfig.from_pretrained(str(directory), local_files_only=True)
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise UserError(f"not a usable model config ({_gist(e)})", where=str(path),
-                        fix="use the config.json of a BERT-style encoder") from None
+                        fix="use the config.json of a BERT-style encoder, or a LAC directory from "
+                            "`nerkit vectors export-lac`") from None
     needed = ("hidden_size", "num_hidden_layers", "max_position_embeddings", "vocab_size")
     if getattr(config, "is_encoder_decoder", False) or any(not hasattr(config, k) for k in needed):
         raise UserError(f"config.json is not a BERT-style encoder (model_type {config.model_type!r})", where=str(path),
-                        fix="use a character-level Chinese encoder such as BERT, RoBERTa-wwm or MacBERT")
+                        fix="use a character-level Chinese encoder such as BERT, RoBERTa-wwm or MacBERT, or a "
+                            "LAC directory from `nerkit vectors export-lac`")
     if config.max_position_embeddings < 3:
         raise UserError("max_position_embeddings leaves no room for characters beside [CLS] and [SEP]",
                         where=str(path), fix="use the config.json of a real encoder")
     return config
+
+
+def _is_lac(directory: Path) -> bool:
+    from nerkit.lac import is_lac_directory
+
+    return is_lac_directory(directory)
 
 
 def _read_weights(directory: Path) -> tuple[dict[str, torch.Tensor], Path]:
@@ -388,7 +403,12 @@ def save_lm(embedder: LMEmbedder, model_dir: str | Path, weights: bool = True) -
     tokenizer_config.json and, with `weights`, model.safetensors with the current, possibly
     fine-tuned, weights) plus the embedder's options and scalar mix, so that `load_saved_lm`
     rebuilds it with nothing else. A nerkit model directory saves it without weights: they are in
-    the tagger's own model.safetensors, which then fills the rebuilt LM."""
+    the tagger's own model.safetensors, which then fills the rebuilt LM. A LAC embedder writes
+    its own kind of directory (`nerkit.lac.save_lac`)."""
+    if not isinstance(embedder, LMEmbedder):
+        from nerkit.lac import save_lac
+
+        return save_lac(embedder, model_dir, weights)
     target = Path(model_dir) / LM_DIR
     vocab = embedder.vocab
     tokenizer = {"tokenizer_class": "BertTokenizer", "do_lower_case": vocab.lowercase,
@@ -422,10 +442,18 @@ def load_saved_lm(model_dir: str | Path) -> LMEmbedder:
         layers, finetune, bf16 = options["layers"], bool(options["finetune"]), bool(options.get("bf16", False))
     except KeyError as e:
         raise UserError(f"{OPTIONS_FILE} lacks {e}", where=str(options_path), fix="save the model again") from None
-    if not (directory / "model.safetensors").is_file():
+    weights = (directory / "model.safetensors").is_file()
+    if _is_lac(directory):
+        from nerkit.lac import load_lac
+
+        embedder = load_lac(directory, layers=layers, finetune=finetune, bf16=bf16, weights=weights)
+    elif weights:
+        embedder = load_lm(directory, layers=layers, finetune=finetune, bf16=bf16)
+    else:
         config = _read_config(directory)
-        return LMEmbedder(_build_lm(config), LMVocab.read(directory), layers=layers, finetune=finetune, bf16=bf16)
-    embedder = load_lm(directory, layers=layers, finetune=finetune, bf16=bf16)
+        embedder = LMEmbedder(_build_lm(config), LMVocab.read(directory), layers=layers, finetune=finetune, bf16=bf16)
+    if not weights:
+        return embedder
     if embedder.scalar_mix is not None:
         try:
             embedder.scalar_mix.load_state_dict(load_file(str(directory / MIX_FILE), device="cpu"))

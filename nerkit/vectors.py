@@ -521,6 +521,8 @@ def train_vectors(
 # ---- jieba's LAC character embeddings -----------------------------------------------------------
 
 # Paddle's VarType for the tensor element types: numpy dtype and the bytes of one element.
+_PADDLE_FIX = ("the file is damaged or of another layout; reinstall the package it came from "
+               "(pip install --force-reinstall jieba)")
 _PADDLE_DTYPES = {1: np.dtype("<i2"), 2: np.dtype("<i4"), 3: np.dtype("<i8"), 4: np.dtype("<f2"),
                   5: np.dtype("<f4"), 6: np.dtype("<f8")}
 
@@ -533,8 +535,11 @@ def read_paddle_tensor(path: str | Path) -> np.ndarray:
     (field 1 varint data type, field 2 int64 dims, packed or not); then the elements, row-major.
     """
     path = Path(path)
-    data = path.read_bytes()
     where = str(path)
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise UserError(f"cannot read the tensor file ({e.strerror or e})", where=where, fix=_PADDLE_FIX) from None
     try:
         (version,) = struct.unpack_from("<I", data, 0)
         (levels,) = struct.unpack_from("<Q", data, 4)
@@ -545,19 +550,20 @@ def read_paddle_tensor(path: str | Path) -> np.ndarray:
         tensor_version, desc_size = struct.unpack_from("<Ii", data, pos)
         pos += 8
     except struct.error:
-        raise UserError("too short for a Paddle tensor file", where=where) from None
+        raise UserError("too short for a Paddle tensor file", where=where, fix=_PADDLE_FIX) from None
     if version != 0 or tensor_version != 0 or not 0 < desc_size < 4096:
         raise UserError(f"not a Paddle tensor file (versions {version}/{tensor_version}, descriptor {desc_size} bytes)",
-                        where=where)
+                        where=where, fix=_PADDLE_FIX)
     dtype_code, dims = _tensor_desc(data[pos:pos + desc_size], where)
     pos += desc_size
     dtype = _PADDLE_DTYPES.get(dtype_code)
     if dtype is None or not dims:
-        raise UserError(f"unsupported Paddle tensor (data type {dtype_code}, dims {dims})", where=where)
+        raise UserError(f"unsupported Paddle tensor (data type {dtype_code}, dims {dims})", where=where,
+                        fix=_PADDLE_FIX)
     expected = int(np.prod(dims)) * dtype.itemsize
     if len(data) - pos != expected:
         raise UserError(f"the tensor {dims} needs {expected:,} bytes of data, the file holds {len(data) - pos:,}",
-                        where=where, fix="the file is truncated or of another layout")
+                        where=where, fix=_PADDLE_FIX)
     return np.frombuffer(data, dtype=dtype, offset=pos).reshape(dims)
 
 
@@ -566,7 +572,7 @@ def _tensor_desc(desc: bytes, where: str) -> tuple[int, list[int]]:
         value = shift = 0
         while True:
             if pos >= len(desc):
-                raise UserError("damaged tensor descriptor", where=where)
+                raise UserError("damaged tensor descriptor", where=where, fix=_PADDLE_FIX)
             byte = desc[pos]
             value |= (byte & 0x7F) << shift
             pos, shift = pos + 1, shift + 7
@@ -589,19 +595,25 @@ def _tensor_desc(desc: bytes, where: str) -> tuple[int, list[int]]:
                 dim, pos = varint(pos)
                 dims.append(dim)
         else:
-            raise UserError(f"unexpected field {field} in the tensor descriptor", where=where)
+            raise UserError(f"unexpected field {field} in the tensor descriptor", where=where, fix=_PADDLE_FIX)
     if dtype_code is None:
-        raise UserError("the tensor descriptor names no data type", where=where)
+        raise UserError("the tensor descriptor names no data type", where=where, fix=_PADDLE_FIX)
     return dtype_code, dims
 
 
-def jieba_lac_files() -> tuple[Path, Path]:
-    """(embedding tensor, character dictionary) of the LAC-small model inside the installed jieba."""
+def jieba_lac_folder() -> Path:
+    """The lac_small/ folder of the installed jieba (Baidu's LAC-small model), found without
+    importing jieba; whether it holds every file is for the caller to check."""
     spec = importlib.util.find_spec("jieba")
     if spec is None:
         raise UserError("jieba is not installed", fix="pip install jieba")
     locations = list(spec.submodule_search_locations or [])
-    folder = (Path(locations[0]) if locations else Path(spec.origin).parent) / "lac_small"
+    return (Path(locations[0]) if locations else Path(spec.origin).parent) / "lac_small"
+
+
+def jieba_lac_files() -> tuple[Path, Path]:
+    """(embedding tensor, character dictionary) of the LAC-small model inside the installed jieba."""
+    folder = jieba_lac_folder()
     tensor, dictionary = folder / "model_baseline" / "word_emb", folder / "word.dic"
     for path in (tensor, dictionary):
         if not path.is_file():

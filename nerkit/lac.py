@@ -1,0 +1,564 @@
+"""Baidu's LAC-small lexical analyser, the model jieba ships for its paddle mode, in plain torch (no
+paddle): its character embeddings and two bidirectional GRU layers give per-character features to any
+encoder (`embeddings.lm.path`), and its emission layer and CRF tag text, which checks the port.
+
+`nerkit vectors export-lac` converts jieba's Paddle files into a self-contained directory (config.json,
+word.dic, tag.dic, model.safetensors) that `nerkit.lm.load_lm` recognises by its model_type.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import unicodedata
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file
+from safetensors.torch import save as safetensors_bytes
+from torch import nn
+
+from nerkit.corpus import Span, tags_to_spans
+from nerkit.errors import UserError
+from nerkit.files import WRITE_ERRNOS, atomic_directory, atomic_write_bytes, atomic_write_text
+from nerkit.lm import LAYERS, LM_DIR, MIX_FILE, OPTIONS_FILE, ScalarMix, _gist, _read_optional_json
+
+MODEL_TYPE = "lac-bigru"  # config.json's model_type in an exported directory
+CHARS_FILE, TAGS_FILE, WEIGHTS_FILE = "word.dic", "tag.dic", "model.safetensors"
+OOV = "OOV"  # word.dic's entry for every character it lacks (and for whitespace)
+EXPORT_FIX = "run `nerkit vectors export-lac --out DIR` (needs jieba 0.42 or later) and point to DIR"
+# LAC's types that MSRA and People's Daily call NR, NS and NT; its other tags are word classes.
+MSRA_TYPES = {"PER": "NR", "LOC": "NS", "ORG": "NT"}
+# LAC was trained on folded text: the rows of word_emb that never moved from their random start
+# (norm 0.65 against about 5) are those of upper-case ASCII letters, of the full-width (U+FF01-FF5E)
+# and small (U+FE50-FE6B) forms of ASCII, and of this CJK punctuation, whose ASCII twins are trained.
+_ASCII_TWINS = {"。": ".", "、": ",", "“": '"', "”": '"', "〝": '"', "〞": '"', "「": '"', "」": '"',
+                "『": '"', "』": '"', "‘": "'", "’": "'", "【": "[", "】": "]", "〖": "[", "〗": "]",
+                "〔": "[", "〕": "]", "〈": "<", "〉": ">", "—": "-", "‐": "-", "∶": ":"}
+
+
+# ------------------------------------------------------------------------------------ characters
+
+class LACVocab:
+    """LAC's word.dic read as one id per character; whitespace and unknown characters are OOV.
+
+    `fold`: look a character up as LAC's training text had it. jieba's reader looks each character
+    up as it comes, but LAC was trained on folded text, so the rows of full-width and small forms
+    of ASCII, of upper-case letters and of CJK punctuation with an ASCII twin (。、“” ...) were
+    never trained. With `fold` those characters take their folded form's row (`_ASCII_TWINS`);
+    every other character keeps its own, so that a character's features stay its own.
+    """
+
+    def __init__(self, entries: dict[str, int], fold: bool = True, where: str = CHARS_FILE):
+        if OOV not in entries:
+            raise UserError(f"the character dictionary has no {OOV} entry", where=where, fix=EXPORT_FIX)
+        self.entries, self.fold = entries, fold
+        self.oov_id = self.pad_id = entries[OOV]  # padding is masked: any id will do
+        self._memo: dict[str, int] = {}
+
+    @classmethod
+    def read(cls, path: Path, fold: bool = True) -> "LACVocab":
+        """word.dic: `id<TAB>character` per line."""
+        entries: dict[str, int] = {}
+        try:
+            lines = path.read_text(encoding="utf-8").split("\n")
+        except FileNotFoundError:
+            raise UserError(f"{path.name} not found", where=str(path.parent), fix=EXPORT_FIX) from None
+        except UnicodeDecodeError:
+            raise UserError("not UTF-8 text", where=str(path), fix=EXPORT_FIX) from None
+        for number, line in enumerate(lines, 1):
+            if not line:
+                continue
+            row, tab, char = line.partition("\t")
+            if not tab or not row.isdigit() or not char:
+                raise UserError(f"expected `id<TAB>character`, found {line!r}", where=f"{path}:{number}",
+                                fix=EXPORT_FIX)
+            entries[char] = int(row)
+        return cls(entries, fold, where=str(path))
+
+    def lines(self) -> str:
+        return "".join(f"{i}\t{c}\n" for c, i in sorted(self.entries.items(), key=lambda e: e[1]))
+
+    @staticmethod
+    def _folded(char: str) -> str:
+        if 0xFF01 <= ord(char) <= 0xFF5E or 0xFE50 <= ord(char) <= 0xFE6B:
+            char = unicodedata.normalize("NFKC", char)  # ａ -> a, ， -> ",", ﹑ -> 、
+        return _ASCII_TWINS.get(char, char.lower() if char.isascii() else char)
+
+    def id(self, char: str) -> int:
+        known = self._memo.get(char)
+        if known is not None:
+            return known
+        if char.isspace():
+            found = self.oov_id  # jieba's LAC reads OOV back as a space: its training text did so too
+        else:
+            candidates = (self._folded(char), char) if self.fold else (char,)
+            found = next((self.entries[c] for c in candidates if c in self.entries), self.oov_id)
+        self._memo[char] = found
+        return found
+
+    def ids(self, chars: list[str]) -> list[int]:
+        return [self.id(c) for c in chars]
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def fingerprint(self) -> str:
+        text = json.dumps([sorted(self.entries.items()), self.fold, sorted(_ASCII_TWINS.items())],
+                          ensure_ascii=False)
+        return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+# ------------------------------------------------------------------------------------ the network
+
+@dataclass
+class LACConfig:
+    vocab_size: int = 20941
+    embedding_dim: int = 128
+    hidden_size: int = 128
+    num_layers: int = 2
+    num_tags: int = 57
+    fold: bool = True  # LACVocab's folding
+
+    def to_dict(self) -> dict:
+        return {"model_type": MODEL_TYPE, **asdict(self)}
+
+
+class PaddleGRU(nn.Module):
+    """One direction of Paddle's `fc` + `dynamic_gru` (origin_mode False), its weights as Paddle
+    keeps them: the input projection x W_x + b_fc + b_gru gives the update, reset and candidate
+    parts [u | r | c] of 3H, and with h the previous state
+        u = sigmoid(x_u + h W_u),  r = sigmoid(x_r + h W_r)     (update_reset = [W_u | W_r], (H, 2H))
+        c = tanh(x_c + (r * h) W_c)                            (candidate = W_c, (H, H))
+        h' = (1 - u) * h + u * c
+    The reset gate scales h before W_c (torch.nn.GRU scales W_c h instead), so torch's GRU cannot
+    run these weights."""
+
+    def __init__(self, input_dim: int, hidden: int):
+        super().__init__()
+        self.project = nn.Linear(input_dim, 3 * hidden)  # Paddle's fc_k
+        self.update_reset = nn.Parameter(torch.zeros(hidden, 2 * hidden))  # (H, 2H), h @ W
+        self.candidate = nn.Parameter(torch.zeros(hidden, hidden))  # (H, H)
+        self.bias = nn.Parameter(torch.zeros(3 * hidden))  # (3H,) gru_k's bias, after fc_k's
+
+
+def run_gru(inputs: torch.Tensor, update_reset: torch.Tensor, candidate: torch.Tensor) -> torch.Tensor:
+    """N independent GRUs (`PaddleGRU`'s equations) over left-aligned sequences from h = 0.
+    inputs (N, B, T, 3H) projected inputs with both biases; update_reset (N, H, 2H); candidate
+    (N, H, H). Returns the states (N, B, T, H); at padding they are garbage that never reaches a
+    real step, since every step only looks back."""
+    N, B, T, _ = inputs.shape
+    H = candidate.shape[-1]
+    gate_inputs, candidate_inputs = inputs[..., :2 * H], inputs[..., 2 * H:]  # (N, B, T, 2H), (N, B, T, H)
+    h = inputs.new_zeros(N, B, H)
+    states = []
+    for t in range(T):
+        gates = torch.sigmoid(gate_inputs[:, :, t] + torch.bmm(h, update_reset))  # (N, B, 2H)
+        update, reset = gates[..., :H], gates[..., H:]
+        proposal = torch.tanh(candidate_inputs[:, :, t] + torch.bmm(reset * h, candidate))  # (N, B, H)
+        h = h + update * (proposal - h)  # (1 - u) h + u c
+        states.append(h)
+    if not states:
+        return inputs.new_zeros(N, B, 0, H)
+    return torch.stack(states, dim=2)  # (N, B, T, H)
+
+
+def reversal_index(lengths: torch.Tensor, width: int) -> torch.Tensor:
+    """(B, T): position t of each sentence read backwards within its length (padding stays put);
+    gathering with it twice gives the sentence back."""
+    t = torch.arange(width, device=lengths.device)[None, :]  # (1, T)
+    return torch.where(t < lengths[:, None], lengths[:, None] - 1 - t, t)  # (B, T)
+
+
+class BiGRULayer(nn.Module):
+    """LAC's `_bigru_layer`: a forward and a reverse `PaddleGRU` over the same input, each with its
+    own projection, their states concatenated [forward | reverse] (B, T, 2H)."""
+
+    def __init__(self, input_dim: int, hidden: int):
+        super().__init__()
+        self.forward_gru = PaddleGRU(input_dim, hidden)
+        self.reverse_gru = PaddleGRU(input_dim, hidden)
+
+    def forward(self, x: torch.Tensor, backwards: torch.Tensor) -> torch.Tensor:
+        """x (B, T, D_in); backwards (B, T) from `reversal_index`. Returns (B, T, 2H)."""
+        f, r = self.forward_gru, self.reverse_gru
+        index = backwards[:, :, None].expand(-1, -1, 3 * f.candidate.shape[0])  # (B, T, 3H)
+        inputs = torch.stack([f.project(x) + f.bias,
+                              (r.project(x) + r.bias).gather(1, index)])  # (2, B, T, 3H), the reverse GRU's reversed
+        states = run_gru(inputs, torch.stack([f.update_reset, r.update_reset]),
+                         torch.stack([f.candidate, r.candidate]))  # (2, B, T, H)
+        reverse = states[1].gather(1, index[..., :states.shape[-1]])  # (B, T, H), back in reading order
+        return torch.cat([states[0], reverse], dim=-1)  # (B, T, 2H)
+
+
+class LACEncoder(nn.Module):
+    """LAC's character embedding and stack of bidirectional GRU layers (`lex_net` up to its
+    emission layer). Returns every state: the embeddings (B, T, E), then each layer's (B, T, 2H)."""
+
+    def __init__(self, config: LACConfig):
+        super().__init__()
+        self.config = config
+        self.embedding = nn.Embedding(config.vocab_size, config.embedding_dim)
+        widths = [config.embedding_dim] + [2 * config.hidden_size] * (config.num_layers - 1)
+        self.layers = nn.ModuleList(BiGRULayer(w, config.hidden_size) for w in widths)
+
+    def forward(self, ids: torch.Tensor, mask: torch.Tensor) -> list[torch.Tensor]:
+        """ids (B, T) long; mask (B, T) bool, left-aligned."""
+        backwards = reversal_index(mask.sum(dim=1), ids.shape[1])  # (B, T)
+        states = [self.embedding(ids)]  # (B, T, E)
+        for layer in self.layers:
+            states.append(layer(states[-1], backwards))  # (B, T, 2H)
+        return states
+
+
+class LACTagger(nn.Module):
+    """The whole LAC-small: encoder, emission layer (Paddle's fc_4) and linear-chain CRF (crfw:
+    row 0 start scores, row 1 end scores, then transitions[from, to]), decoded by Viterbi without
+    constraints, as Paddle's crf_decoding does."""
+
+    def __init__(self, config: LACConfig):
+        super().__init__()
+        self.encoder = LACEncoder(config)
+        self.emission = nn.Linear(2 * config.hidden_size, config.num_tags)
+        self.crf = nn.Parameter(torch.zeros(config.num_tags + 2, config.num_tags))  # (K + 2, K)
+
+    @torch.no_grad()
+    def decode(self, ids: torch.Tensor, mask: torch.Tensor) -> list[list[int]]:
+        """ids, mask (B, T) -> the best tag ids of each sentence."""
+        emissions = self.emission(self.encoder(ids, mask)[-1])  # (B, T, K)
+        start, end, transitions = self.crf[0], self.crf[1], self.crf[2:]  # (K,), (K,), (K, K)
+        score = start + emissions[:, 0]  # (B, K)
+        itself = torch.arange(score.shape[1], device=score.device).expand_as(score)  # (B, K)
+        pointers = []
+        for t in range(1, ids.shape[1]):
+            best, previous = (score[:, :, None] + transitions).max(dim=1)  # (B, K) over the previous tag
+            real = mask[:, t, None]  # (B, 1)
+            score = torch.where(real, best + emissions[:, t], score)
+            pointers.append(torch.where(real, previous, itself))
+        tag = (score + end).argmax(dim=1)  # (B,)
+        path = [tag]
+        for back in reversed(pointers):  # padding points each tag to itself, so rows trace back together
+            tag = back.gather(1, tag[:, None]).squeeze(1)
+            path.append(tag)
+        rows = torch.stack(path[::-1], dim=1).tolist()  # (B, T)
+        return [row[:n] for row, n in zip(rows, mask.sum(dim=1).tolist())]
+
+
+def tag_sentences(tagger: LACTagger, vocab: LACVocab, tags: list[str], sentences: list[list[str]],
+                  batch_size: int = 64) -> list[list[str]]:
+    """LAC's tag (e.g. `PER-B`, `n-I`, `O`) for each character of each sentence."""
+    order = sorted(range(len(sentences)), key=lambda i: len(sentences[i]))
+    found: dict[int, list[str]] = {}
+    for first in range(0, len(order), batch_size):
+        batch = order[first:first + batch_size]
+        width = max(1, max(len(sentences[i]) for i in batch))
+        ids = torch.full((len(batch), width), vocab.pad_id, dtype=torch.long)  # (B, T)
+        mask = torch.zeros(len(batch), width, dtype=torch.bool)  # (B, T)
+        for b, i in enumerate(batch):
+            ids[b, :len(sentences[i])] = torch.tensor(vocab.ids(sentences[i]), dtype=torch.long)
+            mask[b, :len(sentences[i])] = True
+        for i, row in zip(batch, tagger.decode(ids, mask)):
+            found[i] = [tags[k] for k in row]
+    return [found[i] for i in range(len(sentences))]
+
+
+def lac_spans(lac_tags: list[str], types: dict[str, str] = MSRA_TYPES) -> list[Span]:
+    """The entities of LAC's tags (`TYPE-B` opens, `TYPE-I` continues) of the types in `types`,
+    renamed to their values; every other word class is outside."""
+    tags = []
+    for tag in lac_tags:
+        kind, _, part = tag.rpartition("-")
+        tags.append(f"{part}-{types[kind]}" if kind in types and part in ("B", "I") else "O")
+    return tags_to_spans(tags)
+
+
+# ------------------------------------------------------------------------------------ Paddle files
+
+def paddle_state(tensors: dict[str, np.ndarray], config: LACConfig) -> dict[str, torch.Tensor]:
+    """LACTagger's state dict from the Paddle parameters of `lex_net`, named as Paddle names them:
+    word_emb; for layer k, fc_{2k} and gru_{2k} read forwards, fc_{2k+1} and gru_{2k+1} in reverse
+    (the order `_bigru_layer` creates them); fc_{2L} the emissions; crfw. Paddle's fc weight is
+    (in, out), torch's (out, in). A gru weight, declared (H, 3H), is used by Paddle's kernel as two
+    row-major blocks of its memory: the first 2H * H values are W_u|W_r (H, 2H), the rest W_c (H, H)."""
+    H = config.hidden_size
+
+    def tensor(name: str) -> torch.Tensor:
+        return torch.from_numpy(np.array(tensors[name], dtype=np.float32))
+
+    state = {"encoder.embedding.weight": tensor("word_emb")}
+    for k in range(config.num_layers):
+        for direction, n in (("forward_gru", 2 * k), ("reverse_gru", 2 * k + 1)):
+            prefix = f"encoder.layers.{k}.{direction}."
+            flat = tensor(f"gru_{n}.w_0").reshape(-1)  # (3H * H,)
+            state[prefix + "project.weight"] = tensor(f"fc_{n}.w_0").T.contiguous()  # (3H, D_in)
+            state[prefix + "project.bias"] = tensor(f"fc_{n}.b_0")  # (3H,)
+            state[prefix + "update_reset"] = flat[:2 * H * H].reshape(H, 2 * H).clone()  # (H, 2H)
+            state[prefix + "candidate"] = flat[2 * H * H:].reshape(H, H).clone()  # (H, H)
+            state[prefix + "bias"] = tensor(f"gru_{n}.b_0").reshape(3 * H)  # (3H,)
+    last = 2 * config.num_layers
+    state["emission.weight"] = tensor(f"fc_{last}.w_0").T.contiguous()  # (K, 2H)
+    state["emission.bias"] = tensor(f"fc_{last}.b_0")  # (K,)
+    state["crf"] = tensor("crfw")  # (K + 2, K)
+    return state
+
+
+def paddle_shapes(config: LACConfig) -> dict[str, tuple[int, ...]]:
+    """The shape of each Paddle parameter of `lex_net` with this config."""
+    E, H, K = config.embedding_dim, config.hidden_size, config.num_tags
+    shapes = {"word_emb": (config.vocab_size, E)}
+    for n in range(2 * config.num_layers):
+        shapes[f"fc_{n}.w_0"] = (E if n < 2 else 2 * H, 3 * H)
+        shapes[f"fc_{n}.b_0"] = (3 * H,)
+        shapes[f"gru_{n}.w_0"] = (H, 3 * H)
+        shapes[f"gru_{n}.b_0"] = (1, 3 * H)
+    shapes[f"fc_{2 * config.num_layers}.w_0"] = (2 * H, K)
+    shapes[f"fc_{2 * config.num_layers}.b_0"] = (K,)
+    shapes["crfw"] = (K + 2, K)
+    return shapes
+
+
+def read_jieba_lac(fold: bool = True) -> tuple[LACTagger, LACVocab, list[str]]:
+    """LAC-small from the installed jieba's lac_small/ (model_baseline/, word.dic, tag.dic)."""
+    from nerkit.vectors import jieba_lac_folder, read_paddle_tensor
+
+    folder = jieba_lac_folder()
+    embedding_path = folder / "model_baseline" / "word_emb"
+    for path in (folder / CHARS_FILE, folder / TAGS_FILE, embedding_path):
+        _require(path)
+    vocab = LACVocab.read(folder / CHARS_FILE, fold)
+    tags = _read_tags(folder / TAGS_FILE)
+    embedding = read_paddle_tensor(embedding_path)
+    if embedding.ndim != 2:
+        raise UserError(f"expected a 2-d embedding table, found shape {embedding.shape}", where=str(embedding_path),
+                        fix="reinstall jieba (pip install --force-reinstall jieba)")
+    first_gru = folder / "model_baseline" / "gru_0.w_0"
+    _require(first_gru)
+    rows, dim = embedding.shape
+    hidden = read_paddle_tensor(first_gru).shape[0]  # (H, 3H)
+    config = LACConfig(vocab_size=rows, embedding_dim=dim, hidden_size=hidden, num_layers=2,  # nets.py's bigru_num
+                       num_tags=len(tags), fold=fold)
+    tensors = {}
+    for name, shape in paddle_shapes(config).items():
+        path = folder / "model_baseline" / name
+        _require(path)
+        tensors[name] = read_paddle_tensor(path)
+        if tuple(tensors[name].shape) != shape:
+            raise UserError(f"expected a tensor of shape {shape}, found {tuple(tensors[name].shape)}",
+                            where=str(path), fix="reinstall jieba (pip install --force-reinstall jieba)")
+    if max(vocab.entries.values()) >= rows:
+        raise UserError(f"ids reach {max(vocab.entries.values())} but word_emb has {rows} rows",
+                        where=str(folder / CHARS_FILE), fix="reinstall jieba (pip install --force-reinstall jieba)")
+    tagger = LACTagger(config)
+    tagger.load_state_dict(paddle_state(tensors, config))
+    return tagger.eval(), vocab, tags
+
+
+def _require(path: Path) -> None:
+    if not path.is_file():
+        raise UserError("this jieba lacks a file of its LAC-small model", where=str(path),
+                        fix="install jieba 0.42 or later (pip install --force-reinstall jieba)")
+
+
+def _read_tags(path: Path) -> list[str]:
+    """tag.dic: `id<TAB>tag` per line, ids 0..K-1."""
+    try:
+        lines = [line for line in path.read_text(encoding="utf-8").split("\n") if line]
+    except (FileNotFoundError, UnicodeDecodeError):
+        raise UserError(f"{path.name} is missing or not UTF-8 text", where=str(path), fix=EXPORT_FIX) from None
+    pairs = [line.partition("\t") for line in lines]
+    if any(not row.isdigit() or not tag for row, _, tag in pairs) or \
+            sorted(int(row) for row, _, _ in pairs) != list(range(len(pairs))):
+        raise UserError("expected lines `id<TAB>tag` with ids 0, 1, 2, ...", where=str(path), fix=EXPORT_FIX)
+    return [tag for _, _, tag in sorted(pairs, key=lambda p: int(p[0]))]
+
+
+# ------------------------------------------------------------------------------------ as LM features
+
+class LACEmbedder(nn.Module):
+    """LAC's encoder as per-character features, with `nerkit.lm.LMEmbedder`'s interface (states,
+    combine, forward, fingerprint, output_dim, num_states, vocab), so the LM path's finetune, lr,
+    frozen-state cache and saving apply. `layers`: "last" (the top bi-GRU layer, 2H) or "mix" (a
+    learned scalar mix of the embeddings and each layer; the E-wide embedding enters twice, [e | e],
+    to be 2H wide, as ELMo does with its token layer). A GRU reads a sentence of any length whole,
+    so there are no windows; `bf16` is accepted and ignored (the recurrence runs in float32)."""
+
+    def __init__(self, lm: LACEncoder, vocab: LACVocab, layers: str = "last", finetune: bool = False,
+                 bf16: bool = False):
+        super().__init__()
+        if layers not in LAYERS:
+            raise UserError(f"unknown LM layers option {layers!r}", fix=f"use one of {', '.join(LAYERS)}")
+        config = lm.config
+        if layers == "mix" and config.embedding_dim != config.hidden_size:
+            raise UserError(f"layers: mix needs the embedding ({config.embedding_dim}) as wide as a GRU "
+                            f"direction ({config.hidden_size})", fix="use layers: last")
+        self.lm, self.vocab = lm, vocab
+        self.layers, self.finetune, self.bf16 = layers, finetune, bf16
+        self.num_states = config.num_layers + 1 if layers == "mix" else 1
+        self.output_dim = 2 * config.hidden_size
+        self.scalar_mix = ScalarMix(self.num_states) if layers == "mix" else None
+        self.lm.requires_grad_(finetune)
+        self.train(False)
+
+    def train(self, mode: bool = True) -> "LACEmbedder":
+        super().train(mode)
+        if not self.finetune:
+            self.lm.eval()  # nothing in LAC drops out, but a frozen LM stays in eval mode all the same
+        return self
+
+    def forward(self, lm_ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """lm_ids, mask (B, T) -> (B, T, output_dim), zero at padding."""
+        return self.combine(self.states(lm_ids, mask))
+
+    def combine(self, stack: torch.Tensor) -> torch.Tensor:
+        """(B, T, S, D) states, from `states` or the cache -> (B, T, D)."""
+        if self.scalar_mix is None:
+            return stack[:, :, -1]  # (B, T, D)
+        return self.scalar_mix(stack)
+
+    def states(self, lm_ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """(B, T, S, D) float32: S = 1 (the top layer) for "last", else the embeddings and each layer."""
+        with torch.set_grad_enabled(self.finetune and torch.is_grad_enabled()):
+            states = self.lm(lm_ids, mask)
+        if self.layers == "mix":
+            states = [torch.cat([states[0], states[0]], dim=-1)] + states[1:]  # the embeddings as [e | e]
+        else:
+            states = states[-1:]
+        stack = torch.stack(states, dim=2)  # (B, T, S, D)
+        return torch.where(mask[:, :, None, None], stack, stack.new_zeros(()))
+
+    def fingerprint(self) -> str:
+        """A checksum of everything that decides the features: config, vocabulary, weights."""
+        digest = hashlib.sha256()
+        digest.update(json.dumps(self.lm.config.to_dict(), sort_keys=True).encode("utf-8"))
+        digest.update(self.vocab.fingerprint().encode("ascii"))
+        for name, tensor in sorted(self.lm.state_dict().items()):
+            digest.update(f"{name} {tensor.dtype} {tuple(tensor.shape)}".encode("utf-8"))
+            digest.update(tensor.detach().cpu().contiguous().view(torch.uint8).numpy())
+        return digest.hexdigest()
+
+
+# ------------------------------------------------------------------------------------ directories
+
+def export_lac(out_dir: str | Path, fold: bool = True) -> dict:
+    """Write jieba's LAC-small as a nerkit directory (`write_directory`)."""
+    tagger, vocab, tags = read_jieba_lac(fold)
+    return write_directory(out_dir, tagger, vocab, tags, source="jieba's lac_small (Baidu LAC, Apache-2.0)")
+
+
+def write_directory(out_dir: str | Path, tagger: LACTagger, vocab: LACVocab, tags: list[str], source: str) -> dict:
+    """config.json (model_type lac-bigru, the sizes, `source`), word.dic, tag.dic and
+    model.safetensors (encoder, emission layer and CRF), written atomically."""
+    out_dir = Path(out_dir)
+    meta = {**tagger.encoder.config.to_dict(), "source": source}
+    state = {k: v.detach().cpu().contiguous() for k, v in tagger.state_dict().items()}
+    try:
+        with atomic_directory(out_dir) as tmp:
+            atomic_write_text(tmp / "config.json", json.dumps(meta, indent=2, ensure_ascii=False) + "\n")
+            atomic_write_text(tmp / CHARS_FILE, vocab.lines())
+            atomic_write_text(tmp / TAGS_FILE, "".join(f"{i}\t{t}\n" for i, t in enumerate(tags)))
+            atomic_write_bytes(tmp / WEIGHTS_FILE, safetensors_bytes(state, metadata={"format": "pt"}))
+    except OSError as e:
+        if e.errno in WRITE_ERRNOS:
+            raise UserError(f"cannot write the LAC directory ({e.strerror})", where=str(out_dir),
+                            fix="free disk space or choose another --out") from None
+        raise
+    return {"path": str(out_dir), "characters": len(vocab), "tags": len(tags),
+            "parameters": sum(v.numel() for v in state.values()),
+            "embedding": list(state["encoder.embedding.weight"].shape)}
+
+
+def is_lac_directory(directory: Path) -> bool:
+    return _read_optional_json(directory / "config.json").get("model_type") == MODEL_TYPE
+
+
+def read_config(directory: Path) -> LACConfig:
+    """config.json of a LAC directory: its model_type, every size and `fold`, checked."""
+    path = directory / "config.json"
+    if not path.is_file():
+        raise UserError("config.json not found", where=str(directory), fix=EXPORT_FIX)
+    data = _read_optional_json(path)
+    if data.get("model_type") != MODEL_TYPE:
+        raise UserError(f"not a LAC directory (model_type {data.get('model_type')!r}, not {MODEL_TYPE!r})",
+                        where=str(path), fix=EXPORT_FIX)
+    missing = [k for k in asdict(LACConfig()) if k not in data]
+    if missing:
+        raise UserError(f"config.json lacks {', '.join(missing)}", where=str(path), fix=EXPORT_FIX)
+    config = LACConfig(**{k: data[k] for k in asdict(LACConfig())})
+    sizes = [v for k, v in asdict(config).items() if k != "fold"]
+    if any(not isinstance(v, int) or isinstance(v, bool) or v < 1 for v in sizes):
+        raise UserError("the sizes must be positive integers", where=str(path), fix=EXPORT_FIX)
+    if not isinstance(config.fold, bool):
+        raise UserError("fold must be true or false", where=str(path), fix=EXPORT_FIX)
+    return config
+
+
+def load_tagger(directory: str | Path) -> tuple[LACTagger, LACVocab, list[str]]:
+    """The whole LAC tagger of an exported directory (`export_lac`)."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise UserError("LAC directory not found", where=str(directory), fix=EXPORT_FIX)
+    config = read_config(directory)
+    tagger = LACTagger(config)
+    _load_weights(tagger, directory / WEIGHTS_FILE)
+    return tagger.eval(), _vocab(directory, config), _read_tags(directory / TAGS_FILE)
+
+
+def load_lac(directory: str | Path, layers: str = "last", finetune: bool = False, bf16: bool = False,
+             weights: bool = True) -> LACEmbedder:
+    """The `LACEmbedder` of an exported directory, or of a model directory's lm/ (there without
+    `weights`: the tagger's model.safetensors fills them)."""
+    directory = Path(directory)
+    config = read_config(directory)
+    encoder = LACEncoder(config)
+    if weights:
+        _load_weights(encoder, directory / WEIGHTS_FILE, prefix="encoder.")
+    return LACEmbedder(encoder, _vocab(directory, config), layers=layers, finetune=finetune, bf16=bf16)
+
+
+def _vocab(directory: Path, config: LACConfig) -> LACVocab:
+    vocab = LACVocab.read(directory / CHARS_FILE, config.fold)
+    if max(vocab.entries.values()) >= config.vocab_size:
+        raise UserError(f"ids reach {max(vocab.entries.values())} but config.json's vocab_size is "
+                        f"{config.vocab_size}", where=str(directory / CHARS_FILE), fix=EXPORT_FIX)
+    return vocab
+
+
+def _load_weights(module: nn.Module, path: Path, prefix: str = "") -> None:
+    """Fill `module` from the safetensors file, whose names carry `prefix` (other names are left)."""
+    try:
+        state = load_file(str(path), device="cpu")
+    except FileNotFoundError:
+        raise UserError(f"{path.name} not found", where=str(path.parent), fix=EXPORT_FIX) from None
+    except (SafetensorError, OSError) as e:
+        raise UserError(f"{path.name} cannot be read ({_gist(e)})", where=str(path), fix=EXPORT_FIX) from None
+    expected = module.state_dict()
+    missing = [k for k in expected if prefix + k not in state]
+    if missing:
+        raise UserError(f"the weights lack {len(missing)} tensors, e.g. {prefix + missing[0]}", where=str(path),
+                        fix=EXPORT_FIX)
+    wrong = [f"{k} {tuple(state[prefix + k].shape)} != {tuple(v.shape)}" for k, v in expected.items()
+             if state[prefix + k].shape != v.shape]
+    if wrong:
+        raise UserError(f"the weights do not fit config.json: {wrong[0]}", where=str(path), fix=EXPORT_FIX)
+    module.load_state_dict({k: state[prefix + k] for k in expected})
+
+
+def save_lac(embedder: LACEmbedder, model_dir: str | Path, weights: bool = True) -> Path:
+    """`nerkit.lm.save_lm` for LAC: MODEL_DIR/lm/ with config.json, word.dic, the embedder's
+    options and, with `weights`, the encoder's (possibly fine-tuned) weights and scalar mix."""
+    target = Path(model_dir) / LM_DIR
+    options = {"layers": embedder.layers, "finetune": embedder.finetune, "bf16": embedder.bf16}
+    with atomic_directory(target) as tmp:
+        atomic_write_text(tmp / "config.json", json.dumps(embedder.lm.config.to_dict(), indent=2) + "\n")
+        atomic_write_text(tmp / CHARS_FILE, embedder.vocab.lines())
+        atomic_write_text(tmp / OPTIONS_FILE, json.dumps(options, indent=2) + "\n")
+        if weights:
+            state = {"encoder." + k: v.detach().cpu().contiguous() for k, v in embedder.lm.state_dict().items()}
+            atomic_write_bytes(tmp / WEIGHTS_FILE, safetensors_bytes(state, metadata={"format": "pt"}))
+            if embedder.scalar_mix is not None:
+                mix = {k: v.detach().cpu().contiguous() for k, v in embedder.scalar_mix.state_dict().items()}
+                atomic_write_bytes(tmp / MIX_FILE, safetensors_bytes(mix))
+    return target
