@@ -226,7 +226,7 @@ def launch(nproc: int, argv: list[str], out) -> int:
     """`nerkit train --nproc N ...`: torchrun on this machine (`--standalone`: a free port of its
     own) starting N processes of `python -m nerkit` with the same arguments, less --nproc. Returns
     the exit code: 0, 130 after Ctrl-C (rank 0 saved a checkpoint and said how to resume), 2 when
-    the ranks stopped at a user error (they printed it); a process that crashed or was killed is a
+    a rank stopped at a user error (it printed it); a process that crashed or was killed is a
     JobError naming it (torchrun stopped the others)."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -241,10 +241,9 @@ def launch(nproc: int, argv: list[str], out) -> int:
     except SignalException as e:  # torchrun passed the signal on and waited for the processes
         return 128 + int(e.sigval)
     except ChildFailedError as e:
-        codes = {failure.exitcode for failure in e.failures.values()}
-        if codes <= {130, 2}:
-            return max(codes)
-        rank, failure = e.get_first_failure()
+        rank, failure = e.get_first_failure()  # the others may have been stopped by torchrun
+        if failure.exitcode in (2, 130):  # a user error or Ctrl-C: the rank has said so
+            return failure.exitcode
         how = (f"was killed by {failure.signal_name()}" if failure.exitcode < 0
                else f"ended with exit code {failure.exitcode}")
         raise JobError(f"training process rank {rank} (pid {failure.pid}) {how}, and torchrun stopped the others; "

@@ -383,8 +383,10 @@ def equivalence_runs(lm_dir) -> dict[str, list[str]]:
             "transformer": common + ["data.limit=59", "encoder.name=transformer", "encoder.n_heads=2",
                                      "encoder.head_dim=8", "encoder.attn_dropout=0"]}
     if lm_dir is not None:
-        runs["lm"] = common + ["data.limit=59", f"embeddings.lm.path={lm_dir}", "embeddings.lm.finetune=true",
-                               "embeddings.lm.lr=0.001", "embeddings.bichar_dim=0"]
+        lm = common + ["data.limit=59", f"embeddings.lm.path={lm_dir}", "embeddings.bichar_dim=0"]
+        runs["lm"] = lm + ["embeddings.lm.finetune=true", "embeddings.lm.lr=0.001"]
+        # frozen: both ranks miss its feature cache at once; the scalar mix learns
+        runs["frozen_lm"] = lm + ["embeddings.lm.layers=mix", f"embeddings.lm.cache={lm_dir.parent / 'cache'}"]
     return runs
 
 
@@ -405,7 +407,7 @@ def equivalent_runs(tmp_path_factory, request) -> tuple[Path, dict]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["bilstm", "transformer", "lm"])
+@pytest.mark.parametrize("name", ["bilstm", "transformer", "lm", "frozen_lm"])
 def test_two_processes_make_the_weights_of_one_with_the_same_global_batch(equivalent_runs, tmp_path, name):
     """After the same 10 steps (an uneven last batch among them, gradients clipped), the weights of
     the two-process run equal those of one process, to float tolerance."""
