@@ -10,6 +10,7 @@ import datetime
 import inspect
 import logging
 import os
+import signal
 from dataclasses import dataclass, field
 
 import torch
@@ -241,11 +242,24 @@ def launch(nproc: int, argv: list[str], out) -> int:
     except SignalException as e:  # torchrun passed the signal on and waited for the processes
         return 128 + int(e.sigval)
     except ChildFailedError as e:
-        rank, failure = e.get_first_failure()  # the others may have been stopped by torchrun
-        if failure.exitcode in (2, 130):  # a user error or Ctrl-C: the rank has said so
-            return failure.exitcode
-        how = (f"was killed by {failure.signal_name()}" if failure.exitcode < 0
-               else f"ended with exit code {failure.exitcode}")
-        raise JobError(f"training process rank {rank} (pid {failure.pid}) {how}, and torchrun stopped the others; "
+        causes = _causes(e.failures)
+        if causes[0][1].exitcode in (2, 130):  # a user error or Ctrl-C: the rank has said so
+            return causes[0][1].exitcode
+        said = "; then ".join(f"rank {rank} (pid {failure.pid}) {_ended(failure)}" for rank, failure in causes)
+        raise JobError(f"training process {said}, and torchrun stopped the others; "
                        f"the last checkpoint continues with: {resume_command(out)}") from None
     return 0
+
+
+def _causes(failures: dict) -> list:
+    """The (rank, ProcessFailure) of a failed torchrun job that tell what happened, first first: not
+    the processes torchrun itself stopped with SIGTERM (unless there is nothing else), and, of those
+    seen at the same instant, deaths by a signal before exits (a rank that loses another exits 1)."""
+    ordered = sorted(failures.items(), key=lambda item: (item[1].timestamp, item[1].exitcode >= 0, item[0]))
+    return [(r, f) for r, f in ordered if f.exitcode != -signal.SIGTERM] or ordered
+
+
+def _ended(failure) -> str:
+    if failure.exitcode < 0:
+        return f"was killed by {failure.signal_name()}"
+    return f"ended with exit code {failure.exitcode}"

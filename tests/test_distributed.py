@@ -263,6 +263,38 @@ def test_nproc_under_torchrun_and_the_resume_command_of_each_launch(monkeypatch,
         launch(2, ["train"], tmp_path)
 
 
+@pytest.mark.parametrize("failures, code, words", [
+    ({0: (1, 5), 1: (-signal.SIGKILL, 5)}, None, "rank 1 (pid 1001) was killed by SIGKILL; then rank 0 (pid 1000) "
+                                                 "ended with exit code 1, and torchrun stopped the others"),
+    ({0: (-signal.SIGTERM, 6), 1: (3, 5)}, None, "training process rank 1 (pid 1001) ended with exit code 3, and"),
+    ({0: (-signal.SIGTERM, 6), 1: (2, 5)}, 2, None),  # rank 1's user error, which it printed
+    ({0: (130, 5), 1: (130, 5)}, 130, None),  # Ctrl-C on a rank: rank 0 printed how to resume
+])
+def test_nproc_names_the_rank_that_failed_first_not_those_it_took_down(monkeypatch, tmp_path, failures, code, words):
+    """What torchrun reports (failures seen in one poll share a timestamp), as `--nproc` says it."""
+    import torch.distributed.run
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
+
+    from nerkit.distributed import launch
+    from nerkit.errors import JobError
+
+    def failed(args):
+        reported = {}
+        for rank, (exitcode, when) in failures.items():
+            reported[rank] = ProcessFailure(rank, 1000 + rank, exitcode, "<N/A>")
+            reported[rank].timestamp = when
+        raise ChildFailedError("nerkit", reported)
+
+    monkeypatch.setattr(torch.distributed.run, "main", failed)
+    monkeypatch.setenv("NERKIT_NPROC", "")  # launch sets it; monkeypatch puts it back
+    if code is not None:
+        assert launch(2, ["train"], tmp_path) == code
+        return
+    with pytest.raises(JobError) as info:
+        launch(2, ["train"], tmp_path)
+    assert words in str(info.value) and f"nerkit train --resume {tmp_path} --nproc 2" in str(info.value)
+
+
 @pytest.mark.parametrize("value, seconds", [("90s", 90), ("20m", 1200), (5, 5)])
 def test_dist_timeout_is_a_duration(value, seconds):
     assert build_config({"train": {"dist_timeout": value}}).train.dist_timeout == seconds
