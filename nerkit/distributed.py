@@ -225,7 +225,9 @@ def without_nproc(argv: list[str]) -> list[str]:
 
 def launch(nproc: int, argv: list[str], out) -> int:
     """`nerkit train --nproc N ...`: torchrun on this machine (`--standalone`: a free port of its
-    own) starting N processes of `python -m nerkit` with the same arguments, less --nproc. Returns
+    own) starting N processes of `python -m nerkit` with the same arguments, less --nproc. torchrun
+    runs in this process (`python -m torch.distributed.run` is its `main`), so that its report of a
+    failure becomes one line instead of a traceback and a table. Returns
     the exit code: 0, 130 after Ctrl-C (rank 0 saved a checkpoint and said how to resume), 2 when
     a rank stopped at a user error (it printed it); a process that crashed or was killed is a
     JobError naming it (torchrun stopped the others)."""
