@@ -431,7 +431,7 @@ def run_epoch(run: Run, epoch: int) -> int:
     tc, progress, lengths, world = run.config.train, run.progress, run.lengths, run.world
     run.pipe.model.train()
     batches = bucketed_batches(lengths, tc.batch_size, random.Random(tc.seed * 1000 + epoch))
-    shown = (sys.stderr.isatty() and world.main) if run.progress_bar is None else run.progress_bar
+    shown = world.main and (sys.stderr.isatty() if run.progress_bar is None else run.progress_bar)
     bar = tqdm(total=len(batches), initial=progress.batch, desc=f"epoch {epoch}", unit="batch", leave=False,
                file=sys.stderr, dynamic_ncols=True, disable=not shown)
     try:
