@@ -232,7 +232,7 @@ def test_a_global_batch_that_does_not_split_evenly_is_a_one_line_error(config_fi
     assert not (tmp_path / "m").exists()
 
 
-def test_a_rank_of_torchrun_checks_the_global_batch_before_it_joins(tiny_config, tmp_path, monkeypatch):
+def test_a_rank_of_torchrun_checks_the_global_batch_and_the_rendezvous_before_it_joins(tiny_config, tmp_path, monkeypatch):
     """Under torchrun every rank checks it (no rendezvous is attempted: MASTER_ADDR is unset)."""
     from nerkit.train import train
 
