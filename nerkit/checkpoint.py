@@ -1,6 +1,7 @@
 """Resumable checkpoints: everything a training run needs to continue exactly where it stopped (model,
 best model so far, optimiser, schedule, random state, and `Progress`), as safetensors + JSON in
-OUT/checkpoint, written as one atomic directory. Never pickle."""
+OUT/checkpoint, written as one atomic directory. Never pickle. A run of several processes keeps
+each rank's random state too, so that its resume on as many processes is exact."""
 
 from __future__ import annotations
 
@@ -40,6 +41,7 @@ class Progress:
     stopped: str = ""  # why the run ended, once it has: only the final model is left to write
     cut_dev_f1: float = -1.0  # dev F1 of the model where a limit cut the epoch short (-1: none)
     checksums: dict = field(default_factory=dict)
+    world_size: int = 1  # the processes the run trains with (nerkit.distributed)
 
 
 def _rng_state() -> tuple[dict, dict]:
@@ -64,9 +66,26 @@ def _set_rng_state(tensors: dict, meta: dict) -> None:
         torch.cuda.set_rng_state_all(cuda)
 
 
+def rank_rng_state(device: torch.device) -> torch.Tensor:
+    """This process's torch random state as one uint8 tensor: the CPU generator's, then that of
+    `device` when it is a GPU (what draws the dropout of a rank's batches)."""
+    states = [torch.get_rng_state()]
+    if device.type == "cuda":
+        states.append(torch.cuda.get_rng_state(device))
+    return torch.cat(states)
+
+
+def set_rank_rng_state(state: torch.Tensor) -> None:
+    cpu = torch.get_rng_state()
+    torch.set_rng_state(state[:len(cpu)])
+    if len(state) > len(cpu) and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state[len(cpu):])  # the current device: the rank's own
+
+
 def save_checkpoint(out: Path, model: nn.Module, optimizer, scheduler, progress: Progress,
-                    best_state: dict | None) -> None:
-    """Everything needed to continue exactly, in safetensors + JSON, written as one atomic directory."""
+                    best_state: dict | None, rank_states: list[torch.Tensor] = ()) -> None:
+    """Everything needed to continue exactly, in safetensors + JSON, written as one atomic directory.
+    `rank_states`: `rank_rng_state()` of the ranks after the first in a run of several processes."""
     tensors = {f"model.{k}": v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
     if best_state is not None:
         tensors.update({f"best.{k}": v.detach().cpu().contiguous() for k, v in best_state.items()})
@@ -80,6 +99,7 @@ def save_checkpoint(out: Path, model: nn.Module, optimizer, scheduler, progress:
                 opt_meta[f"{idx}.{name}"] = value
     rng_tensors, rng_meta = _rng_state()
     tensors.update(rng_tensors)
+    tensors.update({f"rng.rank{rank}": state.cpu() for rank, state in enumerate(rank_states, start=1)})
     meta = {"progress": asdict(progress), "optimizer": {"param_groups": opt["param_groups"], "other": opt_meta},
             "scheduler": scheduler.state_dict(), "rng": rng_meta}
     with atomic_directory(out / CHECKPOINT) as tmp:
@@ -87,9 +107,12 @@ def save_checkpoint(out: Path, model: nn.Module, optimizer, scheduler, progress:
         (tmp / "state.json").write_text(json.dumps(meta), encoding="utf-8")
 
 
-def load_checkpoint(out: Path, model: nn.Module, optimizer, scheduler, checksums: dict) -> tuple[Progress, dict | None]:
+def load_checkpoint(out: Path, model: nn.Module, optimizer, scheduler, checksums: dict,
+                    rank: int = 0) -> tuple[Progress, dict | None]:
     """Restore the model, optimiser, scheduler and random state of the run in `out`; `checksums`:
-    the data files' now, which must be the ones the run started with."""
+    the data files' now, which must be the ones the run started with. `rank`: this process's in a
+    run of several, which takes its own random state when the run had that rank (a rank beyond
+    the run's `Progress.world_size` is left with rank 0's, for the caller to reseed)."""
     directory = out / CHECKPOINT
     recover_directory(directory)
     if not (directory / "state.json").is_file() or not (directory / "state.safetensors").is_file():
@@ -123,4 +146,6 @@ def load_checkpoint(out: Path, model: nn.Module, optimizer, scheduler, checksums
     optimizer.load_state_dict({"state": state, "param_groups": meta["optimizer"]["param_groups"]})
     scheduler.load_state_dict(meta["scheduler"])
     _set_rng_state(tensors, meta["rng"])
+    if f"rng.rank{rank}" in tensors:
+        set_rank_rng_state(tensors[f"rng.rank{rank}"])
     return Progress(**meta["progress"]), best

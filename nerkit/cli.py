@@ -21,7 +21,7 @@ from nerkit import __version__
 from nerkit.cli_plot import plot_app
 from nerkit.cli_vectors import vectors_app
 from nerkit.config import DEVICES
-from nerkit.errors import UserError
+from nerkit.errors import JobError, UserError
 from nerkit.log import configure_logging
 
 app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, no_args_is_help=True,
@@ -76,6 +76,8 @@ def train(
                          "and --out is usable, and exit."),
     force: bool = flag("--force", help="Replace a non-empty output directory."),
     resume: Optional[Path] = typer.Option(None, "--resume", help="Continue the interrupted run in this directory."),
+    nproc: int = typer.Option(1, "--nproc", min=1, help="Processes on this machine (data-parallel, started "
+                              "by torchrun); train.batch_size is the global batch they share."),
 ):
     """Train a model from a YAML config, or resume an interrupted run."""
     from nerkit.config import config_to_yaml, load_config
@@ -92,19 +94,28 @@ def train(
         cfg = load_config(config, set_)
     if out is not None:
         cfg.output_dir = str(out)
-    if dry_run:
+    if dry_run or nproc > 1:
         from nerkit.train import check_run
 
-        typer.echo(config_to_yaml(cfg), nl=False)
-        check_run(cfg, Path(cfg.output_dir), force, resume is not None)
+        if dry_run:
+            typer.echo(config_to_yaml(cfg), nl=False)
+        check_run(cfg, Path(cfg.output_dir), force, resume is not None, nproc)
+    if dry_run:
         return
+    if nproc > 1:
+        from nerkit.distributed import launch
+
+        raise typer.Exit(launch(nproc, sys.argv[1:], cfg.output_dir))
     from nerkit.train import Interrupted, train as run_training
 
     try:
         metrics = run_training(cfg, force=force, resume=resume is not None)
     except Interrupted as e:
-        print(f"nerkit: {e}", file=sys.stderr)
+        if str(e):  # rank 0's says how to resume; other ranks stay silent
+            print(f"nerkit: {e}", file=sys.stderr)
         raise typer.Exit(130)
+    if metrics is None:  # a rank other than 0: rank 0 reports
+        return
     summary = {k: metrics[k] for k in ("best_epoch", "epochs", "stopped")}
     summary["dev_f1"] = round(100 * metrics["dev"]["f1"], 2)
     if "test" in metrics:
@@ -282,10 +293,8 @@ def _usage_error(e: UsageError) -> str:
 
 def main() -> None:
     debug = "--debug" in sys.argv[1:]
-    if debug:
-        sys.argv = [a for a in sys.argv if a != "--debug"]
-    try:
-        code = app(args=sys.argv[1:], prog_name="nerkit", standalone_mode=False)
+    try:  # sys.argv keeps --debug for `train --nproc`, which passes it on
+        code = app(args=[a for a in sys.argv[1:] if a != "--debug"], prog_name="nerkit", standalone_mode=False)
         sys.exit(code or 0)
     except NoArgsIsHelpError:  # the help has been printed
         sys.exit(2)
@@ -300,6 +309,11 @@ def main() -> None:
         for line in e.lines():
             print(f"nerkit: error: {line}", file=sys.stderr)
         sys.exit(2)
+    except JobError as e:  # a distributed run that lost a process: not the user's doing
+        if debug:
+            raise
+        print(f"nerkit: error: {e}", file=sys.stderr)
+        sys.exit(1)
     # Ctrl-C outside training ends with 130 and a closed pipe with 1 inside typer itself (predict
     # handles its own closed pipe and ends with 0); training saves a checkpoint first and says so.
 

@@ -205,6 +205,9 @@ class TrainConfig:
     max_steps: int = 0  # stop after N optimiser steps (0 = no limit)
     time_budget: float = 0.0  # seconds (0 = no limit); written with a unit too: 90s, 20m, 1.5h
     checkpoint_every: int = 0  # steps between resumable checkpoints (0 = at epoch ends only)
+    # With several processes (torchrun, --nproc): how long a rank waits for the others in one
+    # collective before it ends the job. Rank 0's dev evaluation must fit in it (the others wait).
+    dist_timeout: float = 1800.0  # seconds, or with a unit: 90s, 20m, 1.5h
 
 
 @dataclass
@@ -232,7 +235,7 @@ CHOICES = {
     ("encoder", "fusion"): FUSIONS,
 }
 NESTED = {("embeddings", "lm"): LMConfig}  # sections inside sections
-DURATIONS = {("train", "time_budget")}  # seconds, also given as "90s", "20m", "1.5h"
+DURATIONS = {("train", "time_budget"), ("train", "dist_timeout")}  # seconds, also given as "90s", "20m", "1.5h"
 _DURATION = re.compile(r"^\s*(?P<number>[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?)\s*(?P<unit>[smh]?)\s*$")
 _SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600}
 # Keys that earlier versions wrote into a model directory's config.yaml and that no longer mean
@@ -466,6 +469,8 @@ def build_config(raw: dict, source: str = "<config>", overrides: list[str] = ())
         raise ConfigError("train.epochs must be at least 1", where=source)
     if config.train.batch_size < 1:
         raise ConfigError("train.batch_size must be at least 1", where=source)
+    if config.train.dist_timeout <= 0:
+        raise ConfigError("train.dist_timeout must be positive", where=source, fix='e.g. "30m" (the default)')
     return config
 
 
@@ -512,7 +517,8 @@ def config_to_yaml(config: Config) -> str:
 # What may change when a run is resumed: how long it goes on and where it runs, nothing that
 # shapes the model or the data. (With a linear schedule, `epochs` also moves the learning rate.)
 RESUMABLE_KEYS = {"train.epochs", "train.patience", "train.max_steps", "train.time_budget",
-                  "train.checkpoint_every", "train.threads", "train.device", "train.eval_batch_size"}
+                  "train.checkpoint_every", "train.threads", "train.device", "train.eval_batch_size",
+                  "train.dist_timeout"}
 
 
 def same_run(a: Config, b: Config) -> bool:

@@ -50,3 +50,9 @@ class ConfigError(UserError):
 
 class ModelDirError(UserError):
     """A model directory that is missing, incomplete, of another format version, or unsafe."""
+
+
+class JobError(Exception):
+    """A distributed training job that lost one of its processes (killed, crashed, or silent for
+    longer than `train.dist_timeout`). Not the user's mistake: the CLI prints it as one line and
+    exits 1 (a UserError exits 2)."""

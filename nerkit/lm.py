@@ -10,9 +10,11 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 import struct
 import unicodedata
 import zipfile
+from contextlib import contextmanager
 from pathlib import Path
 from pickle import UnpicklingError  # the error torch.load(weights_only=True) raises for objects
 
@@ -481,18 +483,41 @@ def cached_features(embedder: LMEmbedder, token_lists: list[list[str]], cache_di
     key = hashlib.sha256(json.dumps(parts, sort_keys=True).encode("ascii")).hexdigest()
     entry = Path(cache_dir) / key
     features = _read_cache(entry, len(token_lists))
-    if features is None:
+    if features is not None:
+        return features
+    try:
+        with _taking_turns(entry):  # another process may have written it meanwhile
+            features = _read_cache(entry, len(token_lists))
+            if features is None:
+                with atomic_directory(entry) as tmp:
+                    _write_cache(tmp / "features.safetensors", embedder, token_lists, batch_size, progress)
+                    atomic_write_text(tmp / "info.json", json.dumps({**parts, "sentences": len(token_lists)}, indent=2))
+    except OSError as e:
+        if e.errno in WRITE_ERRNOS:
+            raise UserError(f"cannot write the LM feature cache ({e.strerror})", where=str(entry),
+                            fix="free disk space or choose another cache directory") from None
+        raise
+    return features if features is not None else _read_cache(entry, len(token_lists))
+
+
+@contextmanager
+def _taking_turns(entry: Path):
+    """Processes that miss the same cache entry (the ranks of a distributed run on one machine,
+    benchmark runs side by side) take turns on a lock of the cache directory: the first computes
+    the entry, the others then read it, and none removes another's half-written copy. Where the
+    file system cannot lock a directory (some network mounts) they go on without turns."""
+    import fcntl  # POSIX: nerkit trains on Linux and macOS
+
+    entry.parent.mkdir(parents=True, exist_ok=True)
+    directory = os.open(entry.parent, os.O_RDONLY)
+    try:
         try:
-            with atomic_directory(entry) as tmp:
-                _write_cache(tmp / "features.safetensors", embedder, token_lists, batch_size, progress)
-                atomic_write_text(tmp / "info.json", json.dumps({**parts, "sentences": len(token_lists)}, indent=2))
-        except OSError as e:
-            if e.errno in WRITE_ERRNOS:
-                raise UserError(f"cannot write the LM feature cache ({e.strerror})", where=str(entry),
-                                fix="free disk space or choose another cache directory") from None
-            raise
-        features = _read_cache(entry, len(token_lists))
-    return features
+            fcntl.flock(directory, fcntl.LOCK_EX)
+        except OSError:
+            pass
+        yield
+    finally:
+        os.close(directory)  # and the lock with it
 
 
 def corpus_checksum(token_lists: list[list[str]]) -> str:

@@ -456,7 +456,8 @@ def command_options() -> set[str]:
 
 
 # Options that nerkit's texts name but that belong to nerkit's entry point or to other programs.
-NOT_NERKIT_OPTIONS = {"--debug", "--help", "--force-reinstall", "--porcelain", "--untracked-files"}  # main; pip; git
+NOT_NERKIT_OPTIONS = {"--debug", "--help", "--force-reinstall", "--porcelain", "--untracked-files",  # main; pip; git
+                      "--standalone"}  # torchrun
 
 
 def test_every_option_a_message_names_exists():

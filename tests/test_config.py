@@ -356,6 +356,7 @@ def _field_values(cls, section: str):
         values["batch_size"] = st.integers(1, 512)
         values["eval_batch_size"] = st.integers(1, 512)
         values["epochs"] = st.integers(1, 1000)
+        values["dist_timeout"] = st.floats(1e-3, 1e6)
     return st.fixed_dictionaries(values)
 
 

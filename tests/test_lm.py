@@ -311,6 +311,35 @@ def test_damaged_cache_entry_is_recomputed(tmp_path, lm_dir):
 
 
 @needs_transformers
+def test_processes_that_miss_one_cache_entry_take_turns(tmp_path, lm_dir, monkeypatch):
+    """The ranks of a distributed run on one machine miss the same entry at once: while one writes
+    it (here: holds the cache directory's lock, then puts the entry in place), the other waits, and
+    then reads it without running the LM."""
+    import fcntl
+    import os
+    import threading
+
+    embedder, corpus = load_lm(lm_dir), [list(TEXT)]
+    (tmp_path / "elsewhere").mkdir()
+    expected = cached_features(embedder, corpus, tmp_path / "elsewhere")[0].clone()
+    (written,) = (tmp_path / "elsewhere").iterdir()
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    monkeypatch.setattr(embedder, "states", lambda *args: pytest.fail("the LM ran although another process wrote"))
+    lock = os.open(cache, os.O_RDONLY)
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    found = []
+    waiting = threading.Thread(target=lambda: found.extend(cached_features(embedder, corpus, cache)))
+    waiting.start()
+    waiting.join(0.5)
+    assert waiting.is_alive() and not found  # it waits for its turn
+    shutil.copytree(written, cache / written.name)
+    os.close(lock)
+    waiting.join(10)
+    assert not waiting.is_alive() and torch.equal(found[0], expected)
+
+
+@needs_transformers
 def test_cache_refuses_a_fine_tuned_lm(tmp_path, lm_dir):
     with pytest.raises(ValueError, match="frozen"):
         cached_features(load_lm(lm_dir, finetune=True), [list(TEXT)], tmp_path)
