@@ -26,7 +26,7 @@ def main(device: str, args: list[str]) -> None:
     overrides = [a for a in args if "=" in a]
     configs = [a for a in args if "=" not in a]
     print(f"overrides: {' '.join(overrides) or 'none'}\n")
-    print(f"| config | part | ms per batch | chars/s |\n|---|---|---:|---:|")
+    print("| config | part | ms per batch | chars/s |\n|---|---|---:|---:|")
     for path in configs:
         config = load_config(path, ["data.limit=3000", *overrides])
         splits = read_splits(config)

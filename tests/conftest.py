@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 
@@ -83,3 +85,31 @@ def tiny_model_dir(tmp_path_factory) -> Path:
     metrics = train(build_config(tiny_raw_config(), "<tiny config>"), out=out)
     assert metrics["dev"]["f1"] > 0.5, metrics
     return out
+
+
+# ----------------------------------------------------------------------- the command line in-process
+
+class CliRun(NamedTuple):
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+@pytest.fixture
+def nerkit(monkeypatch, capfd):
+    """`nerkit(*args, check=True)`: the command line through its real entry point (`main`, which
+    maps a UserError to exit code 2), in this process, where a matplotlib warning (a glyph missing
+    from the fonts) is an error."""
+    from nerkit.cli import main
+
+    def run(*args: str, check: bool = True) -> CliRun:
+        monkeypatch.setattr(sys, "argv", ["nerkit", *args])
+        with pytest.raises(SystemExit) as info:
+            main()
+        out, err = capfd.readouterr()
+        result = CliRun(info.value.code or 0, out, err)
+        if check:
+            assert result.returncode == 0, result.stderr
+        return result
+
+    return run

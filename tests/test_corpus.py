@@ -511,6 +511,7 @@ def test_split_sentence_properties(sent, max_len):
     pieces = split_sentence(sent, max_len)
     ends = starts[1:] + [len(sent)]
     assert starts[0] == 0 and starts == sorted(set(starts)) and len(pieces) == len(starts)
+    assert [len(p) for p in pieces] == [end - start for start, end in zip(starts, ends)]
     # Never inside an entity.
     for cut in starts[1:]:
         assert not any(s.start < cut < s.end for s in spans), (cut, spans)

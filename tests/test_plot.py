@@ -6,8 +6,6 @@ without attention is a user error."""
 from __future__ import annotations
 
 import json
-import sys
-from typing import NamedTuple
 
 import numpy as np
 import pytest
@@ -21,32 +19,6 @@ from nerkit.plot import cjk_font, epoch_position, position_scores  # noqa: E402
 
 needs_cjk_font = pytest.mark.skipif(cjk_font() is None, reason="no font with Chinese characters installed "
                                     "(`make fonts` installs fonts-wqy-microhei)")
-
-
-class Run(NamedTuple):
-    returncode: int
-    stdout: str
-    stderr: str
-
-
-@pytest.fixture
-def nerkit(monkeypatch, capfd):
-    """`nerkit(*args, check=True)`: the command line through its real entry point (`main`, which
-    maps a UserError to exit code 2), in this process, where a matplotlib warning (a glyph missing
-    from the fonts) is an error."""
-    from nerkit.cli import main
-
-    def run(*args: str, check: bool = True) -> Run:
-        monkeypatch.setattr(sys, "argv", ["nerkit", *args])
-        with pytest.raises(SystemExit) as info:
-            main()
-        out, err = capfd.readouterr()
-        result = Run(info.value.code or 0, out, err)
-        if check:
-            assert result.returncode == 0, result.stderr
-        return result
-
-    return run
 
 
 def read_png(path) -> np.ndarray:

@@ -21,7 +21,6 @@ from nerkit.evaluate import ERROR_KINDS
 from nerkit.report import FILTER_SCRIPT, confusion
 
 from conftest import TINY_DEV
-from test_plot import nerkit  # noqa: F401 (the fixture)
 
 pytest.importorskip("matplotlib", reason="nerkit[report] (matplotlib) is not installed")
 
