@@ -45,7 +45,10 @@ def thread_workers(count: int, work):
                 if reply is None:
                     conn.close()
                     return
-                conn.send_bytes(reply)
+                try:
+                    conn.send_bytes(reply)
+                except OSError:  # the dispatcher closed its end (it gave up on the run): done
+                    return
 
         thread = threading.Thread(target=serve, daemon=True)
         thread.start()
