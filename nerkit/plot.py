@@ -97,7 +97,7 @@ def figure_bytes(figure, fmt: str) -> bytes:
 
     FigureCanvasAgg(figure)  # a canvas of its own, outside pyplot (and any interactive backend)
     buffer = io.BytesIO()
-    figure.savefig(buffer, format=fmt, bbox_inches="tight", metadata={"Date": None} if fmt == "svg" else None)
+    figure.savefig(buffer, format=fmt, metadata={"Date": None} if fmt == "svg" else None)
     return buffer.getvalue()
 
 
