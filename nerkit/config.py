@@ -531,6 +531,9 @@ def same_run(a: Config, b: Config) -> bool:
         for key in RESUMABLE_KEYS:
             section, name = key.split(".")
             resolved[section].pop(name)
+        for kind in ("char", "bichar", "word"):  # a width the vector file gives: null before training, the file's after
+            if resolved["embeddings"].get(f"{kind}_vectors"):
+                resolved["embeddings"].pop(f"{kind}_dim")
         return resolved
 
     return fixed(a) == fixed(b)

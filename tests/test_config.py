@@ -390,6 +390,15 @@ def test_same_run_ignores_only_what_a_resume_may_change(write_config):
     assert not same_run(base, load_config(path, ["data.max_len=100"]))
 
 
+def test_same_run_takes_a_vector_files_width_for_the_null_dimension_it_replaced(write_config):
+    """A run's saved config holds the width its vector file gave (50); the matrix config that made
+    it says null: the same run, which `nerkit bench --resume` must continue, not start over."""
+    path = write_config("embeddings:\n  char_vectors: vectors/char.vec\n  char_dim: null\n")
+    assert same_run(load_config(path), load_config(path, ["embeddings.char_dim=50"]))
+    assert not same_run(load_config(path), load_config(path, ["embeddings.bichar_dim=20"]))
+    assert not same_run(load_config(path), load_config(path, ["embeddings.char_vectors=other.vec"]))
+
+
 def test_loading_a_config_imports_no_torch():
     """The config validates everything when it loads, without the heavy libraries: a typo in a config
     is reported in a fraction of a second."""
