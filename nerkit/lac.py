@@ -24,7 +24,7 @@ from torch import nn
 from nerkit.corpus import Span, tags_to_spans
 from nerkit.errors import UserError
 from nerkit.files import WRITE_ERRNOS, atomic_directory, atomic_write_bytes, atomic_write_text
-from nerkit.lm import LAYERS, LM_DIR, MIX_FILE, OPTIONS_FILE, ScalarMix, _gist, _read_optional_json
+from nerkit.lm import LAYERS, LM_DIR, MIX_FILE, OPTIONS_FILE, CharVocab, ScalarMix, _gist, _read_optional_json
 
 MODEL_TYPE = "lac-bigru"  # config.json's model_type in an exported directory
 CHARS_FILE, TAGS_FILE, WEIGHTS_FILE = "word.dic", "tag.dic", "model.safetensors"
@@ -42,7 +42,7 @@ _ASCII_TWINS = {"。": ".", "、": ",", "“": '"', "”": '"', "〝": '"', "〞
 
 # ------------------------------------------------------------------------------------ characters
 
-class LACVocab:
+class LACVocab(CharVocab):
     """LAC's word.dic read as one id per character; whitespace and unknown characters are OOV.
 
     `fold`: look a character up as LAC's training text had it. jieba's reader looks each character
@@ -53,11 +53,11 @@ class LACVocab:
     """
 
     def __init__(self, entries: dict[str, int], fold: bool = True, where: str = CHARS_FILE):
+        super().__init__()
         if OOV not in entries:
             raise UserError(f"the character dictionary has no {OOV} entry", where=where, fix=EXPORT_FIX)
         self.entries, self.fold = entries, fold
         self.oov_id = self.pad_id = entries[OOV]  # padding is masked: any id will do
-        self._memo: dict[str, int] = {}
 
     @classmethod
     def read(cls, path: Path, fold: bool = True) -> "LACVocab":
@@ -88,28 +88,17 @@ class LACVocab:
             char = unicodedata.normalize("NFKC", char)  # ａ -> a, ， -> ",", ﹑ -> 、
         return _ASCII_TWINS.get(char, char.lower() if char.isascii() else char)
 
-    def id(self, char: str) -> int:
-        known = self._memo.get(char)
-        if known is not None:
-            return known
+    def _lookup(self, char: str) -> int:
         if char.isspace():
-            found = self.oov_id  # jieba's LAC reads OOV back as a space: its training text did so too
-        else:
-            candidates = (self._folded(char), char) if self.fold else (char,)
-            found = next((self.entries[c] for c in candidates if c in self.entries), self.oov_id)
-        self._memo[char] = found
-        return found
+            return self.oov_id  # jieba's LAC reads OOV back as a space: its training text did so too
+        candidates = (self._folded(char), char) if self.fold else (char,)
+        return next((self.entries[c] for c in candidates if c in self.entries), self.oov_id)
 
-    def ids(self, chars: list[str]) -> list[int]:
-        return [self.id(c) for c in chars]
+    def _identity(self) -> list:
+        return [sorted(self.entries.items()), self.fold, sorted(_ASCII_TWINS.items())]
 
     def __len__(self) -> int:
         return len(self.entries)
-
-    def fingerprint(self) -> str:
-        text = json.dumps([sorted(self.entries.items()), self.fold, sorted(_ASCII_TWINS.items())],
-                          ensure_ascii=False)
-        return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
 # ------------------------------------------------------------------------------------ the network

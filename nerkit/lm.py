@@ -46,7 +46,35 @@ FETCH_FIX = ("run `make lm` for lm/m3e-small (or `make lac` for lm/lac-small), o
 
 # ------------------------------------------------------------------------------------ vocabulary
 
-class LMVocab:
+class CharVocab:
+    """One id per character, memoised: a subclass says how a character is looked up (`_lookup`)
+    and what decides its ids (`_identity`, JSON-able, hashed by `fingerprint`)."""
+
+    def __init__(self):
+        self._memo: dict[str, int] = {}
+
+    def _lookup(self, char: str) -> int:
+        raise NotImplementedError
+
+    def _identity(self) -> list:
+        raise NotImplementedError
+
+    def id(self, char: str) -> int:
+        known = self._memo.get(char)
+        if known is None:
+            known = self._memo[char] = self._lookup(char)
+        return known
+
+    def ids(self, chars: list[str]) -> list[int]:
+        """One id per character, with no [CLS]/[SEP] (the embedder adds them per window)."""
+        return [self.id(c) for c in chars]
+
+    def fingerprint(self) -> str:
+        text = json.dumps(self._identity(), ensure_ascii=False)
+        return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+class LMVocab(CharVocab):
     """A BERT vocab.txt read as one token per character.
 
     A character is looked up as the LM's tokenizer would see it (lower-cased and accent-stripped
@@ -58,6 +86,7 @@ class LMVocab:
     """
 
     def __init__(self, tokens: list[str], lowercase: bool, strip_accents: bool | None = None, where: str = "vocab"):
+        super().__init__()
         if not tokens:
             raise UserError("the vocabulary is empty", where=where, fix=FETCH_FIX)
         self.tokens = tokens
@@ -76,7 +105,6 @@ class LMVocab:
         self.strip_accents = lowercase if strip_accents is None else strip_accents  # BertTokenizer's default
         self.pad_id, self.unk_id, self.cls_id, self.sep_id = (self.index[s] for s in SPECIALS)
         self.space_id = self.index.get(SPACE_TOKEN, self.unk_id)
-        self._memo: dict[str, int] = {}
 
     @classmethod
     def read(cls, directory: Path) -> "LMVocab":
@@ -107,29 +135,18 @@ class LMVocab:
             char = "".join(c for c in unicodedata.normalize("NFD", char) if unicodedata.category(c) != "Mn")
         return char
 
-    def id(self, char: str) -> int:
-        known = self._memo.get(char)
-        if known is not None:
-            return known
+    def _lookup(self, char: str) -> int:
         if char.isspace():
-            found = self.space_id
-        else:
-            folded = normalize_char(char)
-            candidates = (self._tokenizer_form(char), self._tokenizer_form(folded), char.lower(), folded.lower())
-            found = next((self.index[c] for c in candidates if c in self.index), self.unk_id)
-        self._memo[char] = found
-        return found
+            return self.space_id
+        folded = normalize_char(char)
+        candidates = (self._tokenizer_form(char), self._tokenizer_form(folded), char.lower(), folded.lower())
+        return next((self.index[c] for c in candidates if c in self.index), self.unk_id)
 
-    def ids(self, chars: list[str]) -> list[int]:
-        """One LM id per character, with no [CLS]/[SEP] (the embedder adds them per window)."""
-        return [self.id(c) for c in chars]
+    def _identity(self) -> list:
+        return [self.tokens, self.lowercase, self.strip_accents, SPACE_TOKEN]
 
     def __len__(self) -> int:
         return len(self.tokens)
-
-    def fingerprint(self) -> str:
-        text = json.dumps([self.tokens, self.lowercase, self.strip_accents, SPACE_TOKEN], ensure_ascii=False)
-        return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
 def _read_optional_json(path: Path) -> dict:
