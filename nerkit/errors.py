@@ -6,6 +6,8 @@ and keeps its traceback.
 
 from __future__ import annotations
 
+import signal
+
 
 class UserError(Exception):
     """An error the user can fix. `where` is `FILE` or `FILE:LINE`; `fix` says what to do."""
@@ -56,3 +58,13 @@ class JobError(Exception):
     """A distributed training job that lost one of its processes (killed, crashed, or silent for
     longer than `train.dist_timeout`). Not the user's mistake: the CLI prints it as one line and
     exits 1 (a UserError exits 2)."""
+
+
+def killed_by(returncode: int) -> str:
+    """How a child process that a signal ended (`returncode` < 0) ended: "killed by SIGTERM", and
+    for SIGKILL, most often the kernel's out-of-memory killer, "killed by SIGKILL (out of memory?)"."""
+    try:
+        name = signal.Signals(-returncode).name
+    except ValueError:
+        name = f"signal {-returncode}"
+    return f"killed by {name}" + (" (out of memory?)" if returncode == -signal.SIGKILL else "")

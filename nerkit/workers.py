@@ -22,7 +22,7 @@ from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import Iterable, Iterator
 
-from nerkit.errors import UserError
+from nerkit.errors import UserError, killed_by
 
 # Chunks out at once per worker: one it predicts, one sent or done while the main process writes.
 CHUNKS_PER_WORKER = 2
@@ -201,13 +201,10 @@ class Workers:
         fix = "run again, or with --workers 1 to predict in one process"
         if code is None:
             how = "stopped answering"
-        elif code == -signal.SIGKILL:
-            how, fix = "was killed by SIGKILL (out of memory?)", "run again, with fewer --workers if memory is short"
         elif code < 0:
-            try:
-                how = f"was killed by {signal.Signals(-code).name}"
-            except ValueError:
-                how = f"was killed by signal {-code}"
+            how = f"was {killed_by(code)}"
+            if code == -signal.SIGKILL:
+                fix = "run again, with fewer --workers if memory is short"
         else:
             how = f"ended with exit code {code}" + (" (its error is above)" if code else "")
         return UserError(f"prediction worker {index + 1} of {self.count} {how} {doing}", fix=fix)

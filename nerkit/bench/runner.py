@@ -9,7 +9,6 @@ import json
 import logging
 import os
 import platform
-import signal
 import socket
 import subprocess
 import sys
@@ -23,7 +22,7 @@ from nerkit import __version__
 from nerkit.bench.matrix import Run, load_matrix, select_runs
 from nerkit.bench.report import render_markdown, short_error
 from nerkit.config import load_config, same_run
-from nerkit.errors import UserError
+from nerkit.errors import UserError, killed_by
 from nerkit.files import CHECKPOINT, atomic_write_text
 
 RESULTS = "results.jsonl"
@@ -90,11 +89,7 @@ def host_info() -> dict:
 def failure_message(returncode: int, log_text: str) -> str:
     """`killed by SIGKILL (...)` or `exit code N`, then the last lines of the run's log."""
     if returncode < 0:
-        try:
-            name = signal.Signals(-returncode).name
-        except ValueError:
-            name = f"signal {-returncode}"
-        head = f"killed by {name}" + (" (out of memory?)" if returncode == -signal.SIGKILL else "")
+        head = killed_by(returncode)
     elif returncode == 0:
         head = "the worker exited without writing its result"
     else:
