@@ -113,7 +113,7 @@ def train(
     except Interrupted as e:
         if str(e):  # rank 0's says how to resume; other ranks stay silent
             print(f"nerkit: {e}", file=sys.stderr)
-        raise typer.Exit(130)
+        raise typer.Exit(e.exit_code)
     if metrics is None:  # a rank other than 0: rank 0 reports
         return
     summary = {k: metrics[k] for k in ("best_epoch", "epochs", "stopped")}

@@ -48,8 +48,13 @@ LIMITS = ("max_steps", "time_budget")  # the stops a resume that raises the limi
 
 
 class Interrupted(Exception):
-    """Training stopped by SIGINT after a checkpoint was written. Its message (rank 0's alone; the
-    other ranks' is empty) says how to resume."""
+    """Training stopped by SIGINT or SIGTERM after a checkpoint was written. Its message (rank 0's
+    alone; the other ranks' is empty) says how to resume; `exit_code` is the shell's for the signal
+    (130 for SIGINT, 143 for SIGTERM; 130 on a rank that only followed the others)."""
+
+    def __init__(self, message: str, signum: int = signal.SIGINT):
+        super().__init__(message)
+        self.exit_code = 128 + int(signum)
 
 
 # ------------------------------------------------------------------------------ the parts of a run
@@ -247,27 +252,32 @@ def resume_config(out: str | Path, overrides: list[str] = ()) -> Config:
 
 
 class StopRequest:
-    """Set by SIGINT and read by the training loop, which stops where a checkpoint is consistent."""
+    """Set by SIGINT (Ctrl-C) or SIGTERM (`kill`, a batch scheduler's preemption) and read by the
+    training loop, which stops where a checkpoint is consistent."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
     def __init__(self):
         self.requested = False
+        self.signum = signal.SIGINT  # the signal that asked, for the exit code
 
     @contextmanager
-    def on_sigint(self):
+    def on_signals(self):
         if threading.current_thread() is not threading.main_thread():  # signals reach only the main thread
             yield
             return
 
         def handler(signum, frame):
-            if self.requested:  # the second Ctrl-C: stop now (the last checkpoint on disk is complete)
+            if self.requested:  # the second signal: stop now (the last checkpoint on disk is complete)
                 raise KeyboardInterrupt
-            self.requested = True
+            self.requested, self.signum = True, signum
 
-        previous = signal.signal(signal.SIGINT, handler)
+        previous = {signum: signal.signal(signum, handler) for signum in self.SIGNALS}
         try:
             yield
         finally:
-            signal.signal(signal.SIGINT, previous if previous is not None else signal.SIG_DFL)
+            for signum, handler_before in previous.items():
+                signal.signal(signum, handler_before if handler_before is not None else signal.SIG_DFL)
 
 
 # ------------------------------------------------------------------------------ the steps
@@ -472,7 +482,8 @@ def run_epoch(run: Run, epoch: int) -> int:
 
 def interrupted(run: Run, what: str) -> Interrupted:
     """The Interrupted of every rank: rank 0's message says how to go on, the others' is empty."""
-    return Interrupted(f"{what}; checkpoint saved. Continue with: {resume_command(run.out)}" if run.world.main else "")
+    message = f"{what}; checkpoint saved. Continue with: {resume_command(run.out)}" if run.world.main else ""
+    return Interrupted(message, run.stop.signum)
 
 
 def end_epoch(run: Run, epoch: int, n_batches: int) -> bool:
@@ -581,8 +592,8 @@ def train(config: Config, out: str | Path | None = None, force: bool = False, re
     Started by torchrun (WORLD_SIZE > 1), the process is one rank of a data-parallel run; rank 0
     returns the metrics, the others None.
 
-    SIGINT stops the run at the next step boundary, or after the epoch's evaluation, with a
-    checkpoint and `Interrupted`; a second SIGINT stops it at once. A write that fails for a reason
+    SIGINT or SIGTERM stops the run at the next step boundary, or after the epoch's evaluation,
+    with a checkpoint and `Interrupted`; a second signal stops it at once. A write that fails for a reason
     the user can fix (a full disk, permissions) is a UserError; the last complete checkpoint stays.
     A rank that loses the others (one was killed, or silent past train.dist_timeout) ends with a
     JobError."""
@@ -590,7 +601,7 @@ def train(config: Config, out: str | Path | None = None, force: bool = False, re
     config.output_dir = str(out)
     stop, world = StopRequest(), World.from_env()
     try:
-        with stop.on_sigint():
+        with stop.on_signals():
             run = set_up(config, out, force, resume, splits, stop, progress_bar, world)
             progress = run.progress
             # A finished run only lacks its final model: its last epoch is the one before

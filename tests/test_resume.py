@@ -1,11 +1,11 @@
 """Crash safety of training, as users meet it: a run killed with SIGKILL at any instant, or stopped
-with SIGINT, continues with `nerkit train --resume` to exactly the model an uninterrupted run makes
+with SIGINT or SIGTERM, continues with `nerkit train --resume` to exactly the model an uninterrupted run makes
 (bit-identical weights, equal metrics); a disk that fills up or an output directory that turns
 read-only ends the run with a one-line error (exit 2) and leaves the last checkpoint loadable.
 
 Interrupted runs are real `python -m nerkit` processes. The exact instants (inside a checkpoint's
 renames, at an epoch boundary, during an evaluation) are reached by a small wrapper that sends the
-signal to its own process from inside the code; one SIGKILL and one SIGINT come from outside at
+signal to its own process from inside the code; one SIGKILL, one SIGINT and one SIGTERM come from outside at
 whatever step the run has reached. Resumes run in this process (one through the CLI's entry point).
 """
 
@@ -272,17 +272,20 @@ def test_sigkill_from_outside_at_whatever_step_then_resume(reference, tmp_path):
                "identical to the uninterrupted run")
 
 
-# ------------------------------------------------------------------------------------- SIGINT
+# ----------------------------------------------------------------------------- SIGINT and SIGTERM
 
 
 @pytest.mark.slow
-def test_sigint_mid_epoch_exits_130_and_resumes_identically(reference, tmp_path, monkeypatch, capfd):
+@pytest.mark.parametrize("signum, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_mid_epoch_saves_a_checkpoint_and_resumes_identically(reference, tmp_path, monkeypatch, capfd,
+                                                                        signum, code):
+    """Ctrl-C, and SIGTERM as `kill` or a batch scheduler's preemption sends it: exit 128 + signal."""
     out = tmp_path / "run"
     process = start_training(out, TINY)
     wait_for_step(process, out, 5)
-    process.send_signal(signal.SIGINT)
+    process.send_signal(signum)
     _, stderr = process.communicate(timeout=60)
-    assert process.returncode == 130, stderr
+    assert process.returncode == code, stderr
     assert f"nerkit train --resume {out}" in stderr
     assert "Traceback" not in stderr
     found = checkpoint_position(out)
@@ -294,11 +297,10 @@ def test_sigint_mid_epoch_exits_130_and_resumes_identically(reference, tmp_path,
         main()
     assert not info.value.code, capfd.readouterr().err
     assert_same_run(reference, out)
-    REPORT.row("Kill points", "SIGINT from another process once step 5 was checkpointed (exit 130)", found,
-               "identical (resumed with the printed `nerkit train --resume` command)")
+    REPORT.row("Kill points", f"{signal.Signals(signum).name} from another process once step 5 was checkpointed "
+               f"(exit {code})", found, "identical (resumed with the printed `nerkit train --resume` command)")
 
 
-@pytest.mark.slow
 def test_sigint_during_the_dev_evaluation_still_says_how_to_resume(faulted_runs, reference):
     out, interrupted = faulted_runs["SIGINT during evaluation"]
     assert interrupted.returncode == 130, interrupted.stderr

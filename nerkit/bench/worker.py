@@ -105,9 +105,9 @@ def worker_main(argv: list[str]) -> int:
     except UserError as e:
         print(f"nerkit: error: {e}", file=sys.stderr)
         return 2
-    except Interrupted as e:  # SIGINT: the run's checkpoint is saved; say so without a traceback
+    except Interrupted as e:  # SIGINT or SIGTERM: the run's checkpoint is saved; say so without a traceback
         print(f"nerkit: {e}", file=sys.stderr)
-        return 130
+        return e.exit_code
     atomic_write_text(Path(spec["out"]) / WORKER_RESULT, json.dumps(result, indent=2, ensure_ascii=False) + "\n")
     return 0
 
