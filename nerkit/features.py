@@ -92,7 +92,7 @@ class Featurizer:
         given for an encoder that reads the lattice, `lm_vocab` for language-model features.
         `extra`: tokens by kind (char, bichar, word) that join after the training ones, in order:
         the rows of pretrained vector files, kept whether or not training saw them."""
-        counting = cls.from_config(config, Vocab([]), Vocab([]), tags, Vocab([]) if lexicon else None, lexicon)
+        counting = cls.from_config(config, Vocab([]), Vocab([]), tags, Vocab([]) if lexicon is not None else None, lexicon)
         char_counts, bichar_counts, word_counts = Counter(), Counter(), Counter()
         for sent in sentences:
             units = counting.units(sent.tokens)
@@ -104,7 +104,7 @@ class Featurizer:
         chars = Vocab.build(char_counts, emb.min_freq).extended(extra.get("char", ()))
         bichars = Vocab.build(bichar_counts, emb.bichar_min_freq).extended(extra.get("bichar", ())) \
             if emb.width("bichar") else Vocab([])
-        words = Vocab.build(word_counts, 1).extended(extra.get("word", ())) if lexicon else None
+        words = Vocab.build(word_counts, 1).extended(extra.get("word", ())) if lexicon is not None else None
         built = cls.from_config(config, chars, bichars, tags, words, lexicon, lm_vocab)
         built.counts = {"char": char_counts, "bichar": bichar_counts, "word": word_counts}  # for coverage reports
         return built

@@ -160,7 +160,7 @@ class Pipeline:
         lexicon = self.featurizer.lexicon
         atomic_write_text(directory / "nerkit.json", json.dumps(
             {"format_version": FORMAT_VERSION, "nerkit_version": __version__, "encoder": self.config.encoder.name,
-             "lexicon_sha256": lexicon.fingerprint if lexicon else None}, indent=2) + "\n")
+             "lexicon_sha256": lexicon.fingerprint if lexicon is not None else None}, indent=2) + "\n")
         atomic_write_text(directory / "config.yaml", config_to_yaml(self.config))
         atomic_write_text(directory / "vocab.json", json.dumps(self.featurizer.to_json(), ensure_ascii=False) + "\n")
         if lexicon is not None:

@@ -194,6 +194,24 @@ def test_train_save_load_gives_identical_tensors_and_predictions(tmp_path, tiny_
     assert (tmp_path / "again" / "model.safetensors").read_bytes() == (tmp_path / "model" / "model.safetensors").read_bytes()
 
 
+def test_flat_with_a_lexicon_that_keeps_no_word_trains_saves_and_loads(tmp_path, tiny_config):
+    """FLAT without word nodes (its lexicon filtered to nothing, as `lexicon.min_len=99` does to
+    jieba's): a character-only relative-position model, the lexicon's own ablation. An empty
+    lexicon once counted as no lexicon at all and left a word table of zero rows."""
+    words = tmp_path / "words.txt"
+    words.write_text("北京\n张伟\n", encoding="utf-8")
+    config = tiny_config(*encoder_overrides("flat"), f"lexicon.source={words}", "lexicon.min_len=9",
+                         "embeddings.word_dim=4")
+    pipe = train_steps(build_pipeline(config))
+    assert len(pipe.featurizer.lexicon) == 0 and len(pipe.featurizer.words) == 2  # <pad>, <unk>
+    assert pipe.featurizer.units(list("张伟在北京")).lattice.words == []
+    pipe.save(tmp_path / "model")
+    loaded = Pipeline.load(tmp_path / "model")
+    state_dicts_equal(pipe.model, loaded.model)
+    texts = random_texts(10, seed=5) + ["张伟在北京"]
+    assert loaded.predict(texts) == pipe.predict(texts)
+
+
 def test_full_width_input_reads_as_half_width_and_saved_models_keep_their_setting(tmp_path, tiny_config,
                                                                                  tiny_model_dir):
     """data.normalize is the default: "ＡＢ" and "２０２" reach the model as "AB" and "202", while
