@@ -245,10 +245,7 @@ def resume_config(out: str | Path, overrides: list[str] = ()) -> Config:
         if key not in RESUMABLE_KEYS:
             raise UserError(f"--set {key} cannot change when resuming", where=str(path),
                             fix=f"a resumed run may change only {', '.join(sorted(RESUMABLE_KEYS))}")
-    config = load_config(path, overrides)
-    if overrides and World.from_env().main:
-        save_run_config(out, config)
-    return config
+    return load_config(path, overrides)
 
 
 class StopRequest:
@@ -357,6 +354,8 @@ def set_up(config: Config, out: Path, force: bool, resume: bool, splits: Splits 
               total_steps=total_steps, warned_warmup=warned)
     if resume:
         _restore(run)
+        if world.main:  # the run's config.yaml: this session's limits, and the widths its vector files gave
+            save_run_config(out, config)
     else:
         seed_rank(tc.seed, world.rank)
         if world.main:

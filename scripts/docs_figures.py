@@ -104,10 +104,12 @@ def compare(models: list[Path], out: Path, text: str, sentences: int) -> None:
             _, layers = attention_maps(pipe, "".join(tokens))
             spread = [attention_spread(w, len(tokens)) for w in layers]
             per_layer = spread if per_layer is None else [(a + c, b + d) for (a, b), (c, d) in zip(per_layer, spread)]
+        uniform = sum((len(t) ** 2 - 1) / (3 * len(t)) for t in dev) / len(dev)  # mean |i - j| of uniform weights
         for i, (distance, near) in enumerate(per_layer):
             print(f"{model} ({pipe.config.encoder.name}) layer {i + 1}: mean attended distance "
-                  f"{distance / len(dev):.2f} characters, {100 * near / len(dev):.1f}% within 2, "
-                  f"over {len(dev)} dev sentences (mean length {sum(map(len, dev)) / len(dev):.1f})")
+                  f"{distance / len(dev):.2f} characters (uniform attention: {uniform:.2f}), "
+                  f"{100 * near / len(dev):.1f}% within 2, over {len(dev)} dev sentences "
+                  f"(mean length {sum(map(len, dev)) / len(dev):.1f})")
 
 
 if __name__ == "__main__":

@@ -176,6 +176,30 @@ def test_resume_continues_a_stopped_run_from_its_checkpoint(tmp_path):
     assert (out / "logs" / "tiny.log").read_text(encoding="utf-8").count("model: bilstm") == 1
 
 
+def test_a_continued_run_with_vectors_keeps_their_width_in_its_model_directory(tmp_path):
+    """A matrix run whose table widths come from its vector file (`char_dim: null`) continues with
+    --resume to a model directory that loads: its config.yaml keeps the file's width (once the
+    matrix's null replaced it, and the model no longer matched its config)."""
+    chars = sorted({line.split()[0] for line in (SAMPLE / "train.bio").read_text(encoding="utf-8").splitlines()
+                    if line.strip()})[:20]
+    vectors = tmp_path / "char.vec"
+    vectors.write_text(f"{len(chars)} 6\n" + "".join(f"{c} {' '.join(str((i + k) % 5 - 2) for k in range(6))}\n"
+                                                     for i, c in enumerate(chars)), encoding="utf-8")
+    tiny = {**TINY, "embeddings": {**TINY["embeddings"], "char_dim": None, "char_vectors": str(vectors)},
+            "train": {**TINY["train"], "epochs": 3}}
+    matrix = write_yaml(tmp_path / "matrix.yaml", {"predict_batch_size": 16, "runs": [
+        {"name": "tiny", "dataset": "sample", "config": str(write_yaml(tmp_path / "tiny.yaml", tiny))}]})
+    out = tmp_path / "out"
+    bench = ("bench", "--matrix", matrix, "--out", out, "--device", "cpu")
+    assert nerkit(*bench, "--set", "train.max_steps=5").returncode == 0
+    again = nerkit(*bench, "--set", "train.max_steps=12", "--resume")
+    assert again.returncode == 0 and "continuing from its checkpoint" in again.stderr, again.stderr
+    (record,) = read_jsonl(out / "results.jsonl")
+    assert record["status"] == "ok" and record["steps"] == 12
+    saved = yaml.safe_load((out / "runs" / "tiny" / "config.yaml").read_text(encoding="utf-8"))
+    assert saved["embeddings"]["char_dim"] == 6 and saved["train"]["max_steps"] == 12
+
+
 def test_a_failed_continuation_keeps_the_last_good_figures(tmp_path):
     """When a continued run fails (here its training file changed since the checkpoint), its record
     says so, and the figures of the record it continued stay in it."""

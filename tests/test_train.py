@@ -218,8 +218,8 @@ def test_a_finished_run_resumed_with_more_epochs_equals_a_longer_run(tmp_path, t
     train(tiny_config("train.epochs=3", "train.patience=0"), out=tmp_path / "long")
     train(tiny_config("train.epochs=2", "train.patience=0"), out=tmp_path / "short")
     config = nerkit.train.resume_config(tmp_path / "short", ["train.epochs=3"])
-    assert load_config(tmp_path / "short" / "config.yaml").train.epochs == 3  # saved for the record
     train(config, out=tmp_path / "short", resume=True)
+    assert load_config(tmp_path / "short" / "config.yaml").train.epochs == 3  # saved for the record
     assert [r["epoch"] for r in read_history(tmp_path / "short")] == [1, 2, 3]
     for name in ("model.safetensors", "last/model.safetensors"):
         assert (tmp_path / "short" / name).read_bytes() == (tmp_path / "long" / name).read_bytes()

@@ -54,14 +54,11 @@ def measure(config_path: str, overrides: list[str], out: str, predict_batch_size
 
     from nerkit.pipeline import Pipeline
     from nerkit.splits import read_splits
-    from nerkit.train import save_run_config, train
+    from nerkit.train import train
 
     config = load_config(config_path, overrides)
     digest = config_sha256(config)
     splits = read_splits(config)  # read once: training selects on its dev split, and it is scored below
-    if resume:  # the model directory keeps explaining itself: its config now has the new limits
-        config.output_dir = str(out)
-        save_run_config(out, config)
     metrics = train(config, out=out, force=not resume, resume=resume, progress_bar=False, splits=splits)
     pipe = Pipeline.load(out, device=metrics["device"])
     dev = pipe.evaluation(splits.dev, config.train.eval_batch_size).metrics
