@@ -99,7 +99,10 @@ def train(
 
         if dry_run:
             typer.echo(config_to_yaml(cfg), nl=False)
-        check_run(cfg, Path(cfg.output_dir), force, resume is not None, nproc)
+        from nerkit.distributed import World
+
+        world_size = nproc if nproc > 1 else World.from_env().size  # --nproc, or this rank's torchrun world
+        check_run(cfg, Path(cfg.output_dir), force, resume is not None, world_size)
     if dry_run:
         return
     if nproc > 1:

@@ -230,6 +230,16 @@ def test_a_global_batch_that_does_not_split_evenly_is_a_one_line_error(config_fi
     assert exit_info.value.code == 2 and len(err.strip().splitlines()) == 1, err
     assert "train.batch_size = 8" in err and "multiple of 3" in err
     assert not (tmp_path / "m").exists()
+    # --dry-run checks it too, for --nproc and under torchrun (its WORLD_SIZE)
+    for extra, env in ((["--nproc", "3"], {}), ([], {"WORLD_SIZE": "3"})):
+        for key, value in env.items():
+            monkeypatch.setenv(key, value)
+        monkeypatch.setattr(sys, "argv", ["nerkit", "train", "--config", str(config_file), "--out",
+                                          str(tmp_path / "m"), "--dry-run", *extra])
+        with pytest.raises(SystemExit) as exit_info:
+            main()
+        err = capsys.readouterr().err
+        assert exit_info.value.code == 2 and "does not split evenly over 3 processes" in err, (extra, env, err)
 
 
 def test_a_rank_of_torchrun_checks_the_global_batch_and_the_rendezvous_before_it_joins(tiny_config, tmp_path, monkeypatch):
