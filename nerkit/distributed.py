@@ -132,6 +132,21 @@ class World:
         dist.all_gather(states, state)
         return [s.cpu() for s in states]
 
+    def check_same(self, what: str, fingerprint: str, where: str) -> None:
+        """That every rank has what rank 0 has: `fingerprint`, a hex digest of `what`, compared over
+        its first 60 bits. Nodes that read their own copies of the data could otherwise differ, and
+        DDP would fail on its own shape check with a traceback (or, worse, train on anyway)."""
+        if self.size == 1:
+            return
+        mine = torch.tensor([int(fingerprint[:15], 16)], dtype=torch.int64)  # (1,)
+        everyone = [int(t.item()) for t in self.gather(mine)]
+        differing = [str(rank) for rank, value in enumerate(everyone) if value != everyone[0]]
+        if differing:
+            ranks = f"rank{'s' if len(differing) > 1 else ''} {', '.join(differing)}"
+            raise UserError(f"{what} of {ranks} differ from rank 0's", where=where,
+                            fix="give every machine the same files at the same paths (a shared file system, "
+                                "or copies whose sha256sum agree)")
+
     def lost(self, error: Exception, timeout: float, out) -> JobError | None:
         """The error to end this rank with when `error` says that another rank is gone (a closed
         connection) or silent (a collective past its timeout); None when it says something else."""

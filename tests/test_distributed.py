@@ -40,7 +40,8 @@ CLOSE = {"rtol": 1e-5, "atol": 1e-6}
 
 # Runs `nerkit` as a torchrun worker after arranging a fault on rank 1: FAULT N, then the nerkit
 # arguments. sigint: Ctrl-C reaches rank 1 alone as it assembles its Nth batch; hang: rank 1 stops
-# answering there (a process that is alive but stuck).
+# answering there (a process that is alive but stuck); data: rank 1 reads a training file of other
+# contents (its checksum), as a node with its own copy of the data might.
 FAULTS = r"""
 import os, signal, sys, time
 fault, n = sys.argv[1], int(sys.argv[2])
@@ -56,6 +57,13 @@ if os.environ["RANK"] == "1":
             time.sleep(600)
         return collate(examples)
     T.collate = patched
+    if fault == "data":
+        read_splits = T.read_splits
+        def other_data(config):
+            splits = read_splits(config)
+            splits.checksums = {**splits.checksums, "train": "0" * 64}
+            return splits
+        T.read_splits = other_data
 from nerkit.cli import main
 main()
 """
@@ -512,6 +520,19 @@ def test_a_rank_killed_mid_training_ends_the_job_at_once_with_a_clear_message(co
 
     metrics = train(resume_config(out, [f"train.max_steps={step + 2}"]), out=out, resume=True, progress_bar=False)
     assert metrics["steps"] == step + 2
+
+
+@pytest.mark.slow
+def test_ranks_that_read_different_data_end_with_a_one_line_error_before_training(config_file, tmp_path):
+    out = tmp_path / "run"
+    result = run(torchrun("--no-python", sys.executable, "-c", FAULTS, "data", 0, *train_cli(config_file, out, [])))
+    assert result.returncode != 0
+    lines = [line for line in result.stderr.splitlines() if line.startswith("nerkit: error:")]
+    assert lines and "the corpora and vocabularies of rank 1 differ from rank 0's" in lines[0], result.stderr
+    assert "same files at the same paths" in lines[0]
+    # each rank says it in one line; the only traceback is torchrun's own report of failed workers
+    assert not [line for line in result.stderr.splitlines() if "File" in line and "/nerkit/" in line], result.stderr
+    assert "epoch 1/" not in result.stderr and not (out / "checkpoint").exists()
 
 
 @pytest.mark.slow
