@@ -99,17 +99,34 @@ def compare(models: list[Path], out: Path, text: str, sentences: int) -> None:
     for model in models:
         pipe = Pipeline.load(model)
         dev = [s.tokens for s in read_splits(pipe.config).dev if len(s.tokens) <= 60][:sentences]
-        per_layer = None
+        per_layer, sides = None, None
         for tokens in dev:
             _, layers = attention_maps(pipe, "".join(tokens))
             spread = [attention_spread(w, len(tokens)) for w in layers]
             per_layer = spread if per_layer is None else [(a + c, b + d) for (a, b), (c, d) in zip(per_layer, spread)]
+            side = [direction(w, len(tokens)) for w in layers]
+            sides = side if sides is None else [a + b for a, b in zip(sides, side)]
         uniform = sum((len(t) ** 2 - 1) / (3 * len(t)) for t in dev) / len(dev)  # mean |i - j| of uniform weights
         for i, (distance, near) in enumerate(per_layer):
             print(f"{model} ({pipe.config.encoder.name}) layer {i + 1}: mean attended distance "
                   f"{distance / len(dev):.2f} characters (uniform attention: {uniform:.2f}), "
                   f"{100 * near / len(dev):.1f}% within 2, over {len(dev)} dev sentences "
                   f"(mean length {sum(map(len, dev)) / len(dev):.1f})")
+            heads = " ".join(f"{h + 1}: {before:.0f}/{itself:.0f}/{after:.0f}"
+                             for h, (before, itself, after) in enumerate((100 * sides[i] / len(dev)).tolist()))
+            print(f"    per head, % of the weight on the characters before / the character itself / after: {heads}")
+
+
+def direction(weights, n: int):
+    """Per head, the share of each query's attention on earlier characters, on itself and on later
+    ones, averaged over the queries: (H, 3). `weights`: (H, L, L), rows the queries."""
+    import torch
+
+    w = weights[:, :n, :n]  # (H, n, n)
+    i = torch.arange(n)
+    before, itself = (i[None, :] < i[:, None]).float(), torch.eye(n)  # (n, n) each: key j against query i
+    after = 1 - before - itself
+    return torch.stack([(w * part).sum((1, 2)) / n for part in (before, itself, after)], dim=1)  # (H, 3)
 
 
 if __name__ == "__main__":
