@@ -7,7 +7,9 @@ starts torchrun on this machine. A run of one process goes through all of it unc
 from __future__ import annotations
 
 import datetime
+import hashlib
 import inspect
+import json
 import logging
 import os
 import signal
@@ -132,12 +134,13 @@ class World:
         dist.all_gather(states, state)
         return [s.cpu() for s in states]
 
-    def check_same(self, what: str, fingerprint: str, where: str) -> None:
-        """That every rank has what rank 0 has: `fingerprint`, a hex digest of `what`, compared over
-        its first 60 bits. Nodes that read their own copies of the data could otherwise differ, and
-        DDP would fail on its own shape check with a traceback (or, worse, train on anyway)."""
+    def check_same(self, what: str, value, where: str) -> None:
+        """That every rank has what rank 0 has: `value` (JSON data describing `what`), compared over
+        the first 60 bits of its sha256. Nodes that read their own copies of the data could otherwise
+        differ, and DDP would fail on its own shape check with a traceback (or, worse, train on)."""
         if self.size == 1:
             return
+        fingerprint = hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()
         mine = torch.tensor([int(fingerprint[:15], 16)], dtype=torch.int64)  # (1,)
         everyone = [int(t.item()) for t in self.gather(mine)]
         differing = [str(rank) for rank, value in enumerate(everyone) if value != everyone[0]]

@@ -9,7 +9,6 @@ global batch and DDP averages the gradients; rank 0 alone evaluates, logs and wr
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import math
@@ -333,8 +332,7 @@ def set_up(config: Config, out: Path, force: bool, resume: bool, splits: Splits 
     seed_everything(tc.seed)
     splits = splits if splits is not None else read_splits(config)
     pipe = build_pipeline(config, splits, device)
-    agreed = json.dumps([splits.checksums, pipe.featurizer.sizes()], sort_keys=True)  # what every rank must share
-    world.check_same("the corpora and vocabularies", hashlib.sha256(agreed.encode()).hexdigest(), config.data.train)
+    world.check_same("the corpora and vocabularies", [splits.checksums, pipe.featurizer.sizes()], config.data.train)
     examples = [pipe.featurizer.training_example(s) for s in splits.train]
     attach_lm_cache(config, pipe, splits, examples)
     n_params = sum(p.numel() for p in pipe.model.parameters())
