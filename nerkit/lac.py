@@ -8,7 +8,6 @@ word.dic, tag.dic, model.safetensors) that `nerkit.lm.load_lm` recognises by its
 
 from __future__ import annotations
 
-import hashlib
 import json
 import unicodedata
 from dataclasses import asdict, dataclass
@@ -24,7 +23,7 @@ from torch import nn
 from nerkit.corpus import Span, tags_to_spans
 from nerkit.errors import UserError
 from nerkit.files import WRITE_ERRNOS, atomic_directory, atomic_write_bytes, atomic_write_text
-from nerkit.lm import LAYERS, LM_DIR, MIX_FILE, OPTIONS_FILE, CharVocab, ScalarMix, _gist, _read_optional_json
+from nerkit.lm import LM_DIR, MIX_FILE, OPTIONS_FILE, CharFeatures, CharVocab, _gist, _read_optional_json
 
 MODEL_TYPE = "lac-bigru"  # config.json's model_type in an exported directory
 CHARS_FILE, TAGS_FILE, WEIGHTS_FILE = "word.dic", "tag.dic", "model.safetensors"
@@ -366,46 +365,21 @@ def _read_tags(path: Path) -> list[str]:
 
 # ------------------------------------------------------------------------------------ as LM features
 
-class LACEmbedder(nn.Module):
-    """LAC's encoder as per-character features, with `nerkit.lm.LMEmbedder`'s interface (states,
-    combine, forward, fingerprint, output_dim, num_states, vocab), so the LM path's finetune, lr,
-    frozen-state cache and saving apply. `layers`: "last" (the top bi-GRU layer, 2H) or "mix" (a
-    learned scalar mix of the embeddings and each layer; the E-wide embedding enters twice, [e | e],
-    to be 2H wide, as ELMo does with its token layer). A GRU reads a sentence of any length whole,
-    so there are no windows; `bf16` is accepted and ignored (the recurrence runs in float32)."""
+class LACEmbedder(CharFeatures):
+    """LAC's encoder as per-character features, so the LM path's finetune, lr, frozen-state cache and
+    saving apply. `layers`: "last" (the top bi-GRU layer, 2H) or "mix" (a learned scalar mix of the
+    embeddings and each layer; the E-wide embedding enters twice, [e | e], to be 2H wide, as ELMo
+    does with its token layer). A GRU reads a sentence of any length whole, so there are no windows;
+    `bf16` is accepted and ignored (the recurrence runs in float32)."""
 
     def __init__(self, lm: LACEncoder, vocab: LACVocab, layers: str = "last", finetune: bool = False,
                  bf16: bool = False):
-        super().__init__()
-        if layers not in LAYERS:
-            raise UserError(f"unknown LM layers option {layers!r}", fix=f"use one of {', '.join(LAYERS)}")
         config = lm.config
         if layers == "mix" and config.embedding_dim != config.hidden_size:
             raise UserError(f"layers: mix needs the embedding ({config.embedding_dim}) as wide as a GRU "
                             f"direction ({config.hidden_size})", fix="use layers: last")
-        self.lm, self.vocab = lm, vocab
-        self.layers, self.finetune, self.bf16 = layers, finetune, bf16
-        self.num_states = config.num_layers + 1 if layers == "mix" else 1
-        self.output_dim = 2 * config.hidden_size
-        self.scalar_mix = ScalarMix(self.num_states) if layers == "mix" else None
-        self.lm.requires_grad_(finetune)
-        self.train(False)
-
-    def train(self, mode: bool = True) -> "LACEmbedder":
-        super().train(mode)
-        if not self.finetune:
-            self.lm.eval()  # nothing in LAC drops out, but a frozen LM stays in eval mode all the same
-        return self
-
-    def forward(self, lm_ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """lm_ids, mask (B, T) -> (B, T, output_dim), zero at padding."""
-        return self.combine(self.states(lm_ids, mask))
-
-    def combine(self, stack: torch.Tensor) -> torch.Tensor:
-        """(B, T, S, D) states, from `states` or the cache -> (B, T, D)."""
-        if self.scalar_mix is None:
-            return stack[:, :, -1]  # (B, T, D)
-        return self.scalar_mix(stack)
+        super().__init__(lm, vocab, layers, finetune, bf16, num_layers=config.num_layers,
+                         output_dim=2 * config.hidden_size)
 
     def states(self, lm_ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """(B, T, S, D) float32: S = 1 (the top layer) for "last", else the embeddings and each layer."""
@@ -417,16 +391,6 @@ class LACEmbedder(nn.Module):
             states = states[-1:]
         stack = torch.stack(states, dim=2)  # (B, T, S, D)
         return torch.where(mask[:, :, None, None], stack, stack.new_zeros(()))
-
-    def fingerprint(self) -> str:
-        """A checksum of everything that decides the features: config, vocabulary, weights."""
-        digest = hashlib.sha256()
-        digest.update(json.dumps(self.lm.config.to_dict(), sort_keys=True).encode("utf-8"))
-        digest.update(self.vocab.fingerprint().encode("ascii"))
-        for name, tensor in sorted(self.lm.state_dict().items()):
-            digest.update(f"{name} {tensor.dtype} {tuple(tensor.shape)}".encode("utf-8"))
-            digest.update(tensor.detach().cpu().contiguous().view(torch.uint8).numpy())
-        return digest.hexdigest()
 
 
 # ------------------------------------------------------------------------------------ directories

@@ -192,30 +192,30 @@ class ScalarMix(nn.Module):
         return self.gamma * torch.einsum("btsd,s->btd", stack, weights)  # (B, T, D)
 
 
-class LMEmbedder(nn.Module):
-    """Per-character features from a pretrained encoder.
+class CharFeatures(nn.Module):
+    """A pretrained encoder `lm` read as per-character features: what `LMEmbedder` and nerkit.lac's
+    `LACEmbedder` share. A subclass defines `states`, the encoder's S layer states of width
+    `output_dim` per character; `combine` reduces them to one feature per character.
 
     `layers`: "last" (the top layer) or "mix" (a learned scalar mix of the embeddings and every
     layer). `finetune`: train the LM's weights; when False the LM stays in eval mode and runs under
     no_grad (the scalar mix, if any, still learns). `bf16`: run the LM under bf16 autocast.
     """
 
-    def __init__(self, lm: nn.Module, vocab: LMVocab, layers: str = "last", finetune: bool = False,
-                 bf16: bool = False):
+    def __init__(self, lm: nn.Module, vocab: CharVocab, layers: str, finetune: bool, bf16: bool,
+                 num_layers: int, output_dim: int):
         super().__init__()
         if layers not in LAYERS:
             raise UserError(f"unknown LM layers option {layers!r}", fix=f"use one of {', '.join(LAYERS)}")
-        config = lm.config
         self.lm, self.vocab = lm, vocab
         self.layers, self.finetune, self.bf16 = layers, finetune, bf16
-        self.window = config.max_position_embeddings - 2  # characters per window, beside [CLS] and [SEP]
-        self.num_states = config.num_hidden_layers + 1 if layers == "mix" else 1
-        self.output_dim = config.hidden_size
+        self.num_states = num_layers + 1 if layers == "mix" else 1
+        self.output_dim = output_dim
         self.scalar_mix = ScalarMix(self.num_states) if layers == "mix" else None
         self.lm.requires_grad_(finetune)
         self.train(False)  # ready for inference, as Hugging Face's from_pretrained leaves a model
 
-    def train(self, mode: bool = True) -> "LMEmbedder":
+    def train(self, mode: bool = True) -> "CharFeatures":
         super().train(mode)
         if not self.finetune:
             self.lm.eval()  # a frozen LM never drops out, whatever the model around it does
@@ -226,11 +226,38 @@ class LMEmbedder(nn.Module):
         Returns (B, T, output_dim), zero at padding."""
         return self.combine(self.states(lm_ids, mask))
 
+    def states(self, lm_ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """(B, T, S, D) float32 layer states, zero at padding: S = 1 for "last", else the embeddings
+        and each layer."""
+        raise NotImplementedError
+
     def combine(self, stack: torch.Tensor) -> torch.Tensor:
         """(B, T, S, D) layer states, from `states` or `cached_features` -> (B, T, D)."""
         if self.scalar_mix is None:
             return stack[:, :, -1]  # (B, T, D)
         return self.scalar_mix(stack)
+
+    def fingerprint(self) -> str:
+        """A checksum of everything that decides the features: config, vocabulary, weights."""
+        digest = hashlib.sha256()
+        digest.update(json.dumps(self.lm.config.to_dict(), sort_keys=True, default=str).encode("utf-8"))
+        digest.update(self.vocab.fingerprint().encode("ascii"))
+        for name, tensor in sorted(self.lm.state_dict().items()):
+            digest.update(f"{name} {tensor.dtype} {tuple(tensor.shape)}".encode("utf-8"))
+            digest.update(tensor.detach().cpu().contiguous().view(torch.uint8).numpy())
+        return digest.hexdigest()
+
+
+class LMEmbedder(CharFeatures):
+    """A Hugging Face encoder's per-character features; sentences longer than its positions are
+    read in overlapping windows (`windows`)."""
+
+    def __init__(self, lm: nn.Module, vocab: LMVocab, layers: str = "last", finetune: bool = False,
+                 bf16: bool = False):
+        config = lm.config
+        super().__init__(lm, vocab, layers, finetune, bf16, num_layers=config.num_hidden_layers,
+                         output_dim=config.hidden_size)
+        self.window = config.max_position_embeddings - 2  # characters per window, beside [CLS] and [SEP]
 
     def states(self, lm_ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """The LM's layer states per character: (B, T, S, D) float32, S = 1 for "last", else the
@@ -271,23 +298,13 @@ class LMEmbedder(nn.Module):
         states = out.hidden_states if self.layers == "mix" else (out.last_hidden_state,)
         return torch.stack(states, dim=2).float()  # (R, W, S, D)
 
-    def fingerprint(self) -> str:
-        """A checksum of everything that decides the LM's outputs: config, vocabulary, weights."""
-        digest = hashlib.sha256()
-        digest.update(json.dumps(self.lm.config.to_dict(), sort_keys=True, default=str).encode("utf-8"))
-        digest.update(self.vocab.fingerprint().encode("ascii"))
-        for name, tensor in sorted(self.lm.state_dict().items()):
-            digest.update(f"{name} {tensor.dtype} {tuple(tensor.shape)}".encode("utf-8"))
-            digest.update(tensor.detach().cpu().contiguous().view(torch.uint8).numpy())
-        return digest.hexdigest()
-
 
 # ------------------------------------------------------------------------------------ loading
 
-def load_lm(path: str | Path, layers: str = "last", finetune: bool = False, bf16: bool = False) -> LMEmbedder:
+def load_lm(path: str | Path, layers: str = "last", finetune: bool = False, bf16: bool = False) -> CharFeatures:
     """An `LMEmbedder` from a local Hugging Face directory: config.json, vocab.txt and weights as
     model.safetensors or pytorch_model.bin (read with weights_only). Never touches a hub. A LAC
-    directory (`nerkit vectors export-lac`) gives nerkit.lac's `LACEmbedder`, which acts the same."""
+    directory (`nerkit vectors export-lac`) gives nerkit.lac's `LACEmbedder`."""
     directory = Path(path)
     if not directory.is_dir():
         raise UserError("language-model directory not found", where=str(directory), fix=FETCH_FIX)
@@ -417,7 +434,7 @@ def _modern_name(name: str) -> str:
 
 # ------------------------------------------------------------------------------------ save / load
 
-def save_lm(embedder: LMEmbedder, model_dir: str | Path, weights: bool = True) -> Path:
+def save_lm(embedder: CharFeatures, model_dir: str | Path, weights: bool = True) -> Path:
     """Write the LM into MODEL_DIR/lm/ as a plain Hugging Face directory (config.json, vocab.txt,
     tokenizer_config.json and, with `weights`, model.safetensors with the current, possibly
     fine-tuned, weights) plus the embedder's options and scalar mix, so that `load_saved_lm`
@@ -448,7 +465,7 @@ def save_lm(embedder: LMEmbedder, model_dir: str | Path, weights: bool = True) -
     return target
 
 
-def load_saved_lm(model_dir: str | Path) -> LMEmbedder:
+def load_saved_lm(model_dir: str | Path) -> CharFeatures:
     """The embedder that `save_lm` wrote into MODEL_DIR/lm/; saved without weights, its weights are
     left as built (the caller loads them, as a nerkit model directory does from model.safetensors)."""
     directory = Path(model_dir) / LM_DIR
@@ -484,7 +501,7 @@ def load_saved_lm(model_dir: str | Path) -> LMEmbedder:
 
 # ------------------------------------------------------------------------------------ feature cache
 
-def cached_features(embedder: LMEmbedder, token_lists: list[list[str]], cache_dir: str | Path,
+def cached_features(embedder: CharFeatures, token_lists: list[list[str]], cache_dir: str | Path,
                     batch_size: int = 32, progress: bool = False) -> list[torch.Tensor]:
     """The frozen LM's layer states of each sentence, (T_i, S, D) float16, computed once per corpus.
 
@@ -544,7 +561,7 @@ def corpus_checksum(token_lists: list[list[str]]) -> str:
     return digest.hexdigest()
 
 
-def _write_cache(path: Path, embedder: LMEmbedder, token_lists: list[list[str]], batch_size: int,
+def _write_cache(path: Path, embedder: CharFeatures, token_lists: list[list[str]], batch_size: int,
                  progress: bool) -> None:
     """Stream a safetensors file: header, sentence offsets, then the features of chunks of
     sentences (length-sorted within a chunk for little padding, written in corpus order)."""
@@ -585,7 +602,7 @@ def _length_batches(indices: range, lengths: list[int], batch_size: int) -> list
 
 
 @torch.no_grad()
-def _batch_states(embedder: LMEmbedder, sentences: list[list[str]]) -> list[torch.Tensor]:
+def _batch_states(embedder: CharFeatures, sentences: list[list[str]]) -> list[torch.Tensor]:
     """Layer states of each sentence, (T_i, S, D), on the CPU."""
     device = next(embedder.lm.parameters()).device
     width = max(1, max(len(s) for s in sentences))

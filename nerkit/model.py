@@ -36,7 +36,7 @@ def token_dropout(ids: torch.Tensor, p: float) -> torch.Tensor:
 
 class Embedder(nn.Module):
     """Concatenated character and bigram embeddings and, with a language model, its features for
-    each character; dropout on the whole. `lm`: a `nerkit.lm.LMEmbedder`, or None."""
+    each character; dropout on the whole. `lm`: a `nerkit.lm.CharFeatures` (LM or LAC), or None."""
 
     def __init__(self, num_chars: int, num_bichars: int, char_dim: int, bichar_dim: int, dropout: float,
                  init: str = "normal", token_dropout: float = 0.0, lm: nn.Module | None = None):

@@ -48,7 +48,7 @@ class Evaluation:
 
 class Pipeline:
     def __init__(self, config: Config, featurizer: Featurizer, device: str | torch.device = "cpu", lm=None):
-        """`lm`: the `nerkit.lm.LMEmbedder` whose features join the embeddings (its vocabulary is the
+        """`lm`: the `nerkit.lm.CharFeatures` whose features join the embeddings (its vocabulary is the
         featuriser's `lm_vocab`), or None."""
         self.config = config
         self.featurizer = featurizer
