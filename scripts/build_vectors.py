@@ -25,7 +25,7 @@ from pathlib import Path
 from nerkit.corpus import read_corpus
 from nerkit.features import bigrams
 from nerkit.files import atomic_write_text
-from nerkit.pipeline import seeded_dev_split
+from nerkit.splits import seeded_dev_split
 from nerkit.lexicon import Lexicon
 from nerkit.vectors import HeldOut, chars_of, coverage, export_jieba, read_vectors, segment, train_vectors
 

@@ -153,13 +153,14 @@ def test_resume_continues_a_stopped_run_from_its_checkpoint(tmp_path):
     (after,) = read_jsonl(results)
     # the epoch the limit cut short goes on: steps 6-12 are still epoch 1
     assert (after["steps"], after["epochs"], after["continued"]) == (12, 1, 1)
+    assert after["session_commits"] == [before["git_commit"], after["git_commit"]]
     assert after["wall_s"] > before["wall_s"] and after["overrides"][-2:] == ["train.max_steps=12", "train.device=cpu"]
     assert after["peak_rss_mib"] >= before["peak_rss_mib"]
     log = (out / "logs" / "tiny.log").read_text(encoding="utf-8")
     assert log.count("model: bilstm") == 2 and "resuming" in log and "continuing from" in log
     run_dir = out / "runs" / "tiny"
     assert yaml.safe_load((run_dir / "config.yaml").read_text(encoding="utf-8"))["train"]["max_steps"] == 12
-    assert "continued from their checkpoints" in (out / "RESULTS.md").read_text(encoding="utf-8")
+    assert f"`tiny` (sessions at commits {before['git_commit'][:7]}, " in (out / "RESULTS.md").read_text(encoding="utf-8")
 
     ref = tmp_path / "ref"
     trained = nerkit("train", "--config", config, "--out", ref, "--set", "train.max_steps=5", "--set", "train.device=cpu")

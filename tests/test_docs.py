@@ -39,3 +39,14 @@ def test_the_readme_names_everything_a_model_directory_holds(tiny_model_dir):
     assert "checkpoint/" in entries
     missing = [name for name in entries + ["lexicon.txt", "lm/"] if f"`{name}`" not in section]
     assert not missing
+
+
+def test_every_script_imports():
+    """Each scripts/*.py loads as a module (its imports run, its `__main__` block does not): a helper moved by a
+    refactoring breaks `make vectors` or a documented benchmark command here rather than for a user."""
+    scripts = sorted((REPO / "scripts").glob("*.py"))
+    assert len(scripts) > 5
+    for path in scripts:
+        script = importlib.util.spec_from_file_location(f"script_{path.stem}", path)
+        module = importlib.util.module_from_spec(script)
+        script.loader.exec_module(module)

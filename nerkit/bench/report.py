@@ -79,12 +79,18 @@ def _preamble(ok: list[dict], gpu: bool) -> list[str]:
         shared = "cores and GPU" if gpu else "cores"
         lines.append(f"- up to {jobs} runs trained at once on this machine (`--jobs {jobs}`): they shared its "
                      f"{shared}, so each run's speed is lower than it would be alone")
-    continued = [f"`{r['name']}`" for r in ok if r.get("continued")]
+    continued = [f"`{r['name']}`" + _sessions(r) for r in ok if r.get("continued")]
     if continued:
         lines.append(f"- continued from their checkpoints by `nerkit bench --resume`: {', '.join(continued)}; "
                      "their epochs and training chars/s cover all their training, their wall time and peak memory "
                      "every `nerkit bench` session of theirs, their overrides are the last session's")
     return lines
+
+
+def _sessions(record: dict) -> str:
+    """` (sessions at commits a1b2c3d, e4f5a6b)` for a continued run whose record lists them."""
+    commits = record.get("session_commits")
+    return f" (sessions at commits {', '.join(c[:7] for c in commits)})" if commits else ""
 
 
 def _row(group: str, runs: list[dict], anchors: dict, gpu: bool) -> list[str]:

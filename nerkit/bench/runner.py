@@ -148,6 +148,9 @@ def execute(run: Run, out: Path, predict_batch_size: int, base: dict, previous: 
     if resume:
         record["wall_s"] += previous.get("wall_s", 0.0)
         record["continued"] = previous.get("continued", 0) + 1
+        # the commit each `nerkit bench` session of the run trained with, oldest first
+        earlier = previous.get("session_commits") or [previous.get("git_commit", "unknown")]
+        record["session_commits"] = earlier + [record.get("git_commit", "unknown")]
     if proc.returncode == 0 and result_path.is_file():
         result = json.loads(result_path.read_text(encoding="utf-8"))
         for key in ("peak_rss_mib", "peak_cuda_mib"):  # the peaks of every session of the run
