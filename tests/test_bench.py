@@ -147,13 +147,20 @@ def test_resume_continues_a_stopped_run_from_its_checkpoint(tmp_path):
     (before,) = read_jsonl(results)
     assert (before["steps"], before["epochs"], before["stopped"], before["partial_epoch"]) == (5, 1, "max_steps", True)
 
+    # a session killed outright (SIGKILL, a machine restart) writes no record, only its sessions line
+    sessions = out / "logs" / "tiny.sessions.jsonl"
+    assert [json.loads(line)["commit"] for line in sessions.read_text(encoding="utf-8").splitlines()] == \
+        [before["git_commit"]]
+    with open(sessions, "a", encoding="utf-8") as f:
+        f.write(json.dumps({"commit": "f" * 40, "date": "2026-01-01T00:00:00+00:00"}) + "\n")
+
     again = nerkit(*bench, "--set", "train.max_steps=12", "--resume")
     assert again.returncode == 0, again.stderr
     assert "continuing from its checkpoint" in again.stderr
     (after,) = read_jsonl(results)
     # the epoch the limit cut short goes on: steps 6-12 are still epoch 1
     assert (after["steps"], after["epochs"], after["continued"]) == (12, 1, 1)
-    assert after["session_commits"] == [before["git_commit"], after["git_commit"]]
+    assert after["session_commits"] == [before["git_commit"], "f" * 40, after["git_commit"]]
     assert after["wall_s"] > before["wall_s"] and after["overrides"][-2:] == ["train.max_steps=12", "train.device=cpu"]
     assert after["peak_rss_mib"] >= before["peak_rss_mib"]
     log = (out / "logs" / "tiny.log").read_text(encoding="utf-8")
@@ -174,6 +181,7 @@ def test_resume_continues_a_stopped_run_from_its_checkpoint(tmp_path):
     assert "running it again" in redo.stderr and "continuing" not in redo.stderr
     (fresh,) = read_jsonl(results)
     assert (fresh["steps"], fresh["epochs"]) == (12, 1) and "continued" not in fresh
+    assert len(sessions.read_text(encoding="utf-8").splitlines()) == 1
     assert (out / "logs" / "tiny.log").read_text(encoding="utf-8").count("model: bilstm") == 1
 
 

@@ -83,7 +83,8 @@ def _preamble(ok: list[dict], gpu: bool) -> list[str]:
     if continued:
         lines.append(f"- continued from their checkpoints by `nerkit bench --resume`: {', '.join(continued)}; "
                      "their epochs and training chars/s cover all their training, their wall time and peak memory "
-                     "every `nerkit bench` session of theirs, their overrides are the last session's")
+                     "every `nerkit bench` session of theirs that wrote a record (not one killed outright), their "
+                     "overrides are the last session's")
     return lines
 
 
