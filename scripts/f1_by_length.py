@@ -14,8 +14,7 @@ import argparse
 import sys
 from pathlib import Path
 
-import torch
-
+from nerkit.device import set_threads
 from nerkit.evaluate import score
 from nerkit.pipeline import Pipeline
 from nerkit.splits import read_splits
@@ -32,16 +31,15 @@ def buckets(lengths: list[int], bounds: list[int]) -> list[tuple[str, list[int]]
 
 
 def table(name: str, sentences, predicted, bounds: list[int]) -> list[str]:
+    """Markdown rows: every sentence, each length bucket, then every sentence up to bounds[-1]."""
     gold = [s.spans() for s in sentences]
-    rows = [f"| {name} | all | {len(sentences):,} | {sum(len(s.tokens) for s in sentences):,} | "
-            f"{sum(map(len, gold)):,} | {100 * score(gold, predicted)['f1']:.2f} |"]
     lengths = [len(s.tokens) for s in sentences]
-    up_to_last = (f"1-{bounds[-1]}", [i for i, n in enumerate(lengths) if n <= bounds[-1]])
-    for label, idx in [*buckets(lengths, bounds), up_to_last]:
+    rows = []
+    for label, idx in [("all", range(len(sentences))), *buckets(lengths, bounds), buckets(lengths, bounds[-1:])[0]]:
         if not idx:
             continue
         m = score([gold[i] for i in idx], [predicted[i] for i in idx])
-        rows.append(f"| {name} | {label} | {len(idx):,} | {sum(len(sentences[i].tokens) for i in idx):,} | "
+        rows.append(f"| {name} | {label} | {len(idx):,} | {sum(lengths[i] for i in idx):,} | "
                     f"{sum(len(gold[i]) for i in idx):,} | {100 * m['f1']:.2f} |")
     return rows
 
@@ -52,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--bounds", default="50,100,250", help="bucket upper bounds in characters")
     args = ap.parse_args(argv)
-    torch.set_num_threads(args.threads)
+    set_threads(args.threads)
     bounds = [int(b) for b in args.bounds.split(",")]
     pipe = Pipeline.load(args.model)
     splits = read_splits(pipe.config)  # the dev the model was selected on (carved from train as in training)

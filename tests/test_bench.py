@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from nerkit.bench import failure_message, load_matrix, render_markdown, select_runs, worker_env
+from nerkit.bench.runner import record_session
 from nerkit.errors import UserError
 
 REPO = Path(__file__).resolve().parent.parent
@@ -131,6 +132,22 @@ def test_resume_skips_completed_runs(bench_run, tmp_path):
     assert result.stderr.count("skipped") == 2
     names = [r["name"] for r in read_jsonl(copy / "results.jsonl")]
     assert sorted(names) == sorted(set(names)) and len(names) == 4
+
+
+def test_the_sessions_file_names_every_session_of_a_run_oldest_first(tmp_path):
+    """A fresh run starts the file, a continuation adds to it, and a run begun before the file existed
+    starts it from its last record's list of sessions (or that record's commit)."""
+    path = tmp_path / "run.sessions.jsonl"
+    assert record_session(path, {"git_commit": "a", "date": "d1"}, None) == ["a"]
+    assert record_session(path, {"git_commit": "b", "date": "d2"}, {}) == ["a", "b"]
+    assert record_session(path, {"git_commit": "c", "date": "d3"}, None) == ["c"]  # started over
+    assert [json.loads(line)["commit"] for line in path.read_text(encoding="utf-8").splitlines()] == ["c"]
+    path.unlink()
+    assert record_session(path, {"git_commit": "z", "date": "d4"}, {"session_commits": ["x", "y"]}) == ["x", "y", "z"]
+    path.unlink()
+    assert record_session(path, {"git_commit": "z", "date": "d4"}, {"git_commit": "y"}) == ["y", "z"]
+    path.unlink()
+    assert record_session(path, {"git_commit": "z", "date": "d4"}, {}) == ["unknown", "z"]
 
 
 def test_resume_continues_a_stopped_run_from_its_checkpoint(tmp_path):

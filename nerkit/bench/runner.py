@@ -136,10 +136,7 @@ def execute(run: Run, out: Path, predict_batch_size: int, base: dict, previous: 
     resume = previous is not None
     spec = {"config": run.config, "overrides": run.overrides, "out": str(run_dir),
             "predict_batch_size": predict_batch_size, "resume": resume}
-    # written before training starts, so a session killed outright (no record) still names its commit
-    sessions_path = log_path.with_suffix(".sessions.jsonl")
-    with open(sessions_path, "a" if resume else "w", encoding="utf-8") as sessions:
-        sessions.write(json.dumps({"commit": record.get("git_commit", "unknown"), "date": record["date"]}) + "\n")
+    commits = record_session(log_path.with_suffix(".sessions.jsonl"), record, previous)
     started = time.perf_counter()
     with open(log_path, "a" if resume else "w", encoding="utf-8") as log_file:
         if resume:
@@ -152,7 +149,7 @@ def execute(run: Run, out: Path, predict_batch_size: int, base: dict, previous: 
     if resume:
         record["wall_s"] += previous.get("wall_s", 0.0)
         record["continued"] = previous.get("continued", 0) + 1
-        record["session_commits"] = session_commits(sessions_path, previous, record.get("git_commit", "unknown"))
+        record["session_commits"] = commits
     if proc.returncode == 0 and result_path.is_file():
         result = json.loads(result_path.read_text(encoding="utf-8"))
         for key in ("peak_rss_mib", "peak_cuda_mib"):  # the peaks of every session of the run
@@ -168,16 +165,21 @@ def execute(run: Run, out: Path, predict_batch_size: int, base: dict, previous: 
     return failed
 
 
-def session_commits(sessions_path: Path, previous: dict, commit: str) -> list[str]:
-    """The commit each `nerkit bench` session of a continued run trained with, oldest first: from the
-    run's sessions file, which a killed session also wrote to; runs older than the file fall back on
-    the records (where a session that left none is "unknown")."""
-    lines = sessions_path.read_text(encoding="utf-8").splitlines()
-    commits = [json.loads(line)["commit"] for line in lines if line.strip()]
-    if len(commits) > 1:
-        return commits
-    earlier = previous.get("session_commits") or [previous.get("git_commit", "unknown")]
-    return earlier + [commit]
+def record_session(path: Path, record: dict, previous: dict | None) -> list[str]:
+    """Add this `nerkit bench` session to the run's sessions file before it trains, so that a session
+    killed outright (which leaves no record) is still named; returns the commit of each session of
+    the run, oldest first. A fresh run starts the file; a run begun before the file existed starts it
+    from its last record's list (where a session that left no record is "unknown")."""
+    sessions = []
+    if previous is not None:
+        if path.is_file():
+            sessions = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+        else:
+            sessions = [{"commit": c} for c in previous.get("session_commits")
+                        or [previous.get("git_commit", "unknown")]]
+    sessions.append({"commit": record.get("git_commit", "unknown"), "date": record["date"]})
+    atomic_write_text(path, "".join(json.dumps(entry) + "\n" for entry in sessions))
+    return [entry["commit"] for entry in sessions]
 
 
 def _summary(record: dict) -> str:
