@@ -5,7 +5,7 @@
 
 import os
 
-__version__ = "0.1.0"
+from nerkit.version import __version__  # noqa: F401 (the package's version, re-exported)
 
 # OpenMP threads that finish their share of an operator spin, waiting for the next one, unless the
 # wait policy is passive. Alone, spinning made a BiLSTM step about 1.5x faster; beside another busy
@@ -18,6 +18,6 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 def load(directory, device: str = "cpu"):
     """Load a model directory written by `nerkit train`."""
-    from nerkit.pipeline import Pipeline
+    from nerkit.inference.pipeline import Pipeline
 
     return Pipeline.load(directory, device=device)

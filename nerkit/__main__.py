@@ -1,5 +1,5 @@
 """`python -m nerkit` runs the command-line interface."""
 
-from nerkit.cli import main
+from nerkit.cli.app import main
 
 main()

@@ -9,7 +9,6 @@ and loading imports nothing heavy (no torch).
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import math
 import os
 import re
@@ -21,7 +20,7 @@ from typing import Any
 
 import yaml
 
-from nerkit.errors import ConfigError
+from nerkit.errors import ConfigError, did_you_mean
 
 
 @dataclass
@@ -103,7 +102,7 @@ class LexiconConfig:
 
 # ------------------------------------------------------------------- encoders' own options
 # Each encoder's section is `name:` plus the fields of its options class; ENCODER_OPTIONS names them
-# (nerkit.encoders.ENCODERS names the modules; a test keeps the two registries' names equal).
+# (nerkit.model.encoders.ENCODERS names the modules; a test keeps the two registries' names equal).
 
 
 @dataclass
@@ -163,8 +162,8 @@ ENCODER_OPTIONS = {
     "none": NoEncoderOptions,
 }
 DEVICES = ("auto", "cpu", "cuda")  # auto: the GPU when torch sees one
-ATTENTIONS = ("absolute", "tener", "xl", "shaw")  # absolute, then nerkit.encoders.relative.VARIANTS
-FUSIONS = ("four", "two")  # nerkit.encoders.flat.FUSIONS
+ATTENTIONS = ("absolute", "tener", "xl", "shaw")  # absolute, then nerkit.model.encoders.relative.VARIANTS
+FUSIONS = ("four", "two")  # nerkit.model.encoders.flat.FUSIONS
 
 
 @dataclass
@@ -193,7 +192,11 @@ class TrainConfig:
     lr: float = 1e-3
     momentum: float = 0.9
     weight_decay: float = 0.0
-    warmup_steps: int = 0
+    # The learning rate rises linearly to `lr` over the first steps: below 1 a fraction of the run's
+    # steps (0.1: the first tenth, so a config carries to a corpus of any size), 1 or more a number
+    # of steps. 0: no warm-up.
+    warmup: float = 0.0
+    warmup_steps: int = 0  # the same in steps (older configs); set warmup or warmup_steps, not both
     schedule: str = "constant"  # constant | linear | inverse_time
     decay: float = 0.05  # inverse_time: lr / (1 + decay * epoch)
     clip_norm: float = 5.0  # 0 = off
@@ -240,6 +243,7 @@ _DURATION = re.compile(r"^\s*(?P<number>[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?
 _SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600}
 # Keys that earlier versions wrote into a model directory's config.yaml and that no longer mean
 # anything: read and dropped, so that those directories still load.
+WARMUP_KEYS = ("warmup", "warmup_steps")  # one warm-up, in either key
 RETIRED_KEYS = {("train", "eval_every_epochs")}
 # Sizes that torch cannot build with 0, whichever section (or encoder) has them.
 AT_LEAST_ONE = {"hidden_size", "num_layers", "n_heads", "head_dim", "eval_batch_size"}
@@ -249,10 +253,7 @@ DEFAULT_VARS = {"NERKIT_DATA": "data"}
 
 
 def _suggest(key: str, valid) -> str:
-    close = difflib.get_close_matches(key, list(valid), n=1, cutoff=0.5)
-    if close:
-        return f"did you mean {close[0]!r}?"
-    return f"valid keys: {', '.join(sorted(valid))}"
+    return did_you_mean(key, valid) or f"valid keys: {', '.join(sorted(valid))}"
 
 
 def interpolate(value: str, where: str) -> str:
@@ -353,9 +354,8 @@ def _fill(cls, values: dict, section: str, source: str):
         kwargs[key] = _coerce(value, known[key].type, f"{source}: {section}.{key}")
         choices = CHOICES.get((section, key))
         if choices and kwargs[key] not in choices:
-            close = difflib.get_close_matches(str(kwargs[key]), choices, n=1, cutoff=0.5)
             raise ConfigError(f"{section}.{key} = {kwargs[key]!r} is not one of {', '.join(choices)}", where=source,
-                              fix=f"did you mean {close[0]!r}?" if close else None)
+                              fix=did_you_mean(kwargs[key], choices))
         if isinstance(kwargs[key], (int, float)) and not isinstance(kwargs[key], bool) and kwargs[key] < 0:
             raise ConfigError(f"{section}.{key} = {kwargs[key]} must not be negative", where=source)
         if isinstance(kwargs[key], float) and not math.isfinite(kwargs[key]):
@@ -371,10 +371,9 @@ def _encoder_config(values: dict, source: str, file_keys: set[str], file_name: s
     values = dict(values or {})
     name = _coerce(values.pop("name", "bilstm"), str, f"{source}: encoder.name")
     if name not in ENCODER_OPTIONS:
-        close = difflib.get_close_matches(name, list(ENCODER_OPTIONS), n=1, cutoff=0.5)
+        hint = did_you_mean(name, ENCODER_OPTIONS)
         raise ConfigError(f"unknown encoder {name!r}", where=f"{source}: encoder.name",
-                          fix=(f"did you mean {close[0]!r}? " if close else "")
-                          + f"(encoders: {', '.join(sorted(ENCODER_OPTIONS))})")
+                          fix=(f"{hint} " if hint else "") + f"(encoders: {', '.join(sorted(ENCODER_OPTIONS))})")
     option_cls = ENCODER_OPTIONS[name]
     known = {f.name for f in fields(option_cls)}
     # Keys the file wrote for its own encoder are dropped when `--set encoder.name=` switches to an
@@ -441,6 +440,9 @@ def build_config(raw: dict, source: str = "<config>", overrides: list[str] = ())
             continue
         if len(path) > 3 or (len(path) == 3 and (path[0], path[1]) not in NESTED):
             raise ConfigError(f"override {text!r} is nested too deep", fix="write --set section.key=value")
+        if path[0] == "train" and path[1] in WARMUP_KEYS and isinstance(raw.get("train"), dict):
+            # a warm-up given on the command line replaces the file's, in whichever of the two keys
+            raw["train"] = {k: v for k, v in raw["train"].items() if k not in WARMUP_KEYS}
         raw[path[0]] = _set(raw.get(path[0]), path[1:], value)
         if path[0] == "encoder":
             file_encoder_keys.discard(path[1])
@@ -469,6 +471,13 @@ def build_config(raw: dict, source: str = "<config>", overrides: list[str] = ())
         raise ConfigError("train.epochs must be at least 1", where=source)
     if config.train.batch_size < 1:
         raise ConfigError("train.batch_size must be at least 1", where=source)
+    tc = config.train
+    if tc.warmup and tc.warmup_steps:
+        raise ConfigError(f"train.warmup = {tc.warmup:g} and train.warmup_steps = {tc.warmup_steps} are both set",
+                          where=source, fix="keep one: train.warmup (a fraction of the steps, or steps) is the newer")
+    if tc.warmup >= 1 and tc.warmup != int(tc.warmup):
+        raise ConfigError(f"train.warmup = {tc.warmup:g} is neither a fraction below 1 nor a whole number of steps",
+                          where=source, fix="e.g. 0.1 (a tenth of the run's steps) or 500 (steps)")
     if config.train.dist_timeout <= 0:
         raise ConfigError("train.dist_timeout must be positive", where=source, fix='e.g. "30m" (the default)')
     return config

@@ -68,3 +68,11 @@ def killed_by(returncode: int) -> str:
     except ValueError:
         name = f"signal {-returncode}"
     return f"killed by {name}" + (" (out of memory?)" if returncode == -signal.SIGKILL else "")
+
+
+def did_you_mean(word: str, choices) -> str | None:
+    """"did you mean 'x'?" for the choice closest to a mistyped `word`, or None when none is close."""
+    import difflib
+
+    close = difflib.get_close_matches(str(word), [str(c) for c in choices], n=1, cutoff=0.5)
+    return f"did you mean {close[0]!r}?" if close else None

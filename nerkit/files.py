@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import errno
 import glob
+import json
 import os
 import secrets
 import shutil
@@ -14,7 +15,6 @@ from pathlib import Path
 from typing import BinaryIO, Callable, Iterator
 
 from nerkit.errors import UserError
-
 
 # Failures the user fixes on their side: a full disk, a quota, a file size limit, permissions.
 WRITE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EACCES, errno.EPERM, errno.EROFS)
@@ -161,3 +161,20 @@ def recover_directory(path: str | Path) -> None:
     if not path.exists() and old.is_dir():
         os.replace(old, path)
         _fsync_dir(path.parent)
+
+
+def read_json_lines(path: str | Path, what: str, fix: str | None = None) -> Iterator[tuple[int, dict]]:
+    """(line number, object) for each non-blank line of a JSON-lines file that nerkit wrote (metrics,
+    results); a line that is not a JSON object is a UserError naming the file and line. Whether the
+    object holds the right keys is the caller's to check."""
+    path = Path(path)
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            record = None
+        if not isinstance(record, dict):
+            raise UserError(f"not {what}", where=f"{path}:{number}", fix=fix)
+        yield number, record

@@ -13,7 +13,7 @@ import time
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from nerkit.crf import CRF
+from nerkit.model.crf import CRF
 
 
 def bmes_tags(n_types: int) -> list[str]:

@@ -32,8 +32,8 @@ import torch
 from torch import nn
 
 from nerkit.config import FLATOptions
-from nerkit.encoders.flat import FLAT, LatticePositions
-from nerkit.encoders import LatticeWords
+from nerkit.model.encoders import LatticeWords
+from nerkit.model.encoders.flat import FLAT, LatticePositions
 
 REPO = Path(__file__).resolve().parent.parent
 INPUT_DIM, WORD_DIM = 100, 50  # char 50 + bigram 50, words 50: the paper's embedding sizes
@@ -144,14 +144,14 @@ def child(spec_path: str, impl: str, device: str, reps: int, chunk: int | None) 
 
 
 def read_text(path: Path) -> str:
-    from nerkit.corpus import read_corpus
+    from nerkit.data.corpus import read_corpus
 
     return "".join(s.text for s in read_corpus(path).sentences)
 
 
 def lattice_spec(text: str, lexicon, chars: int, batch: int) -> dict:
     """`batch` windows of `chars` consecutive characters, spread over the text, and their lattices."""
-    from nerkit.lexicon import build_lattice
+    from nerkit.features.lexicon import build_lattice
 
     heads, tails = [], []
     for b in range(batch):
@@ -196,7 +196,7 @@ def main() -> None:
         child(args.child[0], args.child[1], args.device, args.reps, args.chunk)
         return
 
-    from nerkit.lexicon import Lexicon
+    from nerkit.features.lexicon import Lexicon
 
     text = read_text(Path(args.data) / "msra" / "test.char.bmes")
     lexicon = Lexicon.from_jieba()

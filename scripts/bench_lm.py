@@ -19,7 +19,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from nerkit.lm import LMEmbedder, load_lm
+from nerkit.pretrained.bert import LMEmbedder
+from nerkit.pretrained.loading import load_lm
 
 
 def sentences(embedder: LMEmbedder, count: int, length: int, seed: int = 0) -> list[list[str]]:
@@ -27,7 +28,7 @@ def sentences(embedder: LMEmbedder, count: int, length: int, seed: int = 0) -> l
     root = Path(os.environ.get("NERKIT_DATA") or Path(__file__).resolve().parents[1].parent / "shared" / "data")
     path = root / "msra" / "train_dev.char.bmes"
     if path.is_file():
-        from nerkit.corpus import read_corpus
+        from nerkit.data.corpus import read_corpus
 
         pool = [s.tokens for s in read_corpus(path).sentences if abs(len(s.tokens) - length) <= 10]
         print(f"sentences: {len(pool)} MSRA training sentences of {length} +- 10 characters, {count} drawn")

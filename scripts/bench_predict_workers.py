@@ -24,10 +24,10 @@ from pathlib import Path
 
 import torch
 
-from nerkit.corpus import read_corpus
-from nerkit.pipeline import Pipeline
-from nerkit.predict import predict_stream
-from nerkit.workers import Workers
+from nerkit.data.corpus import read_corpus
+from nerkit.inference.pipeline import Pipeline
+from nerkit.inference.stream import predict_stream
+from nerkit.inference.workers import Workers
 
 DATA = Path(os.environ.get("NERKIT_DATA") or Path(__file__).resolve().parent.parent / "data")
 
@@ -36,7 +36,7 @@ def quick_model(out: Path) -> Path:
     import logging
 
     from nerkit.config import load_config
-    from nerkit.train import train
+    from nerkit.training.loop import train
 
     logging.getLogger("nerkit").setLevel(logging.ERROR)  # not the note on how to resume the short run
     config = load_config(Path(__file__).resolve().parent.parent / "configs" / "msra_bilstm.yaml",

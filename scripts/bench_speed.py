@@ -22,10 +22,12 @@ from pathlib import Path
 import torch
 
 from nerkit.config import load_config
-from nerkit.features import bucketed_batches, collate
-from nerkit.pipeline import Pipeline
-from nerkit.splits import read_splits
-from nerkit.train import build_pipeline, make_optimizer, train_step
+from nerkit.data.splits import read_splits
+from nerkit.features.batch import bucketed_batches, collate
+from nerkit.inference.pipeline import Pipeline
+from nerkit.training.build import build_pipeline
+from nerkit.training.loop import train_step
+from nerkit.training.schedule import make_optimizer
 
 
 def model_only(pipe: Pipeline, examples, batch_size: int, steps: int, train: bool) -> float:

@@ -1,14 +1,15 @@
-"""Splice the tables that `nerkit bench` wrote into docs/BENCHMARKS.md.
+"""Splice the tables that `nerkit bench` wrote into the benchmark pages (docs/BENCHMARKS.md and
+docs/benchmarks-notebook.md, where the blocks are today).
 
 Each recorded run lives in docs/bench/NAME/ (its results.jsonl, as `nerkit bench` wrote it). In
-docs/BENCHMARKS.md a block
+either page a block
 
     <!-- bench: docs/bench/NAME configs/bench/full.yaml -->
     ...
     <!-- /bench -->
 
 is replaced by the table `nerkit bench --matrix MATRIX --out docs/bench/NAME --markdown-only` builds
-from those records (its title line dropped). `--check` changes nothing and exits 1 when the file is
+from those records (its title line dropped). `--check` changes nothing and exits 1 when a page is
 out of date (the test suite runs it).
 
     python scripts/benchmarks_doc.py [--check]
@@ -21,10 +22,11 @@ import re
 import sys
 from pathlib import Path
 
-from nerkit.bench import load_matrix, read_results, render_markdown
+from nerkit.tools.bench import load_matrix, read_results, render_markdown
 
 REPO = Path(__file__).resolve().parent.parent
-DOC = REPO / "docs" / "BENCHMARKS.md"
+PAGES = [REPO / "docs" / "BENCHMARKS.md", REPO / "docs" / "benchmarks-notebook.md"]
+DOC = PAGES[1]  # the page that holds the blocks (tests/test_docs.py checks its tables)
 BLOCK = re.compile(r"(<!-- bench: (\S+) (\S+) -->\n)(.*?)(<!-- /bench -->)", re.S)
 
 
@@ -47,15 +49,18 @@ def render(doc: str) -> str:
 
 
 def main(argv: list[str]) -> int:
-    doc = DOC.read_text(encoding="utf-8")
-    new = render(doc)
-    if "--check" in argv:
-        if new != doc:
-            print(f"{DOC} is out of date: run python scripts/benchmarks_doc.py", file=sys.stderr)
-            return 1
-        return 0
-    DOC.write_text(new, encoding="utf-8")
-    return 0
+    stale = 0
+    for page in PAGES:
+        doc = page.read_text(encoding="utf-8")
+        new = render(doc)
+        if new == doc:
+            continue
+        if "--check" in argv:
+            print(f"{page} is out of date: run python scripts/benchmarks_doc.py", file=sys.stderr)
+            stale = 1
+        else:
+            page.write_text(new, encoding="utf-8")
+    return stale
 
 
 if __name__ == "__main__":

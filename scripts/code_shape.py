@@ -66,7 +66,7 @@ def trace(argv: list[str]) -> None:
         elif event == "return" and stack:
             stack.pop()
 
-    from nerkit.cli import main
+    from nerkit.cli.app import main
 
     sys.argv = ["nerkit", *argv]
     sys.setprofile(hook)

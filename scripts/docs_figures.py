@@ -8,7 +8,7 @@ few tens of KB.
 
 With `--compare ABSOLUTE_MODEL TENER_MODEL` it draws only docs/img/attention_compare.png, the first
 layer of two trained models one under the other on one sentence, and prints how far each layer's
-attention reaches (`nerkit.plot.attention_spread`) averaged over the first `--sentences` sentences
+attention reaches (`nerkit.tools.plot.attention_spread`) averaged over the first `--sentences` sentences
 of at most 60 characters of the models' dev set (carved from train as in training).
 
     python scripts/docs_figures.py --compare runs/transformer runs/tener
@@ -47,11 +47,11 @@ def main() -> None:
     if args.compare:
         return compare(args.compare, args.out, args.text, args.sentences)
     import torch
-
     from conftest import tiny_raw_config
+
     from nerkit.config import build_config
-    from nerkit.plot import plot_attention, plot_curves, plot_positions
-    from nerkit.train import train
+    from nerkit.tools.plot import plot_attention, plot_curves, plot_positions
+    from nerkit.training.loop import train
 
     torch.set_num_threads(1)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -66,7 +66,8 @@ def main() -> None:
         chromium = shutil.which("chromium") or shutil.which("chromium-browser")
         if chromium:
             from conftest import TINY_DEV
-            from nerkit.report import write_report
+
+            from nerkit.tools.report import write_report
 
             page = Path(tmp) / "report.html"
             write_report(model, TINY_DEV, page)
@@ -87,9 +88,9 @@ def compare(models: list[Path], out: Path, text: str, sentences: int) -> None:
     """The attention of trained models side by side, and their spread over dev sentences."""
     import torch
 
-    from nerkit.pipeline import Pipeline
-    from nerkit.plot import attention_maps, attention_spread, plot_attention
-    from nerkit.splits import read_splits
+    from nerkit.data.splits import read_splits
+    from nerkit.inference.pipeline import Pipeline
+    from nerkit.tools.plot import attention_maps, attention_spread, plot_attention
 
     torch.set_num_threads(1)
     out.mkdir(parents=True, exist_ok=True)

@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
+from nerkit.data.splits import read_splits
 from nerkit.device import set_threads
-from nerkit.evaluate import score
-from nerkit.pipeline import Pipeline
-from nerkit.splits import read_splits
+from nerkit.inference.evaluate import score
+from nerkit.inference.pipeline import Pipeline
 
 
 def buckets(lengths: list[int], bounds: list[int]) -> list[tuple[str, list[int]]]:

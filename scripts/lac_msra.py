@@ -20,10 +20,12 @@ from pathlib import Path
 
 import torch
 
-from nerkit.corpus import read_corpus
+from nerkit.data.corpus import read_corpus
 from nerkit.errors import UserError
-from nerkit.evaluate import format_table, score
-from nerkit.lac import LACVocab, lac_spans, load_tagger, read_jieba_lac, tag_sentences
+from nerkit.inference.evaluate import format_table, score
+from nerkit.pretrained.lac import LACVocab, lac_spans, tag_sentences
+from nerkit.pretrained.lac_files import load_tagger
+from nerkit.pretrained.paddle import read_jieba_lac
 
 
 def main() -> int:

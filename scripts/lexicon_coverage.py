@@ -13,8 +13,8 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-from nerkit.corpus import read_corpus
-from nerkit.lexicon import Lexicon
+from nerkit.data.corpus import read_corpus
+from nerkit.features.lexicon import Lexicon
 
 
 def coverage(words: Lexicon, corpus: str) -> dict[str, dict[str, float]]:

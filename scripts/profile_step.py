@@ -17,9 +17,11 @@ import time
 import torch
 
 from nerkit.config import load_config
-from nerkit.features import bucketed_batches, collate
-from nerkit.splits import read_splits
-from nerkit.train import build_pipeline, make_optimizer, train_step
+from nerkit.data.splits import read_splits
+from nerkit.features.batch import bucketed_batches, collate
+from nerkit.training.build import build_pipeline
+from nerkit.training.loop import train_step
+from nerkit.training.schedule import make_optimizer
 
 
 def main(device: str, args: list[str]) -> None:

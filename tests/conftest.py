@@ -79,7 +79,7 @@ def one_torch_thread():
 def tiny_model_dir(tmp_path_factory) -> Path:
     """A model directory trained once per session on the tiny corpus (dev F1 well above zero)."""
     from nerkit.config import build_config
-    from nerkit.train import train
+    from nerkit.training.loop import train
 
     out = tmp_path_factory.mktemp("tiny_model") / "model"
     metrics = train(build_config(tiny_raw_config(), "<tiny config>"), out=out)
@@ -100,7 +100,7 @@ def nerkit(monkeypatch, capfd):
     """`nerkit(*args, check=True)`: the command line through its real entry point (`main`, which
     maps a UserError to exit code 2), in this process, where a matplotlib warning (a glyph missing
     from the fonts) is an error."""
-    from nerkit.cli import main
+    from nerkit.cli.app import main
 
     def run(*args: str, check: bool = True) -> CliRun:
         monkeypatch.setattr(sys, "argv", ["nerkit", *args])

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from nerkit.corpus import Span, read_corpus
+from nerkit.data.corpus import read_corpus
+from nerkit.data.tags import Span
 
 FIXTURES = Path(__file__).parent / "fixtures"
 REPO = Path(__file__).resolve().parent.parent
@@ -296,8 +297,8 @@ def test_train_with_an_unknown_config_key(tmp_path):
 
 
 def test_every_entry_point_runs_the_cli():
-    # `python -m nerkit.cli` once exited 0 without doing anything
-    for module in ("nerkit", "nerkit.cli"):
+    # `python -m nerkit.cli.app` once exited 0 without doing anything
+    for module in ("nerkit", "nerkit.cli.app"):
         result = subprocess.run([sys.executable, "-m", module, "data", "stats", "/nonexistent.bio"],
                                 capture_output=True, text=True, timeout=120)
         assert result.returncode == 2 and "/nonexistent.bio" in result.stderr, (module, result.stderr)

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from nerkit.corpus import Span, tags_to_spans
-from nerkit.pipeline import MODEL_FILES
+from nerkit.data.tags import Span, tags_to_spans
+from nerkit.inference.model_dir import MODEL_FILES
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 REPO = Path(__file__).resolve().parent.parent
@@ -36,7 +36,7 @@ TEXTS = [
 def run_cli(monkeypatch, capfd, *args: str, stdin: bytes | None = None) -> tuple[int, str, str]:
     """Run `nerkit ARGS` in this process through the real entry point (`main`, which maps a
     UserError to exit code 2); returns (exit code, stdout, stderr)."""
-    from nerkit.cli import main
+    from nerkit.cli.app import main
 
     monkeypatch.setattr(sys, "argv", ["nerkit", *args])
     if stdin is not None:
@@ -96,7 +96,7 @@ def test_eval_checks_its_output_before_the_evaluation(tiny_model_dir, tmp_path, 
     """`nerkit eval --output`: a directory, a path in a missing directory, a directory it cannot
     write or the gold file itself is refused at once (exit 2, one line), before the model loads:
     it used to be a traceback after the whole evaluation, its result lost."""
-    from nerkit.pipeline import Pipeline
+    from nerkit.inference.pipeline import Pipeline
 
     gold = tmp_path / "gold.bio"
     gold.write_bytes((FIXTURES / "tiny_dev.bio").read_bytes())
@@ -260,7 +260,7 @@ def test_predict_keeps_line_order_over_many_lines_and_odd_line_ends(tiny_model_d
 def test_predict_conll_with_spaces_and_tabs_reads_back(tiny_model_dir, tmp_path, monkeypatch, capfd):
     """The formats nerkit writes, it reads: predict --format conll -> data validate -> read_corpus,
     with the same entities as predict's JSON lines read back."""
-    from nerkit.corpus import read_corpus
+    from nerkit.data.corpus import read_corpus
 
     texts = ["张伟 在 北京\t工作。", "  ", "\t李娜", "New York 的 王芳 ", "\u3000\x0b\x0c\x85\u2028张伟", "张\r伟 \t 李娜"]
     source = tmp_path / "texts.txt"
@@ -330,7 +330,7 @@ def test_a_bad_line_after_written_chunks_leaves_no_output(tmp_path, existing):
     """Records of the lines before the bad one were already written (in chunks): none of them may
     be left at --output."""
     from nerkit.errors import CorpusError
-    from nerkit.predict import predict_stream
+    from nerkit.inference.stream import predict_stream
 
     source = tmp_path / "in.txt"
     source.write_bytes("张伟在北京。\n".encode() * 40 + "李娜".encode("gbk") + b"\n")
@@ -421,7 +421,7 @@ def test_eval_and_the_api_read_a_gold_file_as_the_model_read_its_training_data(t
     `model.evaluate(path)` both repair the file's invalid transitions (and say so on stderr), and
     agree; `--no-repair` asks for the strict reading, which refuses the file."""
     import nerkit
-    from nerkit.train import train
+    from nerkit.training.loop import train
 
     invalid = FIXTURES / "invalid_transitions.bio"
     out = tmp_path / "model"
@@ -442,8 +442,8 @@ def command_options() -> set[str]:
     """Every long option of every nerkit command (and of `nerkit vectors`)."""
     import typer.main
 
-    from nerkit.cli import app
-    from nerkit.cli_vectors import vectors_app
+    from nerkit.cli.app import app
+    from nerkit.cli.vectors import vectors_app
 
     def collect(command, found: set[str]) -> set[str]:
         for param in command.params:
@@ -479,8 +479,8 @@ def all_commands():
     """(words, click command) of every nerkit command and group, and of `nerkit vectors`."""
     import typer.main
 
-    from nerkit.cli import app
-    from nerkit.cli_vectors import vectors_app
+    from nerkit.cli.app import app
+    from nerkit.cli.vectors import vectors_app
 
     def walk(command, words):
         yield words, command
@@ -496,8 +496,8 @@ def test_every_option_has_help_and_flags_show_as_flags():
     flag is shown as a flag, not as an option taking `<bool>` (typer's own --help keeps it)."""
     from typer.testing import CliRunner
 
-    from nerkit.cli import app
-    from nerkit.cli_vectors import vectors_app
+    from nerkit.cli.app import app
+    from nerkit.cli.vectors import vectors_app
 
     seen = 0
     for words, command in all_commands():
@@ -540,7 +540,7 @@ def test_an_invalid_transition_names_how_each_command_repairs(tmp_path, tiny_mod
 @pytest.mark.parametrize("error", [RuntimeError, KeyboardInterrupt])
 @pytest.mark.parametrize("existing", [False, True])
 def test_a_failed_predict_leaves_no_temporary_file_and_the_old_output(tmp_path, error, existing):
-    from nerkit.predict import predict_stream
+    from nerkit.inference.stream import predict_stream
 
     source = tmp_path / "in.txt"
     source.write_text("张伟在北京。\n" * 20, encoding="utf-8")
@@ -556,7 +556,7 @@ def test_a_failed_predict_leaves_no_temporary_file_and_the_old_output(tmp_path, 
 
 
 def test_predict_checks_its_output_before_loading_the_model(tiny_model_dir, texts_file, tmp_path, monkeypatch, capfd):
-    from nerkit.pipeline import Pipeline
+    from nerkit.inference.pipeline import Pipeline
 
     def load(*args, **kwargs):
         raise AssertionError("the model was loaded before the output was checked")

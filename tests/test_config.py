@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from nerkit.config import (
     CHOICES,
+    ENCODER_OPTIONS,
     Config,
     DataConfig,
     TrainConfig,
@@ -22,9 +23,8 @@ from nerkit.config import (
     load_config,
     same_run,
 )
-from nerkit.config import ENCODER_OPTIONS
-from nerkit.encoders import ENCODERS
 from nerkit.errors import ConfigError, UserError
+from nerkit.model.encoders import ENCODERS
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -357,6 +357,8 @@ def _field_values(cls, section: str):
         values["eval_batch_size"] = st.integers(1, 512)
         values["epochs"] = st.integers(1, 1000)
         values["dist_timeout"] = st.floats(1e-3, 1e6)
+        values["warmup"] = st.just(0.0) | st.floats(0, 0.99) | st.integers(1, 10**6).map(float)
+        values["warmup_steps"] = st.just(0)  # one warm-up key at a time (warmup's own cases are above)
     return st.fixed_dictionaries(values)
 
 

@@ -1,4 +1,4 @@
-"""Tests for nerkit.corpus: tags <-> spans in every scheme, reading and writing CoNLL and JSON-lines,
+"""Tests for nerkit.data.corpus: tags <-> spans in every scheme, reading and writing CoNLL and JSON-lines,
 validation messages with FILE:LINE, repair as conlleval reads, normalisation, sentence splitting,
 and the statistics of the real benchmark files."""
 
@@ -12,23 +12,18 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from seqeval.metrics.sequence_labeling import get_entities
 
-from nerkit.corpus import (
+from nerkit.data.corpus import Sentence, read_corpus, write_corpus
+from nerkit.data.stats import corpus_stats
+from nerkit.data.tags import (
     SCHEMES,
-    Sentence,
     Span,
     convert_tags,
-    corpus_stats,
-    cut_points,
     detect_scheme,
     invalid_transition,
-    normalize_char,
-    normalize_text,
-    read_corpus,
     spans_to_tags,
-    split_sentence,
     tags_to_spans,
-    write_corpus,
 )
+from nerkit.data.text import cut_points, normalize_char, split_sentence
 from nerkit.errors import CorpusError
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -433,7 +428,8 @@ def test_jsonl_reads_what_nerkit_predict_writes(write_file):
 
 
 def test_jsonl_has_spans_not_a_tag_scheme():
-    from nerkit.corpus import format_stats, scheme_label
+    from nerkit.data.corpus import scheme_label
+    from nerkit.data.stats import format_stats
 
     corpus = read_corpus(FIXTURES / "three_types.jsonl")
     assert corpus.labels == "spans" and scheme_label(corpus.labels) == "spans (JSON lines)"
@@ -468,7 +464,7 @@ def test_max_errors_in_json_lines(write_file):
 
 
 def test_normalize_maps_full_width_ascii_to_half_width():
-    assert normalize_text("Ａ１，张ｂ！") == "A1,张b!"
+    assert "".join(map(normalize_char, "Ａ１，张ｂ！")) == "A1,张b!"
 
 
 @pytest.mark.parametrize("ch", ["㈱", "ﬁ", "…", "½"])
@@ -479,7 +475,7 @@ def test_normalize_keeps_characters_whose_nfkc_is_longer(ch):
 
 @given(st.text())
 def test_normalize_keeps_the_length_and_folds_what_it_can(text):
-    out = normalize_text(text)
+    out = "".join(map(normalize_char, text))
     assert len(out) == len(text)
     for a, b in zip(text, out):
         folded = unicodedata.normalize("NFKC", a)
@@ -496,7 +492,7 @@ STRONG, WEAK = set("。！？!?；;…"), set("，,、：:）)」』”\"")
 def long_sentences(draw) -> Sentence:
     n, spans = draw(span_sets(max_pieces=20).filter(lambda s: s[0] > 0))
     tokens = draw(st.lists(st.sampled_from(SPLIT_CHARS), min_size=n, max_size=n))
-    return Sentence(tokens, spans_to_tags(n, spans, "bio"), line=draw(st.integers(0, 50)), offset=draw(st.integers(0, 5)))
+    return Sentence(tokens, spans_to_tags(n, spans, "bio"), line=draw(st.integers(0, 50)))
 
 
 def break_rank(tokens: list[str], p: int) -> int:
@@ -515,14 +511,12 @@ def test_split_sentence_properties(sent, max_len):
     # Never inside an entity.
     for cut in starts[1:]:
         assert not any(s.start < cut < s.end for s in spans), (cut, spans)
-    # The pieces are the sentence, in order, with their offsets and lines.
+    # The pieces are the sentence, in order, with their lines.
     assert [t for p in pieces for t in p.tokens] == sent.tokens
     assert [t for p in pieces for t in p.tags] == sent.tags
     for piece, start in zip(pieces, starts):
-        assert piece.offset == sent.offset + start
         assert piece.line == (sent.line + start if sent.line else 0)
-    shifted = [Span(s.start + p.offset - sent.offset, s.end + p.offset - sent.offset, s.type)
-               for p in pieces for s in p.spans()]
+    shifted = [Span(s.start + start, s.end + start, s.type) for p, start in zip(pieces, starts) for s in p.spans()]
     assert shifted == spans
     # At most max_len, unless the piece holds an entity longer than that.
     for piece in pieces:

@@ -1,5 +1,6 @@
-"""Tests for nerkit.crf: likelihood and Viterbi against brute-force enumeration of tag paths, and
-decoded paths checked by a validity checker written here independently of `allowed_transitions`.
+"""Tests for nerkit.model.crf: likelihood and Viterbi against brute-force enumeration of tag paths, and
+decoded paths checked by the tests' reference of the schemes (scheme_reference.py), written independently of
+nerkit.data.tags.
 """
 
 from __future__ import annotations
@@ -13,8 +14,9 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from scheme_reference import is_valid_path
 
-from nerkit.crf import CRF, allowed_transitions
+from nerkit.model.crf import CRF, allowed_transitions
 
 BIO = ["O", "B-PER", "I-PER", "B-LOC", "I-LOC"]
 BIOES = ["O", "B-PER", "I-PER", "E-PER", "S-PER"]
@@ -24,28 +26,6 @@ BIOES_MIXED = ["S-ORG-X", "B-LOC", "O", "E-ORG-X", "I-LOC", "B-ORG-X", "E-LOC", 
 
 
 # ---------------------------------------------------------------- independent reference code
-
-
-def is_valid_sequence(tag_set: list[str], path: list[str]) -> bool:
-    """Entity state machine from the scheme's definition (not a transition table): BIO allows a new
-    entity anywhere and I- only to continue one; BIOES/BMES entities must be opened by B- and closed
-    by E- (or be a lone S-), with nothing else in between."""
-    ends_explicit = any(tag[0] in "ES" and tag != "O" for tag in tag_set)
-    open_type = None  # type of the entity the previous token belongs to and that may continue
-    for tag in path:
-        prefix, _, entity_type = tag.partition("-")
-        prefix = "I" if prefix == "M" else prefix
-        if ends_explicit:
-            if prefix in ("O", "S", "B") and open_type is not None:
-                return False
-            if prefix in ("I", "E") and open_type != entity_type:
-                return False
-            open_type = entity_type if prefix in ("B", "I") else None
-        else:
-            if prefix == "I" and open_type != entity_type:
-                return False
-            open_type = None if prefix == "O" else entity_type
-    return not (ends_explicit and open_type is not None)
 
 
 def crf_scores(crf: CRF) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -60,7 +40,7 @@ def all_path_scores(crf: CRF, emissions: np.ndarray, valid_only: bool) -> tuple[
     length, num_tags = emissions.shape
     paths = np.array(list(itertools.product(range(num_tags), repeat=length)))  # (N, L)
     if valid_only:
-        keep = [is_valid_sequence(crf.tags, [crf.tags[i] for i in p]) for p in paths]
+        keep = [is_valid_path(crf.tags, [crf.tags[i] for i in p]) for p in paths]
         paths = paths[np.array(keep)]
     scores = (
         start[paths[:, 0]]
@@ -107,7 +87,7 @@ def test_nll_matches_brute_force(tags, constrain_training, algorithm):
     for row, length in enumerate(lengths):
         paths, scores = all_path_scores(crf, emissions[row, :length].numpy(), valid_only=constrain_training)
         # Gold paths are valid ones in both modes (that is what a corpus contains).
-        valid_rows = [i for i, p in enumerate(paths) if is_valid_sequence(tags, [tags[j] for j in p])]
+        valid_rows = [i for i, p in enumerate(paths) if is_valid_path(tags, [tags[j] for j in p])]
         pick = rng.choice(valid_rows)
         gold[row, :length] = torch.from_numpy(paths[pick])
         expected.append(-(scores[pick] - logsumexp(scores)))
@@ -281,7 +261,7 @@ def test_decode_resists_huge_emissions_for_invalid_tags():
     emissions = torch.zeros(1, 3, len(BIOES))
     emissions[0, :, BIOES.index("I-PER")] = 1e30  # every token screams I-PER, which cannot start or end
     path = crf.decode(emissions, torch.ones(1, 3, dtype=torch.bool))[0]
-    assert is_valid_sequence(BIOES, [BIOES[i] for i in path])
+    assert is_valid_path(BIOES, [BIOES[i] for i in path])
     assert [BIOES[i] for i in path] == ["B-PER", "I-PER", "E-PER"]
 
 
@@ -333,7 +313,7 @@ def test_decoded_paths_are_always_valid(tags, lengths, scale, quantize, seed):
     decoded = crf.decode(torch.from_numpy(emissions).float(), lengths_to_mask(lengths, seq_len))
     assert [len(path) for path in decoded] == lengths
     for path in decoded:
-        assert is_valid_sequence(tags, [tags[i] for i in path]), [tags[i] for i in path]
+        assert is_valid_path(tags, [tags[i] for i in path]), [tags[i] for i in path]
 
 
 # ---------------------------------------------------------------- allowed_transitions and tag parsing

@@ -16,7 +16,7 @@ def policy_seen_by_a_new_process(env_value: str | None) -> str:
     env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
     if env_value is not None:
         env["OMP_WAIT_POLICY"] = env_value
-    code = "import nerkit.train, os; print(os.environ['OMP_WAIT_POLICY'])"
+    code = "import nerkit.training.loop, os; print(os.environ['OMP_WAIT_POLICY'])"
     return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout.strip()
 
 

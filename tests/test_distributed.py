@@ -1,4 +1,4 @@
-"""Data-parallel training (nerkit.distributed) in real processes on gloo: a run of two processes
+"""Data-parallel training (nerkit.training.distributed) in real processes on gloo: a run of two processes
 writes what a run of one does, once; its weights after the same steps equal those of one process
 with the same global batch (BiLSTM, Transformer, a fine-tuned tiny BERT); Ctrl-C stops every rank
 at one step and the run resumes exactly, on two processes or on one; a rank that is killed or
@@ -23,12 +23,17 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from conftest import tiny_raw_config
 from safetensors.torch import load_file
 
-from conftest import tiny_raw_config
 from nerkit.config import build_config
-from nerkit.distributed import World, check_batch_size, resume_command, without_nproc
 from nerkit.errors import ConfigError, UserError
+from nerkit.training.distributed import (
+    World,
+    check_batch_size,
+    resume_command,
+    without_nproc,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 # A run of one epoch is 8 steps of 8 sentences (60 sentences: the last batch has 4); a checkpoint
@@ -46,7 +51,7 @@ FAULTS = r"""
 import os, signal, sys, time
 fault, n = sys.argv[1], int(sys.argv[2])
 sys.argv = ["nerkit", *sys.argv[3:]]
-import nerkit.train as T
+import nerkit.training.loop as T
 if os.environ["RANK"] == "1":
     calls, collate = [0], T.collate
     def patched(examples):
@@ -64,7 +69,7 @@ if os.environ["RANK"] == "1":
             splits.checksums = {**splits.checksums, "train": "0" * 64}
             return splits
         T.read_splits = other_data
-from nerkit.cli import main
+from nerkit.cli.app import main
 main()
 """
 
@@ -75,7 +80,7 @@ import torch, torch.distributed as dist
 torch.set_num_threads(1)
 dist.init_process_group("gloo")
 from nerkit.config import build_config
-from nerkit.train import train
+from nerkit.training.loop import train
 for out, raw, overrides in json.load(open(sys.argv[1])):
     train(build_config(raw, "<test>", overrides), out=out, progress_bar=False)
 dist.destroy_process_group()
@@ -200,9 +205,9 @@ def test_each_rank_takes_its_slice_of_a_global_batch_with_weights_that_restore_t
 def test_the_weighted_rank_losses_average_to_the_gradient_of_the_global_batch(tiny_config):
     """The model's loss is a mean over its batch: uneven slices (4 and 3 sentences) weighted by
     World.slice give, averaged, the gradient of the 7 sentences together."""
-    from nerkit.features import collate
-    from nerkit.splits import read_splits
-    from nerkit.train import build_pipeline
+    from nerkit.data.splits import read_splits
+    from nerkit.features.batch import collate
+    from nerkit.training.build import build_pipeline
 
     config = tiny_config(*NO_DROPOUT)
     splits = read_splits(config)
@@ -228,7 +233,7 @@ def test_a_global_batch_that_does_not_split_evenly_is_a_one_line_error(config_fi
         check_batch_size(8, 3)
     assert "--set train.batch_size=9" in info.value.fix
     check_batch_size(8, 4)
-    from nerkit.cli import main
+    from nerkit.cli.app import main
 
     monkeypatch.setattr(sys, "argv", ["nerkit", "train", "--config", str(config_file), "--out", str(tmp_path / "m"),
                                       "--nproc", "3"])
@@ -252,7 +257,7 @@ def test_a_global_batch_that_does_not_split_evenly_is_a_one_line_error(config_fi
 
 def test_a_rank_of_torchrun_checks_the_global_batch_and_the_rendezvous_before_it_joins(tiny_config, tmp_path, monkeypatch):
     """Under torchrun every rank checks it (no rendezvous is attempted: MASTER_ADDR is unset)."""
-    from nerkit.train import train
+    from nerkit.training.loop import train
 
     monkeypatch.setenv("WORLD_SIZE", "3")
     monkeypatch.setenv("RANK", "0")
@@ -275,7 +280,7 @@ def test_nproc_under_torchrun_and_the_resume_command_of_each_launch(monkeypatch,
     assert "with this run's options" in resume_command("runs/x")
     monkeypatch.setenv("NERKIT_NPROC", "4")
     assert resume_command("runs/x") == "nerkit train --resume runs/x --nproc 4"
-    from nerkit.distributed import launch
+    from nerkit.training.distributed import launch
 
     with pytest.raises(UserError, match="already one of torchrun's"):
         launch(2, ["train"], tmp_path)
@@ -291,10 +296,13 @@ def test_nproc_under_torchrun_and_the_resume_command_of_each_launch(monkeypatch,
 def test_nproc_names_the_rank_that_failed_first_not_those_it_took_down(monkeypatch, tmp_path, failures, code, words):
     """What torchrun reports (failures seen in one poll share a timestamp), as `--nproc` says it."""
     import torch.distributed.run
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
+    from torch.distributed.elastic.multiprocessing.errors import (
+        ChildFailedError,
+        ProcessFailure,
+    )
 
-    from nerkit.distributed import launch
     from nerkit.errors import JobError
+    from nerkit.training.distributed import launch
 
     def failed(args):
         reported = {}
@@ -380,7 +388,8 @@ def test_sigint_on_one_rank_stops_both_at_one_step_and_the_run_resumes_exactly(c
         assert (out / name).read_bytes() == (reference / name).read_bytes(), name
     assert history(out) == history(reference)
 
-    from nerkit.train import resume_config, train
+    from nerkit.training.loop import train
+    from nerkit.training.run_dir import resume_config
 
     metrics = train(resume_config(one), out=one, resume=True, progress_bar=False)
     assert (metrics["steps"], metrics["epochs"], metrics["processes"]) == (24, 3, 1)
@@ -408,11 +417,12 @@ def test_ctrl_c_on_nproc_stops_the_run_with_a_checkpoint_and_exit_130(config_fil
 def lm_dir(tmp_path_factory):
     """A tiny BERT without dropout (test_lm.write_lm) whose vocabulary has the fixtures' characters."""
     pytest.importorskip("transformers")
-    from test_lm import tiny_config as bert_config, write_lm
+    from conftest import TINY_DEV
+    from test_lm import tiny_config as bert_config
+    from test_lm import write_lm
     from test_pretrained import training_chars
 
-    from conftest import TINY_DEV
-    from nerkit.corpus import read_corpus
+    from nerkit.data.corpus import read_corpus
 
     chars = training_chars() + [c for s in read_corpus(TINY_DEV).sentences for c in s.tokens]
     vocab = ["[PAD]", "[unused1]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + sorted(set(chars))
@@ -461,7 +471,7 @@ def equivalent_runs(tmp_path_factory, request) -> tuple[Path, dict]:
 def test_two_processes_make_the_weights_of_one_with_the_same_global_batch(equivalent_runs, tmp_path, name):
     """After the same 10 steps (an uneven last batch among them, gradients clipped), the weights of
     the two-process run equal those of one process, to float tolerance."""
-    from nerkit.train import train
+    from nerkit.training.loop import train
 
     two, runs = equivalent_runs
     if name not in runs:
@@ -480,7 +490,8 @@ def test_two_processes_make_the_weights_of_one_with_the_same_global_batch(equiva
 def test_a_two_process_run_resumed_on_one_process_goes_on_as_one_process_would(equivalent_runs, tmp_path):
     """The world size may change on a resume: the global batches stay the same (without dropout, so
     do the weights, to float tolerance)."""
-    from nerkit.train import resume_config, train
+    from nerkit.training.loop import train
+    from nerkit.training.run_dir import resume_config
 
     two, runs = equivalent_runs
     out = tmp_path / "resumed"
@@ -516,7 +527,8 @@ def test_a_rank_killed_mid_training_ends_the_job_at_once_with_a_clear_message(co
     assert f"nerkit train --resume {out} --nproc 2" in last
     assert "Traceback" not in stderr
     step = checkpoint_step(out)  # what was saved is whole, and goes on (here on one process)
-    from nerkit.train import resume_config, train
+    from nerkit.training.loop import train
+    from nerkit.training.run_dir import resume_config
 
     metrics = train(resume_config(out, [f"train.max_steps={step + 2}"]), out=out, resume=True, progress_bar=False)
     assert metrics["steps"] == step + 2

@@ -1,4 +1,4 @@
-"""Tests for nerkit.evaluate: `score` equals an independent port of conlleval's chunk counting and
+"""Tests for nerkit.inference.evaluate: `score` equals an independent port of conlleval's chunk counting and
 seqeval's default (conlleval-like) mode, and `nerkit eval --output` writes a file whose conlleval
 score equals the `--json` figures."""
 
@@ -13,8 +13,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from seqeval.metrics import f1_score, precision_score, recall_score
 
-from nerkit.corpus import Span, tags_to_spans
-from nerkit.evaluate import ERROR_KINDS, errors, format_errors, format_table, score
+from nerkit.data.tags import Span, tags_to_spans
+from nerkit.inference.evaluate import (
+    ERROR_KINDS,
+    errors,
+    format_errors,
+    format_table,
+    score,
+)
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 
@@ -272,7 +278,7 @@ def test_eval_errors_from_the_command_line_and_the_api(tiny_model_dir, monkeypat
 
 
 def run_cli(monkeypatch, capfd, *args: str) -> tuple[int, str, str]:
-    from nerkit.cli import main
+    from nerkit.cli.app import main
 
     monkeypatch.setattr(sys, "argv", ["nerkit", *args])
     with pytest.raises(SystemExit) as info:

@@ -1,4 +1,4 @@
-"""Tests for nerkit.features: vocabulary ids, bigrams, word2vec vector loading, collation and
+"""Tests for nerkit.features.featurizer: vocabulary ids, bigrams, word2vec vector loading, collation and
 length-bucketed batching."""
 
 from __future__ import annotations
@@ -10,7 +10,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nerkit.features import END, PAD, UNK, Example, Vocab, bigrams, bucketed_batches, collate
+from nerkit.data.text import END, bigrams
+from nerkit.features.batch import bucketed_batches, collate
+from nerkit.features.featurizer import PAD, UNK, Example, Vocab
 
 # ------------------------------------------------------------------------------------------ Vocab
 
@@ -60,7 +62,7 @@ def test_collate_pads_to_the_longest_and_masks_real_positions():
     assert batch.char_ids.tolist() == [[5, 6, 7], [4, 0, 0], [2, 2, 0]]
     assert batch.bichar_ids.tolist() == [[8, 9, 10], [3, 0, 0], [1, 1, 0]]
     assert batch.tag_ids.tolist() == [[1, 2, 0], [2, 0, 0], [0, 1, 0]]
-    assert batch.num_chars == 6
+    assert int(batch.mask.sum()) == 6
     assert batch.word_ids is None
 
 
@@ -121,9 +123,10 @@ def test_bucketed_batches_pad_far_less_than_random_batches_and_are_reproducible(
 
 def featurizer_for(tmp_path, tiny_config, *overrides, words="AB公司\n北京\n"):
     """A FLAT featuriser over a word list and one training sentence written in full-width letters."""
-    from nerkit.corpus import Sentence, Span, scheme_tags
-    from nerkit.features import Featurizer
-    from nerkit.lexicon import Lexicon
+    from nerkit.data.corpus import Sentence
+    from nerkit.data.tags import Span, scheme_tags
+    from nerkit.features.featurizer import Featurizer
+    from nerkit.features.lexicon import Lexicon
 
     lexicon_file = tmp_path / "words.txt"
     lexicon_file.write_text(words, encoding="utf-8")
@@ -165,7 +168,7 @@ def test_examples_and_counting_agree_on_every_unit(tmp_path, tiny_config):
 def test_every_whitespace_character_is_one_space_to_the_model(tmp_path, tiny_config):
     """A tab, U+3000, a no-break space or a line break reads as the one SPACE that training with
     data.insert_spaces teaches, normalised or not; other characters stay as they are."""
-    from nerkit.features import SPACE
+    from nerkit.features.featurizer import SPACE
 
     for normalize in ("false", "true"):
         featurizer, _ = featurizer_for(tmp_path, tiny_config, f"data.normalize={normalize}")

@@ -1,4 +1,4 @@
-"""nerkit.lac, Baidu's LAC-small in torch: the bi-GRU and the CRF against naive references written
+"""nerkit.pretrained.lac, Baidu's LAC-small in torch: the bi-GRU and the CRF against naive references written
 from Paddle's documented equations, the character lookup, LAC as language-model features (save and
 load, the frozen-state cache, a tiny training run), the real model's tagging (skipped without
 jieba's lac_small files) and every user error."""
@@ -17,13 +17,23 @@ import pytest
 import torch
 from conftest import REPO, TINY_DEV
 
-import nerkit.vectors
-from nerkit.corpus import Span, read_corpus
+import nerkit.pretrained.paddle
+from nerkit.data.corpus import read_corpus
+from nerkit.data.tags import Span
 from nerkit.errors import UserError
-from nerkit.evaluate import score
-from nerkit.lac import (LACConfig, LACEmbedder, LACTagger, LACVocab, export_lac, lac_spans, load_tagger,
-                        paddle_shapes, paddle_state, read_jieba_lac, tag_sentences, write_directory)
-from nerkit.lm import cached_features, load_lm, load_saved_lm, save_lm
+from nerkit.inference.evaluate import score
+from nerkit.pretrained.cache import cached_features
+from nerkit.pretrained.lac import (
+    LACConfig,
+    LACEmbedder,
+    LACTagger,
+    LACVocab,
+    lac_spans,
+    tag_sentences,
+)
+from nerkit.pretrained.lac_files import export_lac, load_tagger, write_directory
+from nerkit.pretrained.loading import load_lm, load_saved_lm, save_lm
+from nerkit.pretrained.paddle import paddle_shapes, paddle_state, read_jieba_lac
 
 SMALL = LACConfig(vocab_size=40, embedding_dim=4, hidden_size=4, num_layers=2, num_tags=3)
 CHARS = list("张三在北京大学读书李明去了上海中国人民银行的是") + ["Ａ", "a", "。", ".", "OOV"]
@@ -253,7 +263,7 @@ def test_save_then_load_elsewhere_gives_identical_features(tmp_path, lac_dir, mo
     save_lm(embedder, tmp_path / "model")
     shutil.move(str(tmp_path / "model"), str(tmp_path / "elsewhere"))
     shutil.rmtree(lac_dir)
-    monkeypatch.setattr(nerkit.vectors, "jieba_lac_folder", lambda: pytest.fail("jieba was needed"))
+    monkeypatch.setattr(nerkit.pretrained.paddle, "jieba_lac_folder", lambda: pytest.fail("jieba was needed"))
     again = load_saved_lm(tmp_path / "elsewhere")
     assert isinstance(again, LACEmbedder) and (again.layers, again.finetune) == (layers, finetune)
     torch.testing.assert_close(again(ids, mask), embedder(ids, mask), atol=0, rtol=0)
@@ -277,8 +287,8 @@ def test_the_frozen_cache_equals_running_lac_and_any_change_misses(tmp_path, lac
 def test_a_tiny_training_run_on_the_real_lac_reloads_without_jieba(jieba_lac, tmp_path, tiny_config, monkeypatch):
     """Exported LAC features, fine-tuned and mixed, under a BiLSTM: train -> Pipeline.load, with
     neither the LAC directory nor jieba, predicts the same."""
-    from nerkit.pipeline import Pipeline
-    from nerkit.train import train
+    from nerkit.inference.pipeline import Pipeline
+    from nerkit.training.loop import train
 
     export_lac(tmp_path / "lac-small")
     config = tiny_config(f"embeddings.lm.path={tmp_path / 'lac-small'}", "embeddings.lm.finetune=true",
@@ -287,7 +297,7 @@ def test_a_tiny_training_run_on_the_real_lac_reloads_without_jieba(jieba_lac, tm
     metrics = train(config, out=tmp_path / "model", progress_bar=False)
     shutil.rmtree(tmp_path / "lac-small")
     monkeypatch.setitem(sys.modules, "jieba", None)
-    monkeypatch.setattr(nerkit.vectors, "jieba_lac_folder", lambda: pytest.fail("jieba was needed"))
+    monkeypatch.setattr(nerkit.pretrained.paddle, "jieba_lac_folder", lambda: pytest.fail("jieba was needed"))
     assert sorted(p.name for p in (tmp_path / "model" / "lm").iterdir()) == ["config.json", "nerkit_lm.json",
                                                                              "word.dic"]
     loaded = Pipeline.load(tmp_path / "model")
@@ -299,8 +309,8 @@ def test_a_tiny_training_run_on_the_real_lac_reloads_without_jieba(jieba_lac, tm
 
 
 def test_a_frozen_lac_trains_from_its_cache(tmp_path, tiny_config, lac_dir):
-    from nerkit.pipeline import Pipeline
-    from nerkit.train import train
+    from nerkit.inference.pipeline import Pipeline
+    from nerkit.training.loop import train
 
     config = tiny_config(f"embeddings.lm.path={lac_dir}", f"embeddings.lm.cache={tmp_path / 'cache'}",
                          "encoder.name=none", "embeddings.char_dim=0", "embeddings.bichar_dim=0", "train.epochs=1")
@@ -315,14 +325,14 @@ def test_a_frozen_lac_trains_from_its_cache(tmp_path, tiny_config, lac_dir):
 def fake_jieba_folder(tmp_path, monkeypatch):
     """A copy of jieba's lac_small/ that nerkit reads instead of the installed one."""
     try:
-        source = nerkit.vectors.jieba_lac_folder()
+        source = nerkit.pretrained.paddle.jieba_lac_folder()
     except UserError as error:
         pytest.skip(f"jieba is not installed: {error}")
     if not (source / "model_baseline" / "crfw").is_file():
         pytest.skip("jieba's LAC-small files are not installed")
     folder = tmp_path / "lac_small"
     shutil.copytree(source, folder, ignore=shutil.ignore_patterns("*.py", "__pycache__"))
-    monkeypatch.setattr(nerkit.vectors, "jieba_lac_folder", lambda: folder)
+    monkeypatch.setattr(nerkit.pretrained.paddle, "jieba_lac_folder", lambda: folder)
     return folder
 
 

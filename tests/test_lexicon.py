@@ -1,4 +1,4 @@
-"""Tests for nerkit.lexicon: reading word lists, matching (both backends against brute force) and
+"""Tests for nerkit.features.lexicon: reading word lists, matching (both backends against brute force) and
 FLAT lattices with their word cap."""
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import nerkit.lexicon as lexicon_module
+import nerkit.features.lexicon as lexicon_module
 from nerkit.errors import UserError
-from nerkit.lexicon import Lexicon, build_lattice
+from nerkit.features.lexicon import Lexicon, build_lattice
 
 BACKENDS = ["ahocorasick", "trie"]
 needs_ahocorasick = pytest.mark.skipif(lexicon_module.ahocorasick is None,
@@ -44,7 +44,7 @@ def test_jieba_dict_is_read_without_importing_jieba():
     script = textwrap.dedent(
         """
         import json, sys
-        from nerkit.lexicon import Lexicon
+        from nerkit.features.lexicon import Lexicon
         lexicon = Lexicon.from_jieba()
         print(json.dumps({
             "imported": "jieba" in sys.modules,

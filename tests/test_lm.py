@@ -1,4 +1,4 @@
-"""Language-model features (nerkit.lm) on a tiny randomly initialised BERT that each test writes to a
+"""Language-model features (nerkit.pretrained.bert) on a tiny randomly initialised BERT that each test writes to a
 temporary directory: ids per character, windows, padding, frozen vs fine-tuned, scalar mix,
 save/load, the feature cache and every user error."""
 
@@ -14,7 +14,10 @@ import torch
 from safetensors.torch import save_file
 
 from nerkit.errors import UserError
-from nerkit.lm import (LMVocab, cached_features, corpus_checksum, load_lm, load_saved_lm, save_lm, windows)
+from nerkit.pretrained.base import lm_windows
+from nerkit.pretrained.bert import LMVocab
+from nerkit.pretrained.cache import cached_features, corpus_checksum
+from nerkit.pretrained.loading import load_lm, load_saved_lm, save_lm
 
 needs_transformers = pytest.mark.skipif(importlib.util.find_spec("transformers") is None,
                                         reason="transformers is not installed (make install adds it)")
@@ -123,7 +126,7 @@ def test_vocab_settings_are_read_from_the_directory(lm_dir):
 
 @pytest.mark.parametrize("length,size", [(0, 5), (5, 5), (6, 5), (13, 4), (40, 14), (1475, 510), (9, 1)])
 def test_windows_give_each_character_its_most_central_window(length, size):
-    spans = windows(length, size)
+    spans = lm_windows(length, size)
     taken = [i for _, _, a, b in spans for i in range(a, b)]
     assert taken == list(range(length))
     for start, end, a, b in spans:
@@ -143,7 +146,7 @@ def test_long_sentence_equals_the_lm_run_on_each_window(lm_dir):
     sentence = (TEXT * 3)[:40]
     ids, mask = batch_of(embedder, [sentence])
     states = embedder.states(ids, mask)  # (1, 40, 1, 16)
-    spans = windows(40, 14)
+    spans = lm_windows(40, 14)
     assert len(spans) > 2
     for start, end, a, b in spans:
         window = torch.tensor([[embedder.vocab.cls_id] + ids[0, start:end].tolist() + [embedder.vocab.sep_id]])
@@ -427,7 +430,7 @@ def break_positions(d):
     (break_word_pieces, "not a character-level vocabulary"), (break_specials, r"lacks \[PAD\]"),
     (break_weights, "no model.safetensors or pytorch_model.bin"), (break_safetensors, "cannot be read"),
     (break_pickle_objects, "objects other than tensors"), (break_pickle_bytes, "cannot be read"),
-    (break_shapes, "do not fit"), (break_missing_tensors, "lack 16 tensors"), (break_vocab_size, "vocab_size"),
+    (break_shapes, "do not fit"), (break_missing_tensors, "16 tensors missing"), (break_vocab_size, "vocab_size"),
     (break_positions, "max_position_embeddings"),
 ])
 def test_each_broken_lm_directory_is_a_user_error(lm_dir, damage, match):

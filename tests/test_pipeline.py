@@ -1,4 +1,4 @@
-"""Tests for nerkit.model and nerkit.pipeline: gradients reach every parameter, decoding is always
+"""Tests for nerkit.model.tagger and nerkit.inference.pipeline: gradients reach every parameter, decoding is always
 valid, batched predictions equal one-at-a-time ones, save -> load is exact and refuses unsafe or
 inconsistent model directories, and predicted offsets index the original text (long lines too)."""
 
@@ -17,15 +17,18 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from safetensors.torch import load_file, save_file
+from scheme_reference import is_valid_path
 
-from nerkit.corpus import Span, read_corpus
+import nerkit.training.loop as train_module
 from nerkit.config import ENCODER_OPTIONS
-from nerkit.encoders import ENCODERS
+from nerkit.data.corpus import read_corpus
+from nerkit.data.splits import Splits
+from nerkit.data.tags import Span
 from nerkit.errors import ModelDirError
-import nerkit.train as train_module
-from nerkit.features import collate
-from nerkit.splits import Splits
-from nerkit.pipeline import MODEL_FILES, Pipeline
+from nerkit.features.batch import collate
+from nerkit.inference.model_dir import MODEL_FILES
+from nerkit.inference.pipeline import Pipeline
+from nerkit.model.encoders import ENCODERS
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 PACKAGE = Path(__file__).resolve().parent.parent / "nerkit"
@@ -107,26 +110,6 @@ def test_every_parameter_gets_a_gradient(tiny_config, encoder, constrain):
     missing = [name for name, p in pipe.model.named_parameters()
                if p.requires_grad and (p.grad is None or not p.grad.abs().sum() > 0)]
     assert not missing, f"no gradient for {missing}"
-
-
-def is_valid_path(tag_set: list[str], path: list[str]) -> bool:
-    """The scheme's definition, written independently of the CRF's transition table: in BIOES/BMES an
-    entity is B (I|M)* E or a lone S; in BIO an I- continues a B- or I- of its own type."""
-    explicit_end = any(t[0] in "ES" for t in tag_set if t != "O")
-    open_type = None
-    for tag in path:
-        prefix, _, kind = tag.partition("-")
-        if prefix == "M":
-            prefix = "I"
-        if prefix in ("I", "E") and open_type != kind:
-            return False
-        if explicit_end:
-            if prefix in ("O", "B", "S") and open_type is not None:
-                return False
-            open_type = kind if prefix in ("B", "I") else None
-        else:
-            open_type = None if prefix == "O" else kind
-    return not (explicit_end and open_type is not None)
 
 
 @pytest.mark.parametrize("scheme", ["bio", "bioes", "bmes"])
@@ -468,7 +451,7 @@ def test_the_whitespace_checks_see_entities_beside_spaces(eager_pipeline):
 
 
 def test_without_whitespace_trims_entities_and_drops_blank_ones():
-    from nerkit.pipeline import without_whitespace
+    from nerkit.inference.pipeline import without_whitespace
 
     tokens = list(" 张三 \u3000 北京\t")
     spans = [Span(0, 4, "PER"), Span(4, 6, "ORG"), Span(6, 9, "LOC")]
@@ -483,8 +466,8 @@ def stub_tagger(pipe: Pipeline, tag_window) -> Pipeline:
     """`pipe` with its featuriser and model replaced by a stub that sees each window's text and tags
     it as `tag_window(text)` says (spans into the window): a known tagger, so that the stitching of
     windows can be checked exactly."""
-    from nerkit.corpus import spans_to_tags
-    from nerkit.features import Example
+    from nerkit.data.tags import spans_to_tags
+    from nerkit.features.featurizer import Example
 
     def example(tokens, tags=None):
         return Example([ord(c) for c in tokens], [0] * len(tokens))  # the text itself, as code points
@@ -565,13 +548,13 @@ def test_what_a_window_sees_at_its_edges_is_decided_by_its_neighbour(tiny_config
 
 
 def test_windows_overlap_by_half_a_window_and_cover_the_text():
-    from nerkit.pipeline import windows
+    from nerkit.inference.windows import text_windows
 
-    assert windows(0, 10) == [] and windows(7, 10) == [(0, 7)] and windows(300, 0) == [(0, 300)]
-    assert windows(5000, 200) == [(a, a + 200) for a in range(0, 4801, 100)]
+    assert text_windows(0, 10) == [] and text_windows(7, 10) == [(0, 7)] and text_windows(300, 0) == [(0, 300)]
+    assert text_windows(5000, 200) == [(a, a + 200) for a in range(0, 4801, 100)]
     for max_len in (1, 2, 3, 8, 10, 250):
         for length in range(max_len + 1, max_len + 120):
-            found = windows(length, max_len)
+            found = text_windows(length, max_len)
             assert found[0][0] == 0 and found[-1][1] == length
             assert all(b - a == max_len for a, b in found)
             for (a0, b0), (a1, b1) in zip(found, found[1:]):
@@ -582,13 +565,13 @@ def test_windows_overlap_by_half_a_window_and_cover_the_text():
 def windowed_tags(draw, scheme: str):
     """Tag sequences of windows over one text as `windows` places them, each valid on its own (random
     entities of two types), and the text's length."""
-    from nerkit.corpus import spans_to_tags
-    from nerkit.pipeline import windows
+    from nerkit.data.tags import spans_to_tags
+    from nerkit.inference.windows import text_windows
 
     max_len = draw(st.integers(1, 12))
     length = draw(st.integers(1, 60))
     found = []
-    for a, b in windows(length, max_len):
+    for a, b in text_windows(length, max_len):
         spans, i = [], 0
         while i < b - a:
             size = draw(st.integers(0, 6))
@@ -607,8 +590,8 @@ def windowed_tags(draw, scheme: str):
 def test_stitched_windows_make_one_valid_tag_sequence(scheme, data):
     """Whatever the windows decided, even entities that disagree across every point of an overlap,
     the stitched sequence is as long as the text and valid in the scheme, as a CRF's path is."""
-    from nerkit.corpus import scheme_tags
-    from nerkit.pipeline import stitch
+    from nerkit.data.tags import scheme_tags
+    from nerkit.inference.windows import stitch
 
     length, found = data.draw(windowed_tags(scheme))
     tags = stitch(found, scheme)

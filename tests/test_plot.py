@@ -14,8 +14,7 @@ import torch
 pytest.importorskip("matplotlib", reason="nerkit[report] (matplotlib) is not installed")
 
 from nerkit.errors import UserError  # noqa: E402
-from nerkit.plot import cjk_font, epoch_position, position_scores  # noqa: E402
-
+from nerkit.tools.plot import cjk_font, epoch_position, position_scores  # noqa: E402
 
 needs_cjk_font = pytest.mark.skipif(cjk_font() is None, reason="no font with Chinese characters installed "
                                     "(`make fonts` installs fonts-wqy-microhei)")
@@ -58,7 +57,7 @@ def test_curves_of_two_runs_make_one_png_with_ink(tmp_path, nerkit):
 
 
 def test_every_run_is_in_the_legend_and_partial_epochs_are_hollow(tmp_path):
-    from nerkit.plot import curves_figure
+    from nerkit.tools.plot import curves_figure
 
     a = write_history(tmp_path / "x" / "run", [record(1, 9.0, 0.2), record(2, 5.0, 0.5)])
     b = write_history(tmp_path / "y" / "run", [record(1, 8.0, 0.3), record(2, 7.0, 0.4),
@@ -139,7 +138,7 @@ def _drawn(char: str) -> np.ndarray:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    from nerkit.plot import style
+    from nerkit.tools.plot import style
 
     with matplotlib.rc_context(style(char)):
         figure = Figure(figsize=(2, 2), dpi=100)
@@ -167,13 +166,13 @@ def _similarity(a: np.ndarray, b: np.ndarray) -> float:
 
 
 def test_without_a_chinese_font_a_figure_that_needs_one_warns(monkeypatch, caplog):
-    import nerkit.plot
+    import nerkit.tools.plot
 
-    monkeypatch.setattr(nerkit.plot, "cjk_font", lambda: None)
-    with caplog.at_level("WARNING", logger="nerkit.plot"):
-        assert nerkit.plot.style("loss")["font.sans-serif"] == ["DejaVu Sans"]
+    monkeypatch.setattr(nerkit.tools.plot, "cjk_font", lambda: None)
+    with caplog.at_level("WARNING", logger="nerkit.tools.plot"):
+        assert nerkit.tools.plot.style("loss")["font.sans-serif"] == ["DejaVu Sans"]
         assert not caplog.records  # nothing to say for a figure without Chinese
-        nerkit.plot.style("张三")
+        nerkit.tools.plot.style("张三")
     assert "no font with Chinese characters" in caplog.text
 
 
@@ -191,7 +190,7 @@ def test_a_chinese_label_is_drawn_with_the_fonts_glyph_not_a_box():
 
 
 def test_recorded_weights_are_the_softmax_of_the_masked_logits():
-    from nerkit.encoders.attention import MultiHeadAttention, recorded_attention
+    from nerkit.model.encoders.attention import MultiHeadAttention, recorded_attention
 
     torch.manual_seed(0)
     attention = MultiHeadAttention(2, 4, attn_dropout=0.5).eval()
@@ -209,7 +208,7 @@ def test_recorded_weights_are_the_softmax_of_the_masked_logits():
 
 @pytest.fixture(scope="module")
 def tener_model_dir(tmp_path_factory, tiny_config):
-    from nerkit.train import train
+    from nerkit.training.loop import train
 
     out = tmp_path_factory.mktemp("tener") / "model"
     train(tiny_config("encoder.name=tener", "encoder.n_heads=2", "encoder.head_dim=4", "encoder.num_layers=2",
@@ -218,9 +217,9 @@ def tener_model_dir(tmp_path_factory, tiny_config):
 
 
 def test_recording_attention_changes_nothing_and_sees_each_layer(tener_model_dir):
-    from nerkit.encoders.attention import recorded_attention
-    from nerkit.pipeline import Pipeline
-    from nerkit.plot import attention_maps
+    from nerkit.inference.pipeline import Pipeline
+    from nerkit.model.encoders.attention import recorded_attention
+    from nerkit.tools.plot import attention_maps
 
     pipe = Pipeline.load(tener_model_dir)
     text = "张三在北京大学读书。"
@@ -257,7 +256,7 @@ def test_attention_png_for_a_transformer(tener_model_dir, tmp_path, nerkit):
 
 
 def test_attention_spread_measures_how_far_attention_reaches():
-    from nerkit.plot import attention_spread
+    from nerkit.tools.plot import attention_spread
 
     length = 6
     uniform = torch.full((2, length, length), 1 / length)  # (H, L, L)
@@ -277,7 +276,7 @@ def test_attention_spread_measures_how_far_attention_reaches():
 
 @needs_cjk_font
 def test_two_models_one_under_the_other_with_their_spread(tener_model_dir, tmp_path, tiny_config, nerkit):
-    from nerkit.train import train
+    from nerkit.training.loop import train
 
     absolute = tmp_path / "absolute"
     train(tiny_config("encoder.name=transformer", "encoder.n_heads=2", "encoder.head_dim=4",
@@ -301,9 +300,9 @@ def test_two_models_one_under_the_other_with_their_spread(tener_model_dir, tmp_p
 
 @needs_cjk_font
 def test_flat_attention_labels_the_lattice_words(tmp_path, tiny_config):
-    from nerkit.pipeline import Pipeline
-    from nerkit.plot import attention_maps, plot_attention
-    from nerkit.train import train
+    from nerkit.inference.pipeline import Pipeline
+    from nerkit.tools.plot import attention_maps, plot_attention
+    from nerkit.training.loop import train
 
     words = tmp_path / "words.txt"
     words.write_text("张三\n北京\n北京大学\n", encoding="utf-8")
@@ -320,8 +319,8 @@ def test_flat_attention_labels_the_lattice_words(tmp_path, tiny_config):
 
 
 def test_a_bilstm_has_no_attention_to_plot(tiny_model_dir, tmp_path, nerkit):
-    from nerkit.pipeline import Pipeline
-    from nerkit.plot import attention_maps
+    from nerkit.inference.pipeline import Pipeline
+    from nerkit.tools.plot import attention_maps
 
     with pytest.raises(UserError, match="no attention"):
         attention_maps(Pipeline.load(tiny_model_dir), "张三")

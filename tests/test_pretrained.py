@@ -11,13 +11,14 @@ import shutil
 import numpy as np
 import pytest
 import torch
-
 from conftest import TINY_DEV, TINY_TRAIN
-from nerkit.corpus import read_corpus
+
+from nerkit.data.corpus import read_corpus
+from nerkit.data.splits import read_splits
 from nerkit.errors import UserError
-from nerkit.pipeline import Pipeline
-from nerkit.splits import read_splits
-from nerkit.train import build_pipeline, train
+from nerkit.inference.pipeline import Pipeline
+from nerkit.training.build import build_pipeline
+from nerkit.training.loop import train
 
 needs_transformers = pytest.mark.skipif(importlib.util.find_spec("transformers") is None,
                                         reason="transformers is not installed (make install adds it)")
@@ -83,8 +84,9 @@ def test_coverage_is_logged(tmp_path, tiny_config, caplog):
 def test_token_dropout_trains_the_unk_row(tiny_config):
     """Without token dropout no training token is <unk> (min_freq 1), so its row never moves; with it
     the row learns."""
-    from nerkit.features import collate
-    from nerkit.train import make_optimizer, train_step
+    from nerkit.features.batch import collate
+    from nerkit.training.loop import train_step
+    from nerkit.training.schedule import make_optimizer
 
     for p, moves in ((0.0, False), (0.2, True)):
         config = tiny_config(f"embeddings.token_dropout={p}")
@@ -148,7 +150,7 @@ def test_a_fine_tuned_lm_model_saves_and_loads_without_the_lm_directory(tmp_path
 
 @needs_transformers
 def test_the_lm_gets_its_own_learning_rate(tiny_config, lm_dir):
-    from nerkit.train import make_optimizer
+    from nerkit.training.schedule import make_optimizer
 
     config = tiny_config(f"embeddings.lm.path={lm_dir}", "embeddings.lm.finetune=true", "embeddings.lm.lr=0.0001")
     pipe = build_pipeline(config, read_splits(config))
@@ -161,8 +163,8 @@ def test_the_lm_gets_its_own_learning_rate(tiny_config, lm_dir):
 def test_a_frozen_lm_runs_once_per_corpus_and_its_cache_equals_running_it(tmp_path, tiny_config, lm_dir, monkeypatch):
     """Training examples carry the cached states; the emissions they give equal those of the LM
     run live on the same batch, and a second run reads the cache without calling the LM."""
-    from nerkit.features import collate
-    from nerkit.train import attach_lm_cache
+    from nerkit.features.batch import collate
+    from nerkit.training.loop import attach_lm_cache
 
     config = tiny_config(f"embeddings.lm.path={lm_dir}", f"embeddings.lm.cache={tmp_path / 'cache'}",
                          "embeddings.lm.layers=mix")

@@ -22,7 +22,6 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
 from reliability_report import Section
 
 REPO = Path(__file__).resolve().parent.parent
@@ -62,7 +61,7 @@ def nerkit(*args, timeout: float = 300) -> subprocess.CompletedProcess:
 def nerkit_here(monkeypatch, capfd, *args) -> subprocess.CompletedProcess:
     """`nerkit ARGS` through the CLI's entry point in this process (no start-up cost): exit code and
     output as a process would give them."""
-    from nerkit.cli import main
+    from nerkit.cli.app import main
 
     monkeypatch.setattr(sys, "argv", ["nerkit", *map(str, args)])
     with pytest.raises(SystemExit) as info:
@@ -245,7 +244,7 @@ def test_validate_catalogue(validated, name, content, outcome, words):
 def test_separators_other_than_newline_stay_inside_their_line(tmp_path):
     """Lines end only at \\n (a \\r before it is dropped): \\x0b, \\x0c, \\x1c-\\x1e, \\x85, U+2028 and
     U+2029, which str.splitlines() would treat as line breaks, are ordinary tokens."""
-    from nerkit.corpus import read_corpus
+    from nerkit.data.corpus import read_corpus
 
     name, content, *_ = next(c for c in CATALOGUE if c[0] == "control_characters_as_tokens.bio")
     path = tmp_path / name
@@ -324,7 +323,7 @@ def test_missing_training_file_names_the_file(monkeypatch, capfd, tmp_path):
 def trained_model(tmp_path_factory) -> Path:
     """A tiny model after 10 steps (it tags few entities); data.max_len 50 makes long lines split."""
     from nerkit.config import load_config
-    from nerkit.train import train
+    from nerkit.training.loop import train
 
     out = tmp_path_factory.mktemp("trained_model") / "model"
     train(load_config(DEMO, TINY + ["train.max_steps=10", "train.epochs=1", "data.max_len=50"]), out=out)
@@ -336,7 +335,7 @@ def entity_model(trained_model, tmp_path_factory) -> Path:
     """The tiny model nudged to tag entities often, so that offsets get checked many times."""
     import torch
 
-    from nerkit.pipeline import Pipeline
+    from nerkit.inference.pipeline import Pipeline
 
     pipe = Pipeline.load(trained_model)
     with torch.no_grad():
@@ -422,7 +421,7 @@ def test_predict_stream_accepts_any_text_refuses_other_bytes_and_offsets_index_t
     gives one record per line whose offsets index it; anything else an error naming the first line
     that is not UTF-8 text, leaving the output file as it was."""
     from nerkit.errors import CorpusError
-    from nerkit.predict import predict_stream
+    from nerkit.inference.stream import predict_stream
 
     data = b"\n".join(x if isinstance(x, bytes) else x.encode("utf-8") for x in lines)
     data += b"\n" if final_newline and data else b""
@@ -448,7 +447,7 @@ def test_predict_stream_accepts_any_text_refuses_other_bytes_and_offsets_index_t
 
 @pytest.fixture(scope="module")
 def entity_model_pipe(entity_model):
-    from nerkit.pipeline import Pipeline
+    from nerkit.inference.pipeline import Pipeline
 
     return Pipeline.load(entity_model)
 
@@ -460,7 +459,7 @@ def entity_types(pipe) -> set[str]:
 def test_the_offset_checks_see_entities(entity_model_pipe, fuzz_dir):
     """The checks the property test applies find real entities on text that has them, among the same
     kinds of hostile lines, so a model or a path that returned nothing would fail here."""
-    from nerkit.predict import predict_stream
+    from nerkit.inference.stream import predict_stream
 
     data = "\n".join(["张伟在北京大学读书。", "\u200b张伟\ufeff在北京", "😀李娜在上海工作\u202e", ""]).encode("utf-8")
     source, out = fuzz_dir / "known.txt", fuzz_dir / "known.jsonl"
@@ -588,7 +587,7 @@ def copy_model(source: Path, target: Path) -> Path:
 @pytest.mark.parametrize("name", ["model.safetensors", "vocab.json", "config.yaml", "nerkit.json"])
 def test_a_file_linking_outside_the_model_directory_is_refused(entity_model, tmp_path, name):
     from nerkit.errors import ModelDirError
-    from nerkit.pipeline import Pipeline
+    from nerkit.inference.pipeline import Pipeline
 
     model = copy_model(entity_model, tmp_path / "model")
     outside = tmp_path / "elsewhere" / name
@@ -602,7 +601,7 @@ def test_a_file_linking_outside_the_model_directory_is_refused(entity_model, tmp
 
 
 def test_links_inside_the_model_directory_and_a_linked_directory_load(entity_model, entity_model_pipe, tmp_path):
-    from nerkit.pipeline import Pipeline
+    from nerkit.inference.pipeline import Pipeline
 
     model = copy_model(entity_model, tmp_path / "model")
     (model / "vocab.json").rename(model / "vocab.real.json")
@@ -636,7 +635,7 @@ def test_paths_named_in_a_model_config_are_never_read_at_load(entity_model, tmp_
     read at training time); loading must not open them, or any file outside the directory."""
     import yaml
 
-    from nerkit.pipeline import Pipeline
+    from nerkit.inference.pipeline import Pipeline
 
     model = copy_model(entity_model, tmp_path / "model")
     bait = tmp_path / "bait.txt"

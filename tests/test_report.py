@@ -15,12 +15,11 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
-
-from nerkit.corpus import Span
-from nerkit.evaluate import ERROR_KINDS
-from nerkit.report import FILTER_SCRIPT, confusion
-
 from conftest import TINY_DEV
+
+from nerkit.data.tags import Span
+from nerkit.inference.evaluate import ERROR_KINDS
+from nerkit.tools.report import FILTER_SCRIPT, confusion
 
 pytest.importorskip("matplotlib", reason="nerkit[report] (matplotlib) is not installed")
 
@@ -89,7 +88,7 @@ def parse(page: str) -> Node:
 @pytest.fixture(scope="module")
 def gold_file(tmp_path_factory) -> Path:
     """The tiny dev corpus as JSON lines, plus the hostile sentence."""
-    from nerkit.corpus import read_corpus
+    from nerkit.data.corpus import read_corpus
 
     path = tmp_path_factory.mktemp("gold") / "gold.jsonl"
     lines = []
@@ -103,7 +102,7 @@ def gold_file(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def report(tiny_model_dir, gold_file, tmp_path_factory) -> tuple[Path, dict]:
-    from nerkit.report import write_report
+    from nerkit.tools.report import write_report
 
     out = tmp_path_factory.mktemp("report") / "report.html"
     metrics = write_report(tiny_model_dir, gold_file, out)
@@ -118,7 +117,7 @@ def test_confusion_pairs_entities_by_their_boundaries():
 
 
 def test_the_report_shows_the_evaluations_scores_and_errors(report, tiny_model_dir, gold_file):
-    from nerkit.pipeline import Pipeline
+    from nerkit.inference.pipeline import Pipeline
 
     out, metrics = report
     evaluation = Pipeline.load(tiny_model_dir).evaluation(gold_file, with_errors=True)
@@ -136,8 +135,8 @@ def test_the_report_shows_the_evaluations_scores_and_errors(report, tiny_model_d
 
 
 def test_every_sentence_with_an_error_is_listed_with_its_kinds(report, tiny_model_dir, gold_file):
-    from nerkit.evaluate import sentence_errors
-    from nerkit.pipeline import Pipeline
+    from nerkit.inference.evaluate import sentence_errors
+    from nerkit.inference.pipeline import Pipeline
 
     out, _ = report
     evaluation = Pipeline.load(tiny_model_dir).evaluation(gold_file, with_errors=True)
@@ -169,7 +168,7 @@ def test_corpus_text_stays_text_and_the_page_needs_nothing_outside(report):
 
 
 def test_a_model_without_training_history_still_gets_a_report(tiny_model_dir, gold_file, tmp_path):
-    from nerkit.report import write_report
+    from nerkit.tools.report import write_report
 
     model = tmp_path / "model"
     shutil.copytree(tiny_model_dir, model)
@@ -182,8 +181,8 @@ def test_a_model_without_training_history_still_gets_a_report(tiny_model_dir, go
 def test_the_command_line_offers_every_predict_format():
     import typing
 
-    from nerkit.cli import Format
-    from nerkit.predict import FORMATS
+    from nerkit.cli.app import Format
+    from nerkit.inference.formats import FORMATS
 
     assert typing.get_args(Format) == FORMATS
 
@@ -198,8 +197,8 @@ def test_report_from_the_command_line(tiny_model_dir, gold_file, tmp_path, nerki
 
 
 def test_predict_html_is_a_page_of_escaped_highlighted_records(tiny_model_dir, tmp_path):
-    from nerkit.pipeline import Pipeline
-    from nerkit.predict import predict_stream
+    from nerkit.inference.pipeline import Pipeline
+    from nerkit.inference.stream import predict_stream
 
     texts = ["张三在北京大学读书。", HOSTILE, "", "上海"]
     source = tmp_path / "texts.txt"
@@ -276,8 +275,8 @@ def test_the_report_in_a_browser(report, tmp_path):
 
 @needs_browser
 def test_predictions_page_in_a_browser(tiny_model_dir, tmp_path):
-    from nerkit.pipeline import Pipeline
-    from nerkit.predict import predict_stream
+    from nerkit.inference.pipeline import Pipeline
+    from nerkit.inference.stream import predict_stream
 
     source = tmp_path / "texts.txt"
     source.write_text(HOSTILE + "\n张三在北京\n", encoding="utf-8")
@@ -298,7 +297,7 @@ def test_predictions_page_in_a_browser(tiny_model_dir, tmp_path):
 
 @needs_browser
 def test_a_report_of_4000_sentences_stays_usable(tiny_model_dir, gold_file, tmp_path):
-    from nerkit.report import ROWS_PER_PAGE, write_report
+    from nerkit.tools.report import ROWS_PER_PAGE, write_report
 
     lines = gold_file.read_text(encoding="utf-8").splitlines()
     big = tmp_path / "big.jsonl"

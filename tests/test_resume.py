@@ -22,7 +22,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from reliability_report import Section
 
 REPO = Path(__file__).resolve().parent.parent
@@ -43,7 +42,7 @@ import os, signal, sys
 from pathlib import Path
 fault, n = sys.argv[1], int(sys.argv[2])
 sys.argv = ["nerkit", *sys.argv[3:]]
-import nerkit.train as T
+import nerkit.training.loop as T
 calls = [0]
 
 def count():
@@ -94,7 +93,7 @@ else:  # something happens right after checkpoint N is in place
                     return mkdir(path, *args, **kwargs)
                 os.mkdir = refuse
     T.save_checkpoint = patched
-from nerkit.cli import main
+from nerkit.cli.app import main
 main()
 """
 
@@ -131,14 +130,15 @@ def run(args: list[str], fault: str | None = None, n: int = 0, **kwargs) -> subp
 
 def train_here(out: Path, sets: list[str]) -> dict:
     from nerkit.config import load_config
-    from nerkit.train import train
+    from nerkit.training.loop import train
 
     return train(load_config(DEMO, sets), out=out)
 
 
 def resume_here(out: Path) -> dict:
     """What `nerkit train --resume OUT` does, without starting a process."""
-    from nerkit.train import resume_config, train
+    from nerkit.training.loop import train
+    from nerkit.training.run_dir import resume_config
 
     return train(resume_config(out), out=out, resume=True)
 
@@ -290,7 +290,7 @@ def test_a_signal_mid_epoch_saves_a_checkpoint_and_resumes_identically(reference
     assert "Traceback" not in stderr
     found = checkpoint_position(out)
     assert found != "none"
-    from nerkit.cli import main
+    from nerkit.cli.app import main
 
     monkeypatch.setattr(sys, "argv", ["nerkit", "train", "--resume", str(out)])  # the command it printed
     with pytest.raises(SystemExit) as info:
@@ -398,7 +398,8 @@ def test_output_dir_turning_read_only_is_a_user_error_and_keeps_the_checkpoint(f
 def test_a_run_stopped_by_a_limit_goes_on_when_the_resume_lifts_it(reference, tmp_path, first, then):
     """The epoch the limit cut short is evaluated and logged as partial; the resume finishes that
     epoch (none of its batches is skipped) and ends with exactly the run that was never cut."""
-    from nerkit.train import resume_config, train
+    from nerkit.training.loop import train
+    from nerkit.training.run_dir import resume_config
 
     out = tmp_path / "run"
     stopped = train_here(out, TINY + first)

@@ -1,4 +1,4 @@
-"""Tests for nerkit.train: the model directory and history a run writes, bit-identical seeded runs,
+"""Tests for nerkit.training.loop: the model directory and history a run writes, bit-identical seeded runs,
 early stopping and step limits, the seeded dev split, the output-directory guard, and a learning
 test on the first 2,000 MSRA sentences."""
 
@@ -9,16 +9,17 @@ import shutil
 
 import pytest
 import torch
-
-import nerkit.train
-from nerkit.config import build_config, load_config
-from nerkit.corpus import read_corpus
-from nerkit.errors import UserError
-from nerkit.pipeline import MODEL_FILES, Pipeline
-from nerkit.splits import read_splits
-from nerkit.train import build_pipeline, train
-
 from conftest import TINY_TRAIN
+
+import nerkit.training.loop
+from nerkit.config import build_config, load_config
+from nerkit.data.corpus import read_corpus
+from nerkit.data.splits import read_splits
+from nerkit.errors import UserError
+from nerkit.inference.model_dir import MODEL_FILES
+from nerkit.inference.pipeline import Pipeline
+from nerkit.training.build import build_pipeline
+from nerkit.training.loop import train
 
 HISTORY_KEYS = {"loss", "dev_precision", "dev_recall", "dev_f1", "chars_per_s", "elapsed_s"}
 
@@ -98,8 +99,8 @@ def test_dev_is_carved_from_train_when_absent_seeded_disjoint_and_reproducible(t
 def test_insert_spaces_puts_spaces_outside_entities_in_train_only(tiny_config):
     """data.insert_spaces: space tokens tagged O in gaps that no entity crosses, seeded, in the
     training sentences only; the entities keep their text, and the vocabulary learns the space."""
-    from nerkit.corpus import scheme_tags
-    from nerkit.features import SPACE, Featurizer
+    from nerkit.data.tags import scheme_tags
+    from nerkit.features.featurizer import SPACE, Featurizer
 
     plain = read_splits(tiny_config())
     spaced = read_splits(tiny_config("data.insert_spaces=0.3"))
@@ -148,12 +149,12 @@ def test_the_output_directory_and_the_data_files_are_checked_before_any_data_is_
     """A non-empty --out, or a corpus path that is not a file, used to be found only after the
     training data had loaded (13-19 s on MSRA): now before anything is read. --force and --resume
     keep their meaning."""
-    import nerkit.splits
+    import nerkit.data.splits
 
     def read(*args, **kwargs):
         raise AssertionError("data was read before the checks")
 
-    monkeypatch.setattr(nerkit.splits, "read_gold", read)
+    monkeypatch.setattr(nerkit.data.splits, "read_gold", read)
     used = tmp_path / "used"
     used.mkdir()
     (used / "keep.txt").write_text("precious")
@@ -203,7 +204,7 @@ def test_bilstm_learns_msra_from_2000_sentences(data_root, tmp_path, monkeypatch
         seen["data"] = data = read_splits(cfg)
         return data
 
-    monkeypatch.setattr(nerkit.train, "read_splits", capture)
+    monkeypatch.setattr(nerkit.training.loop, "read_splits", capture)
     trained = train(config, out=tmp_path / "msra")["dev"]["f1"]
     data = seen["data"]
     assert len(data.dev) == 200
@@ -217,7 +218,7 @@ def test_a_finished_run_resumed_with_more_epochs_equals_a_longer_run(tmp_path, t
     # Constant learning rate, so the first two epochs are the same in both runs.
     train(tiny_config("train.epochs=3", "train.patience=0"), out=tmp_path / "long")
     train(tiny_config("train.epochs=2", "train.patience=0"), out=tmp_path / "short")
-    config = nerkit.train.resume_config(tmp_path / "short", ["train.epochs=3"])
+    config = nerkit.training.run_dir.resume_config(tmp_path / "short", ["train.epochs=3"])
     train(config, out=tmp_path / "short", resume=True)
     assert load_config(tmp_path / "short" / "config.yaml").train.epochs == 3  # saved for the record
     assert [r["epoch"] for r in read_history(tmp_path / "short")] == [1, 2, 3]
@@ -233,7 +234,7 @@ def test_resuming_after_the_training_data_changed_is_a_user_error(tmp_path, tiny
     train(tiny_config(f"data.train={corpus}", "train.epochs=1"), out=tmp_path / "run")
     with corpus.open("a", encoding="utf-8") as f:
         f.write("\n鑫 B-PER\n")  # a character the vocabulary has not seen
-    config = nerkit.train.resume_config(tmp_path / "run", ["train.epochs=2"])
+    config = nerkit.training.run_dir.resume_config(tmp_path / "run", ["train.epochs=2"])
     with pytest.raises(UserError, match="the train data changed since the run started"):
         train(config, out=tmp_path / "run", resume=True)
 
@@ -241,7 +242,7 @@ def test_resuming_after_the_training_data_changed_is_a_user_error(tmp_path, tiny
 def test_resuming_refuses_changes_that_would_alter_the_model(tmp_path, tiny_config):
     train(tiny_config("train.epochs=1"), out=tmp_path / "run")
     with pytest.raises(UserError, match="encoder.hidden_size cannot change when resuming"):
-        nerkit.train.resume_config(tmp_path / "run", ["encoder.hidden_size=32"])
+        nerkit.training.run_dir.resume_config(tmp_path / "run", ["encoder.hidden_size=32"])
 
 
 # ------------------------------------------------------------------------------ warm-up and limits
@@ -273,7 +274,7 @@ def test_a_warm_up_longer_than_the_run_is_reported_at_set_up(tmp_path, tiny_conf
     and says so (with the value a tenth of the run would be)."""
     train(tiny_config("train.epochs=2", "train.warmup_steps=20"), out=tmp_path / "a")
     found = [m for m in warnings_of(nerkit_log) if "train.warmup_steps = 20" in m]
-    assert len(found) == 1 and "that 2 epochs of" in found[0] and "--set train.warmup_steps=" in found[0], found
+    assert len(found) == 1 and "that 2 epochs of" in found[0] and "--set train.warmup=0.1" in found[0], found
     nerkit_log.clear()
     train(tiny_config("train.epochs=2", "train.warmup_steps=3"), out=tmp_path / "b")
     assert not [m for m in warnings_of(nerkit_log) if "warmup" in m]
@@ -285,7 +286,7 @@ def test_a_warm_up_longer_than_a_time_budget_allows_is_reported(tmp_path, tiny_c
     """The defect: 2,760 warm-up steps on an 85-step epoch with a time budget trained silently at a
     fraction of its rate. The steps a budget allows are known after an epoch, at the pace so far."""
     clock = iter(range(0, 10**6, 1))  # one second per reading of the clock: a slow machine
-    monkeypatch.setattr(nerkit.train.time, "perf_counter", lambda: float(next(clock)))
+    monkeypatch.setattr(nerkit.training.loop.time, "perf_counter", lambda: float(next(clock)))
     train(tiny_config("train.epochs=100", "train.warmup_steps=200", "train.time_budget=40"), out=tmp_path / "m")
     found = [m for m in warnings_of(nerkit_log) if "train.warmup_steps = 200" in m]
     assert len(found) == 1 and "that train.time_budget = 40 s allows at this pace" in found[0], warnings_of(nerkit_log)

@@ -14,10 +14,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from nerkit.data.text import bigrams
 from nerkit.errors import UserError
-from nerkit.features import bigrams
-from nerkit.vectors import (HeldOut, Vectors, check_dim, coverage, export_jieba, jieba_lac_files, normalize_rows,
-                            read_paddle_tensor, read_texts, read_vectors, train_vectors, write_word2vec_text)
+from nerkit.pretrained.paddle import jieba_lac_files, read_paddle_tensor
+from nerkit.pretrained.vectors import (
+    Vectors,
+    check_dim,
+    coverage,
+    normalize_rows,
+    read_vectors,
+    write_word2vec_text,
+)
+from nerkit.tools.vectors import HeldOut, export_jieba, read_texts, train_vectors
 
 REPO = Path(__file__).resolve().parent.parent
 WORDS = ["中", "国", "</s>", "北京"]
@@ -174,7 +182,7 @@ def test_truncated_binary(write_file):
 def test_user_errors_reach_the_cli_as_user_errors(tmp_path):
     from typer.testing import CliRunner
 
-    from nerkit.cli_vectors import vectors_app
+    from nerkit.cli.vectors import vectors_app
 
     result = CliRunner().invoke(vectors_app, ["train", "--text", str(tmp_path / "none.txt"), "--out", str(tmp_path)])
     assert isinstance(result.exception, UserError) and "no such file" in str(result.exception)

@@ -19,8 +19,9 @@ import pytest
 from test_cli_model import parse_jsonl, run_cli
 
 from nerkit.errors import CorpusError
-from nerkit.predict import FORMATS, predict_stream
-from nerkit.workers import WorkerLost, Workers, in_order, threads_per_worker
+from nerkit.inference.formats import FORMATS
+from nerkit.inference.stream import predict_stream
+from nerkit.inference.workers import WorkerLost, Workers, in_order, threads_per_worker
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -149,7 +150,7 @@ def pool(tiny_model_dir):
 
 @pytest.fixture(scope="module")
 def pipe(tiny_model_dir):
-    from nerkit.pipeline import Pipeline
+    from nerkit.inference.pipeline import Pipeline
 
     return Pipeline.load(tiny_model_dir)
 

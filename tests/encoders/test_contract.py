@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from nerkit.config import ENCODER_OPTIONS, build_config
-from nerkit.encoders import ENCODERS, LatticeWords
+from nerkit.model.encoders import ENCODERS, LatticeWords
 
 INPUT_DIM, WORD_DIM = 12, 6
 # Small sizes for whichever of these fields an encoder's options have.
@@ -108,11 +108,11 @@ def test_padding_is_zero_finite_and_inert(name, attention):
 
 @pytest.mark.parametrize("name, attention", CASES, ids=IDS)
 def test_train_save_load_predicts_the_same(name, attention, tmp_path, tiny_config):
-    from nerkit.corpus import read_corpus
-    from nerkit.pipeline import Pipeline
-    from nerkit.train import train
-
     from conftest import TINY_DEV
+
+    from nerkit.data.corpus import read_corpus
+    from nerkit.inference.pipeline import Pipeline
+    from nerkit.training.loop import train
 
     known = {f.name for f in dataclasses.fields(ENCODER_OPTIONS[name])}
     overrides = [f"encoder.name={name}"] + [f"encoder.{k}={v}" for k, v in TINY.items() if k in known]

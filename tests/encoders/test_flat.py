@@ -12,15 +12,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from nerkit.config import load_config
-from nerkit.corpus import read_corpus
-from nerkit.encoders import ENCODERS
-from nerkit.config import FLATOptions
-from nerkit.encoders.attention import NodeSpans
-from nerkit.encoders.flat import FLAT
+from nerkit.config import FLATOptions, load_config
+from nerkit.data.corpus import read_corpus
 from nerkit.errors import ConfigError
-from nerkit.encoders import LatticeWords
-from nerkit.pipeline import Pipeline
+from nerkit.inference.pipeline import Pipeline
+from nerkit.model.encoders import ENCODERS, LatticeWords
+from nerkit.model.encoders.attention import NodeSpans
+from nerkit.model.encoders.flat import FLAT
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -251,7 +249,7 @@ def test_the_flat_configs_load(name):
 
 
 def test_train_save_load_end_to_end(tmp_path):
-    from nerkit.train import train
+    from nerkit.training.loop import train
 
     sample = REPO / "data" / "sample"
     sentences = read_corpus(sample / "train.bio").sentences

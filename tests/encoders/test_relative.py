@@ -10,12 +10,12 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from nerkit.encoders import ENCODERS
 from nerkit.config import TenerOptions
-from nerkit.encoders.relative import VARIANTS, relative_attention
-from nerkit.encoders.transformer import Transformer
-from nerkit.encoders.attention import SinusoidTable
 from nerkit.errors import ConfigError
+from nerkit.model.encoders import ENCODERS
+from nerkit.model.encoders.attention import SinusoidTable
+from nerkit.model.encoders.relative import VARIANTS, relative_attention
+from nerkit.model.encoders.transformer import Transformer
 
 HEADS, HEAD_DIM = 2, 4
 D_MODEL = HEADS * HEAD_DIM

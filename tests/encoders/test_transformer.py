@@ -8,10 +8,10 @@ import math
 import pytest
 import torch
 
-from nerkit.encoders import ENCODERS
 from nerkit.config import TransformerOptions
-from nerkit.encoders.attention import MultiHeadAttention, SinusoidTable, sinusoid
-from nerkit.encoders.transformer import Transformer
+from nerkit.model.encoders import ENCODERS
+from nerkit.model.encoders.attention import MultiHeadAttention, SinusoidTable, sinusoid
+from nerkit.model.encoders.transformer import Transformer
 
 HEADS, HEAD_DIM = 2, 4
 D_MODEL = HEADS * HEAD_DIM

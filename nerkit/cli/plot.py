@@ -1,0 +1,59 @@
+"""`nerkit plot`: training curves, position encodings and attention maps as PNG or SVG files.
+
+Each command parses its options, calls one function of `nerkit.tools.plot`, and prints the file it wrote.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List
+
+import typer
+
+plot_app = typer.Typer(no_args_is_help=True, help="Draw training curves, position encodings and attention maps.")
+
+
+OUT = typer.Option(..., "--out", "-o", help="The image to write: .png or .svg.")
+
+
+@plot_app.command()
+def curves(
+    runs: List[Path] = typer.Argument(..., help="Run directories written by `nerkit train` (their metrics.jsonl)."),
+    out: Path = OUT,
+):
+    """Loss, learning rate and dev F1 per epoch of one or more runs, on one figure."""
+    from nerkit.tools.plot import plot_curves
+
+    typer.echo(f"wrote {plot_curves(runs, out)}")
+
+
+@plot_app.command()
+def positions(
+    out: Path = OUT,
+    dim: int = typer.Option(64, "--dim", help="Width of the sinusoidal encodings (even)."),
+    max_distance: int = typer.Option(50, "--max-distance", min=1, help="Offsets k from -N to N."),
+):
+    """What attention reads of positions: sinusoids' P_i . P_i+k, through random projections, and TENER's term."""
+    from nerkit.tools.plot import plot_positions
+
+    typer.echo(f"wrote {plot_positions(dim, out, max_distance)}")
+
+
+@plot_app.command()
+def attention(
+    model: list[Path] = typer.Option(..., "--model", "-m", help="Model directory (a transformer, tener or flat "
+                                     "encoder); repeat it to draw several models one under the other."),
+    text: str = typer.Option(..., "--text", "-t", help="One sentence."),
+    out: Path = OUT,
+    layer: int = typer.Option(0, "--layer", min=0, help="Only this layer, counted from 1 (0: every layer)."),
+    head: int = typer.Option(0, "--head", min=0, help="Only this head, counted from 1 (0: every head)."),
+):
+    """Attention weights of every layer and head on one sentence, labelled with its characters (and FLAT's
+    words), and how far each layer's attention reaches."""
+    from nerkit.tools.plot import plot_attention
+
+    path, spread = plot_attention(model, text, out, layer, head)
+    for row in spread:
+        typer.echo(f"{row['model']} ({row['encoder']}) layer {row['layer']}: mean attended distance "
+                   f"{row['mean_distance']:.2f} characters, {100 * row['within_2']:.1f}% of the weight within 2")
+    typer.echo(f"wrote {path}")

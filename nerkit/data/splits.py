@@ -1,0 +1,125 @@
+"""The corpora a config names, read for training: train (long sentences split where no entity is
+cut), dev (its own file, or a seeded slice carved from train, as MSRA has none) and test (scored
+once at the end, never used for selection), with their entity types, tag scheme and checksums."""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+from dataclasses import dataclass
+
+from nerkit.config import Config
+from nerkit.data.corpus import REPAIR_OPTION, Corpus, Sentence, read_corpus
+from nerkit.data.stats import sha256_file
+from nerkit.data.tags import continues
+from nerkit.data.text import SPACE, split_sentence
+from nerkit.errors import UserError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Splits:
+    train: list[Sentence]
+    dev: list[Sentence]
+    test: list[Sentence] | None
+    types: list[str]
+    scheme: str
+    checksums: dict
+
+
+def seeded_dev_split(sentences: list[Sentence], fraction: float, seed: int) -> tuple[list[Sentence], list[Sentence]]:
+    """Carve a reproducible dev set from training sentences (MSRA has no dev set)."""
+    order = list(range(len(sentences)))
+    random.Random(seed).shuffle(order)
+    n_dev = max(1, round(fraction * len(sentences)))
+    dev_idx = set(order[:n_dev])
+    train = [s for i, s in enumerate(sentences) if i not in dev_idx]
+    dev = [s for i, s in enumerate(sentences) if i in dev_idx]
+    return train, dev
+
+
+def insert_spaces(sentences: list[Sentence], rate: float, seed: int) -> list[Sentence]:
+    """Training sentences with a SPACE token (tag O) in each gap between characters, and at either
+    end, that no entity crosses, with probability `rate` per gap (seeded: the same on a resume).
+    Char-per-line corpora hold no spaces, so a model would meet its first at prediction; here it
+    learns that a space is outside every entity and that names stop before one. Entities keep
+    their characters, and dev and test are left as they are."""
+    rnd = random.Random(seed)
+    spaced = []
+    for sent in sentences:
+        tokens, tags = [], []
+        for token, tag in zip(sent.tokens + [None], sent.tags + [None]):
+            outside = tag is None or not continues(tag)  # no entity crosses the gap
+            if outside and rnd.random() < rate:
+                tokens.append(SPACE)
+                tags.append("O")
+            if token is not None:
+                tokens.append(token)
+                tags.append(tag)
+        spaced.append(Sentence(tokens, tags, sent.line))
+    return spaced
+
+
+TRAIN_REPAIR_OPTION = "set data.repair: true (--set data.repair=true)"  # how a training run asks for repair
+
+
+def read_gold(path: str, repair: bool, repair_option: str = REPAIR_OPTION) -> Corpus:
+    """A corpus file; the tags `repair` fixed are logged, never silent. `repair_option`: as read_corpus's."""
+    corpus = read_corpus(path, repair=repair, repair_option=repair_option)
+    if corpus.repaired:
+        log.info(f"{path}: repaired {corpus.repaired} tags in {corpus.invalid_transitions} invalid transitions")
+    return corpus
+
+
+def check_data_files(config: Config) -> None:
+    """Raise a UserError now if a corpus the config names (data.train, dev, test) is not a
+    readable file: a run looks before it reads, and a missing test file costs no wait for train."""
+    dc = config.data
+    if not dc.train:
+        raise UserError("data.train is not set", fix="name the training file in the config's data section")
+    for key in ("train", "dev", "test"):
+        path = getattr(dc, key)
+        if not path:
+            continue
+        fix = f"check the path (and NERKIT_DATA), or give it with --set data.{key}=PATH"
+        if not os.path.exists(path):
+            raise UserError(f"data.{key}: no such file", where=path, fix=fix)
+        if not os.path.isfile(path):
+            raise UserError(f"data.{key}: not a file", where=path, fix=fix)
+        if not os.access(path, os.R_OK):
+            raise UserError(f"data.{key}: cannot read the file (permission denied)", where=path)
+
+
+def read_splits(config: Config) -> Splits:
+    dc = config.data
+    check_data_files(config)
+    train_corpus = read_gold(dc.train, dc.repair, TRAIN_REPAIR_OPTION)
+    train = [s for s in train_corpus.sentences if len(s)]  # an empty JSON-lines text has nothing to learn
+    if dc.limit:
+        train = train[: dc.limit]
+    if dc.dev:
+        dev = read_gold(dc.dev, dc.repair, TRAIN_REPAIR_OPTION).sentences
+    else:
+        if dc.dev_split <= 0:
+            raise UserError("no dev data: data.dev is not set and data.dev_split is 0",
+                            fix="set data.dev, or data.dev_split (e.g. 0.05) to carve a dev set from train")
+        train, dev = seeded_dev_split(train, dc.dev_split, dc.split_seed)
+        log.info(f"dev: {len(dev)} sentences carved from {dc.train} (seed {dc.split_seed}, {dc.dev_split:.0%})")
+    test = read_gold(dc.test, dc.repair, TRAIN_REPAIR_OPTION).sentences if dc.test else None
+    if dc.insert_spaces:
+        before = sum(len(s) for s in train)
+        train = insert_spaces(train, dc.insert_spaces, dc.split_seed)
+        log.info(f"train: {sum(len(s) for s in train) - before:,} space tokens inserted "
+                 f"(data.insert_spaces = {dc.insert_spaces})")
+    pieces = [p for s in train for p in split_sentence(s, dc.max_len)]
+    if len(pieces) != len(train):
+        log.info(f"train: {len(train)} sentences split into {len(pieces)} pieces of at most {dc.max_len} characters")
+    types = sorted({sp.type for s in train for sp in s.spans()})
+    scheme = train_corpus.scheme if dc.scheme == "auto" else dc.scheme
+    if not types:
+        raise UserError("the training data has no entities", where=dc.train)
+    checksums = {name: sha256_file(path) for name, path in (("train", dc.train), ("dev", dc.dev), ("test", dc.test))
+                 if path}
+    return Splits(pieces, dev, test, types, scheme, checksums)

@@ -1,0 +1,90 @@
+"""Corpus statistics for `nerkit data stats`: sentences, characters, entities by type, lengths, and the
+checksums of the known benchmark files."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+from nerkit.data.corpus import read_corpus, scheme_label
+from nerkit.errors import CorpusError
+
+# ---------------------------------------------------------------------------------------------
+# Statistics
+
+
+# The standard files, by sha256: many versions of these benchmarks circulate, and results are only
+# comparable on the same one.
+KNOWN_FILES = {
+    "98a5c331fa6e3e51858a3b9f98ae618b253947aaf7f39f9f51a3a8caa171431e": "MSRA train (SIGHAN 2006, BMES, 46,364 sentences)",
+    "9cebc5ce1ea06477d1230d17be90daafa670e78f07eb628c27103af4a6e6dc3b": "MSRA test (SIGHAN 2006, BMES, as used by Lattice LSTM/FLAT)",
+    "fbacf4110b131354270b7ff470c88eb84645f0ed8df30c3e409dde437cb45e70": "People's Daily 1998 train (zjy-ucas/ChineseNER example.train)",
+    "7d8e6fcd1745e6adcb99d90307d84c3a0f9f8ff5ee6fe62ca27646cb765fc38a": "People's Daily 1998 dev (zjy-ucas/ChineseNER example.dev)",
+    "233299005f941a4b055e38aadcf3ee853e44bc1f88166078d3b52b26b77ea362": "People's Daily 1998 test (zjy-ucas/ChineseNER example.test)",
+}
+
+
+def sha256_file(path: str | Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _percentile(sorted_values: list[int], q: float) -> int:
+    if not sorted_values:
+        return 0
+    k = min(len(sorted_values) - 1, max(0, round(q / 100 * (len(sorted_values) - 1))))
+    return sorted_values[k]
+
+
+def corpus_stats(path: str | Path) -> dict:
+    corpus = read_corpus(path, strict=False)
+    lengths = sorted(len(s) for s in corpus.sentences)
+    per_type: dict[str, int] = {}
+    for sent in corpus.sentences:
+        for span in sent.spans():
+            per_type[span.type] = per_type.get(span.type, 0) + 1
+    digest = sha256_file(path)
+    return {
+        "file": str(path),
+        "sentences": len(corpus.sentences),
+        "characters": sum(lengths),
+        "entities": dict(sorted(per_type.items())),
+        "entities_total": sum(per_type.values()),
+        "scheme": corpus.labels,
+        "length": {"p50": _percentile(lengths, 50), "p90": _percentile(lengths, 90),
+                   "p95": _percentile(lengths, 95), "p99": _percentile(lengths, 99), "max": lengths[-1]},
+        "invalid_transitions": corpus.invalid_transitions,
+        "sha256": digest,
+        "known_as": KNOWN_FILES.get(digest),
+    }
+
+
+def files_stats(paths: list[str | Path]) -> tuple[list[dict], list[CorpusError]]:
+    """`corpus_stats` of every file that reads, and the error of each one that does not."""
+    stats, failures = [], []
+    for path in paths:
+        try:
+            stats.append(corpus_stats(path))
+        except CorpusError as e:
+            failures.append(e)
+    return stats, failures
+
+
+def format_stats(stats: dict) -> str:
+    lines = [f"{stats['file']}"]
+    if stats["known_as"]:
+        lines.append(f"  known file    {stats['known_as']}")
+    lines += [
+        f"  sha256        {stats['sha256']}",
+        f"  scheme        {scheme_label(stats['scheme'])}",
+        f"  sentences     {stats['sentences']:,}",
+        f"  characters    {stats['characters']:,}",
+        f"  entities      {stats['entities_total']:,}  ("
+        + ", ".join(f"{t} {n:,}" for t, n in stats["entities"].items()) + ")",
+        "  length        " + ", ".join(f"{k} {v}" for k, v in stats["length"].items()),
+        f"  invalid transitions  {stats['invalid_transitions']}",
+    ]
+    return "\n".join(lines)

@@ -1,0 +1,114 @@
+"""Entity-level scoring: strict span match (same start, end and type), overall and per type.
+
+This is the only scoring code: training's dev F1 and `nerkit eval` both call `score`. Spans are
+read from tags as conlleval reads them, so the figures equal conlleval's on the same file.
+"""
+
+from __future__ import annotations
+
+from nerkit.data.tags import Span
+
+
+def _prf(correct: int, predicted: int, gold: int) -> dict:
+    p = correct / predicted if predicted else 0.0
+    r = correct / gold if gold else 0.0
+    f = 2 * p * r / (p + r) if p + r else 0.0
+    return {"precision": p, "recall": r, "f1": f}
+
+
+def score(gold: list[list[Span]], predicted: list[list[Span]]) -> dict:
+    """`{"precision", "recall", "f1", "per_type": {T: {"precision", "recall", "f1", "support"}}}`
+    with fractions in [0, 1]; `support` is the number of gold entities of the type."""
+    if len(gold) != len(predicted):
+        raise ValueError(f"{len(gold)} gold sentences but {len(predicted)} predicted")
+    counts: dict[str, list[int]] = {}  # type -> [correct, predicted, gold]
+    for g_spans, p_spans in zip(gold, predicted):
+        g_set, p_set = set(g_spans), set(p_spans)
+        for s in g_set:
+            counts.setdefault(s.type, [0, 0, 0])[2] += 1
+        for s in p_set:
+            c = counts.setdefault(s.type, [0, 0, 0])
+            c[1] += 1
+            if s in g_set:
+                c[0] += 1
+    totals = [sum(c[i] for c in counts.values()) for i in range(3)]
+    result = _prf(*totals)
+    result["per_type"] = {t: {**_prf(*c), "support": c[2]} for t, c in sorted(counts.items())}
+    result["counts"] = {"correct": totals[0], "predicted": totals[1], "gold": totals[2]}
+    return result
+
+
+ERROR_KINDS = ("correct", "wrong_type", "wrong_boundary", "wrong_both", "missed", "spurious")
+
+
+def errors(gold: list[list[Span]], predicted: list[list[Span]]) -> dict[str, dict[str, int]]:
+    """What became of each gold entity, by its type: `correct` (same start, end and type),
+    `wrong_type` (a prediction with its exact start and end but another type), `wrong_boundary` (an
+    overlapping prediction of its type), `wrong_both` (only overlapping predictions of other types)
+    or `missed` (no prediction overlaps it), taken in that order when several predictions touch it;
+    and, by the predicted type, `spurious`: predictions that overlap no gold entity. Per type,
+    correct + wrong_type + wrong_boundary + wrong_both + missed is the gold count."""
+    if len(gold) != len(predicted):
+        raise ValueError(f"{len(gold)} gold sentences but {len(predicted)} predicted")
+    counts: dict[str, dict[str, int]] = {}
+    for g_spans, p_spans in zip(gold, predicted):
+        for span, kind in sentence_errors(g_spans, p_spans):
+            counts.setdefault(span.type, dict.fromkeys(ERROR_KINDS, 0))[kind] += 1
+    return dict(sorted(counts.items()))
+
+
+def sentence_errors(gold: list[Span], predicted: list[Span]) -> list[tuple[Span, str]]:
+    """One sentence's part of `errors`: each gold entity with what became of it, then each
+    spurious prediction with `spurious`, in order of position. `errors` counts these, and the HTML
+    report (report.py) shows them, so the two never disagree."""
+    g_set, p_set = set(gold), set(predicted)
+    found = []
+    for g in sorted(g_set, key=_position):
+        touching = [p for p in p_set if _overlap(p, g)]
+        if g in p_set:
+            kind = "correct"
+        elif any((p.start, p.end) == (g.start, g.end) for p in touching):
+            kind = "wrong_type"
+        elif any(p.type == g.type for p in touching):
+            kind = "wrong_boundary"
+        else:
+            kind = "wrong_both" if touching else "missed"
+        found.append((g, kind))
+    found += [(p, "spurious") for p in sorted(p_set, key=_position) if not any(_overlap(p, g) for g in g_set)]
+    return found
+
+
+def _position(span: Span) -> tuple[int, int, str]:
+    return span.start, span.end, span.type
+
+
+def _overlap(a: Span, b: Span) -> bool:
+    return a.start < b.end and b.start < a.end
+
+
+def format_errors(counts: dict[str, dict[str, int]]) -> str:
+    """`errors` as a table: one row per type and a total, gold count first."""
+    header = ("type", "gold", "correct", "wrong type", "wrong boundary", "wrong both", "missed", "spurious")
+    total = {k: sum(c[k] for c in counts.values()) for k in ERROR_KINDS}
+    rows = [header] + [(t, str(sum(c[k] for k in ERROR_KINDS[:5])), *(str(c[k]) for k in ERROR_KINDS))
+                       for t, c in [*counts.items(), ("overall", total)]]
+    return _rule_table(rows)
+
+
+def format_table(metrics: dict) -> str:
+    rows = [("type", "precision", "recall", "f1", "support")]
+    for t, m in metrics["per_type"].items():
+        rows.append((t, f"{100 * m['precision']:.2f}", f"{100 * m['recall']:.2f}", f"{100 * m['f1']:.2f}", str(m["support"])))
+    rows.append(("overall", f"{100 * metrics['precision']:.2f}", f"{100 * metrics['recall']:.2f}",
+                 f"{100 * metrics['f1']:.2f}", str(metrics["counts"]["gold"])))
+    return _rule_table(rows)
+
+
+def _rule_table(rows: list[tuple[str, ...]]) -> str:
+    """Rows as aligned columns (the first left, the rest right), ruled under the header and above
+    the last row (the total)."""
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))) for r in rows]
+    lines.insert(1, "-" * len(lines[0]))
+    lines.insert(len(lines) - 1, "-" * len(lines[0]))
+    return "\n".join(lines)

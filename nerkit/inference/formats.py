@@ -1,0 +1,56 @@
+"""The output formats of `nerkit predict` (jsonl, conll, inline, html) and of `nerkit eval --output`:
+one function turns predicted texts into records, used by the CLI, the workers and the Python API."""
+
+from __future__ import annotations
+
+import json
+
+from nerkit.data.corpus import Sentence
+from nerkit.data.tags import Span, spans_to_tags
+
+FORMATS = ("jsonl", "conll", "inline", "html")
+
+
+def format_record(text: str, spans: list[Span], fmt: str, scheme: str = "bio",
+                  colors: dict[str, str] | None = None) -> str:
+    """One record of output; `colors`: the entity types' colours for html (report.type_colors)."""
+    if fmt == "html":
+        from nerkit.inference.html import prediction_record
+
+        return prediction_record(text, spans, colors or {})
+    if fmt == "jsonl":
+        ents = [s.to_dict(text) for s in spans]
+        return json.dumps({"text": text, "entities": ents}, ensure_ascii=False) + "\n"
+    if fmt == "inline":
+        out, pos = [], 0
+        for s in spans:
+            out.append(text[pos:s.start])
+            out.append(f"[{text[s.start:s.end]}]{s.type}")
+            pos = s.end
+        out.append(text[pos:])
+        return "".join(out) + "\n"
+    tags = spans_to_tags(len(text), spans, scheme)
+    return "".join(f"{c} {t}\n" for c, t in zip(text, tags)) + "\n"
+
+
+def predict_chunk(pipe, texts: list[str], fmt: str, batch_size: int) -> bytes:
+    """The encoded records of one chunk's texts (what a worker process returns, too)."""
+    spans = pipe.predict_tokens([list(t) for t in texts], batch_size)
+    colors = None
+    if fmt == "html":
+        from nerkit.inference.html import type_colors
+
+        colors = type_colors(pipe.types)
+    records = "".join(format_record(t, s, fmt, pipe.scheme, colors) for t, s in zip(texts, spans))
+    return records.encode("utf-8")
+
+
+def eval_output(sentences: list[Sentence], predicted: list[list[Span]], scheme: str) -> str:
+    """`char gold predicted` lines with a blank line between sentences: conlleval's input."""
+    lines = []
+    for sent, spans in zip(sentences, predicted):
+        gold = sent.tags
+        pred = spans_to_tags(len(sent), spans, scheme)
+        lines.extend(f"{c} {g} {p}\n" for c, g, p in zip(sent.tokens, gold, pred))
+        lines.append("\n")
+    return "".join(lines)

@@ -1,0 +1,49 @@
+"""What a model directory must hold before anything in it is read: its files, no pickle-capable files,
+no links out of it, and the format version it was written with."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from nerkit.errors import ModelDirError
+
+FORMAT_VERSION = 1
+
+
+MODEL_FILES = ("nerkit.json", "config.yaml", "vocab.json", "model.safetensors")
+
+
+# Files that could carry pickled code: a model directory holding one is refused outright.
+PICKLE_SUFFIXES = (".pkl", ".pickle", ".pt", ".pth", ".bin", ".ckpt", ".joblib", ".npy", ".npz")
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise ModelDirError("not valid JSON", where=str(path), fix="the model directory is damaged; retrain") from None
+
+
+def check_model_dir(directory: Path) -> None:
+    if not directory.exists():
+        raise ModelDirError("model directory not found", where=str(directory),
+                            fix="pass the --out directory of `nerkit train`")
+    if not directory.is_dir():
+        raise ModelDirError("not a directory", where=str(directory), fix="pass the model directory, not a file in it")
+    lm_dir = directory / "lm"  # a language model's config and vocabulary, when the model has one
+    unsafe = sorted(str(p.relative_to(directory)) for d in (directory, lm_dir) if d.is_dir()
+                    for p in d.iterdir() if p.suffix.lower() in PICKLE_SUFFIXES)
+    if unsafe:
+        raise ModelDirError(f"refusing a model directory that holds pickle-capable files: {', '.join(unsafe)}",
+                            where=str(directory), fix="nerkit models are safetensors + JSON/YAML; remove those files")
+    root = directory.resolve()
+    for name in MODEL_FILES + ("lexicon.txt",):  # every file the loader reads
+        path = directory / name
+        if path.is_symlink() and not path.resolve().is_relative_to(root):
+            raise ModelDirError(f"{name} is a link to {path.resolve()}, outside the model directory",
+                                where=str(directory), fix="copy the file into the directory instead of linking to it")
+    for name in MODEL_FILES:
+        if not (directory / name).is_file():
+            raise ModelDirError(f"{name} is missing", where=str(directory),
+                                fix="this is not a complete nerkit model directory (was training interrupted?)")

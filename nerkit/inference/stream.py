@@ -1,0 +1,190 @@
+"""Streaming prediction over text files (one text per line) and the eval output file.
+
+Input is read in chunks, so memory stays bounded whatever the file size, and records come out in
+input order. Lines are split only at `\n` (a `\r\n` ending is dropped) and checked as they are
+read, as `nerkit data` checks corpora: bytes that are not UTF-8, or a NUL byte, end the run with an
+error naming the line. A leading UTF-8 byte-order mark is dropped: each record's `text` is its line
+without the mark and the line ending, and offsets index that `text`. The input may be a file,
+stdin, a pipe or a device (`/dev/stdin`, bash's `<(...)`); the output goes to stdout, where a reader
+that stops early (`| head`) is a normal end, or atomically to a file. The chunks are predicted
+here, or by worker processes (`nerkit.inference.workers`, `--workers N`), whose output is the same.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import stat
+import sys
+from contextlib import contextmanager
+from pathlib import Path
+from typing import BinaryIO, Iterable, Iterator
+
+from nerkit.data.corpus import decode_utf8, nul_error
+from nerkit.errors import UserError
+from nerkit.files import WRITE_ERRNOS, atomic_file, check_output
+from nerkit.inference.formats import FORMATS, predict_chunk
+from nerkit.inference.workers import Workers
+
+STDIN = "-"
+
+
+_BOM = b"\xef\xbb\xbf"
+
+
+# Bytes read at once: a NUL byte is caught within this many, so a binary file without line breaks
+# (or /dev/zero) is refused without filling memory.
+_PIECE = 1 << 20
+
+
+_SOURCE_FIX = "pass a text file with one text per line, or - for stdin"
+
+
+# Characters of input predicted (and written) at a time: enough for batches of similar lengths, few
+# enough that a page of text is several chunks for the processes of `--workers` to share.
+CHUNK_CHARS = 20_000
+
+
+def check_paths(source: str, output: str | None) -> None:
+    """Fail now, before a model loads, on an input that cannot be read or an output that cannot be
+    written. It only looks: opening a named pipe to try it would take what its writer sends."""
+    if source != STDIN:
+        path = Path(source)
+        if not path.exists():
+            raise UserError("input file not found", where=source, fix=_SOURCE_FIX)
+        if path.is_dir():
+            raise UserError("is a directory, not a text file", where=source, fix=_SOURCE_FIX)
+        if not os.access(path, os.R_OK):
+            raise UserError("cannot read the input (permission denied)", where=source)
+    if output is not None:
+        check_output(output, *([source] if source != STDIN else []))
+
+
+def _open_source(source: str) -> tuple[BinaryIO, int | None]:
+    """The input as a byte stream, and its size when it is a regular file (for the progress bar)."""
+    if source == STDIN:
+        return sys.stdin.buffer, None
+    try:
+        stream = open(source, "rb")
+    except OSError as e:
+        raise UserError(f"cannot read the input ({e.strerror})", where=source, fix=_SOURCE_FIX) from None
+    info = os.fstat(stream.fileno())
+    return stream, info.st_size if stat.S_ISREG(info.st_mode) else None
+
+
+def _read_line(stream: BinaryIO, where: str) -> bytes:
+    """The next line with its `\n` (b"" at the end of the input), read a piece at a time."""
+    pieces = []
+    while True:
+        piece = stream.readline(_PIECE)
+        if b"\x00" in piece:
+            raise nul_error(where)
+        pieces.append(piece)
+        if not piece or piece.endswith(b"\n"):
+            return b"".join(pieces)
+
+
+def _lines(stream: BinaryIO, name: str) -> Iterator[tuple[str, int]]:
+    """Each line of `stream` as text without its ending, and its size in bytes. A line that is not
+    UTF-8 or holds a NUL byte is a CorpusError naming `name` and the line; a leading BOM is dropped."""
+    offset = 0
+    for number in itertools.count(1):
+        raw = _read_line(stream, f"{name}:{number}")
+        if not raw:
+            return
+        line = raw[len(_BOM):] if number == 1 and raw.startswith(_BOM) else raw
+        start = offset + len(raw) - len(line)
+        line = line.removesuffix(b"\n").removesuffix(b"\r")
+        yield decode_utf8(line, name, number, start), len(raw)
+        offset += len(raw)
+
+
+def _chunks(lines: Iterable[tuple[str, int]], chunk_chars: int) -> Iterator[tuple[list[str], int]]:
+    """The texts of about `chunk_chars` characters of input at a time, and how many input bytes
+    they cover. One process or several (`nerkit.inference.workers`), the chunks are the same."""
+    texts: list[str] = []
+    size = chars = 0
+    for text, line_size in lines:
+        texts.append(text)
+        size += line_size
+        chars += len(text)
+        if chars >= chunk_chars:
+            yield texts, size
+            texts, size, chars = [], 0, 0
+    if texts:
+        yield texts, size
+
+
+def _predicted(pipe, chunks: Iterable[tuple[list[str], int]], fmt: str,
+               batch_size: int) -> Iterator[tuple[bytes, int, int]]:
+    """Each chunk's output in input order, with how many records and input bytes it holds: predicted
+    here by a Pipeline, or by the processes of a `Workers`."""
+    if isinstance(pipe, Workers):
+        yield from pipe.predict_chunks(chunks, fmt, batch_size)
+        return
+    for texts, size in chunks:
+        yield predict_chunk(pipe, texts, fmt, batch_size), len(texts), size
+
+
+@contextmanager
+def _sink(output: str | None) -> Iterator[BinaryIO]:
+    """Where the records go: `output` through an atomic write (nothing there until the end), or stdout."""
+    if output is None:
+        with open(sys.stdout.fileno(), "wb", closefd=False) as f:
+            yield f
+    else:
+        with atomic_file(output) as f:
+            yield f
+
+
+def _silence_stdout() -> None:
+    """After a reader closed stdout's pipe, point stdout at /dev/null so that no later flush fails
+    (Python's advice in the `signal` module's documentation on SIGPIPE)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+
+
+def predict_stream(pipe, source: str, output: str | None, fmt: str = "jsonl", batch_size: int = 64,
+                   chunk_chars: int = CHUNK_CHARS, progress: bool | None = None) -> int:
+    """Predict every line of `source` (a path, or '-' for stdin) into `output` (a path, or stdout)
+    with `pipe`: a Pipeline, or `nerkit.inference.workers.Workers` (processes that each hold one; the output
+    is the same). Returns the number of records written."""
+    if fmt not in FORMATS:
+        raise UserError(f"unknown output format {fmt!r}", fix=f"use one of {', '.join(FORMATS)}")
+    if batch_size < 1:
+        raise UserError(f"the batch size must be at least 1, not {batch_size}")
+    check_paths(source, output)
+    stream, total = _open_source(source)
+    from tqdm import tqdm
+
+    bar = tqdm(total=total, unit="B", unit_scale=True, desc="predict", file=sys.stderr, leave=False,
+               disable=(source == STDIN or not sys.stderr.isatty()) if progress is None else not progress)
+    written = 0
+    try:
+        with _sink(output) as sink:
+            if fmt == "html":  # a page: its head, the records as they come, its end
+                from nerkit.inference.html import predictions_footer, predictions_header
+
+                sink.write(predictions_header().encode("utf-8"))
+            chunks = _chunks(_lines(stream, "<stdin>" if source == STDIN else source), chunk_chars)
+            for data, records, size in _predicted(pipe, chunks, fmt, batch_size):
+                sink.write(data)
+                written += records
+                bar.update(size)
+            if fmt == "html":
+                sink.write(predictions_footer().encode("utf-8"))
+    except BrokenPipeError:
+        if output is not None:
+            raise
+        _silence_stdout()  # `nerkit predict ... | head`: the reader has what it wanted
+    except OSError as e:
+        if e.errno not in WRITE_ERRNOS:
+            raise
+        raise UserError(f"cannot write the output ({e.strerror})", where=output or "stdout",
+                        fix="free space or fix permissions there") from None
+    finally:
+        bar.close()
+        if source != STDIN:
+            stream.close()
+    return written

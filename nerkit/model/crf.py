@@ -1,0 +1,222 @@
+"""Linear-chain CRF head whose decoding can never produce an invalid tag sequence.
+
+Parameters (and the plain log-likelihood) come from pytorch-crf; the scheme masks (BIO / BIOES / BMES),
+the constrained log-likelihood and a batch-vectorised constrained Viterbi are ours.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torchcrf import CRF as TorchCRF
+
+from nerkit.data.tags import transition_table
+
+# Score given to a forbidden transition in the log-likelihood. Finite on purpose: with -inf, a tag that
+# no valid path can reach would make logsumexp see only -inf and its backward pass would give NaN.
+# exp(-1e30) is exactly 0, so forbidden paths still get no probability mass. It stays far from the
+# float32 limit (3.4e38) even when summed over a long invalid gold path.
+_FORBIDDEN_IN_LIKELIHOOD = -1e30
+
+
+
+
+_REDUCTIONS = ("sum", "mean", "token_mean")
+
+
+ALGORITHMS = ("auto", "loop", "scan")
+
+
+# `auto` takes the scan on a GPU up to this many tags: its (B, T/2, K, K, K) first level grows with K^3.
+SCAN_MAX_TAGS = 32
+
+
+def allowed_transitions(tags: list[str]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(start_ok (K,), trans_ok (K, K) with trans_ok[i, j] = tag i may be followed by tag j, end_ok (K,)),
+    bool tensors of nerkit.data.tags' rules (any E- or S- tag means BIOES/BMES, otherwise BIO)."""
+    start_ok, trans_ok, end_ok = transition_table(tags)
+    return (
+        torch.tensor(start_ok, dtype=torch.bool),
+        torch.tensor(trans_ok, dtype=torch.bool),
+        torch.tensor(end_ok, dtype=torch.bool),
+    )
+
+
+class CRF(nn.Module):
+    """CRF over `tags` (index = tag id). Decoding always respects the tagging scheme; with
+    `constrain_training=True` the log-likelihood also gives probability mass only to valid paths.
+
+    Everything is computed in the parameters' dtype (float32 unless the module is converted), so
+    half-precision emissions from autocast are upcast here.
+    """
+
+    def __init__(self, tags: list[str], constrain_training: bool = False, algorithm: str = "auto"):
+        super().__init__()
+        if algorithm not in ALGORITHMS:
+            raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
+        self.algorithm = algorithm
+        start_ok, trans_ok, end_ok = allowed_transitions(tags)
+        # Decoding is guaranteed valid only if a valid path of every length exists; a tag that can
+        # start, end and repeat (O, B-X in BIO; O, S-X in BIOES) gives one, and for these schemes
+        # a length-1 sentence needs exactly such a tag.
+        if not (start_ok & end_ok & trans_ok.diagonal()).any():
+            raise ValueError(
+                f"tag set {tags!r} has no tag that can tag a one-token sentence (add O or S- tags)"
+            )
+        self.tags = list(tags)
+        self.num_tags = len(tags)
+        self.constrain_training = constrain_training
+        self.torch_crf = TorchCRF(self.num_tags, batch_first=True)
+        # Buffers follow .to(device); not persistent because they are derived from `tags`.
+        self.register_buffer("start_ok", start_ok, persistent=False)  # (K,)
+        self.register_buffer("trans_ok", trans_ok, persistent=False)  # (K, K)
+        self.register_buffer("end_ok", end_ok, persistent=False)  # (K,)
+
+    def extra_repr(self) -> str:
+        return f"num_tags={self.num_tags}, constrain_training={self.constrain_training}, algorithm={self.algorithm}"
+
+    def _use_scan(self, emissions: torch.Tensor) -> bool:
+        """The forward algorithm as a log-depth tree of (K, K) products (`scan`) or as T sequential
+        steps (`loop`). Both give the same value; the scan issues O(log T) kernels instead of O(T),
+        which is what a GPU needs (there the loop's launches dominate a training step), while it does
+        K times more arithmetic, which a CPU notices. `auto`: the scan on a GPU with at most
+        SCAN_MAX_TAGS tags, else the loop."""
+        if self.algorithm != "auto":
+            return self.algorithm == "scan"
+        return emissions.is_cuda and self.num_tags <= SCAN_MAX_TAGS
+
+    def _masked_scores(self, forbidden: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Start (K,), transition (K, K) and end (K,) scores with forbidden entries set to `forbidden`."""
+        crf = self.torch_crf
+        return (
+            crf.start_transitions.masked_fill(~self.start_ok, forbidden),
+            crf.transitions.masked_fill(~self.trans_ok, forbidden),
+            crf.end_transitions.masked_fill(~self.end_ok, forbidden),
+        )
+
+    def _check_shapes(
+        self, emissions: torch.Tensor, mask: torch.Tensor, tag_ids: torch.Tensor | None = None
+    ) -> None:
+        if emissions.dim() != 3 or emissions.size(2) != self.num_tags:
+            raise ValueError(f"emissions must be (B, T, {self.num_tags}), got {tuple(emissions.shape)}")
+        if mask.shape != emissions.shape[:2]:
+            raise ValueError(f"mask must be {tuple(emissions.shape[:2])}, got {tuple(mask.shape)}")
+        if tag_ids is not None and tag_ids.shape != emissions.shape[:2]:
+            raise ValueError(f"tag_ids must be {tuple(emissions.shape[:2])}, got {tuple(tag_ids.shape)}")
+
+    def neg_log_likelihood(
+        self, emissions: torch.Tensor, tag_ids: torch.Tensor, mask: torch.Tensor, reduction: str = "sum"
+    ) -> torch.Tensor:
+        """emissions (B, T, K) float, tag_ids (B, T) long, mask (B, T) bool (True = real token, left-aligned,
+        every row has at least one True). reduction: 'sum' | 'mean' (per sequence) | 'token_mean'."""
+        if reduction not in _REDUCTIONS:
+            raise ValueError(f"reduction must be one of {_REDUCTIONS}, got {reduction!r}")
+        self._check_shapes(emissions, mask, tag_ids)
+        mask = mask.bool()
+        emissions = emissions.to(self.torch_crf.transitions.dtype)
+        # Padding labels may be an ignore index such as -100; they are never scored but are still
+        # used as indices, so make them harmless.
+        tag_ids = tag_ids.masked_fill(~mask, 0)
+        scan = self._use_scan(emissions)
+        if not self.constrain_training and not scan:
+            return -self.torch_crf(emissions, tag_ids, mask=mask, reduction=reduction)
+
+        if self.constrain_training:
+            start, trans, end = self._masked_scores(_FORBIDDEN_IN_LIKELIHOOD)
+        else:
+            crf = self.torch_crf
+            start, trans, end = crf.start_transitions, crf.transitions, crf.end_transitions
+        partition = self._log_partition_scan if scan else self._log_partition
+        log_likelihood = self._gold_score(emissions, tag_ids, mask, start, trans, end) - partition(
+            emissions, mask, start, trans, end
+        )  # (B,)
+        if reduction == "sum":
+            return -log_likelihood.sum()
+        if reduction == "mean":
+            return -log_likelihood.mean()
+        return -log_likelihood.sum() / mask.sum()
+
+    @staticmethod
+    def _gold_score(emissions, tag_ids, mask, start, trans, end) -> torch.Tensor:
+        """Score of the given tag path per sequence, (B,)."""
+        emitted = emissions.gather(2, tag_ids.unsqueeze(2)).squeeze(2)  # (B, T)
+        moved = trans[tag_ids[:, :-1], tag_ids[:, 1:]]  # (B, T-1)
+        last_index = mask.sum(1, keepdim=True) - 1  # (B, 1)
+        last_tag = tag_ids.gather(1, last_index).squeeze(1)  # (B,)
+        return (
+            start[tag_ids[:, 0]]
+            + torch.where(mask, emitted, 0.0).sum(1)
+            + torch.where(mask[:, 1:], moved, 0.0).sum(1)
+            + end[last_tag]
+        )
+
+    @staticmethod
+    def _log_partition(emissions, mask, start, trans, end) -> torch.Tensor:
+        """log of the summed exp-score of all paths per sequence (forward algorithm), (B,)."""
+        alpha = start + emissions[:, 0]  # (B, K): log-sum over paths ending in each tag
+        for t in range(1, emissions.size(1)):
+            # (B, K, 1) + (K, K) -> reduce over the previous tag -> (B, K)
+            stepped = torch.logsumexp(alpha.unsqueeze(2) + trans, dim=1) + emissions[:, t]
+            alpha = torch.where(mask[:, t].unsqueeze(1), stepped, alpha)  # padding keeps the old value
+        return torch.logsumexp(alpha + end, dim=1)
+
+    @staticmethod
+    def _log_partition_scan(emissions, mask, start, trans, end) -> torch.Tensor:
+        """The same value as `_log_partition`, as a tree of products in the (logsumexp, +) semiring.
+
+        Step t (t >= 1) is the matrix M_t[i, j] = trans[i, j] + emissions[t, j] (the identity at
+        padding); log Z = logsumexp over paths of (start + emissions[0]) . M_1 . ... . M_{T-1} . end.
+        Adjacent matrices are multiplied pairwise until one is left: log2(T) rounds of batched
+        (B, n, K, K, K) work instead of T dependent steps.
+        """
+        batch_size, seq_len, num_tags = emissions.shape
+        alpha = start + emissions[:, 0]  # (B, K)
+        if seq_len > 1:
+            # exp(_FORBIDDEN_IN_LIKELIHOOD) is exactly 0, so this is the semiring's identity, and finite
+            eye = torch.full((num_tags, num_tags), _FORBIDDEN_IN_LIKELIHOOD, dtype=emissions.dtype,
+                             device=emissions.device).fill_diagonal_(0.0)
+            steps = trans + emissions[:, 1:].unsqueeze(2)  # (B, T-1, K_prev, K_next)
+            steps = torch.where(mask[:, 1:, None, None], steps, eye)
+            while steps.size(1) > 1:
+                if steps.size(1) % 2:
+                    steps = torch.cat([steps, eye.expand(batch_size, 1, num_tags, num_tags)], dim=1)
+                left, right = steps[:, 0::2], steps[:, 1::2]  # (B, n, K, K) each
+                # (i, k, 1) + (1, k, j) -> reduce over the middle tag k -> (i, j)
+                steps = torch.logsumexp(left.unsqueeze(4) + right.unsqueeze(2), dim=3)
+            alpha = torch.logsumexp(alpha.unsqueeze(2) + steps[:, 0], dim=1)  # (B, K)
+        return torch.logsumexp(alpha + end, dim=1)
+
+    @torch.no_grad()
+    def decode(self, emissions: torch.Tensor, mask: torch.Tensor) -> list[list[int]]:
+        """Best tag-id path per sequence (length = mask row sum), never violating the scheme."""
+        self._check_shapes(emissions, mask)
+        mask = mask.bool()
+        emissions = emissions.to(self.torch_crf.transitions.dtype)
+        # -inf is exact here (no gradients): a forbidden step loses against any finite score, however
+        # large the emissions; the constructor guarantees a finite (valid) path always exists.
+        start, trans, end = self._masked_scores(float("-inf"))
+        batch_size, seq_len, num_tags = emissions.shape
+
+        score = start + emissions[:, 0]  # (B, K): best path score ending in each tag
+        # At padding steps the back-pointer is the identity, so backtracking carries the last real
+        # tag through the padding and every row can be traced back in lockstep.
+        identity = torch.arange(num_tags, device=emissions.device).expand(batch_size, num_tags)  # (B, K)
+        back_pointers = []
+        for t in range(1, seq_len):
+            # (B, K, 1) + (K, K) -> best previous tag for each next tag -> (B, K)
+            best_prev_score, best_prev = (score.unsqueeze(2) + trans).max(dim=1)
+            real = mask[:, t].unsqueeze(1)  # (B, 1)
+            score = torch.where(real, best_prev_score + emissions[:, t], score)
+            back_pointers.append(torch.where(real, best_prev, identity))
+
+        best_tag = (score + end).argmax(dim=1)  # (B,)
+        path = [best_tag]
+        for pointers in reversed(back_pointers):
+            best_tag = pointers.gather(1, best_tag.unsqueeze(1)).squeeze(1)  # (B,)
+            path.append(best_tag)
+        path.reverse()
+
+        lengths = mask.sum(1)  # (B,)
+        # One host transfer for paths and lengths together: (B, 1 + T).
+        rows = torch.cat([lengths.unsqueeze(1), torch.stack(path, dim=1)], dim=1).tolist()
+        return [row[1 : 1 + row[0]] for row in rows]

@@ -1,0 +1,120 @@
+"""The tagger: embedder (char + bichar [+ language-model features]) -> encoder -> linear -> CRF.
+
+It exposes `loss(batch)` and `decode(batch)` and does no I/O; the pipeline builds it from a config
+and the featuriser's table sizes, and owns saving and loading.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from nerkit.features.batch import Batch
+from nerkit.model.crf import CRF
+from nerkit.model.encoders import ENCODERS, LatticeWords
+
+UNK_ID = 1  # features.Vocab: 0 is padding, 1 the unknown token
+
+
+def embedding(num: int, dim: int, init: str) -> nn.Embedding:
+    """A table whose row 0 (padding) is zero; `init` as `embeddings.init` (normal | scaled)."""
+    table = nn.Embedding(num, dim, padding_idx=0)
+    if init == "scaled":
+        bound = (3.0 / dim) ** 0.5
+        with torch.no_grad():
+            table.weight.uniform_(-bound, bound)
+            table.weight[0].zero_()
+    return table
+
+
+def token_dropout(ids: torch.Tensor, p: float) -> torch.Tensor:
+    """Training tokens replaced by <unk> with probability p (padding stays), so that the <unk> row
+    learns what an unseen token should look like (the official code's `word_dropout`)."""
+    drop = (torch.rand(ids.shape, device=ids.device) < p) & (ids > 0)
+    return ids.masked_fill(drop, UNK_ID)
+
+
+class Embedder(nn.Module):
+    """Concatenated character and bigram embeddings and, with a language model, its features for
+    each character; dropout on the whole. `lm`: a `nerkit.pretrained.base.CharFeatures` (LM or LAC), or None."""
+
+    def __init__(self, num_chars: int, num_bichars: int, char_dim: int, bichar_dim: int, dropout: float,
+                 init: str = "normal", token_dropout: float = 0.0, lm: nn.Module | None = None):
+        super().__init__()
+        self.chars = embedding(num_chars, char_dim, init) if char_dim > 0 else None  # 0: the LM's features alone
+        self.bichars = embedding(num_bichars, bichar_dim, init) if bichar_dim > 0 else None
+        self.lm = lm
+        self.dropout = nn.Dropout(dropout)
+        self.token_dropout = token_dropout
+        self.output_dim = char_dim + bichar_dim + (lm.output_dim if lm is not None else 0)
+
+    def forward(self, batch: Batch) -> torch.Tensor:
+        char_ids, bichar_ids = batch.char_ids, batch.bichar_ids
+        if self.training and self.token_dropout:
+            char_ids, bichar_ids = token_dropout(char_ids, self.token_dropout), token_dropout(bichar_ids, self.token_dropout)
+        parts = []
+        if self.chars is not None:
+            parts.append(self.chars(char_ids))  # (B, T, Dc)
+        if self.bichars is not None:
+            parts.append(self.bichars(bichar_ids))  # (B, T, Db)
+        if self.lm is not None:
+            if batch.lm_states is not None:  # a frozen LM's cached states
+                parts.append(self.lm.combine(batch.lm_states))  # (B, T, D_lm)
+            else:
+                parts.append(self.lm(batch.lm_ids, batch.mask))  # (B, T, D_lm)
+        return self.dropout(torch.cat(parts, dim=-1))  # (B, T, output_dim)
+
+
+class Tagger(nn.Module):
+    def __init__(self, config, num_chars: int, num_bichars: int, tags: list[str], num_words: int = 0,
+                 lm: nn.Module | None = None):
+        super().__init__()
+        emb = config.embeddings
+        self.embedder = Embedder(num_chars, num_bichars, emb.width("char"), emb.width("bichar"), emb.dropout,
+                                 emb.init, emb.token_dropout, lm)
+        encoder_cls = ENCODERS[config.encoder.name]
+        self.uses_lattice = encoder_cls.uses_lattice
+        self.words = embedding(num_words, emb.width("word"), emb.init) if self.uses_lattice else None
+        self.word_dropout = nn.Dropout(emb.dropout)
+        self.encoder = encoder_cls(self.embedder.output_dim, config.encoder.options, emb.width("word"))
+        self.output_dropout = nn.Dropout(config.crf.dropout)
+        self.emission = nn.Linear(self.encoder.output_dim, len(tags))
+        self.crf = CRF(tags, constrain_training=config.crf.constrain_training, algorithm=config.crf.algorithm)
+
+    @property
+    def lm(self) -> nn.Module | None:
+        """The language model's feature module (nerkit.pretrained), or None."""
+        return self.embedder.lm
+
+    def lm_parameters(self) -> list[nn.Parameter]:
+        """The language model's own weights (not the layers above it), for its own learning rate."""
+        return list(self.embedder.lm.lm.parameters()) if self.embedder.lm is not None else []
+
+    @torch.no_grad()
+    def load_rows(self, kind: str, ids: list[int], rows: torch.Tensor, freeze: bool) -> None:
+        """Pretrained vectors into the `kind` table (char, bichar, word): row ids[i] becomes rows[i]
+        (len(ids), width); a frozen table is left out of training."""
+        table = {"char": self.embedder.chars, "bichar": self.embedder.bichars, "word": self.words}[kind]
+        if ids:
+            table.weight[list(ids)] = rows.to(table.weight)
+        table.weight.requires_grad_(not freeze)
+
+    def emissions(self, batch: Batch) -> torch.Tensor:
+        x = self.embedder(batch)  # (B, T, D)
+        lattice = None
+        if self.uses_lattice:
+            word_ids = batch.word_ids
+            if self.training and self.embedder.token_dropout:
+                word_ids = token_dropout(word_ids, self.embedder.token_dropout)
+            lattice = LatticeWords(self.word_dropout(self.words(word_ids)), batch.word_heads,
+                                   batch.word_tails, batch.word_mask)
+        h = self.encoder(x, batch.mask, lattice)  # (B, T, H)
+        return self.emission(self.output_dropout(h))  # (B, T, K)
+
+    def loss(self, batch: Batch) -> torch.Tensor:
+        """Mean negative log-likelihood per sentence."""
+        return self.crf.neg_log_likelihood(self.emissions(batch), batch.tag_ids, batch.mask, reduction="mean")
+
+    @torch.no_grad()
+    def decode(self, batch: Batch) -> list[list[int]]:
+        return self.crf.decode(self.emissions(batch), batch.mask)

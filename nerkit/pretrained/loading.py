@@ -1,0 +1,124 @@
+"""The one table of language-model kinds: `load_lm` reads a local directory (a Hugging Face encoder,
+or an exported LAC-small, told apart by config.json's model_type), and a model directory's `lm/` is
+saved and loaded by the same table."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from safetensors.torch import save as safetensors_bytes
+
+from nerkit.errors import UserError
+from nerkit.files import (
+    atomic_directory,
+    atomic_write_bytes,
+    atomic_write_text,
+)
+from nerkit.pretrained.base import (
+    LM_DIR,
+    MIX_FILE,
+    OPTIONS_FILE,
+    CharFeatures,
+    _read_optional_json,
+)
+from nerkit.pretrained.bert import (
+    FETCH_FIX,
+    LMEmbedder,
+    LMVocab,
+    _build_lm,
+    _read_config,
+    _read_weights,
+)
+from nerkit.weights import load_checked, read_safetensors
+
+# ------------------------------------------------------------------------------------ loading
+
+def load_lm(path: str | Path, layers: str = "last", finetune: bool = False, bf16: bool = False) -> CharFeatures:
+    """An `LMEmbedder` from a local Hugging Face directory: config.json, vocab.txt and weights as
+    model.safetensors or pytorch_model.bin (read with weights_only). Never touches a hub. A LAC
+    directory (`nerkit vectors export-lac`) gives nerkit.pretrained.lac's `LACEmbedder`."""
+    directory = Path(path)
+    if not directory.is_dir():
+        raise UserError("language-model directory not found", where=str(directory), fix=FETCH_FIX)
+    if _is_lac(directory):
+        from nerkit.pretrained.lac_files import load_lac
+
+        return load_lac(directory, layers=layers, finetune=finetune, bf16=bf16)
+    config = _read_config(directory)
+    vocab = LMVocab.read(directory)
+    if len(vocab) > config.vocab_size:
+        raise UserError(f"vocab.txt has {len(vocab)} tokens but config.json's vocab_size is {config.vocab_size}",
+                        where=str(directory / "vocab.txt"), fix="use the vocab.txt and config.json of the same model")
+    state, weights = _read_weights(directory)
+    return LMEmbedder(_build_lm(config, state, weights), vocab, layers=layers, finetune=finetune, bf16=bf16)
+
+
+def _is_lac(directory: Path) -> bool:
+    from nerkit.pretrained.lac_files import is_lac_directory
+
+    return is_lac_directory(directory)
+
+
+# ------------------------------------------------------------------------------------ save / load
+
+def save_lm(embedder: CharFeatures, model_dir: str | Path, weights: bool = True) -> Path:
+    """Write the LM into MODEL_DIR/lm/ as a plain Hugging Face directory (config.json, vocab.txt,
+    tokenizer_config.json and, with `weights`, model.safetensors with the current, possibly
+    fine-tuned, weights) plus the embedder's options and scalar mix, so that `load_saved_lm`
+    rebuilds it with nothing else. A nerkit model directory saves it without weights: they are in
+    the tagger's own model.safetensors, which then fills the rebuilt LM. A LAC embedder writes
+    its own kind of directory (`nerkit.pretrained.lac_files.save_lac`)."""
+    if not isinstance(embedder, LMEmbedder):
+        from nerkit.pretrained.lac_files import save_lac
+
+        return save_lac(embedder, model_dir, weights)
+    target = Path(model_dir) / LM_DIR
+    vocab = embedder.vocab
+    tokenizer = {"tokenizer_class": "BertTokenizer", "do_lower_case": vocab.lowercase,
+                 "strip_accents": vocab.strip_accents, "tokenize_chinese_chars": True,
+                 "model_max_length": embedder.lm.config.max_position_embeddings}
+    options = {"layers": embedder.layers, "finetune": embedder.finetune, "bf16": embedder.bf16}
+    with atomic_directory(target) as tmp:
+        atomic_write_text(tmp / "config.json", embedder.lm.config.to_json_string())
+        atomic_write_text(tmp / "vocab.txt", "".join(t + "\n" for t in vocab.tokens))
+        atomic_write_text(tmp / "tokenizer_config.json", json.dumps(tokenizer, indent=2) + "\n")
+        atomic_write_text(tmp / OPTIONS_FILE, json.dumps(options, indent=2) + "\n")
+        if weights:
+            state = {k: v.detach().cpu().contiguous() for k, v in embedder.lm.state_dict().items()}
+            atomic_write_bytes(tmp / "model.safetensors", safetensors_bytes(state, metadata={"format": "pt"}))
+            if embedder.scalar_mix is not None:
+                mix = {k: v.detach().cpu().contiguous() for k, v in embedder.scalar_mix.state_dict().items()}
+                atomic_write_bytes(tmp / MIX_FILE, safetensors_bytes(mix))
+    return target
+
+
+def load_saved_lm(model_dir: str | Path) -> CharFeatures:
+    """The embedder that `save_lm` wrote into MODEL_DIR/lm/; saved without weights, its weights are
+    left as built (the caller loads them, as a nerkit model directory does from model.safetensors)."""
+    directory = Path(model_dir) / LM_DIR
+    options_path = directory / OPTIONS_FILE
+    if not options_path.is_file():
+        raise UserError(f"{OPTIONS_FILE} not found", where=str(directory),
+                        fix="the model directory's language model is incomplete; save it again")
+    options = _read_optional_json(options_path)
+    try:
+        layers, finetune, bf16 = options["layers"], bool(options["finetune"]), bool(options.get("bf16", False))
+    except KeyError as e:
+        raise UserError(f"{OPTIONS_FILE} lacks {e}", where=str(options_path), fix="save the model again") from None
+    weights = (directory / "model.safetensors").is_file()
+    if _is_lac(directory):
+        from nerkit.pretrained.lac_files import load_lac
+
+        embedder = load_lac(directory, layers=layers, finetune=finetune, bf16=bf16, weights=weights)
+    elif weights:
+        embedder = load_lm(directory, layers=layers, finetune=finetune, bf16=bf16)
+    else:
+        config = _read_config(directory)
+        embedder = LMEmbedder(_build_lm(config), LMVocab.read(directory), layers=layers, finetune=finetune, bf16=bf16)
+    if not weights:
+        return embedder
+    if embedder.scalar_mix is not None:
+        load_checked(embedder.scalar_mix, read_safetensors(directory / MIX_FILE, fix="save the model again"),
+                     f"{MIX_FILE} does not fit the language model's layers", where=str(directory / MIX_FILE), fix="save the model again")
+    return embedder

@@ -1,0 +1,174 @@
+"""The benchmark matrix file (`configs/bench/*.yaml`) and its published anchors: read and checked as
+strictly as a config, expanded into runs (entry x seed), and selected with `--only`."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+from nerkit.config import DEVICES, read_yaml
+from nerkit.errors import UserError, did_you_mean
+
+MATRIX_KEYS = ("runs", "quick", "anchors", "predict_batch_size")
+
+
+RUN_KEYS = ("name", "config", "dataset", "overrides", "seeds", "quick")
+
+
+REQUIRED_RUN_KEYS = ("name", "config", "dataset")
+
+
+DATASET_KEYS = ("name", "note", "anchors")
+
+
+ANCHOR_KEYS = ("encoder", "test_f1", "model", "paper", "setting", "note")
+
+
+NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")  # a run name is a directory and a file name
+
+
+@dataclass
+class MatrixRun:
+    name: str  # e.g. msra_bilstm_s1: names the model directory and the log
+    group: str  # the matrix entry; its seeds form one row of the table
+    dataset: str
+    config: str
+    overrides: list[str]  # everything applied to the config, in order: entry, quick, seed, device
+    seed: int | None
+
+
+@dataclass
+class Matrix:
+    path: Path
+    runs: list[MatrixRun]
+    anchors: dict  # dataset -> {"name", "note", "anchors": [...]}, see configs/bench/anchors.yaml
+    predict_batch_size: int
+
+
+def _check_keys(values, allowed, where: str, source: Path) -> None:
+    if not isinstance(values, dict):
+        raise UserError(f"{where} must be a mapping", where=str(source))
+    for key in values:
+        if key not in allowed:
+            raise UserError(f"unknown key {key!r} in {where}", where=str(source),
+                            fix=did_you_mean(key, allowed) or f"valid keys: {', '.join(allowed)}")
+
+
+def _overrides(values, where: str, source: Path) -> list[str]:
+    from nerkit.config import Config, parse_override
+
+    if values is None:
+        return []
+    if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
+        raise UserError(f"{where} must be a list of section.key=value strings", where=str(source))
+    sections = {f.name for f in fields(Config)}
+    for text in values:
+        try:
+            path, _ = parse_override(text)
+        except UserError as e:
+            raise UserError(f"{where}: {e}", where=str(source)) from None
+        if path[0] not in sections:
+            raise UserError(f"{where}: unknown section {path[0]!r} in {text!r}", where=str(source),
+                            fix=f"sections: {', '.join(sorted(sections))}")
+    return list(values)
+
+
+def load_anchors(path: str | Path) -> dict:
+    """Published figures by dataset (configs/bench/anchors.yaml), checked as strictly as a matrix."""
+    path = Path(path)
+    raw = read_yaml(path, "anchors file") or {}
+    if not isinstance(raw, dict):
+        raise UserError("the anchors file must map dataset names to their figures", where=str(path))
+    anchors = {}
+    for dataset, entry in raw.items():
+        _check_keys(entry, DATASET_KEYS, f"dataset {dataset!r}", path)
+        items = entry.get("anchors") or []
+        if not isinstance(items, list):
+            raise UserError(f"{dataset}.anchors must be a list", where=str(path))
+        for i, anchor in enumerate(items):
+            _check_keys(anchor, ANCHOR_KEYS, f"{dataset}.anchors[{i}]", path)
+            if not isinstance(anchor.get("test_f1"), (int, float)) or not anchor.get("model"):
+                raise UserError(f"{dataset}.anchors[{i}] needs model and a numeric test_f1", where=str(path))
+        anchors[str(dataset)] = {**entry, "anchors": items}
+    return anchors
+
+
+def parse_seeds(text: str | None) -> list[int] | None:
+    """`--seeds 1,2,3` -> [1, 2, 3]; None stays None (the matrix's own seeds)."""
+    if text is None:
+        return None
+    try:
+        return [int(s) for s in text.split(",") if s.strip()]
+    except ValueError:
+        raise UserError(f"--seeds {text!r} is not a comma-separated list of integers", fix="e.g. --seeds 1,2,3") from None
+
+
+def load_matrix(path: str | Path, quick: bool = False, device: str | None = None, sets: list[str] = (),
+                seeds: list[int] | None = None) -> Matrix:
+    """Read and check a matrix file, and expand it into runs (one per seed) with their overrides.
+    `sets` (from `--set`) are applied to every run after its own overrides; `seeds` (from `--seeds`)
+    replaces every entry's seeds."""
+    path = Path(path)
+    raw = read_yaml(path, "matrix file")
+    _check_keys(raw, MATRIX_KEYS, "the matrix", path)
+    if device is not None and device not in DEVICES:
+        raise UserError(f"unknown --device {device!r}", fix=f"use one of {', '.join(DEVICES)}")
+    sets = _overrides(list(sets), "--set", Path("the command line"))
+    entries = raw.get("runs")
+    if not isinstance(entries, list) or not entries:
+        raise UserError("the matrix needs `runs:`, a non-empty list", where=str(path))
+    batch_size = raw.get("predict_batch_size", 64)
+    if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
+        raise UserError("predict_batch_size must be a positive integer", where=str(path))
+    if raw.get("anchors") is not None and not isinstance(raw["anchors"], str):
+        raise UserError("anchors must be the path of an anchors file", where=str(path))
+    shared_quick = _overrides(raw.get("quick"), "quick", path)
+    if quick and "quick" not in raw and not any(isinstance(e, dict) and "quick" in e for e in entries):
+        raise UserError("--quick, but the matrix has no quick: overrides", where=str(path),
+                        fix="add a top-level quick: list (see configs/bench/quick.yaml)")
+    runs: list[MatrixRun] = []
+    for i, entry in enumerate(entries):
+        where = f"runs[{i}]"
+        _check_keys(entry, RUN_KEYS, where, path)
+        for key in REQUIRED_RUN_KEYS:
+            if not isinstance(entry.get(key), str) or not entry[key]:
+                raise UserError(f"{where} needs {key}: (a string)", where=str(path))
+        group = entry["name"]
+        if not NAME.match(group):
+            raise UserError(f"{where}: name {group!r} may hold only letters, digits, '_', '.' and '-'",
+                            where=str(path))
+        overrides = _overrides(entry.get("overrides"), f"{where}.overrides", path)
+        own_quick = _overrides(entry.get("quick"), f"{where}.quick", path)
+        if quick:
+            overrides += shared_quick + own_quick
+        run_seeds = list(seeds) if seeds else entry.get("seeds")
+        if run_seeds is not None and (
+                not isinstance(run_seeds, list) or not run_seeds or len(set(run_seeds)) != len(run_seeds)
+                or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in run_seeds)):
+            raise UserError(f"{where}.seeds must be a non-empty list of distinct non-negative integers",
+                            where=str(path))
+        for seed in run_seeds or [None]:
+            name = group if seed is None else f"{group}_s{seed}"
+            extra = [] if seed is None else [f"train.seed={seed}"]
+            extra += [] if device is None else [f"train.device={device}"]
+            runs.append(MatrixRun(name, group, entry["dataset"], entry["config"], overrides + sets + extra, seed))
+    names = [r.name for r in runs]
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise UserError(f"run names repeat: {', '.join(duplicates)}", where=str(path),
+                        fix="give every entry its own name")
+    anchors = load_anchors(raw["anchors"]) if raw.get("anchors") else {}
+    return Matrix(path, runs, anchors, batch_size)
+
+
+def select_runs(runs: list[MatrixRun], only: list[str]) -> list[MatrixRun]:
+    """The runs whose name (or entry name) equals or starts with one of `only` (comma lists allowed)."""
+    wanted = [w for item in only for w in item.split(",") if w]
+    if not wanted:
+        return runs
+    for w in wanted:
+        if not any(r.name.startswith(w) or r.group.startswith(w) for r in runs):
+            raise UserError(f"--only {w}: no run of the matrix is named so or starts so",
+                            fix=f"runs: {', '.join(r.name for r in runs)}")
+    return [r for r in runs if any(r.name.startswith(w) or r.group.startswith(w) for w in wanted)]

@@ -1,0 +1,257 @@
+"""Running a matrix (`nerkit bench`): each run trains in its own worker process (`worker.py`), so
+that a crash or an out-of-memory kill ends only that run; records go to DIR/results.jsonl as each
+run ends, with the machine and commit they ran on. This parent reads YAML and starts processes; it
+never imports torch."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import platform
+import socket
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime, timezone
+from pathlib import Path
+
+from nerkit.config import load_config, same_run
+from nerkit.errors import UserError, killed_by
+from nerkit.files import CHECKPOINT, atomic_write_text, read_json_lines
+from nerkit.tools.bench.matrix import MatrixRun, load_matrix, select_runs
+from nerkit.tools.bench.report import render_markdown, short_error
+from nerkit.version import __version__
+
+RESULTS = "results.jsonl"
+
+
+TABLE = "RESULTS.md"
+
+
+WORKER_RESULT = "bench.json"  # written by the worker into its model directory
+
+
+ERROR_LINES = 20  # of a failed run's log, kept in its record
+
+
+log = logging.getLogger(__name__)
+
+
+def read_results(out: Path) -> dict[str, dict]:
+    """Records of DIR/results.jsonl by run name (a later line of a name replaces an earlier one)."""
+    path = out / RESULTS
+    records: dict[str, dict] = {}
+    if not path.is_file():
+        return records
+    for n, record in read_json_lines(path, "a results line"):
+        if not isinstance(record.get("name"), str):
+            raise UserError("not a results line", where=f"{path}:{n}")
+        records[record["name"]] = record
+    return records
+
+
+def write_results(out: Path, records: dict[str, dict]) -> None:
+    atomic_write_text(out / RESULTS, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records.values()))
+
+
+def git_commit() -> tuple[str, bool | None]:
+    """HEAD of the repository nerkit runs from, and whether tracked files differ from it."""
+    here = Path(__file__).resolve().parent
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=10)
+        if head.returncode != 0:
+            return "unknown", None
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here,
+                               capture_output=True, text=True, timeout=10)
+        return head.stdout.strip(), bool(dirty.stdout.strip()) if dirty.returncode == 0 else None
+    except (OSError, subprocess.SubprocessError):
+        return "unknown", None
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def host_info() -> dict:
+    commit, dirty = git_commit()
+    if os.environ.get("NERKIT_GIT_COMMIT"):  # a copied tree, whose .git (if any) may not match it
+        commit, dirty = os.environ["NERKIT_GIT_COMMIT"], None
+    return {"git_commit": commit, "git_dirty": dirty, "nerkit_version": __version__, "hostname": socket.gethostname(),
+            "cpu": cpu_model(), "cpu_count": os.cpu_count(), "python": platform.python_version()}
+
+
+def failure_message(returncode: int, log_text: str) -> str:
+    """`killed by SIGKILL (...)` or `exit code N`, then the last lines of the run's log."""
+    if returncode < 0:
+        head = killed_by(returncode)
+    elif returncode == 0:
+        head = "the worker exited without writing its result"
+    else:
+        head = f"exit code {returncode}"
+    lines = [line for line in log_text.splitlines() if line.strip()][-ERROR_LINES:]
+    return "\n".join([head] + lines)
+
+
+def worker_env(jobs: int) -> dict:
+    """The environment of a worker. With several runs at once, each run's torch gets its share of the
+    cores by default (OMP_NUM_THREADS, which `train.threads: 0` follows) instead of all of them."""
+    env = dict(os.environ)
+    if jobs > 1 and "OMP_NUM_THREADS" not in env:
+        env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // jobs))
+    return env
+
+
+def continuable(run: MatrixRun, run_dir: Path) -> bool:
+    """Whether `run` can go on from the checkpoint in its model directory: there is one, and the
+    config the matrix gives the run now differs from the one saved there only in what
+    `nerkit train --resume` may change (train limits, threads, device)."""
+    if not (run_dir / CHECKPOINT / "state.json").is_file():
+        return False
+    try:
+        return same_run(load_config(run_dir / "config.yaml"), load_config(run.config, run.overrides))
+    except UserError:  # a missing or broken config on either side: nothing to continue safely
+        return False
+
+
+def execute(run: MatrixRun, out: Path, predict_batch_size: int, base: dict, previous: dict | None = None) -> dict:
+    """Train and measure one run in a worker process; a failure becomes a `failed` record.
+    `previous`: go on from the run's checkpoint instead of starting over; the record it continues
+    (or {}), whose wall time is added to this session's and whose memory peaks count."""
+    run_dir, log_path = out / "runs" / run.name, out / "logs" / f"{run.name}.log"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    record = {"name": run.name, "run": run.group, "dataset": run.dataset, "seed": run.seed, "config": run.config,
+              "overrides": run.overrides, **base, "date": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+    if not Path(run.config).is_file():
+        error = f"config file not found: {run.config}"
+        log_path.write_text(error + "\n", encoding="utf-8")
+        return {**record, "status": "failed", "error": error}
+    result_path = run_dir / WORKER_RESULT
+    result_path.unlink(missing_ok=True)  # a stale result must not pass for this run's
+    resume = previous is not None
+    spec = {"config": run.config, "overrides": run.overrides, "out": str(run_dir),
+            "predict_batch_size": predict_batch_size, "resume": resume}
+    commits = record_session(log_path.with_suffix(".sessions.jsonl"), record, previous)
+    started = time.perf_counter()
+    with open(log_path, "a" if resume else "w", encoding="utf-8") as log_file:
+        if resume:
+            log_file.write(f"\n--- nerkit bench --resume {record['date']}: continuing from {run_dir / CHECKPOINT} ---\n")
+            log_file.flush()
+        proc = subprocess.run([sys.executable, "-m", "nerkit.tools.bench.worker", json.dumps(spec)],
+                              stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
+                              env=worker_env(base.get("jobs") or 1))
+    record["wall_s"] = time.perf_counter() - started
+    if resume:
+        record["wall_s"] += previous.get("wall_s", 0.0)
+        record["continued"] = previous.get("continued", 0) + 1
+        record["session_commits"] = commits
+    if proc.returncode == 0 and result_path.is_file():
+        result = json.loads(result_path.read_text(encoding="utf-8"))
+        for key in ("peak_rss_mib", "peak_cuda_mib"):  # the peaks of every session of the run
+            peaks = [v for v in (result.get(key), (previous or {}).get(key)) if v is not None]
+            result[key] = max(peaks) if peaks else None
+        return {**record, "status": "ok", **result}
+    error = failure_message(proc.returncode, log_path.read_text(encoding="utf-8", errors="replace"))
+    failed = {**record, "status": "failed", "exit_code": proc.returncode, "error": error}
+    if resume:  # a failed continuation keeps the figures of the run's last good record
+        last_ok = previous if previous.get("status") == "ok" else previous.get("last_ok")
+        if last_ok:
+            failed["last_ok"] = last_ok
+    return failed
+
+
+def record_session(path: Path, record: dict, previous: dict | None) -> list[str]:
+    """Add this `nerkit bench` session to the run's sessions file before it trains, so that a session
+    killed outright (which leaves no record) is still named; returns the commit of each session of
+    the run, oldest first. A fresh run starts the file; a run begun before the file existed starts it
+    from its last record's list (where a session that left no record is "unknown")."""
+    sessions = []
+    if previous is not None:
+        if path.is_file():
+            sessions = [record for _, record in read_json_lines(path, "a session record")]
+        else:
+            sessions = [{"commit": c} for c in previous.get("session_commits")
+                        or [previous.get("git_commit", "unknown")]]
+    sessions.append({"commit": record.get("git_commit", "unknown"), "date": record["date"]})
+    atomic_write_text(path, "".join(json.dumps(entry) + "\n" for entry in sessions))
+    return [entry["commit"] for entry in sessions]
+
+
+def _summary(record: dict) -> str:
+    if record["status"] != "ok":
+        return "FAILED: " + short_error(record["error"])
+    return (f"ok  test F1 {100 * record['test']['f1']:.2f}  dev F1 {100 * record['dev']['f1']:.2f}  "
+            f"{record['wall_s']:.0f} s") if record.get("test") else f"ok  dev F1 {100 * record['dev']['f1']:.2f}"
+
+
+def check_configs(runs: list[MatrixRun]) -> None:
+    """Load every run's config with its overrides applied, as its worker will: a missing file, a
+    misspelt key or a bad value is one error naming the run, before anything starts."""
+    for run in runs:
+        try:
+            load_config(run.config, run.overrides)
+        except UserError as e:
+            raise UserError(f"run {run.name}: {e.message}", where=e.where, fix=e.fix) from None
+
+
+def run_bench(matrix_path: str | Path, out: str | Path | None = None, quick: bool = False, only: list[str] = (),
+              resume: bool = False, device: str | None = None, markdown_only: bool = False, sets: list[str] = (),
+              seeds: list[int] | None = None, jobs: int = 1) -> tuple[str, int]:
+    """Run the matrix (or, with `markdown_only`, only rebuild the table); returns the Markdown table
+    and the number of this matrix's runs that failed. Up to `jobs` runs train at once, each in its
+    own process. Each finished run is written to DIR/results.jsonl at once, replacing an earlier
+    record of the same name."""
+    if jobs < 1:
+        raise UserError(f"--jobs must be at least 1, not {jobs}")
+    matrix = load_matrix(matrix_path, quick, device, sets, seeds)
+    out = Path(out) if out else Path("bench-out") / matrix.path.stem
+    runs = select_runs(matrix.runs, list(only))
+    if not markdown_only:
+        check_configs(runs)  # before anything is created or any worker starts
+    records = read_results(out)
+    if markdown_only:
+        if not records:
+            raise UserError(f"no {RESULTS} to build the table from", where=str(out),
+                            fix="run the matrix first, or pass the --out of an earlier run")
+    else:
+        out.mkdir(parents=True, exist_ok=True)
+        base = {**host_info(), "quick": quick, "jobs": jobs}
+        todo = []
+        for i, run in enumerate(runs, 1):
+            step = f"[{i}/{len(runs)}] {run.name}"
+            done = records.get(run.name) if resume else None
+            if done and done["status"] == "ok" and (done.get("config"), done.get("overrides")) == (run.config, run.overrides):
+                log.info(f"{step}: skipped, recorded as ok in {out / RESULTS}")
+                continue
+            previous = None
+            if resume and continuable(run, out / "runs" / run.name):
+                previous = done or {}
+                log.info(f"{step}: continuing from its checkpoint")
+            elif done and done["status"] == "ok":
+                log.info(f"{step}: its config or overrides changed since it was recorded; running it again")
+            todo.append((step, run, previous))
+        lock = threading.Lock()
+
+        def one(step: str, run: MatrixRun, previous: dict | None) -> None:
+            log.info(f"{step}: running (log: {out / 'logs' / run.name}.log)")
+            record = execute(run, out, matrix.predict_batch_size, base, previous)
+            with lock:
+                records[run.name] = record
+                write_results(out, records)
+            log.info(f"{step}: {_summary(record)}")
+
+        with ThreadPoolExecutor(max_workers=jobs) as pool:
+            for future in [pool.submit(one, *job) for job in todo]:
+                future.result()
+    table = render_markdown(list(records.values()), matrix.anchors, title=f"nerkit benchmark: {matrix.path}")
+    atomic_write_text(out / TABLE, table)
+    failed = sum(1 for r in runs if records.get(r.name, {}).get("status") == "failed")
+    return table, failed

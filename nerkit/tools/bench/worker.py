@@ -1,0 +1,113 @@
+"""The benchmark worker, one process per run (`python -m nerkit.tools.bench.worker SPEC`, started by
+`nerkit bench`): trains through the same `train()` as `nerkit train`, then scores dev and test
+through the one evaluation path and times prediction; the figures go to OUT/bench.json."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+from pathlib import Path
+
+import yaml
+
+from nerkit.config import load_config
+from nerkit.errors import UserError
+from nerkit.files import atomic_write_text
+from nerkit.tools.bench.runner import WORKER_RESULT
+
+
+def config_sha256(config) -> str:
+    """sha256 of the resolved config YAML, output directory left out (it names the run, not the setting)."""
+    from nerkit.config import config_to_dict
+
+    resolved = config_to_dict(config)
+    resolved.pop("output_dir")
+    return hashlib.sha256(yaml.safe_dump(resolved, sort_keys=False, allow_unicode=True).encode("utf-8")).hexdigest()
+
+
+def pretrained_inputs(config) -> dict:
+    """The vector files and language model a run used, each with its sha256 (an LM's: its weights
+    file's), so that a record says exactly what went in."""
+    from nerkit.data.stats import sha256_file
+
+    emb, found = config.embeddings, {}
+    for kind in ("char", "bichar", "word"):
+        path = getattr(emb, f"{kind}_vectors")
+        if path:
+            found[f"{kind}_vectors"] = {"path": path, "sha256": sha256_file(path)}
+    if emb.lm.path:
+        weights = [p for p in (Path(emb.lm.path) / "model.safetensors", Path(emb.lm.path) / "pytorch_model.bin")
+                   if p.is_file()]
+        found["lm"] = {"path": emb.lm.path, "finetune": emb.lm.finetune, "layers": emb.lm.layers, "bf16": emb.lm.bf16,
+                       "sha256": sha256_file(weights[0]) if weights else None}
+    return found
+
+
+def measure(config_path: str, overrides: list[str], out: str, predict_batch_size: int, resume: bool = False) -> dict:
+    """Train one run through `train()` (from its checkpoint in `out` with `resume`), then load the
+    saved model, score dev and test once through the one evaluation path, whose prediction time is
+    the record's speed. Returns the figures of a results.jsonl record."""
+    import resource
+
+    import torch
+
+    from nerkit.data.splits import read_splits
+    from nerkit.inference.pipeline import Pipeline
+    from nerkit.training.loop import train
+
+    config = load_config(config_path, overrides)
+    digest = config_sha256(config)
+    splits = read_splits(config)  # read once: training selects on its dev split, and it is scored below
+    metrics = train(config, out=out, force=not resume, resume=resume, progress_bar=False, splits=splits)
+    pipe = Pipeline.load(out, device=metrics["device"])
+    dev = pipe.evaluation(splits.dev, config.train.eval_batch_size).metrics
+    timed = splits.test if splits.test is not None else splits.dev
+    pipe.predict_tokens([s.tokens for s in timed[:predict_batch_size]], predict_batch_size)  # warm-up
+    timing = pipe.evaluation(timed, predict_batch_size)
+    on_gpu = pipe.device.type == "cuda"
+    emb = config.embeddings
+    return {
+        "encoder": config.encoder.name, "config_sha256": digest, "data_sha256": metrics["data_sha256"],
+        "test": timing.metrics if splits.test is not None else None, "dev": dev, "epochs": metrics["epochs"],
+        "best_epoch": metrics["best_epoch"], "steps": metrics["steps"], "stopped": metrics["stopped"],
+        "partial_epoch": metrics["partial_epoch"], "parameters": metrics["parameters"],
+        "train_chars_per_s": metrics["train_chars_per_s"],
+        "train_chars_per_s_steady": metrics["train_chars_per_s_steady"], "train_s": metrics["elapsed_s"],
+        "predict_chars_per_s": sum(map(len, timed)) / max(timing.seconds, 1e-9),
+        "predict_on": "dev" if splits.test is None else "test", "predict_batch_size": predict_batch_size,
+        "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,  # KiB on Linux
+        "peak_cuda_mib": torch.cuda.max_memory_allocated() / 2**20 if on_gpu else None,
+        "pretrained": bool(emb.char_vectors or emb.bichar_vectors or emb.word_vectors or emb.lm.path),
+        "pretrained_inputs": pretrained_inputs(config),
+        "device": str(pipe.device), "gpu": torch.cuda.get_device_name() if on_gpu else None,
+        "torch_version": torch.__version__, "torch_threads": torch.get_num_threads(),
+    }
+
+
+def worker_main(argv: list[str]) -> int:
+    """`python -m nerkit.tools.bench.worker SPEC`: SPEC is JSON with config, overrides, out, predict_batch_size
+    and resume; the figures go to OUT/bench.json, the log and errors to stderr."""
+    if len(argv) != 1:
+        print("usage: python -m nerkit.tools.bench.worker SPEC_JSON (started by `nerkit bench`)", file=sys.stderr)
+        return 2
+    from nerkit.log import configure_logging
+    from nerkit.training.loop import Interrupted
+
+    configure_logging()
+    spec = json.loads(argv[0])
+    try:
+        result = measure(spec["config"], spec["overrides"], spec["out"], spec["predict_batch_size"],
+                         spec.get("resume", False))
+    except UserError as e:
+        print(f"nerkit: error: {e}", file=sys.stderr)
+        return 2
+    except Interrupted as e:  # SIGINT or SIGTERM: the run's checkpoint is saved; say so without a traceback
+        print(f"nerkit: {e}", file=sys.stderr)
+        return e.exit_code
+    atomic_write_text(Path(spec["out"]) / WORKER_RESULT, json.dumps(result, indent=2, ensure_ascii=False) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(worker_main(sys.argv[1:]))

@@ -1,0 +1,3 @@
+"""Training: the loop in named steps (`loop`), building a pipeline from data (`build`), the optimiser
+and learning-rate schedule (`schedule`), the run directory (`run_dir`), crash-safe checkpoints
+(`checkpoint`) and torchrun training (`distributed`)."""

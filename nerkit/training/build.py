@@ -1,0 +1,76 @@
+"""Building a pipeline from training data: vocabularies counted through the featuriser, the lexicon,
+the language model, pretrained vector rows copied into the embedding tables, and the tagger."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+
+import torch
+
+from nerkit.config import Config
+from nerkit.data.splits import Splits
+from nerkit.data.tags import scheme_tags
+from nerkit.features.featurizer import Featurizer
+from nerkit.inference.pipeline import Pipeline
+from nerkit.model.encoders import ENCODERS
+from nerkit.pretrained.vectors import coverage, normalize_rows
+
+log = logging.getLogger(__name__)
+
+# ------------------------------------------------------------------------------ the parts of a run
+
+
+def build_pipeline(config: Config, splits: Splits, device: torch.device | str = "cpu") -> Pipeline:
+    """A new model for the training data: vocabularies counted on train (never dev or test) and
+    extended by the rows of pretrained vector files (`embeddings.vectors_keep: all`), the lexicon for
+    a lattice encoder, a language model's features, and the pretrained vectors in their tables.
+    Table widths the config leaves out are the vector files': the pipeline holds a copy of `config`
+    with them resolved (the one its model directory saves); `config` itself is left as it is."""
+    vectors, config = read_pretrained(config, lattice=ENCODERS[config.encoder.name].uses_lattice)
+    emb = config.embeddings
+    lexicon = None
+    if ENCODERS[config.encoder.name].uses_lattice:
+        from nerkit.features.lexicon import Lexicon
+
+        lc = config.lexicon
+        lexicon = Lexicon.from_source(lc.source, lc.min_len, lc.max_len or None, lc.min_freq or None)
+    lm = None
+    if emb.lm.path:
+        from nerkit.pretrained.loading import load_lm
+
+        lm = load_lm(emb.lm.path, layers=emb.lm.layers, finetune=emb.lm.finetune, bf16=emb.lm.bf16)
+        log.info(f"language model {emb.lm.path}: {lm.output_dim} features per character, "
+                 f"{'fine-tuned' if emb.lm.finetune else 'frozen'}, layers {emb.lm.layers}")
+    extra = {kind: v.words for kind, v in vectors.items()} if emb.vectors_keep == "all" else {}
+    featurizer = Featurizer.build(config, splits.train, scheme_tags(splits.types, splits.scheme), lexicon,
+                                  lm.vocab if lm is not None else None, extra)
+    if lexicon is not None:
+        log.info(f"lexicon: {len(lexicon)} words; {len(featurizer.counts['word'])} of them occur in the training data")
+    pipe = Pipeline(config, featurizer, device, lm)
+    vocabs = {"char": featurizer.chars, "bichar": featurizer.bichars, "word": featurizer.words}
+    for kind, found in vectors.items():
+        vocab, rows = vocabs[kind], found.index()
+        hits = [(i, rows[token]) for i, token in enumerate(vocab.tokens) if i > 1 and token in rows]
+        matrix = normalize_rows(found.matrix) if emb.vectors_normalize else found.matrix
+        ids, source = zip(*hits) if hits else ((), ())
+        pipe.model.load_rows(kind, list(ids), torch.from_numpy(matrix[list(source)]), freeze=emb.freeze)
+        log.info(f"{kind} vectors {found.path}: {len(hits):,} of {len(vocab) - 2:,} table rows pretrained; "
+                 f"training {kind}s with a vector: {coverage(featurizer.counts[kind], rows)}")
+    return pipe
+
+
+def read_pretrained(config: Config, lattice: bool) -> tuple[dict, Config]:
+    """The vector files the config names (by kind: char, bichar, word), and a copy of the config
+    with the tables' widths taken from them: a width the config sets must be the file's."""
+    from nerkit.pretrained.vectors import check_dim, read_vectors
+
+    emb, found, widths = config.embeddings, {}, {}
+    for kind in ("char", "bichar", "word"):
+        path = getattr(emb, f"{kind}_vectors")
+        if not path or (kind == "word" and not lattice) or emb.width(kind) == 0:
+            continue
+        found[kind] = read_vectors(path)
+        check_dim(found[kind], getattr(emb, f"{kind}_dim"), f"embeddings.{kind}_dim")
+        widths[f"{kind}_dim"] = found[kind].dim
+    return found, replace(config, embeddings=replace(emb, **widths))

@@ -1,0 +1,477 @@
+"""The training loop, in named steps: `set_up` (data, vocabularies, model, optimiser, schedule, a
+fresh or resumed state), `train_step` (one batch), `run_epoch` (its batches, stopping where a limit
+or Ctrl-C says), `end_epoch` (dev evaluation, best and last models, the checkpoint) and `finish`
+(the best model's final figures, test scored once and never used for selection). `train` runs them.
+
+Under torchrun every rank runs the same steps (nerkit.training.distributed): each trains on its slice of the
+global batch and DDP averages the gradients; rank 0 alone evaluates, logs and writes files.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import random
+import signal
+import sys
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from nerkit.config import Config
+from nerkit.data.splits import Splits, read_splits
+from nerkit.device import resolve_device, set_threads
+from nerkit.errors import UserError
+from nerkit.features.batch import bucketed_batches, collate
+from nerkit.features.featurizer import Example
+from nerkit.files import CHECKPOINT, WRITE_ERRNOS
+from nerkit.inference.pipeline import Pipeline
+from nerkit.training.build import build_pipeline
+from nerkit.training.checkpoint import (
+    Progress,
+    load_checkpoint,
+    rank_rng_state,
+    save_checkpoint,
+)
+from nerkit.training.distributed import (
+    World,
+    resume_command,
+    seed_rank,
+)
+from nerkit.training.run_dir import check_run, prepare_output_dir, save_run_config
+from nerkit.training.schedule import lr_factor, make_optimizer, warn_long_warmup
+
+log = logging.getLogger(__name__)
+
+
+WARMUP_BATCHES = 20  # a session's first batches, left out of the steady throughput
+
+
+LIMITS = ("max_steps", "time_budget")  # the stops a resume that raises the limit continues
+
+
+class Interrupted(Exception):
+    """Training stopped by SIGINT or SIGTERM after a checkpoint was written. Its message (rank 0's
+    alone; the other ranks' is empty) says how to resume; `exit_code` is the shell's for the signal
+    (130 for SIGINT, 143 for SIGTERM; 130 on a rank that only followed the others)."""
+
+    def __init__(self, message: str, signum: int = signal.SIGINT):
+        super().__init__(message)
+        self.exit_code = 128 + int(signum)
+
+
+def train_step(model, batch, optimizer, scheduler=None, params: list = (), clip_norm: float = 0.0,
+               clip_value: float = 0.0, weight: float = 1.0) -> float:
+    """One optimiser step on one batch (`params`: the ones to clip); returns the batch's loss, times
+    `weight` (a rank's share of a global batch, `World.slice`). The only place a model learns: the
+    training loop, the benchmarks and the profiling scripts all call it. `model` may be a
+    `distributed.Replica`, whose backward averages the gradients of all ranks before they are
+    clipped."""
+    loss = model.loss(batch)
+    if weight != 1.0:
+        loss = loss * weight
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    if clip_norm:
+        torch.nn.utils.clip_grad_norm_(params, clip_norm)
+    if clip_value:
+        torch.nn.utils.clip_grad_value_(params, clip_value)
+    optimizer.step()
+    if scheduler is not None:
+        scheduler.step()
+    return loss.item()
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+class StopRequest:
+    """Set by SIGINT (Ctrl-C) or SIGTERM (`kill`, a batch scheduler's preemption) and read by the
+    training loop, which stops where a checkpoint is consistent."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self):
+        self.requested = False
+        self.signum = signal.SIGINT  # the signal that asked, for the exit code
+
+    @contextmanager
+    def on_signals(self):
+        if threading.current_thread() is not threading.main_thread():  # signals reach only the main thread
+            yield
+            return
+
+        def handler(signum, frame):
+            if self.requested:  # the second signal: stop now (the last checkpoint on disk is complete)
+                raise KeyboardInterrupt
+            self.requested, self.signum = True, signum
+
+        previous = {signum: signal.signal(signum, handler) for signum in self.SIGNALS}
+        try:
+            yield
+        finally:
+            for signum, handler_before in previous.items():
+                signal.signal(signum, handler_before if handler_before is not None else signal.SIG_DFL)
+
+
+# ------------------------------------------------------------------------------ the steps
+
+
+@dataclass
+class Run:
+    """A training run in progress: what `set_up` builds and the other steps share."""
+
+    config: Config
+    out: Path
+    splits: Splits
+    pipe: Pipeline
+    examples: list[Example]
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LambdaLR
+    progress: Progress
+    best_state: dict | None  # rank 0's alone
+    stop: StopRequest
+    world: World
+    learner: torch.nn.Module  # what `train_step` calls `loss` on: the model, or its distributed.Replica
+    progress_bar: bool | None = None
+    started: float = 0.0  # perf_counter at the run's start, earlier sessions included
+    session_steps: int = 0
+    stopped: str = "epochs"  # why the run ends: epochs | early_stopping | max_steps | time_budget
+    params: list = field(default_factory=list)
+    total_steps: int = 0  # the steps train.epochs and train.max_steps allow (a time budget may allow fewer)
+    warned_warmup: bool = False  # whether a warm-up too long for the run has been reported
+
+    @property
+    def lengths(self) -> list[int]:
+        return [len(e) for e in self.examples]
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.started
+
+    def checkpoint(self) -> None:
+        """Every rank calls it at the same step: rank 0 writes, with every rank's random state."""
+        rank_states = self.world.gather(rank_rng_state(self.pipe.device))[1:]
+        if self.world.main:
+            self.progress.elapsed = self.elapsed()
+            save_checkpoint(self.out, self.pipe.model, self.optimizer, self.scheduler, self.progress,
+                            self.best_state, rank_states)
+
+
+def set_up(config: Config, out: Path, force: bool, resume: bool, splits: Splits | None, stop: StopRequest,
+           progress_bar: bool | None, world: World) -> Run:
+    """Everything a run needs before its first step: a fresh output directory, or the state of the
+    run in `out` restored from its checkpoint; with several processes, this rank in their group."""
+    tc = config.train
+    # before the data loads: a wrong path or a used --out costs no wait
+    check_run(config, out, force, resume, world.size, writes=world.main)
+    set_threads(tc.threads)
+    device = world.join(resolve_device(tc.device, "train.device"), tc.dist_timeout)
+    seed_everything(tc.seed)
+    splits = splits if splits is not None else read_splits(config)
+    pipe = build_pipeline(config, splits, device)
+    config = pipe.config  # the widths its vector files gave resolved
+    world.check_same("the corpora and vocabularies", [splits.checksums, pipe.featurizer.sizes()], config.data.train)
+    examples = [pipe.featurizer.training_example(s) for s in splits.train]
+    attach_lm_cache(config, pipe, splits, examples)
+    n_params = sum(p.numel() for p in pipe.model.parameters())
+    ranks = f" x {world.size} processes ({tc.batch_size // world.size} sentences each a step)" if world.size > 1 else ""
+    log.info(f"model: {config.encoder.name}, {n_params:,} parameters, tags {splits.scheme.upper()} over "
+             f"{', '.join(splits.types)}; train {len(examples)} sentences, dev {len(splits.dev)}; "
+             f"device {device}{ranks}")
+    optimizer = make_optimizer(config, pipe.model)
+    steps_per_epoch = math.ceil(len(examples) / tc.batch_size)
+    total_steps = steps_per_epoch * tc.epochs
+    if tc.max_steps:
+        total_steps = min(total_steps, tc.max_steps)
+    warned = warn_long_warmup(config, total_steps, "that train.max_steps allows" if total_steps == tc.max_steps
+                              else f"that {tc.epochs:,} epochs of {steps_per_epoch:,} batches make")
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: lr_factor(config, step, steps_per_epoch, total_steps))
+    run = Run(config, out, splits, pipe, examples, optimizer, scheduler,
+              Progress(checksums=splits.checksums, world_size=world.size), None, stop, world, pipe.model,
+              progress_bar, params=[p for p in pipe.model.parameters() if p.requires_grad],
+              total_steps=total_steps, warned_warmup=warned)
+    if resume:
+        _restore(run)
+        if world.main:  # the run's config.yaml: this session's limits, and the widths its vector files gave
+            save_run_config(out, config)
+    else:
+        seed_rank(tc.seed, world.rank)
+        if world.main:
+            prepare_output_dir(out, force)
+            pipe.write_static_files(out)
+    run.learner = world.wrap(pipe.model)  # after the restore: DDP starts every rank from rank 0's weights
+    run.started = time.perf_counter() - run.progress.elapsed
+    run.stopped = run.progress.stopped or "epochs"
+    return run
+
+
+def attach_lm_cache(config: Config, pipe: Pipeline, splits: Splits, examples: list[Example]) -> None:
+    """A frozen language model runs once over the training text: its states are cached on disk
+    (keyed by the LM's and the text's checksums) and each example carries its own, so that the
+    epochs train the layers above it at their usual speed."""
+    lm = pipe.model.lm
+    if lm is None or lm.finetune:
+        return
+    from nerkit.pretrained.cache import cached_features
+
+    cache = config.embeddings.lm.cache or str(Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+                                              / "nerkit" / "lm")
+    started = time.perf_counter()
+    states = cached_features(lm, [s.tokens for s in splits.train], cache)
+    for example, state in zip(examples, states):
+        example.lm_states = state
+    log.info(f"frozen LM states of {len(examples):,} training sentences from {cache} "
+             f"({time.perf_counter() - started:.0f} s)")
+
+
+def _restore(run: Run) -> None:
+    """The state of an interrupted, finished or limited run, and whether it goes on: a finished run
+    given more epochs does, and so does one stopped by a step or time limit that the resume raised
+    (or lifted), inside the epoch the limit cut, with that epoch's remaining batches."""
+    tc, history, world = run.config.train, run.out / "metrics.jsonl", run.world
+    progress, run.best_state = load_checkpoint(run.out, run.pipe.model, run.optimizer, run.scheduler,
+                                               run.splits.checksums, world.rank)
+    if world.rank >= progress.world_size:  # a rank the run did not have: its own random stream
+        seed_rank(tc.seed, world.rank, progress.step)
+    if progress.world_size != world.size:
+        log.info(f"the run trained on {progress.world_size} process(es) so far, and goes on with {world.size}: "
+                 f"the same global batches, other dropout draws")
+        progress.world_size = world.size
+    if not world.main:
+        run.best_state = None  # rank 0 keeps the best model
+    if progress.stopped == "epochs" and progress.epoch <= tc.epochs:
+        progress.stopped = ""
+    if progress.stopped == "max_steps" and (not tc.max_steps or progress.step < tc.max_steps):
+        progress.stopped = ""
+    if progress.stopped == "time_budget" and (not tc.time_budget or progress.elapsed < tc.time_budget):
+        progress.stopped = ""
+    run.progress = progress
+    logged = progress.epochs_logged
+    if progress.stopped:  # a run that only lacks its final model: a cut epoch's record stays
+        run.best_state = adopt_cut_epoch(run)
+        logged += progress.cut_dev_f1 >= 0
+    progress.cut_dev_f1 = -1.0
+    if world.main:
+        lines = history.read_text(encoding="utf-8").splitlines(True) if history.exists() else []
+        history.write_text("".join(lines[:logged]), encoding="utf-8")
+    log.info(f"resuming {run.out} at epoch {progress.epoch}, batch {progress.batch} (step {progress.step})")
+
+
+def adopt_cut_epoch(run: Run) -> dict | None:
+    """The best state of a run that a limit stopped inside an epoch: the model where it stopped
+    when its evaluation there beat the best full epoch."""
+    progress = run.progress
+    if progress.cut_dev_f1 <= progress.best_f1:
+        return run.best_state
+    progress.best_f1, progress.best_epoch = progress.cut_dev_f1, progress.epoch
+    return {k: v.detach().clone() for k, v in run.pipe.model.state_dict().items()} if run.world.main else None
+
+
+def run_epoch(run: Run, epoch: int) -> int:
+    """The epoch's batches from where its progress stands, until they are done or a limit stops
+    the run (`run.stopped`); Ctrl-C writes a checkpoint and raises `Interrupted`. Returns the
+    number of batches the epoch has. The batches are global: each rank trains on its slice of
+    each, and after each step the ranks agree on the batch's loss and on whether to stop (Ctrl-C
+    or the time budget on any of them), so that they all stop at the same step."""
+    from tqdm import tqdm
+
+    tc, progress, lengths, world = run.config.train, run.progress, run.lengths, run.world
+    run.pipe.model.train()
+    batches = bucketed_batches(lengths, tc.batch_size, random.Random(tc.seed * 1000 + epoch))
+    shown = world.main and (sys.stderr.isatty() if run.progress_bar is None else run.progress_bar)
+    bar = tqdm(total=len(batches), initial=progress.batch, desc=f"epoch {epoch}", unit="batch", leave=False,
+               file=sys.stderr, dynamic_ncols=True, disable=not shown)
+    try:
+        for idx in batches[progress.batch:]:
+            t0 = time.perf_counter()
+            mine, weight = world.slice(idx)
+            batch = collate([run.examples[i] for i in mine]).to(run.pipe.device)
+            loss = train_step(run.learner, batch, run.optimizer, run.scheduler, run.params, tc.clip_norm,
+                              tc.clip_value, weight)
+            late = bool(tc.time_budget) and run.elapsed() > tc.time_budget
+            loss, stops, lates = world.sum([loss / world.size, run.stop.requested, late])
+            chars, seconds = sum(lengths[i] for i in idx), time.perf_counter() - t0  # the global batch's
+            progress.step += 1
+            progress.batch += 1
+            run.session_steps += 1
+            progress.epoch_loss += loss
+            progress.epoch_chars += chars
+            progress.epoch_seconds += seconds
+            if run.session_steps > WARMUP_BATCHES:
+                progress.steady_chars += chars
+                progress.steady_seconds += seconds
+            bar.update(1)
+            bar.set_postfix(loss=f"{loss:.3f}", chars_s=f"{progress.epoch_chars / max(progress.epoch_seconds, 1e-9):,.0f}")
+            if stops or (tc.checkpoint_every and progress.step % tc.checkpoint_every == 0):
+                run.checkpoint()
+            if stops:
+                raise interrupted(run, f"training interrupted at epoch {epoch}, step {progress.step}")
+            if tc.max_steps and progress.step >= tc.max_steps:
+                run.stopped = "max_steps"
+                break
+            if lates:
+                run.stopped = "time_budget"
+                break
+    finally:
+        bar.close()
+    return len(batches)
+
+
+def interrupted(run: Run, what: str) -> Interrupted:
+    """The Interrupted of every rank: rank 0's message says how to go on, the others' is empty."""
+    message = f"{what}; checkpoint saved. Continue with: {resume_command(run.out)}" if run.world.main else ""
+    return Interrupted(message, run.stop.signum)
+
+
+def end_epoch(run: Run, epoch: int, n_batches: int) -> bool:
+    """Evaluate on dev, log the epoch, keep the best and the last model, write the checkpoint.
+    Returns whether the run is over. An epoch that a limit cut short is evaluated too (the stopped
+    run's model may be that state) and logged as partial; its checkpoint stays inside the epoch
+    with the best model as it was, so that a resume that lifts the limit continues as if uncut.
+    Rank 0 evaluates and writes; the other ranks wait for its dev F1 and follow the same course."""
+    tc, progress, pipe, main = run.config.train, run.progress, run.pipe, run.world.main
+    partial = 0 < progress.batch < n_batches
+    dev = log_epoch(run, epoch, n_batches, partial) if main else None
+    dev_f1 = run.world.from_main(dev["f1"] if main else 0.0)
+    if partial:  # the record is left out of epochs_logged: a resume that finishes the epoch drops it
+        if main:
+            pipe.save(run.out / "last", {"epoch": epoch, "dev": dev, "partial": True})
+        progress.stopped, progress.cut_dev_f1 = run.stopped, dev_f1
+        run.checkpoint()
+        run.best_state = adopt_cut_epoch(run)
+        return True
+    if dev_f1 > progress.best_f1:
+        progress.best_f1, progress.best_epoch, progress.bad_epochs = dev_f1, epoch, 0
+        if main:
+            run.best_state = {k: v.detach().clone() for k, v in pipe.model.state_dict().items()}
+            pipe.write_weights(run.out, {"best_epoch": epoch, "dev": dev})
+    else:
+        progress.bad_epochs += 1
+    if main:
+        pipe.save(run.out / "last", {"epoch": epoch, "dev": dev})
+    progress.train_chars += progress.epoch_chars
+    progress.train_seconds += progress.epoch_seconds
+    progress.epochs_logged += 1
+    if tc.patience and progress.bad_epochs >= tc.patience:
+        run.stopped = "early_stopping"
+        log.info(f"early stopping: no dev improvement for {tc.patience} epochs")
+    finished = run.stopped != "epochs" or epoch == tc.epochs
+    progress.epoch, progress.batch = epoch + 1, 0
+    progress.stopped = run.stopped if finished else ""
+    progress.epoch_loss, progress.epoch_chars, progress.epoch_seconds = 0.0, 0, 0.0
+    run.checkpoint()
+    if not finished and run.world.sum([run.stop.requested])[0]:
+        raise interrupted(run, f"training interrupted after epoch {epoch}, step {progress.step}")
+    return finished
+
+
+def log_epoch(run: Run, epoch: int, n_batches: int, partial: bool) -> dict:
+    """Rank 0's part of an epoch's end: the dev evaluation, its record in metrics.jsonl and its log
+    line; returns the dev metrics."""
+    tc, progress = run.config.train, run.progress
+    dev = run.pipe.evaluation(run.splits.dev, tc.eval_batch_size).metrics
+    record = {"epoch": epoch, "step": progress.step, "loss": progress.epoch_loss / max(1, progress.batch),
+              "lr": run.scheduler.get_last_lr()[0],
+              "dev_precision": dev["precision"], "dev_recall": dev["recall"], "dev_f1": dev["f1"],
+              "chars_per_s": progress.epoch_chars / max(progress.epoch_seconds, 1e-9), "elapsed_s": run.elapsed()}
+    if partial:
+        record.update(partial=True, batches=progress.batch, of_batches=n_batches)
+    with open(run.out / "metrics.jsonl", "a", encoding="utf-8") as f:
+        f.write(json.dumps(record) + "\n")
+    cut = f" ({progress.batch:,} of {n_batches:,} batches, {run.stopped})" if partial else ""
+    log.info(f"epoch {epoch}/{tc.epochs}{cut}  loss {record['loss']:.4f}  dev P {100 * dev['precision']:.2f} "
+             f"R {100 * dev['recall']:.2f} F1 {100 * dev['f1']:.2f}{' *' if dev['f1'] > progress.best_f1 else ''}  "
+             f"{record['chars_per_s']:,.0f} chars/s  {record['elapsed_s']:.0f}s")
+    if tc.time_budget and not run.warned_warmup:  # the steps the budget allows, at the pace so far
+        affordable = int(progress.step * tc.time_budget / max(run.elapsed(), 1e-9))
+        if affordable < run.total_steps:
+            run.warned_warmup = warn_long_warmup(
+                run.config, affordable, f"that train.time_budget = {tc.time_budget:g} s allows at this pace")
+    return dev
+
+
+def finish(run: Run, epoch: int) -> dict:
+    """The best model's figures: dev again, test once (reported, never used for selection). Rank 0's
+    alone: the other ranks are done."""
+    tc, progress, pipe, splits = run.config.train, run.progress, run.pipe, run.splits
+    pipe.model.load_state_dict(run.best_state)
+    metrics = {"best_epoch": progress.best_epoch, "epochs": min(epoch, tc.epochs), "steps": progress.step,
+               "partial_epoch": progress.batch > 0,  # a limit stopped the run inside its last epoch
+               "stopped": run.stopped, "dev": pipe.evaluation(splits.dev, tc.eval_batch_size).metrics,
+               "train_chars_per_s": (progress.train_chars + progress.epoch_chars)
+               / max(progress.train_seconds + progress.epoch_seconds, 1e-9),  # with a cut epoch's
+               "train_chars_per_s_steady": progress.steady_chars / max(progress.steady_seconds, 1e-9),
+               "elapsed_s": run.elapsed(), "parameters": sum(p.numel() for p in pipe.model.parameters()),
+               "device": str(pipe.device), "processes": run.world.size, "data_sha256": splits.checksums}
+    if splits.test is not None:
+        metrics["test"] = pipe.evaluation(splits.test, tc.eval_batch_size).metrics
+        log.info(f"test (best dev epoch {progress.best_epoch}): P {100 * metrics['test']['precision']:.2f} "
+                 f"R {100 * metrics['test']['recall']:.2f} F1 {100 * metrics['test']['f1']:.2f}")
+    pipe.write_weights(run.out, metrics)
+    log.info(f"model saved to {run.out}")
+    if run.stopped in LIMITS and (progress.batch > 0 or epoch < tc.epochs):  # epochs were left to train
+        limit = getattr(tc, run.stopped)
+        log.warning(f"train.{run.stopped} = {limit:g} stopped the run in epoch {min(epoch, tc.epochs)} of {tc.epochs}, "
+                    f"step {progress.step:,}; continue with: {resume_command(run.out)} "
+                    f"--set train.{run.stopped}={2 * limit:g}")
+    return metrics
+
+
+# ------------------------------------------------------------------------------ the loop
+
+
+def train(config: Config, out: str | Path | None = None, force: bool = False, resume: bool = False,
+          progress_bar: bool | None = None, splits: Splits | None = None) -> dict | None:
+    """Train as the config says (or continue a run with `resume`); returns the final metrics,
+    also written to OUT/metrics.json. `splits`: the config's corpora, when the caller has already
+    read them with `read_splits(config)` (the benchmark scores dev and test again afterwards).
+
+    Started by torchrun (WORLD_SIZE > 1), the process is one rank of a data-parallel run; rank 0
+    returns the metrics, the others None.
+
+    SIGINT or SIGTERM stops the run at the next step boundary, or after the epoch's evaluation,
+    with a checkpoint and `Interrupted`; a second signal stops it at once. A write that fails for a reason
+    the user can fix (a full disk, permissions) is a UserError; the last complete checkpoint stays.
+    A rank that loses the others (one was killed, or silent past train.dist_timeout) ends with a
+    JobError."""
+    out = Path(out or config.output_dir)
+    config.output_dir = str(out)
+    stop, world = StopRequest(), World.from_env()
+    try:
+        with stop.on_signals():
+            run = set_up(config, out, force, resume, splits, stop, progress_bar, world)
+            progress = run.progress
+            # A finished run only lacks its final model: its last epoch is the one before
+            # progress.epoch, unless a limit cut that epoch short (then progress stayed inside it).
+            epoch = progress.epoch - 1 if progress.stopped and not progress.batch else progress.epoch
+            while epoch <= config.train.epochs and not progress.stopped:
+                n_batches = run_epoch(run, epoch)
+                if end_epoch(run, epoch, n_batches):
+                    break
+                epoch += 1
+            return finish(run, epoch) if world.main else None
+    except OSError as e:
+        if e.errno not in WRITE_ERRNOS:
+            raise
+        resumable = (out / CHECKPOINT / "state.json").is_file()
+        then = f"then continue with: {resume_command(out)}" if resumable else "or choose another --out"
+        raise UserError(e.strerror, where=str(e.filename or out),
+                        fix=f"free space or fix permissions there, {then}") from None
+    except RuntimeError as e:
+        lost = world.lost(e, config.train.dist_timeout, out)
+        if lost is None:
+            raise
+        raise lost from None
+    finally:
+        world.leave()

@@ -1,0 +1,72 @@
+"""The run directory of `nerkit train --out`: checking it before a run (fresh, --force, --resume),
+preparing it, and the run's config saved beside the model and read back on a resume."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+from nerkit.config import RESUMABLE_KEYS, Config, config_to_yaml, load_config
+from nerkit.data.splits import check_data_files
+from nerkit.errors import UserError
+from nerkit.files import atomic_write_text
+from nerkit.training.distributed import (
+    check_batch_size,
+)
+
+
+def check_output_dir(out: Path, force: bool) -> None:
+    """Raise a UserError if a new run could not write its model directory `out`: a file there, a
+    directory that is not empty (unless `force` replaces it), or a place it cannot create or write."""
+    if out.exists() and not out.is_dir():
+        raise UserError("the output path is a file", where=str(out), fix="choose a directory for --out")
+    if out.exists() and any(out.iterdir()) and not force:
+        raise UserError("the output directory is not empty", where=str(out),
+                        fix="choose another --out, resume with --resume, or pass --force to replace it")
+    existing = next(p for p in (out, *out.parents) if p.exists())  # where the run creates what is missing
+    if not existing.is_dir():
+        raise UserError(f"{existing} is not a directory", where=str(out), fix="choose another --out")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise UserError(f"cannot write in {existing} (permission denied)", where=str(out), fix="choose another --out")
+
+
+def check_run(config: Config, out: Path, force: bool, resume: bool, world_size: int = 1,
+              writes: bool = True) -> None:
+    """What a run checks before it reads any data: the corpora exist, the global batch splits over
+    the `world_size` processes, and a new run's output directory is usable (`--force` replaces a
+    non-empty one; a resumed run continues in its own). `writes`: whether this process writes the
+    output directory (rank 0 alone does)."""
+    check_data_files(config)
+    check_batch_size(config.train.batch_size, world_size)
+    if writes and not resume:
+        check_output_dir(out, force)
+
+
+def prepare_output_dir(out: Path, force: bool) -> None:
+    check_output_dir(out, force)
+    if out.exists() and any(out.iterdir()):
+        shutil.rmtree(out)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UserError(f"cannot create the output directory ({e.strerror})", where=str(out)) from None
+
+
+def save_run_config(out: str | Path, config: Config) -> None:
+    """The run's resolved config, beside its model: the directory keeps explaining itself."""
+    atomic_write_text(Path(out) / "config.yaml", config_to_yaml(config))
+
+
+def resume_config(out: str | Path, overrides: list[str] = ()) -> Config:
+    """The resolved config saved with a run, for `nerkit train --resume DIR [--set train.epochs=N]`."""
+    path = Path(out) / "config.yaml"
+    if not path.is_file():
+        raise UserError("not a training run directory (no config.yaml)", where=str(out),
+                        fix="pass the --out directory of an interrupted `nerkit train`")
+    for text in overrides:
+        key = text.split("=", 1)[0].strip()
+        if key not in RESUMABLE_KEYS:
+            raise UserError(f"--set {key} cannot change when resuming", where=str(path),
+                            fix=f"a resumed run may change only {', '.join(sorted(RESUMABLE_KEYS))}")
+    return load_config(path, overrides)

@@ -1,0 +1,72 @@
+"""The optimiser (SGD or Adam, with the language model's own parameter group) and the learning-rate
+schedule (linear warm-up, then constant, inverse-time decay or linear decay), and the warning when a
+warm-up takes too much of the run."""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from nerkit.config import Config
+
+log = logging.getLogger(__name__)
+
+# A learning-rate warm-up this share of a run's steps or more keeps most of the run below train.lr.
+LONG_WARMUP = 0.5
+
+
+def make_optimizer(config: Config, model: torch.nn.Module) -> torch.optim.Optimizer:
+    """The optimiser of the model's trainable parameters; a fine-tuned language model's own
+    learning rate (`embeddings.lm.lr`) makes its parameters a group of their own."""
+    tc = config.train
+    params = [p for p in model.parameters() if p.requires_grad]
+    lm_params = {id(p) for p in model.lm_parameters()} if config.embeddings.lm.lr else set()
+    groups = [{"params": [p for p in params if id(p) not in lm_params]}]
+    if lm_params:
+        groups.append({"params": [p for p in params if id(p) in lm_params], "lr": config.embeddings.lm.lr})
+    if tc.optimizer == "sgd":
+        return torch.optim.SGD(groups, lr=tc.lr, momentum=tc.momentum, weight_decay=tc.weight_decay)
+    # The fused kernels update every parameter in one pass: on CPU they make a BiLSTM step ~20%
+    # faster, the dense bigram table being most of the parameters.
+    fused = all(p.dtype in (torch.float32, torch.float64) and p.device.type in ("cpu", "cuda") for p in params)
+    cls = torch.optim.Adam if tc.optimizer == "adam" else torch.optim.AdamW
+    return cls(groups, lr=tc.lr, weight_decay=tc.weight_decay, fused=fused)
+
+
+def warmup_steps(config: Config, total_steps: int) -> int:
+    """The warm-up in steps: `train.warmup` as a fraction of the run's `total_steps` (below 1) or as
+    steps, or the older `train.warmup_steps`."""
+    tc = config.train
+    if tc.warmup_steps:
+        return tc.warmup_steps
+    if tc.warmup >= 1:
+        return int(tc.warmup)
+    return round(tc.warmup * total_steps)
+
+
+def lr_factor(config: Config, step: int, steps_per_epoch: int, total_steps: int) -> float:
+    """Warm-up, then constant, linear decay to 0, or inverse-time decay lr / (1 + decay * epoch)."""
+    tc, warmup = config.train, warmup_steps(config, total_steps)
+    if warmup and step < warmup:
+        return (step + 1) / warmup
+    if tc.schedule == "linear":
+        span = max(1, total_steps - warmup)
+        return max(0.0, 1.0 - (step - warmup) / span)
+    if tc.schedule == "inverse_time":
+        return 1.0 / (1.0 + tc.decay * (step // max(1, steps_per_epoch)))
+    return 1.0
+
+
+def warn_long_warmup(config: Config, steps: int, what: str) -> bool:
+    """Warn when the warm-up is LONG_WARMUP or more of the `steps` the run will take (`what` says
+    where that count comes from); returns whether it warned."""
+    warmup = warmup_steps(config, steps)
+    if not warmup or warmup < LONG_WARMUP * steps:
+        return False
+    key = "train.warmup_steps" if config.train.warmup_steps else "train.warmup"
+    reached = "never reaches train.lr" if warmup >= steps else f"reaches train.lr only at step {warmup:,}"
+    log.warning(f"{key} = {warmup:,} is {warmup / max(steps, 1):.0%} of the {steps:,} steps {what}: "
+                f"the learning rate {reached}; make it a tenth of the run's steps, whatever their number "
+                f"(--set train.warmup=0.1)")
+    return True
