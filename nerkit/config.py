@@ -25,11 +25,12 @@ from nerkit.errors import ConfigError, did_you_mean
 
 @dataclass
 class DataConfig:
-    train: str | None = None
+    train: str | None = None  # the training corpus: CoNLL (BIO, BIOES or BMES, detected) or JSON lines
     dev: str | None = None  # when absent, a seeded dev split is carved from train
     test: str | None = None  # reported once at the end, never used for selection
+    # the fraction of train carved off as dev (seeded by `split_seed`) when `data.dev` is absent
     dev_split: float = 0.05
-    split_seed: int = 13
+    split_seed: int = 13  # the seed of the dev split and of `insert_spaces`
     # Longer training sentences are split at punctuation, never inside an entity; prediction reads
     # longer texts in windows of max_len that overlap by half (pipeline.windows).
     max_len: int = 250
@@ -66,13 +67,15 @@ class EmbeddingsConfig:
     bichar_dim: int | None = None  # 0 turns bigram features off
     word_dim: int | None = None  # lexicon words (FLAT)
     char_vectors: str | None = None  # word2vec text or binary, fastText .vec (.gz allowed)
+    # pretrained character-bigram vectors (bigrams as the featuriser makes them: c[i] + c[i+1], the last
+    # character + `</s>`)
     bichar_vectors: str | None = None
-    word_vectors: str | None = None
+    word_vectors: str | None = None  # pretrained lexicon-word vectors (FLAT)
     vectors_keep: str = "all"  # all: every row of a vector file joins the vocabulary | train: training tokens only
     vectors_normalize: bool = True  # pretrained rows scaled to unit length (TENER's and FLAT's code)
-    min_freq: int = 1
-    bichar_min_freq: int = 1
-    dropout: float = 0.5
+    min_freq: int = 1  # characters seen fewer times in train become `<unk>`
+    bichar_min_freq: int = 1  # bigrams seen fewer times in train become `<unk>`
+    dropout: float = 0.5  # dropout on the concatenated embeddings (and on FLAT's word embeddings)
     token_dropout: float = 0.0  # a training token becomes <unk> with this probability, so <unk> is learnt
     freeze: bool = False  # keep pretrained vectors fixed
     # Random vectors: `normal` is PyTorch's N(0, 1); `scaled` is U(-sqrt(3/dim), sqrt(3/dim)) (std
@@ -93,8 +96,10 @@ DEFAULT_WIDTHS = {"char": 100, "bichar": 100, "word": 50}
 @dataclass
 class LexiconConfig:
     source: str = "jieba"  # jieba | path to a word list | path to a word2vec file (its vocabulary)
-    min_len: int = 2
+    min_len: int = 2  # the shortest word matched into the lattice
     max_len: int = 0  # 0 = no limit (long jieba words are mostly organisation names)
+    # words whose frequency in the source (jieba's dictionary, a word list's second column) is below this are
+    # dropped; a word without one is kept
     min_freq: int = 0
     max_words: int = 400  # lattice cap: words kept per sentence
     drop: str = "longest_first"  # longest_first | frequency
@@ -108,7 +113,7 @@ class LexiconConfig:
 @dataclass
 class BiLSTMOptions:
     hidden_size: int = 200  # per direction
-    num_layers: int = 1
+    num_layers: int = 1  # stacked BiLSTM layers
     dropout: float = 0.3  # between stacked layers and on the output
 
 
@@ -116,30 +121,38 @@ class BiLSTMOptions:
 class TransformerOptions:
     # Defaults equal TENER's MSRA setting (fastnlp/TENER, train_tener_cn.py), so that `transformer`
     # and `tener` differ only in how attention sees positions.
-    n_heads: int = 6
+    n_heads: int = 6  # attention heads
     head_dim: int = 80  # d_model = n_heads * head_dim
-    num_layers: int = 2
+    num_layers: int = 2  # Transformer layers
     ff_ratio: float = 2.0  # feed-forward width = ff_ratio * d_model (TENER uses 2; Vaswani used 4)
     dropout: float = 0.15  # on sublayer outputs and inside the feed-forward
     attn_dropout: float = 0.15  # on attention weights (TENER leaves dropout_attn unset: it equals dropout)
-    # absolute: sinusoids added to the input (Vaswani) | tener | xl | shaw: relative attention
+    # How attention sees positions: absolute (sinusoids added to the input, Vaswani) | learned (a
+    # learned row per position added to the input, BERT) | tener | xl | shaw | rope | alibi (relative:
+    # scores depend on i - j; see docs/encoders.md)
     attention: str = "absolute"
     key_projection: bool | None = None  # None: as the attention's paper (tener: no; the others: yes)
     scale: bool | None = None  # None: as the paper (tener: no; the others: divide by sqrt(head_dim))
     max_relative_distance: int = 16  # shaw only: distances clipped to [-k, k]
+    max_positions: int = 512  # learned only: rows of the position table, the longest input it reads
+    # Transformer-XL's segment recurrence (relative attentions only): a text longer than `segment`
+    # characters is read segment by segment, each layer attending over the `memory` positions before
+    # the segment (cached, no gradient) as well as the segment itself. 0: off, the whole text at once.
+    memory: int = 0
+    segment: int = 0  # characters per segment when memory is on
 
 
 @dataclass
 class TenerOptions(TransformerOptions):
-    attention: str = "tener"
+    attention: str = "tener"  # as `transformer`'s `attention`, with `tener` as the default
 
 
 @dataclass
 class FLATOptions:
     # Defaults: the official code (LeeSureman/Flat-Lattice-Transformer, V0/flat_main.py) for MSRA.
-    n_heads: int = 8
+    n_heads: int = 8  # attention heads
     head_dim: int = 20  # d_model = n_heads * head_dim = 160
-    num_layers: int = 1
+    num_layers: int = 1  # FLAT layers
     ff_ratio: float = 3.0  # feed-forward width = ff_ratio * d_model = 480
     dropout: float = 0.15  # inside the feed-forward and on sublayer outputs (official ff_dropout)
     attn_dropout: float = 0.0  # on attention weights
@@ -162,13 +175,15 @@ ENCODER_OPTIONS = {
     "none": NoEncoderOptions,
 }
 DEVICES = ("auto", "cpu", "cuda")  # auto: the GPU when torch sees one
-ATTENTIONS = ("absolute", "tener", "xl", "shaw")  # absolute, then nerkit.model.encoders.relative.VARIANTS
+# absolute ones, then nerkit.model.encoders.relative.VARIANTS
+ATTENTIONS = ("absolute", "learned", "tener", "xl", "shaw", "rope", "alibi")
+ABSOLUTE_ATTENTIONS = ("absolute", "learned")  # positions added to the input: the same in every segment
 FUSIONS = ("four", "two")  # nerkit.model.encoders.flat.FUSIONS
 
 
 @dataclass
 class EncoderConfig:
-    name: str = "bilstm"
+    name: str = "bilstm"  # which encoder; its options are listed under its name below
     options: Any = None  # an ENCODER_OPTIONS instance (None: that encoder's defaults)
 
     def __post_init__(self):
@@ -185,13 +200,13 @@ class CRFConfig:
 
 @dataclass
 class TrainConfig:
-    epochs: int = 20
-    batch_size: int = 32
-    eval_batch_size: int = 128
+    epochs: int = 20  # the most epochs the run trains
+    batch_size: int = 32  # sentences per optimiser step (with several processes, the global batch they share)
+    eval_batch_size: int = 128  # sentences per batch when scoring dev and test
     optimizer: str = "adam"  # sgd | adam | adamw
-    lr: float = 1e-3
-    momentum: float = 0.9
-    weight_decay: float = 0.0
+    lr: float = 1e-3  # the learning rate (its peak, after any warm-up)
+    momentum: float = 0.9  # SGD's momentum
+    weight_decay: float = 0.0  # passed to the optimiser (AdamW decouples it from the gradient)
     # The learning rate rises linearly to `lr` over the first steps: below 1 a fraction of the run's
     # steps (0.1: the first tenth, so a config carries to a corpus of any size), 1 or more a number
     # of steps. 0: no warm-up.
@@ -202,9 +217,9 @@ class TrainConfig:
     clip_norm: float = 5.0  # 0 = off
     clip_value: float = 0.0  # 0 = off
     patience: int = 5  # epochs without dev improvement before stopping (0 = never stop early)
-    seed: int = 42
+    seed: int = 42  # the random seed of initialisation, shuffling and dropout
     device: str = "auto"  # auto | cpu | cuda
-    threads: int = 0  # torch intra-op threads (0 = torch's default)
+    threads: int = 0  # torch intra-op threads (0: the cores free when nerkit starts, nerkit/cores.py)
     max_steps: int = 0  # stop after N optimiser steps (0 = no limit)
     time_budget: float = 0.0  # seconds (0 = no limit); written with a unit too: 90s, 20m, 1.5h
     checkpoint_every: int = 0  # steps between resumable checkpoints (0 = at epoch ends only)
@@ -221,7 +236,7 @@ class Config:
     encoder: EncoderConfig = field(default_factory=EncoderConfig)
     crf: CRFConfig = field(default_factory=CRFConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
-    output_dir: str = "runs/model"
+    output_dir: str = "runs/model"  # the model directory when `nerkit train` is given no `--out`
 
 
 CHOICES = {
@@ -396,13 +411,26 @@ def _check_encoder(options, where: str) -> None:
     if hasattr(options, "head_dim"):
         # Sinusoids are sin/cos pairs: the width they are built at must be even (tener: one head's
         # width; absolute, xl and FLAT: the model width).
-        width = options.head_dim if attention == "tener" else options.n_heads * options.head_dim
-        if attention != "shaw" and width % 2:
-            what = "head_dim" if attention == "tener" else "n_heads * head_dim"
+        width = options.head_dim if attention in ("tener", "rope") else options.n_heads * options.head_dim
+        if attention not in ("shaw", "alibi", "learned") and width % 2:
+            what = "head_dim" if attention in ("tener", "rope") else "n_heads * head_dim"
             raise ConfigError(f"sinusoidal positions need an even width, but {what} = {width}", where=where,
                               fix="choose an even head_dim")
     if attention == "shaw" and options.max_relative_distance < 1:
         raise ConfigError("max_relative_distance must be at least 1", where=where)
+    if attention == "learned" and options.max_positions < 1:
+        raise ConfigError("max_positions must be at least 1", where=where)
+    memory, segment = getattr(options, "memory", 0), getattr(options, "segment", 0)
+    if memory and attention in ABSOLUTE_ATTENTIONS:
+        raise ConfigError(f"memory = {memory} needs a relative attention, but attention is {attention}: absolute "
+                          "positions repeat in every segment, so a cached state could not tell where it came from",
+                          where=where, fix="use attention: tener, xl, shaw, rope or alibi, or memory: 0")
+    if memory and not segment:
+        raise ConfigError(f"memory = {memory} needs segment, the characters read at a time", where=where,
+                          fix="e.g. segment: 128")
+    if segment and not memory:
+        raise ConfigError(f"segment = {segment} without memory would cut texts into unrelated pieces", where=where,
+                          fix="set memory (e.g. memory: 128), or segment: 0")
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:
@@ -480,6 +508,11 @@ def build_config(raw: dict, source: str = "<config>", overrides: list[str] = ())
                           where=source, fix="e.g. 0.1 (a tenth of the run's steps) or 500 (steps)")
     if config.train.dist_timeout <= 0:
         raise ConfigError("train.dist_timeout must be positive", where=source, fix='e.g. "30m" (the default)')
+    options = config.encoder.options
+    if getattr(options, "attention", None) == "learned" and not 0 < config.data.max_len <= options.max_positions:
+        raise ConfigError(f"attention: learned reads at most encoder.max_positions = {options.max_positions} characters, "
+                          f"but data.max_len is {config.data.max_len} (0: no limit)", where=source,
+                          fix=f"set data.max_len to at most {options.max_positions}, or raise encoder.max_positions")
     return config
 
 

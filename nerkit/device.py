@@ -1,6 +1,7 @@
 """Where and how torch runs: the device a config or an option names, and torch's thread count.
 
-OpenMP's wait policy is set in `nerkit/__init__.py`, because it must be set before torch loads.
+OpenMP's wait policy and the default thread count are chosen in nerkit/cores.py, when nerkit is
+imported, because the policy must be set before torch loads.
 """
 
 from __future__ import annotations
@@ -8,13 +9,16 @@ from __future__ import annotations
 import torch
 
 from nerkit.config import DEVICES
+from nerkit.cores import default_threads
 from nerkit.errors import UserError
 
 
 def set_threads(threads: int) -> None:
-    """torch's intra-op threads for this process; 0 keeps torch's default (one per core)."""
+    """torch's intra-op threads for this process; 0: the cores nerkit found free when it started
+    (nerkit/cores.py), or OMP_NUM_THREADS when that is set."""
     if threads < 0:
-        raise UserError(f"--threads must not be negative, not {threads}", fix="use 0 for torch's default, or N >= 1")
+        raise UserError(f"--threads must not be negative, not {threads}", fix="use 0 for the free cores, or N >= 1")
+    threads = threads or default_threads()
     if threads:
         torch.set_num_threads(threads)
 

@@ -97,6 +97,21 @@ def check_writable(path: str | Path) -> None:
                         fix="write somewhere else, or change the directory's permissions")
 
 
+def check_input(path: str, key: str, missing: str, directory: bool = False, fix: str | None = None) -> None:
+    """Raise a UserError now unless `path`, the value of the config key `key`, is a readable file
+    (a directory, with `directory`): `KEY: MISSING` when nothing is there, saying where a relative
+    path was looked for (the current directory; a config's paths are not relative to its file)."""
+    kind = "directory" if directory else "file"
+    if not os.path.exists(path):
+        where = "" if os.path.isabs(path) else \
+            f" in {os.getcwd()} (relative paths are read from the current directory, not the config file's)"
+        raise UserError(f"{key}: {missing}{where}", where=path, fix=fix or "check the path")
+    if not (os.path.isdir(path) if directory else os.path.isfile(path)):
+        raise UserError(f"{key}: not a {kind}", where=path, fix=fix or f"give {key} the path of a {kind}")
+    if not os.access(path, os.R_OK | (os.X_OK if directory else 0)):
+        raise UserError(f"{key}: cannot read the {kind} (permission denied)", where=path)
+
+
 def check_output(output: str | Path, *inputs: str | Path) -> None:
     """Raise a UserError now if a file could not be written at `output` (`check_writable`) or if
     `output` is one of the `inputs` the command reads, by any path or link: a command that writes

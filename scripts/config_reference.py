@@ -1,8 +1,7 @@
 """Write docs/config.md, the reference of every config key, from nerkit/config.py: the dataclasses
 give each key, its type and default, config.py's comments (on the field's line or the lines just
 above it) its description, and its tables (CHOICES, DURATIONS, RESUMABLE_KEYS) the allowed values.
-A key without a comment in config.py takes its line from FALLBACK below; better, give it a comment
-there (`--missing` lists those keys).
+Every key needs its comment there (`--missing` lists those without one; a test fails on any).
 
     python scripts/config_reference.py            # rewrite docs/config.md
     python scripts/config_reference.py --check    # exit 1 when docs/config.md is stale
@@ -25,40 +24,6 @@ sys.path.insert(0, str(REPO))
 
 from nerkit import config as cfg  # noqa: E402 (a base module: imports no torch)
 
-# Descriptions for fields that have no comment in config.py, by class and field (a comment there
-# takes precedence; `--missing` lists the fields that still need one).
-FALLBACK = {
-    ("DataConfig", "train"): "the training corpus: CoNLL (BIO, BIOES or BMES, detected) or JSON lines",
-    ("DataConfig", "dev_split"): "the fraction of train carved off as dev (seeded by `split_seed`) when "
-                                 "`data.dev` is absent",
-    ("DataConfig", "split_seed"): "the seed of the dev split and of `insert_spaces`",
-    ("EmbeddingsConfig", "bichar_vectors"): "pretrained character-bigram vectors (bigrams as the featuriser "
-                                            "makes them: c[i] + c[i+1], the last character + `</s>`)",
-    ("EmbeddingsConfig", "word_vectors"): "pretrained lexicon-word vectors (FLAT)",
-    ("EmbeddingsConfig", "min_freq"): "characters seen fewer times in train become `<unk>`",
-    ("EmbeddingsConfig", "bichar_min_freq"): "bigrams seen fewer times in train become `<unk>`",
-    ("EmbeddingsConfig", "dropout"): "dropout on the concatenated embeddings (and on FLAT's word embeddings)",
-    ("LexiconConfig", "min_len"): "the shortest word matched into the lattice",
-    ("LexiconConfig", "min_freq"): "words whose frequency in the source (jieba's dictionary, a word list's "
-                                  "second column) is below this are dropped; a word without one is kept",
-    ("EncoderConfig", "name"): "which encoder; its options are listed under its name below",
-    ("BiLSTMOptions", "num_layers"): "stacked BiLSTM layers",
-    ("TransformerOptions", "n_heads"): "attention heads",
-    ("TransformerOptions", "num_layers"): "Transformer layers",
-    ("TenerOptions", "attention"): "as `transformer`'s `attention`, with `tener` as the default",
-    ("FLATOptions", "n_heads"): "attention heads",
-    ("FLATOptions", "num_layers"): "FLAT layers",
-    ("TrainConfig", "epochs"): "the most epochs the run trains",
-    ("TrainConfig", "batch_size"): "sentences per optimiser step (with several processes, the global batch "
-                                   "they share)",
-    ("TrainConfig", "eval_batch_size"): "sentences per batch when scoring dev and test",
-    ("TrainConfig", "optimizer"): "the optimiser",
-    ("TrainConfig", "lr"): "the learning rate (its peak, after any warm-up)",
-    ("TrainConfig", "momentum"): "SGD's momentum",
-    ("TrainConfig", "weight_decay"): "passed to the optimiser (AdamW decouples it from the gradient)",
-    ("TrainConfig", "seed"): "the random seed of initialisation, shuffling and dropout",
-    ("Config", "output_dir"): "the model directory when `nerkit train` is given no `--out`",
-}
 SECTIONS = {"data": "DataConfig", "embeddings": "EmbeddingsConfig", "lexicon": "LexiconConfig",
             "crf": "CRFConfig", "train": "TrainConfig"}
 INTRO = {
@@ -184,7 +149,7 @@ def owner(cls, name: str) -> str:
 
 def description(cls, name: str, notes: dict, key: str) -> str:
     where = owner(cls, name)
-    text = notes.get((where, name)) or FALLBACK.get((where, name), "")
+    text = notes.get((where, name), "")
     if key in cfg.RESUMABLE_KEYS:
         text = join(text if text.endswith(".") else text + ".", "a resume may change it.")
     return text.replace("|", "\\|")
@@ -202,14 +167,14 @@ def table(cls, section: str, notes: dict) -> str:
 
 
 def undocumented() -> list[str]:
-    """Keys that config.py gives no comment, as `Class.field` (FALLBACK or nothing describes them)."""
+    """Keys that config.py gives no comment, as `Class.field`."""
     _, notes = read_comments(SOURCE)
     out = []
     for cls in documented_classes():
         for f in dataclasses.fields(cls):
             where = owner(cls, f.name)
             if not notes.get((where, f.name)) and f"{where}.{f.name}" not in out and not dataclasses.is_dataclass(f.type):
-                if (where, f.name) in FALLBACK or f.default_factory is dataclasses.MISSING:
+                if f.default_factory is dataclasses.MISSING:
                     out.append(f"{where}.{f.name}")
     return out
 

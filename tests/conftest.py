@@ -9,6 +9,10 @@ from typing import NamedTuple
 
 import pytest
 
+# Tests run many small nerkit processes side by side: one torch thread each by default, whatever
+# cores each finds free when it starts (nerkit/cores.py); tests of that choice set their own.
+os.environ.setdefault("NERKIT_FREE_CORES", "1")
+
 REPO = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 

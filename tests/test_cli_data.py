@@ -172,6 +172,28 @@ def test_validate_repair_writes_a_file_that_validates(tmp_path):
     ]
 
 
+ISSUE_33 = "张 B-PER\n三 I-PER\n在 O\nab O\n北 B-LOC\n京 I-LOC\n"  # `ab`: a token of two characters
+
+
+def test_a_token_of_several_characters_is_refused_by_validate_and_train_and_split_by_repair(write_file, tmp_path):
+    """It once validated as OK and crashed training with LAC-small (a TypeError, exit 1): now every
+    path refuses it with FILE:LINE, and each path's repair splits it into its characters."""
+    path = write_file(ISSUE_33, "t.bio")
+    assert_user_error(nerkit("data", "validate", path), f"{path}:4", "the token 'ab' is longer than one character")
+    config = write_file(f"data: {{train: {path}, dev: {path}}}\nembeddings: {{char_dim: 16, bichar_dim: 0}}\n"
+                        "encoder: {name: bilstm, hidden_size: 16}\ntrain: {epochs: 1}\n", "c.yaml")
+    result = nerkit("train", "--config", config, "--out", tmp_path / "o")
+    assert_user_error(result, f"{path}:4", "the token 'ab' is longer than one character")
+    assert "--set data.repair=true" in result.stderr and not (tmp_path / "o").exists()
+    repaired = nerkit("data", "validate", path, "--repair", tmp_path / "fixed.bio")
+    assert repaired.returncode == 0 and "split 1 tokens of several characters" in repaired.stdout, repaired.stderr
+    converted = nerkit("data", "convert", path, tmp_path / "fixed.jsonl", "--to", "jsonl", "--repair")
+    assert converted.returncode == 0, converted.stderr
+    for out in (tmp_path / "fixed.bio", tmp_path / "fixed.jsonl"):
+        [sentence] = read_corpus(out).sentences
+        assert sentence.tokens == list("张三在ab北京") and sentence.spans() == [Span(0, 2, "PER"), Span(5, 7, "LOC")]
+
+
 def test_validate_names_an_unknown_jsonl_key_and_the_known_ones(write_file):
     """CLUENER's native `label` (or a misspelt `entites`) once validated as OK with no entities."""
     path = write_file('{"text": "张三", "entities": []}\n{"text": "李四在北京", "label": {"name": {"李四": [[0, 1]]}}}\n',
@@ -237,6 +259,47 @@ def test_convert_and_repair_refuse_to_replace_their_input(tmp_path):
     assert (tmp_path / "link.bio").is_symlink()
 
 
+CLUENER_RECORDS = [
+    {"text": "浙商银行企业信贷部叶老桂博士则从另一个角度对五道门槛进行了解读。",
+     "label": {"name": {"叶老桂": [[9, 11]]}, "company": {"浙商银行": [[0, 3]]}}},
+    {"id": 1, "text": "生生不息CSOL生化狂潮让你填弹狂扫", "label": {"game": {"CSOL生化狂潮": [[4, 11]]}}},
+    {"text": "彭小军认为，国内银行现在走的是台湾的发卡模式，", "label": {"address": {"台湾": [[15, 16]]}, "name": {"彭小军": [[0, 2]]}}},
+    {"text": "没有实体。", "label": {}},
+]
+
+
+def test_convert_from_cluener_to_bio_and_jsonl_keeps_every_entity(write_file, tmp_path):
+    source = write_file("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in CLUENER_RECORDS), "train.json")
+    expected = [sorted((start, end + 1, typ) for typ, mentions in r["label"].items()
+                       for places in mentions.values() for start, end in places) for r in CLUENER_RECORDS]
+    for to, name in (("bio", "out.bio"), ("bmes", "out.bmes"), ("jsonl", "out.jsonl")):
+        result = nerkit("data", "convert", source, tmp_path / name, "--from", "cluener", "--to", to)
+        assert result.returncode == 0, result.stderr
+        assert f"-> {tmp_path / name} ({to}), 4 sentences" in result.stdout
+        back = read_corpus(tmp_path / name)
+        assert [s.text for s in back.sentences] == [r["text"] for r in CLUENER_RECORDS]
+        assert [sorted((e.start, e.end, e.type) for e in s.spans()) for s in back.sentences] == expected
+    plain = nerkit("data", "convert", source, tmp_path / "x.jsonl", "--to", "jsonl")  # not nerkit's JSON lines
+    assert_user_error(plain, f"{source}:1", "unknown key 'label'")
+    assert "--from cluener" in plain.stderr
+
+
+def test_convert_from_cluener_names_the_record_of_a_token_conll_cannot_hold(write_file, tmp_path):
+    source = write_file('{"text": "张三", "label": {}}\n{"text": "NBA 2K", "label": {"game": {"NBA 2K": [[0, 5]]}}}\n',
+                        "dev.txt")
+    assert_user_error(nerkit("data", "convert", source, tmp_path / "out.bio", "--from", "cluener", "--to", "bio"),
+                      f"{source}:2", "the token ' ' cannot be written")
+
+
+def test_convert_format_choices_are_the_readers():
+    from typing import get_args
+
+    from nerkit.cli.app import Source
+    from nerkit.data.corpus import FORMATS
+
+    assert get_args(Source) == FORMATS
+
+
 def test_convert_with_repair(tmp_path):
     out = tmp_path / "fixed.bmes"
     result = nerkit("data", "convert", FIXTURES / "invalid_transitions.bio", out, "--to", "bmes", "--repair")
@@ -284,6 +347,50 @@ def test_train_dry_run_checks_the_data_files_and_the_output_directory(tmp_path):
     result = nerkit("train", "--config", config, "--dry-run", "--set", "data.dev=null", "--out", tmp_path / "used",
                     "--force")
     assert result.returncode == 0, result.stderr
+
+
+def test_train_dry_run_checks_every_path_the_config_names_and_where_relative_ones_are_read(tmp_path):
+    """Issue 33: --dry-run once checked the data files alone, and a real run read (and repaired) the
+    data before it failed on a missing language model or vector file."""
+    (tmp_path / "train.bio").write_text(ISSUE_33, encoding="utf-8")  # a corpus error, found only by reading
+    (tmp_path / "c.yaml").write_text("data: {train: train.bio}\nencoder: {name: bilstm, hidden_size: 8}\n",
+                                     encoding="utf-8")
+    relative = f" in {tmp_path} (relative paths are read from the current directory, not the config file's)"
+    cases = [
+        ("embeddings.lm.path=lm/absent", "lm/absent", "embeddings.lm.path: language-model directory not found" + relative),
+        ("embeddings.lm.path=train.bio", "train.bio", "embeddings.lm.path: not a directory"),
+        ("embeddings.char_vectors=vectors/c.vec", "vectors/c.vec", "embeddings.char_vectors: vector file not found" + relative),
+        ("embeddings.bichar_vectors=b.vec", "b.vec", "embeddings.bichar_vectors: vector file not found" + relative),
+        ("data.dev=dev.bio", "dev.bio", "data.dev: no such file" + relative),
+        (f"embeddings.char_vectors={tmp_path}/c.vec", f"{tmp_path}/c.vec", "embeddings.char_vectors: vector file not found;"),
+    ]
+    for override, where, words in cases:
+        for dry_run in (["--dry-run"], []):
+            result = nerkit("train", "--config", "c.yaml", "--set", override, "--out", "out", *dry_run, cwd=tmp_path)
+            assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
+            assert result.stderr.startswith(f"nerkit: error: {where}: {words}"), result.stderr
+    flat = ["--set", "encoder.name=flat", "--set", "encoder.n_heads=2", "--set", "encoder.head_dim=4"]
+    result = nerkit("train", "--config", "c.yaml", *flat, "--set", "lexicon.source=words.txt", "--dry-run", cwd=tmp_path)
+    assert result.stderr.startswith("nerkit: error: words.txt: lexicon.source: lexicon file not found in"), result.stderr
+    result = nerkit("train", "--config", "c.yaml", *flat, "--set", "embeddings.word_vectors=w.vec", "--dry-run", cwd=tmp_path)
+    assert result.stderr.startswith("nerkit: error: w.vec: embeddings.word_vectors: vector file not found"), result.stderr
+
+
+def test_train_dry_run_reads_the_corpora_and_warns_of_a_long_warmup_as_the_run_does(tmp_path):
+    (tmp_path / "bad.bio").write_text(ISSUE_33, encoding="utf-8")
+    train_file = FIXTURES / "three_types.bio"  # 2 sentences: with batch_size 1 and 3 epochs, 6 steps
+    config = tmp_path / "c.yaml"
+    config.write_text(f"data: {{train: {train_file}, dev: {train_file}}}\n"
+                      "train: {epochs: 3, batch_size: 1, warmup: 5}\n", encoding="utf-8")
+    result = nerkit("train", "--config", config, "--dry-run", "--out", tmp_path / "out")
+    assert result.returncode == 0, result.stderr
+    assert "train: 2 sentences, 2 batches an epoch, 6 steps in all" in result.stderr
+    assert "train.warmup = 5 is 83% of the 6 steps that 3 epochs of 2 batches make" in result.stderr
+    assert not (tmp_path / "out").exists()
+    quiet = nerkit("train", "--config", config, "--dry-run", "--set", "train.warmup=0.1", "--out", tmp_path / "out")
+    assert quiet.returncode == 0 and "warmup" not in quiet.stderr, quiet.stderr
+    bad = nerkit("train", "--config", config, "--dry-run", "--set", f"data.dev={tmp_path / 'bad.bio'}")
+    assert bad.returncode == 2 and f"{tmp_path / 'bad.bio'}:4: the token 'ab'" in bad.stderr, bad.stderr
 
 
 def test_train_with_a_missing_config(tmp_path):

@@ -208,6 +208,10 @@ BAD_FILES = {
     "NUL byte": ("张 O\n三\x00 O\n", 2, "NUL"),
     "M- after I- tags": ("张 B-PER\n三 I-PER\n\n北 B-LOC\n京 M-LOC\n市 E-LOC\n", 5, "mix I-"),
     "I- after M- tags": ("北 B-LOC\n京 M-LOC\n市 E-LOC\n\n张 B-PER\n三 I-PER\n四 E-PER\n", 6, "mix I-"),
+    # LAC's vocabulary crashed on these (issue 33); offsets count characters on every path
+    "token of two characters": ("张 B-PER\n三 I-PER\n在 O\nab O\n北 B-LOC\n", 4,
+                                "the token 'ab' is longer than one character (2 characters)"),
+    "two U+FFFD as one token": ("张 O\n\n\ufffd\ufffd O\n", 3, "longer than one character"),
 }
 
 
@@ -310,6 +314,53 @@ def test_repair_reads_invalid_transitions_as_conlleval():
     assert corpus.sentences[0].tags == ["O", "B-LOC", "I-LOC", "O"]
 
 
+def test_a_token_of_several_characters_names_the_repair_of_each_command(write_file):
+    path = write_file("张 B-PER\nab O\n")
+    assert read_error(path).fix.endswith("its tag spread over them: pass --repair")
+    assert read_error(path, repair_option="set data.repair: true").fix.endswith(": set data.repair: true")
+    assert_at(read_error(path, strict=False), path, 2)  # `nerkit data stats` refuses it too
+
+
+SPLIT_TOKENS = {
+    # scheme: (file, the characters' tags after repair)
+    "bio": ("张 B-PER\nab I-PER\n在 O\ncd B-LOC\n京 I-LOC\nef O\n",
+            "B-PER I-PER I-PER O B-LOC I-LOC I-LOC O O"),
+    "bioes": ("ab S-PER\n在 O\ncd B-LOC\n北 I-LOC\nef E-LOC\n",
+              "B-PER E-PER O B-LOC I-LOC I-LOC I-LOC E-LOC"),
+    "bmes": ("ab S-PER\n北 B-LOC\ncd M-LOC\nefg E-LOC\n",
+             "B-PER E-PER B-LOC M-LOC M-LOC M-LOC M-LOC E-LOC"),
+}
+
+
+@pytest.mark.parametrize("scheme", SPLIT_TOKENS)
+def test_repair_splits_a_token_into_its_characters_keeping_its_entity(write_file, scheme):
+    content, tags = SPLIT_TOKENS[scheme]
+    corpus = read_corpus(write_file(content), repair=True)
+    [sentence] = corpus.sentences
+    assert sentence.tokens == [c for line in content.splitlines() for c in line.split()[0]]
+    assert sentence.tags == tags.split()
+    assert corpus.scheme == scheme and corpus.split_tokens == 3
+    assert corpus.invalid_transitions == 0 and corpus.repaired == 0  # a valid file stays valid
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+@settings(max_examples=40, suppress_health_check=REUSED_FIXTURE)
+@given(length_spans=span_sets().filter(lambda s: s[0] > 0), widths=st.lists(st.integers(1, 3), min_size=40, max_size=40))
+def test_repair_of_tokens_of_several_characters_keeps_every_entity(tmp_path, scheme, length_spans, widths):
+    """Tokens 1 to 3 characters wide: after the split, each entity covers the characters of its
+    tokens, and a valid sequence has no invalid transition."""
+    length, spans = length_spans
+    tags = spans_to_tags(length, spans, scheme)
+    tokens = ["字" * widths[i % len(widths)] for i in range(length)]
+    path = tmp_path / f"wide.{scheme}"
+    path.write_text("".join(f"{t} {tag}\n" for t, tag in zip(tokens, tags)), encoding="utf-8")
+    corpus = read_corpus(path, repair=True)
+    starts = [sum(len(t) for t in tokens[:i]) for i in range(length + 1)]
+    assert corpus.sentences[0].spans() == [Span(starts[s.start], starts[s.end], s.type) for s in spans]
+    assert corpus.invalid_transitions == 0
+    assert corpus.split_tokens == sum(len(t) > 1 for t in tokens)
+
+
 def test_lenient_read_counts_but_keeps_tags():
     corpus = read_corpus(FIXTURES / "invalid_transitions.bio", strict=False)
     assert corpus.invalid_transitions == 2
@@ -350,12 +401,13 @@ def test_write_then_read_round_trip(tmp_path, to, sents):
         assert [s.tags for s in back.sentences] == [convert_tags(s.tags, to) for s in sents]
 
 
-def test_multi_character_tokens_round_trip_in_conll_only(tmp_path):
+@pytest.mark.parametrize("to", [*SCHEMES, "jsonl"])
+def test_a_token_of_several_characters_is_written_in_no_format(tmp_path, to):
+    """The reader refuses such a token, so no writer makes a file with one."""
     sents = [Sentence(["New", "York", "市"], ["B-LOC", "I-LOC", "I-LOC"])]
-    write_corpus(tmp_path / "a.bioes", sents, "bioes")
-    assert read_corpus(tmp_path / "a.bioes").sentences[0].tags == ["B-LOC", "I-LOC", "E-LOC"]
-    with pytest.raises(CorpusError, match="longer than one character"):
-        write_corpus(tmp_path / "a.jsonl", sents, "jsonl")
+    with pytest.raises(CorpusError, match="'New' is longer than one character"):
+        write_corpus(tmp_path / f"a.{to}", sents, to)
+    assert not (tmp_path / f"a.{to}").exists()
 
 
 @pytest.mark.parametrize("token", [" ", "\t", "a b", "\n", ""])
@@ -396,7 +448,7 @@ JSONL_ERRORS = {
     "outside the text": ('{"text": "张三", "entities": [{"start": 1, "end": 3, "type": "PER"}]}\n', 1, "outside the text"),
     "empty entity": ('{"text": "张三", "entities": [{"start": 1, "end": 1, "type": "PER"}]}\n', 1, "outside the text"),
     "overlap": ('{"text": "张三丰", "entities": [{"start": 0, "end": 2, "type": "PER"}, '
-                '{"start": 1, "end": 3, "type": "PER"}]}\n', 1, "overlap"),
+                '{"start": 1, "end": 3, "type": "PER"}]}\n', 1, "the entities PER '张三' at 0:2 and PER '三丰' at 1:3 overlap"),
 }
 
 
@@ -407,6 +459,52 @@ def test_malformed_jsonl_names_the_line(case, write_file):
     err = read_error(path)
     assert_at(err, path, line)
     assert words in err.message
+
+
+def test_overlapping_jsonl_entities_name_the_fix(write_file):
+    err = read_error(write_file(JSONL_ERRORS["overlap"][0], "bad.jsonl"))
+    assert err.fix == 'flat NER gives a character one entity at most: keep one of the two and delete the other from "entities"'
+
+
+def test_cluener_label_in_jsonl_names_the_converter(write_file):
+    err = read_error(write_file(JSONL_ERRORS["CLUENER's label"][0], "bad.jsonl"))
+    assert "--from cluener" in err.fix
+
+
+CLUENER = ('{"text": "浙商银行企业信贷部叶老桂博士", "label": {"name": {"叶老桂": [[9, 11]]}, "company": {"浙商银行": [[0, 3]]}}}\n'
+           '{"id": 7, "text": "没有实体", "label": {}}\n'
+           '{"text": "北京北京", "label": {"address": {"北京": [[0, 1], [2, 3], [0, 1]]}}}\n')
+
+
+def test_cluener_records_become_spans_with_exclusive_ends(write_file):
+    corpus = read_corpus(write_file(CLUENER, "train.json"), fmt="cluener")
+    assert [s.text for s in corpus.sentences] == ["浙商银行企业信贷部叶老桂博士", "没有实体", "北京北京"]
+    assert [s.spans() for s in corpus.sentences] == [
+        [Span(0, 4, "company"), Span(9, 12, "name")], [], [Span(0, 2, "address"), Span(2, 4, "address")]]
+    assert corpus.format == "cluener" and corpus.labels == "spans" and corpus.types == ["address", "company", "name"]
+    assert [s.line for s in corpus.sentences] == [1, 2, 3]
+
+
+CLUENER_ERRORS = {
+    "mention not at its place": ('{"text": "叶老桂博士", "label": {"name": {"叶老桂": [[1, 3]]}}}', "name '叶老桂' is not the text "
+                                 "at [1, 3] ('老桂博')"),
+    "exclusive end": ('{"text": "叶老桂博士", "label": {"name": {"叶老桂": [[0, 3]]}}}', "is not the text at [0, 3]"),
+    "outside the text": ('{"text": "叶老桂", "label": {"name": {"叶老桂": [[0, 3]]}}}', "outside the text of 3 characters"),
+    "places not pairs": ('{"text": "叶老桂", "label": {"name": {"叶老桂": [0, 2]}}}', "not a list of [start, end] integer pairs"),
+    "no label": ('{"id": 0, "text": "叶老桂"}', 'no "label" key'),
+    "unknown key": ('{"text": "叶老桂", "labels": {}}', "unknown key 'labels'; the keys are 'id', 'text', 'label'"),
+    "overlap": ('{"text": "叶老桂博士", "label": {"name": {"叶老桂": [[0, 2]]}, "title": {"桂博士": [[2, 4]]}}}',
+                "the entities name '叶老桂' at [0, 2] and title '桂博士' at [2, 4] overlap"),
+}
+
+
+@pytest.mark.parametrize("case", CLUENER_ERRORS)
+def test_malformed_cluener_names_the_line(case, write_file):
+    record, words = CLUENER_ERRORS[case]
+    path = write_file('{"text": "张三", "label": {}}\n' + record + "\n", "dev.json")
+    err = read_error(path, fmt="cluener")
+    assert_at(err, path, 2)
+    assert words in err.message and err.fix
 
 
 @pytest.mark.parametrize("content, suggestion", [

@@ -26,6 +26,7 @@ import yaml
 from conftest import tiny_raw_config
 from safetensors.torch import load_file
 
+import nerkit
 from nerkit.config import build_config
 from nerkit.errors import ConfigError, UserError
 from nerkit.training.distributed import (
@@ -36,6 +37,9 @@ from nerkit.training.distributed import (
 )
 
 REPO = Path(__file__).resolve().parent.parent
+# The package's own directory, exactly: a checkout named `nerkit` (a clone's default name) has
+# `/nerkit/` in every path under it, torchrun's own through `<clone>/.venv` included.
+PACKAGE_DIR = str(Path(nerkit.__file__).parent) + os.sep
 # A run of one epoch is 8 steps of 8 sentences (60 sentences: the last batch has 4); a checkpoint
 # every 3 steps. The BiLSTM's output dropout (0.3) is on: each rank draws its own.
 TINY = ["train.epochs=3", "train.checkpoint_every=3", "train.threads=1"]
@@ -534,6 +538,24 @@ def test_a_rank_killed_mid_training_ends_the_job_at_once_with_a_clear_message(co
     assert metrics["steps"] == step + 2
 
 
+def package_traceback_lines(stderr: str) -> list[str]:
+    """The lines of a Python traceback that point into nerkit's own code (not torch's, wherever the
+    virtual environment lives)."""
+    return [line for line in stderr.splitlines() if "File" in line and PACKAGE_DIR in line]
+
+
+def test_the_traceback_check_sees_the_package_alone_in_a_checkout_named_nerkit():
+    """Issue 33: the check matched `/nerkit/` anywhere, so torchrun's own traceback through a clone
+    in a directory named `nerkit` (`/tmp/x/nerkit/.venv/...`) failed the test above."""
+    clone = Path(PACKAGE_DIR).parent
+    torchrun = (f'  File "{clone}/.venv/lib/python3.11/site-packages/torch/distributed/run.py", line 9, in main\n'
+                f'  File "/tmp/x/nerkit/.venv/lib/python3.11/site-packages/torch/distributed/elastic/api.py", line 1\n')
+    ours = f'  File "{PACKAGE_DIR}training/loop.py", line 5, in train\n'
+    assert package_traceback_lines(torchrun) == []
+    assert package_traceback_lines(torchrun + ours) == [ours.rstrip("\n")]
+    assert package_traceback_lines("nerkit: error: the corpora and vocabularies of rank 1 differ\n") == []
+
+
 @pytest.mark.slow
 def test_ranks_that_read_different_data_end_with_a_one_line_error_before_training(config_file, tmp_path):
     out = tmp_path / "run"
@@ -543,7 +565,7 @@ def test_ranks_that_read_different_data_end_with_a_one_line_error_before_trainin
     assert lines and "the corpora and vocabularies of rank 1 differ from rank 0's" in lines[0], result.stderr
     assert "same files at the same paths" in lines[0]
     # each rank says it in one line; the only traceback is torchrun's own report of failed workers
-    assert not [line for line in result.stderr.splitlines() if "File" in line and "/nerkit/" in line], result.stderr
+    assert not package_traceback_lines(result.stderr), result.stderr
     assert "epoch 1/" not in result.stderr and not (out / "checkpoint").exists()
 
 

@@ -419,6 +419,10 @@ def break_vocab_size(d):
     write_lm(d, config=tiny_config(vocab_size=10))  # weights and config agree, the vocab is larger
 
 
+def break_truncated_vocab(d):
+    write_lm(d, config=tiny_config(vocab_size=2 * len(VOCAB)))  # weights and config agree, vocab.txt is half
+
+
 def break_positions(d):
     tiny_config(max_positions=2).save_pretrained(d)
 
@@ -430,7 +434,9 @@ def break_positions(d):
     (break_word_pieces, "not a character-level vocabulary"), (break_specials, r"lacks \[PAD\]"),
     (break_weights, "no model.safetensors or pytorch_model.bin"), (break_safetensors, "cannot be read"),
     (break_pickle_objects, "objects other than tensors"), (break_pickle_bytes, "cannot be read"),
-    (break_shapes, "do not fit"), (break_missing_tensors, "16 tensors missing"), (break_vocab_size, "vocab_size"),
+    (break_shapes, "do not fit"), (break_missing_tensors, "16 tensors missing"),
+    (break_vocab_size, "vocab.txt has 56 tokens but config.json's vocab_size is 10: ids would overflow"),
+    (break_truncated_vocab, r"vocab.txt has 56 tokens but config.json's vocab_size is 112 \(50%\): vocab.txt looks truncated"),
     (break_positions, "max_position_embeddings"),
 ])
 def test_each_broken_lm_directory_is_a_user_error(lm_dir, damage, match):
@@ -438,6 +444,61 @@ def test_each_broken_lm_directory_is_a_user_error(lm_dir, damage, match):
     with pytest.raises(UserError, match=match) as info:
         load_lm(lm_dir)
     assert info.value.where and info.value.fix
+
+
+@needs_transformers
+def test_a_vocabulary_a_little_short_of_vocab_size_is_accepted(tmp_path):
+    """Some models round vocab_size up past their vocab.txt: 90% of it or more is accepted."""
+    lm = load_lm(write_lm(tmp_path / "lm", config=tiny_config(vocab_size=len(VOCAB) + 5)))
+    assert len(lm.vocab) == len(VOCAB)
+
+
+def saved_model(tmp_path, lm_dir):
+    """A model directory with a language model (built, not trained: loading is what is tested)."""
+    from conftest import tiny_raw_config
+
+    from nerkit.config import build_config
+    from nerkit.data.splits import read_splits
+    from nerkit.training.build import build_pipeline
+
+    config = build_config(tiny_raw_config(), "<tiny config>", [f"embeddings.lm.path={lm_dir}", "embeddings.bichar_dim=0"])
+    return build_pipeline(config, read_splits(config)).save(tmp_path / "model")
+
+
+@needs_transformers
+def test_a_model_copied_without_its_lm_directory_says_to_copy_all_of_it(tmp_path, lm_dir, nerkit):
+    """Issue 33: it once failed with a torch warning and `model.safetensors does not match ...`."""
+    from nerkit.errors import ModelDirError
+    from nerkit.inference.pipeline import Pipeline
+
+    model = saved_model(tmp_path, lm_dir)
+    shutil.rmtree(model / "lm")
+    with pytest.raises(ModelDirError, match="lm/ is missing") as info:
+        Pipeline.load(model)
+    assert info.value.where == str(model) and "copy the whole model directory" in info.value.fix
+    result = nerkit("eval", "--model", str(model), "--data", str(tmp_path / "absent.bio"), check=False)
+    assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
+    assert result.stderr.startswith(f"nerkit: error: {model}: lm/ is missing"), result.stderr
+
+
+@needs_transformers
+@pytest.mark.parametrize("damage, where", [
+    (lambda lm: (lm / "vocab.txt").write_bytes("[PAD]\n北京\n".encode("gbk")), "vocab.txt"),
+    (lambda lm: (lm / "config.json").unlink(), ""),
+    (lambda lm: (lm / "tokenizer_config.json").write_text("{", encoding="utf-8"), "tokenizer_config.json"),
+])
+def test_a_damaged_lm_directory_inside_a_model_says_to_copy_the_model_again(tmp_path, lm_dir, damage, where):
+    """Not `run make lm` (the fix for a language model's own directory): nerkit wrote these files."""
+    from nerkit.errors import ModelDirError
+    from nerkit.inference.pipeline import Pipeline
+
+    model = saved_model(tmp_path, lm_dir)
+    damage(model / "lm")
+    with pytest.raises(ModelDirError) as info:
+        Pipeline.load(model)
+    assert info.value.where == str(model / "lm" / where).rstrip("/")
+    assert info.value.fix == "the model directory's lm/ is damaged: copy the whole model directory again, or train " \
+                             "the model again"
 
 
 @needs_transformers

@@ -24,8 +24,8 @@ from nerkit.config import ENCODER_OPTIONS
 from nerkit.data.corpus import read_corpus
 from nerkit.data.splits import Splits
 from nerkit.data.tags import Span
-from nerkit.errors import ModelDirError
-from nerkit.features.batch import collate
+from nerkit.errors import ModelDirError, UserError
+from nerkit.features.batch import collate, collate_padded, padded_size
 from nerkit.inference.model_dir import MODEL_FILES
 from nerkit.inference.pipeline import Pipeline
 from nerkit.model.encoders import ENCODERS
@@ -148,6 +148,71 @@ def test_batched_predictions_equal_one_at_a_time(tiny_config, encoder):
     together = pipe.predict(texts, batch_size=5)
     assert together == [pipe.predict([t])[0] for t in texts]
     assert sum(len(e) for e in together) > 0
+
+
+PADDED_SIZES = {1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024}
+
+
+def test_padded_sizes_are_few_and_less_than_half_again_as_large():
+    assert {padded_size(n) for n in range(1, 1025)} == PADDED_SIZES
+    for n in range(1, 5000):
+        assert n <= padded_size(n) <= 1.5 * n and padded_size(padded_size(n)) == padded_size(n)
+
+
+@pytest.mark.parametrize("encoder", LATTICE_FREE + ["flat"])
+def test_padded_batches_predict_as_one_at_a_time(tiny_config, encoder, tmp_path):
+    """A prediction batch padded to a bounded shape (rows repeating the last example, positions
+    and lattice words past the longest): every real row's scores and path are its own alone."""
+    overrides = encoder_overrides(encoder)
+    if encoder == "flat":
+        words = tmp_path / "words.txt"
+        words.write_text("北京\n张伟\n李娜\n清华大学\n大学\n记者\n", encoding="utf-8")
+        overrides += [f"lexicon.source={words}", "embeddings.word_dim=4"]
+    pipe = scramble(build_pipeline(tiny_config(*overrides)), seed=1, entity_bias=1.0)
+    texts = random_texts(12, seed=4, max_len=37) + ["张", "北京", "张伟在清华大学读书"]
+    examples = [pipe.featurizer.example(list(t)) for t in texts]
+    batch = collate_padded(examples, 64, 250)
+    longest = max(len(e) for e in examples)
+    assert batch.mask.shape == (16, padded_size(longest)) and longest < padded_size(longest)
+    assert batch.mask.sum(1).tolist() == [len(e) for e in examples] + [len(examples[-1])]
+    if encoder == "flat":
+        assert batch.word_mask.shape[1] == padded_size(max(len(e.word_ids) for e in examples))
+    with torch.no_grad():
+        emissions = pipe.model.emissions(batch)  # (B, T, K)
+        for row, example in enumerate(examples):
+            alone = pipe.model.emissions(collate([example]))[0]  # (T_row, K)
+            torch.testing.assert_close(emissions[row, :len(example)], alone, atol=1e-5, rtol=1e-5)
+    decoded = pipe.model.decode(batch)
+    assert decoded[:len(examples)] == [pipe.model.decode(collate([e]))[0] for e in examples]
+    assert decoded[len(examples)] == decoded[len(examples) - 1]
+
+
+def test_prediction_batches_come_in_a_few_shapes(tiny_config):
+    """Issue 33: memory grew with the input, as a native cache (oneDNN's, under bf16) kept an entry
+    for every new batch shape. Texts of every length up to 300 characters, in calls of 1 to 70 texts:
+    the model sees rows and lengths from a few sizes only (never longer than the window), and
+    predicts as one text at a time."""
+    pipe = scramble(build_pipeline(tiny_config()), seed=2, entity_bias=1.0)
+    shapes, decode = set(), pipe.model.decode
+
+    def counted_decode(batch):
+        shapes.add(tuple(batch.mask.shape))
+        return decode(batch)
+
+    pipe.model.decode = counted_decode
+    rnd = random.Random(3)
+    texts = ["".join(rnd.choice("张伟李娜在北京上海工作清华大学新华社的记者，。") for _ in range(n)) for n in range(1, 301)]
+    rnd.shuffle(texts)
+    found, start = [], 0
+    while start < len(texts):
+        size = rnd.randint(1, 70)
+        found += pipe.predict(texts[start:start + size], batch_size=64, window=250)
+        start += size
+    assert {rows for rows, _ in shapes} <= {1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64}
+    assert {length for _, length in shapes} <= {n for n in PADDED_SIZES if n < 250} | {250}
+    assert len(shapes) < 80 and len(found) == len(texts)
+    pipe.model.decode = decode
+    assert found[:40] == [pipe.predict(t, window=250)[0] for t in texts[:40]]
 
 
 # ------------------------------------------------------------------------------ save and load
@@ -299,6 +364,15 @@ def test_load_refuses_broken_json(model_copy, name):
     (model_copy / name).write_text("{not json")
     with pytest.raises(ModelDirError, match="not valid JSON"):
         Pipeline.load(model_copy)
+
+
+def test_load_refuses_a_broken_config_yaml_naming_its_line_and_the_fix(model_copy):
+    path = model_copy / "config.yaml"
+    path.write_text(path.read_text(encoding="utf-8") + "train: [1, 2\n", encoding="utf-8")
+    with pytest.raises(ModelDirError, match="config.yaml is not valid YAML") as info:
+        Pipeline.load(model_copy)
+    assert info.value.where.startswith(f"{path}:") and info.value.where.rsplit(":", 1)[1].isdigit()
+    assert "copy the whole model directory again" in info.value.fix
 
 
 class MarkerPayload:
@@ -608,6 +682,79 @@ def test_long_lines_of_a_real_model_index_the_text_and_batch_as_one_at_a_time(ea
     assert sum(len(e) for e in together) >= 20
     for line, entities in zip(lines, together):
         check_entities(line, entities, {t[2:] for t in eager_pipeline.tags if t != "O"})
+
+
+# ------------------------------------------------------------------ the prediction window (issue 33)
+
+
+def joined_dev_text() -> str:
+    """The tiny dev corpus as one line of 177 characters: far longer than any training sentence."""
+    return "".join(s.text for s in read_corpus(FIXTURES / "tiny_dev.bio").sentences)
+
+
+def windows_used(monkeypatch) -> list[int]:
+    """The windows `predict_tokens` reads texts in, from now on."""
+    import nerkit.inference.pipeline as pipeline_module
+
+    used, text_windows = [], pipeline_module.text_windows
+    monkeypatch.setattr(pipeline_module, "text_windows", lambda length, window: used.append(window) or
+                        text_windows(length, window))
+    return used
+
+
+def test_the_default_window_is_the_longest_training_sentence(tiny_model_dir, monkeypatch):
+    """A model trained on sentences of at most 17 characters (data.max_len 250) reads a long text in
+    windows of 17 characters unless told otherwise: the figure is saved in nerkit.json, and the
+    window changes what a long text gives."""
+    longest = max(len(s) for s in read_corpus(FIXTURES / "tiny_train.bio").sentences)
+    assert json.loads((tiny_model_dir / "nerkit.json").read_text())["train_max_len"] == longest == 17
+    pipe = Pipeline.load(tiny_model_dir)
+    assert pipe.config.data.max_len == 250 and pipe.train_max_len == 17 and pipe.window == 17
+    text = joined_dev_text()
+    used = windows_used(monkeypatch)
+    default = pipe.predict(text)
+    assert used == [17]
+    assert pipe.predict(text, window=17) == default
+    whole = pipe.predict(text, window=250)
+    assert used == [17, 17, 250] and whole != default and whole == pipe.predict(text, window=0)
+    gold = FIXTURES / "tiny_dev.bio"
+    assert pipe.evaluate(gold) == pipe.evaluate(gold, window=17) and used[-2:] == [17, 17]
+    narrow = pipe.evaluate(gold, window=4)
+    assert used[-1] == 4 and narrow != pipe.evaluate(gold)
+    for bad in (-1, 2.5, "17", True):
+        with pytest.raises(UserError, match="the prediction window must be a whole number of characters"):
+            pipe.predict(text, window=bad)
+    with pytest.raises(UserError, match="the model's default is 17"):
+        pipe.evaluate(gold, window=-3)
+
+
+def test_the_window_is_never_above_max_len_where_it_is_set(tiny_config):
+    """The longest training sentence (17 characters here: the pieces given to the pipeline are not
+    cut at max_len) is the window, unless data.max_len is smaller; data.max_len 0 is no limit."""
+    assert build_pipeline(tiny_config("data.max_len=10")).window == 10
+    assert build_pipeline(tiny_config("data.max_len=100")).window == 17
+    pipe = build_pipeline(tiny_config("data.max_len=0"))
+    assert pipe.train_max_len == 17 and pipe.window == 17
+    pipe.train_max_len = None  # not recorded: data.max_len, as before it was
+    assert pipe.window == 0
+
+
+def test_a_model_directory_without_training_lengths_keeps_max_len_as_its_window(model_copy, monkeypatch):
+    """A model directory written before nerkit.json recorded `train_max_len` loads and predicts as
+    it did: in windows of data.max_len. A value that is not a length is refused."""
+    meta = json.loads((model_copy / "nerkit.json").read_text())
+    meta.pop("train_max_len")
+    (model_copy / "nerkit.json").write_text(json.dumps(meta))
+    pipe = Pipeline.load(model_copy)
+    assert pipe.train_max_len is None and pipe.window == 250
+    used = windows_used(monkeypatch)
+    text = joined_dev_text()
+    assert pipe.predict(text) == pipe.predict(text, window=250) and used == [250, 250]
+    for bad in (0, -5, "17", 2.5):
+        (model_copy / "nerkit.json").write_text(json.dumps({**meta, "train_max_len": bad}))
+        with pytest.raises(ModelDirError, match="train_max_len is") as info:
+            Pipeline.load(model_copy)
+        assert info.value.where == str(model_copy / "nerkit.json")
 
 
 def test_predict_keeps_empty_texts_in_place(eager_pipeline):

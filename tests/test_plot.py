@@ -85,7 +85,11 @@ def test_curves_as_svg_and_the_errors_a_user_can_fix(tmp_path, nerkit):
     bad = nerkit("plot", "curves", str(run), "--out", str(tmp_path / "c.jpg"), check=False)
     assert bad.returncode == 2 and ".png or .svg" in bad.stderr
     missing = nerkit("plot", "curves", str(tmp_path / "nothing"), "--out", str(svg), check=False)
-    assert missing.returncode == 2 and "metrics.jsonl" in missing.stderr
+    assert missing.returncode == 2 and missing.stderr == f"nerkit: error: {tmp_path / 'nothing'}: no such directory; " \
+                                                         "check the path: pass the --out directory of `nerkit train`\n"
+    (tmp_path / "empty").mkdir()
+    empty = nerkit("plot", "curves", str(tmp_path / "empty"), "--out", str(svg), check=False)
+    assert empty.returncode == 2 and "no metrics.jsonl here" in empty.stderr
     (run / "metrics.jsonl").write_text('{"epoch": 1}\n', encoding="utf-8")
     broken = nerkit("plot", "curves", str(run), "--out", str(tmp_path / "d.png"), check=False)
     assert broken.returncode == 2 and "metrics.jsonl:1" in broken.stderr

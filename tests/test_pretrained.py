@@ -45,7 +45,7 @@ def test_every_row_of_a_vector_file_joins_the_model_at_unit_length(tmp_path, tin
     config = tiny_config(f"embeddings.char_vectors={tmp_path / 'char.vec'}", "embeddings.char_dim=null")
     assert config.embeddings.char_dim is None  # the width comes from the file
     pipe = build_pipeline(config, read_splits(config))
-    assert config.embeddings.char_dim == 6
+    assert pipe.config.embeddings.char_dim == 6 and config.embeddings.char_dim is None  # resolved in a copy
     chars, table = pipe.featurizer.chars, pipe.model.embedder.chars.weight.detach()
     for word, row in zip(seen + unseen, matrix):
         assert word in chars

@@ -154,12 +154,24 @@ def test_missing_and_empty_files(write_file, tmp_path):
     ("a 1 2 3\n 1 2 3\n", 2, "starts with a space"),
     ("a\n", 1, "a word without values"),
     ("3 3\na 1 2 3\nb 1 2 3\n", 1, "the header announces 3 vectors but the file holds 2"),
+    # tabs once read as a word without values: "found 0"
+    ("2 3\na\t1\t2\t3\nb\t1\t2\t3\n", 2, "expected 3 values after the word, found a line of 4 tab-separated fields"),
+    ("a\t1\t2\t3\n", 1, "expected values after the word, found a line of 4 tab-separated fields"),
 ])
 def test_malformed_text_names_file_and_line(write_file, content, line, message):
     path = write_file(content, "bad.vec")
     text = error_of(path)
     assert text.startswith(f"{path}:{line}: ") and message in text, text
     assert "; " in text  # and says how to fix it
+
+
+def test_a_tab_inside_a_word_with_its_values_is_still_a_word(write_file):
+    vectors = read_vectors(write_file("a\tb 1 2\nc 3 4\n", "tab.vec"))
+    assert vectors.words == ["a\tb", "c"]
+
+
+def test_tab_separated_vectors_say_to_replace_the_tabs(write_file):
+    assert "replace the tabs with spaces" in error_of(write_file("a\t1\t2\n", "tabs.vec"))
 
 
 def test_non_utf8_text_names_its_line(write_file):

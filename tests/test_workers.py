@@ -1,10 +1,12 @@
 """Tests for prediction over several processes (nerkit/workers.py, `nerkit predict --workers N`): the
 dispatcher keeps input order and a bounded number of chunks out (with threads standing in for the
-processes), several processes write byte for byte what one writes, errors keep their one-line
-messages, and a killed worker, Ctrl-C or a closed pipe end the command without a wait."""
+processes), several processes write byte for byte what one writes with the same threads per
+process, the prediction window reaches them, errors keep their one-line messages, and a killed
+worker, Ctrl-C, SIGTERM or a closed pipe end the command without a wait or a leftover file."""
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 import os
 import signal
@@ -16,6 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+import torch
 from test_cli_model import parse_jsonl, run_cli
 
 from nerkit.errors import CorpusError
@@ -24,6 +27,7 @@ from nerkit.inference.stream import predict_stream
 from nerkit.inference.workers import WorkerLost, Workers, in_order, threads_per_worker
 
 REPO = Path(__file__).resolve().parent.parent
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
 
 # ------------------------------------------------------------------------- the dispatcher alone
 
@@ -158,7 +162,10 @@ def pipe(tiny_model_dir):
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_two_workers_write_what_one_process_writes(pool, pipe, tmp_path, fmt):
     """Blank and whitespace-only lines, a BOM, CRLF, a line read in windows, no final newline; a
-    chunk of about 30 characters, so that many chunks are out at once and finish out of order."""
+    chunk of about 30 characters, so that many chunks are out at once and finish out of order.
+    What is claimed, and so checked: the same bytes with the same torch threads per process (a
+    near-tie may be decided otherwise by a different number of threads)."""
+    assert pool.worker_threads == [1, 1] and torch.get_num_threads() == 1
     source = tmp_path / "awkward.txt"
     source.write_bytes(AWKWARD)
     one, two = tmp_path / f"one.{fmt}", tmp_path / f"two.{fmt}"
@@ -190,12 +197,17 @@ def test_invalid_utf8_with_workers_is_the_reader_error_after_the_same_records(po
 
 
 def test_the_workers_option_on_the_command_line(tiny_model_dir, tmp_path, monkeypatch, capfd):
+    """The same bytes from one process with one thread and from two workers sharing two threads
+    (one each, which --verbose says)."""
     model = str(tiny_model_dir)
     source = tmp_path / "awkward.txt"
     source.write_bytes(AWKWARD)
-    _, expected, _ = run_cli(monkeypatch, capfd, "predict", "--model", model, str(source), "--workers", "1")
-    code, stdout, stderr = run_cli(monkeypatch, capfd, "predict", "--model", model, str(source), "--workers", "2")
+    _, expected, _ = run_cli(monkeypatch, capfd, "predict", "--model", model, str(source), "--workers", "1",
+                             "--threads", "1")
+    code, stdout, stderr = run_cli(monkeypatch, capfd, "--verbose", "predict", "--model", model, str(source),
+                                   "--workers", "2", "--threads", "2")
     assert code == 0, stderr
+    assert "2 prediction workers, torch threads each: 1, 1" in stderr
     assert stdout == expected and len(parse_jsonl(stdout)) == AWKWARD_LINES
     for count in ("0", "-1"):
         code, stdout, stderr = run_cli(monkeypatch, capfd, "predict", "--model", model, str(source), "--workers", count)
@@ -221,6 +233,47 @@ def test_the_workers_option_on_the_command_line(tiny_model_dir, tmp_path, monkey
         messages.append(stderr)
     assert messages[0] == messages[1] and len(messages[1].splitlines()) == 1
     assert messages[1].startswith(f"nerkit: error: {source}:4: bytes at offset")
+
+
+def joined_dev_text() -> str:
+    from nerkit.data.corpus import read_corpus
+
+    return "".join(s.text for s in read_corpus(FIXTURES / "tiny_dev.bio").sentences)
+
+
+def test_the_window_is_the_same_from_the_api_the_command_line_and_the_workers(tiny_model_dir, pool, pipe, tmp_path,
+                                                                               monkeypatch, capfd):
+    """Issue 33: a long text is read in windows of the longest training sentence (17 characters for
+    the tiny model), or of `--window N`: `nerkit predict` in one process and in two, `nerkit eval`
+    and the Python API give the same, and the two windows give different entities."""
+    model, text = str(tiny_model_dir), joined_dev_text()
+    lines = [text, "张伟在北京工作。", text[:60], text * 2]
+    source = tmp_path / "long.txt"
+    source.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    gold = tmp_path / "joined.bio"  # the dev corpus as one sentence of 177 characters
+    gold.write_text("".join(line for line in (FIXTURES / "tiny_dev.bio").read_text(encoding="utf-8").splitlines(True)
+                            if line.strip()), encoding="utf-8")
+    found, scores = {}, {}
+    for window in (None, 250):
+        option = [] if window is None else ["--window", str(window)]
+        api = [{"text": t, "entities": e} for t, e in zip(lines, pipe.predict(lines, window=window))]
+        for workers in ("1", "2"):
+            code, stdout, stderr = run_cli(monkeypatch, capfd, "predict", "--model", model, str(source),
+                                           "--workers", workers, "--threads", workers, *option)
+            assert code == 0, stderr
+            assert parse_jsonl(stdout) == api, (window, workers)
+        assert predict_stream(pool, str(source), str(tmp_path / "pool.jsonl"), window=window) == len(lines)
+        assert parse_jsonl((tmp_path / "pool.jsonl").read_text(encoding="utf-8")) == api
+        code, stdout, stderr = run_cli(monkeypatch, capfd, "eval", "--model", model, "--data", str(gold), "--json",
+                                       *option)
+        assert code == 0, stderr
+        assert json.loads(stdout) == json.loads(json.dumps(pipe.evaluate(gold, window=window)))
+        found[window], scores[window] = api, json.loads(stdout)
+    assert pipe.window == 17 and found[None] != found[250] and scores[None] != scores[250]
+    for command in (["predict", str(source)], ["eval", "--data", str(gold)]):
+        code, stdout, stderr = run_cli(monkeypatch, capfd, *command, "--model", model, "--window", "-1")
+        assert code == 2 and stdout == "" and len(stderr.splitlines()) == 1
+        assert stderr.startswith("nerkit: error: Invalid value for '--window'"), stderr
 
 
 # ------------------------------------------------------------------ a killed worker, Ctrl-C, a closed pipe
@@ -285,3 +338,42 @@ def test_a_run_with_workers_ends_at_once_and_leaves_no_worker(tiny_model_dir, tm
     for pid in workers:  # ended, and reaped by the command before it ended
         assert not Path(f"/proc/{pid}").exists()
     assert list(output.parent.iterdir()) == []
+
+
+@pytest.mark.parametrize("workers, target, old", [("1", "process", False), ("2", "job", True), ("2", "process", True)],
+                         ids=["one process", "two workers, the job", "two workers, the main process"])
+def test_sigterm_during_predict_output_leaves_no_temporary_file(tiny_model_dir, tmp_path, workers, target, old):
+    """Issue 33: SIGTERM (`kill`, a batch scheduler or a service manager stopping the job) during
+    `nerkit predict --output` left the hidden partial file `.pred.jsonl.<hex>.tmp`. It now ends
+    the command as Ctrl-C does, whether it reaches the main process alone or the whole job (as
+    `kill %1` in a shell): exit 143 and nothing said, no temporary file, the output as it was
+    before (absent, or the old file untouched), no worker left."""
+    source = tmp_path / "many.txt"
+    source.write_text("张伟在北京的清华大学工作。\n" * 60_000, encoding="utf-8")
+    output = tmp_path / "out" / "pred.jsonl"
+    output.parent.mkdir()
+    if old:
+        output.write_bytes(b"the old predictions\n")
+    command = [sys.executable, "-m", "nerkit", "predict", "--model", str(tiny_model_dir), str(source),
+               "--workers", workers, "--output", str(output)]
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO, start_new_session=True,
+                          env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "error"}) as process:
+        deadline = time.monotonic() + 120
+        while not list(output.parent.glob(".pred.jsonl.*.tmp")):  # the workers are ready, the file is open
+            assert process.poll() is None and time.monotonic() < deadline, process.stderr.read().decode()
+            time.sleep(0.05)
+        children = worker_pids(process.pid)
+        assert len(children) == (2 if workers == "2" else 0)
+        if target == "job":
+            os.killpg(process.pid, signal.SIGTERM)
+        else:
+            os.kill(process.pid, signal.SIGTERM)
+        code = process.wait(timeout=60)
+        stderr = process.stderr.read().decode()
+    assert code == 143, stderr
+    assert stderr == ""
+    assert [p.name for p in output.parent.iterdir()] == (["pred.jsonl"] if old else [])
+    if old:
+        assert output.read_bytes() == b"the old predictions\n"
+    for pid in children:
+        assert not Path(f"/proc/{pid}").exists()

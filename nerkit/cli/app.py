@@ -22,6 +22,7 @@ from typer._click.exceptions import (  # the click that typer carries
 
 from nerkit import __version__
 from nerkit.cli.plot import plot_app
+from nerkit.cli.serve import serve
 from nerkit.cli.vectors import vectors_app
 from nerkit.config import DEVICES
 from nerkit.errors import JobError, UserError
@@ -53,6 +54,9 @@ Format = Literal["jsonl", "conll", "inline", "html"]  # nerkit.inference.formats
 Target = Literal["bio", "bioes", "bmes", "jsonl"]
 
 
+Source = Literal["auto", "conll", "jsonl", "cluener"]  # nerkit.data.corpus.FORMATS (a test keeps them equal)
+
+
 def flag(*names: str, help: str, default: bool | None = False, **kwargs):
     """A boolean option that --help shows as a plain flag (no metavar), not as one taking `<bool>`
     (typer's own --help keeps its `<bool>`)."""
@@ -62,7 +66,11 @@ def flag(*names: str, help: str, default: bool | None = False, **kwargs):
 DEVICE = typer.Option("cpu", "--device", help="Where the model runs.")
 
 
-THREADS = typer.Option(0, "--threads", min=0, help="torch threads (0 = torch's default, one per core).")
+THREADS = typer.Option(0, "--threads", min=0, help="torch threads (0 = the cores free when nerkit starts).")
+
+
+WINDOW = typer.Option(None, "--window", min=0, help="Read a text longer than N characters in overlapping windows "
+                      "of N (default: the longest training sentence, at most data.max_len; 0 = each text whole).")
 
 
 def _echo_json(obj) -> None:
@@ -90,8 +98,9 @@ def train(
     config: Optional[Path] = typer.Option(None, "--config", "-c", help="YAML config file."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Model directory (default: the config's output_dir)."),
     set_: List[str] = typer.Option([], "--set", help="Override a config value: --set train.lr=0.01 (repeatable)."),
-    dry_run: bool = flag("--dry-run", help="Print the fully resolved config, check that its data files exist "
-                         "and --out is usable, and exit."),
+    dry_run: bool = flag("--dry-run", help="Print the fully resolved config, check that every file it names "
+                         "exists and --out is usable, read the corpora as the run would (with its "
+                         "warnings), and exit."),
     force: bool = flag("--force", help="Replace a non-empty output directory."),
     resume: Optional[Path] = typer.Option(None, "--resume", help="Continue the interrupted run in this directory."),
     nproc: int = typer.Option(1, "--nproc", min=1, help="Processes on this machine (data-parallel, started "
@@ -122,6 +131,9 @@ def train(
         world_size = nproc if nproc > 1 else World.from_env().size  # --nproc, or this rank's torchrun world
         check_run(cfg, Path(cfg.output_dir), force, resume is not None, world_size)
     if dry_run:
+        from nerkit.training.run_dir import read_for_dry_run
+
+        read_for_dry_run(cfg)
         return
     if nproc > 1:
         from nerkit.training.distributed import launch
@@ -158,6 +170,7 @@ def evaluate(
     threads: int = THREADS,
     show_errors: bool = flag("--errors", help="Also break the errors down by type: wrong type, "
                              "wrong boundary, both, missed, spurious."),
+    window: Optional[int] = WINDOW,
 ):
     """Entity-level precision, recall and F1 of a model on a gold corpus."""
     from nerkit.device import set_threads
@@ -170,7 +183,7 @@ def evaluate(
         check_output(output, data)  # before the evaluation: a wrong path costs no wait
     set_threads(threads)
     pipe = Pipeline.load(model, device=device)
-    result = pipe.evaluation(data, batch_size, repair=repair, with_errors=show_errors)
+    result = pipe.evaluation(data, batch_size, repair=repair, with_errors=show_errors, window=window)
     if output:
         atomic_write_text(output, eval_output(result.sentences, result.predicted, result.scheme))
     metrics = result.metrics
@@ -194,15 +207,16 @@ def predict(
                                 "workers (0 = one per core)."),
     workers: int = typer.Option(1, "--workers", min=1, help="Processes that predict at once, each "
                                 "holding a copy of the model (1 = this process)."),
+    window: Optional[int] = WINDOW,
 ):
     """Tag every line of a text file (or stdin, a pipe, /dev/stdin)."""
-    from nerkit.inference.stream import check_paths, predict_stream
-    from nerkit.inference.workers import predictor
+    from nerkit.inference.stream import predict_file
 
-    out = str(output) if output else None
-    check_paths(source, out)  # before the model loads: a wrong path costs no wait
-    with predictor(model, device, threads, workers) as pipe:
-        predict_stream(pipe, source, out, fmt, batch_size)
+    predict_file(model, source, str(output) if output else None, fmt, batch_size, device, threads, workers, window)
+
+
+
+app.command()(serve)  # nerkit/cli/serve.py
 
 
 @app.command()
@@ -277,14 +291,15 @@ def data_validate(
     repair: Optional[Path] = typer.Option(None, "--repair", help="Write a repaired copy here."),
 ):
     """Check a corpus strictly and list its errors (the first 20, and how many); with --repair OUT,
-    fix invalid transitions and write the result."""
+    fix invalid transitions, split tokens of several characters, and write the result."""
     from nerkit.data.corpus import read_corpus, scheme_label, write_corpus
 
     corpus = read_corpus(file, repair=repair is not None, max_errors=20,
                          repair_option="pass --repair OUT for a repaired copy")
     if repair is not None:
         write_corpus(repair, corpus.sentences, "jsonl" if repair.suffix in (".jsonl", ".json") else corpus.scheme, file)
-        typer.echo(f"{file}: repaired {corpus.repaired} tags ({corpus.invalid_transitions} invalid transitions); "
+        split = f", split {corpus.split_tokens} tokens of several characters" if corpus.split_tokens else ""
+        typer.echo(f"{file}: repaired {corpus.repaired} tags ({corpus.invalid_transitions} invalid transitions){split}; "
                    f"wrote {repair}")
     else:
         typer.echo(f"{file}: OK, {len(corpus.sentences)} sentences, {scheme_label(corpus.labels)}, "
@@ -296,13 +311,16 @@ def data_convert(
     source: Path = typer.Argument(..., help="Input corpus (CoNLL or .jsonl)."),
     target: Path = typer.Argument(..., help="Output file."),
     to: Target = typer.Option(..., "--to", help="Target tag scheme or format."),
-    repair: bool = flag("--repair", help="Fix invalid transitions while reading."),
+    from_: Source = typer.Option("auto", "--from", help="Input format: auto (.jsonl and .json are JSON lines, "
+                                 "anything else CoNLL), or CLUENER's JSON (cluener)."),
+    repair: bool = flag("--repair", help="Fix invalid transitions and split tokens of several characters "
+                        "while reading."),
 ):
     """Convert between tag schemes and formats."""
     from nerkit.data.corpus import read_corpus, write_corpus
 
-    corpus = read_corpus(source, repair=repair)
-    write_corpus(target, corpus.sentences, to, source)
+    corpus = read_corpus(source, repair=repair, fmt=from_)
+    write_corpus(target, corpus.sentences, to, source, from_)
     typer.echo(f"{source} ({corpus.labels}) -> {target} ({to}), {len(corpus.sentences)} sentences")
 
 

@@ -19,6 +19,7 @@ from nerkit.data.tags import (
     convert_tags,
     detect_scheme,
     spans_to_tags,
+    spread_tag,
     tags_to_spans,
     transition_problems,
 )
@@ -35,6 +36,16 @@ ENTITY_KEYS = ("start", "end", "type", "text")  # an entity's "text", as nerkit 
 
 
 _JSONL_FORMAT = 'each line is {"text": "...", "entities": [{"start": 0, "end": 2, "type": "PER"}]}'
+
+
+# CLUENER's release (and others that copied it): the mention's text, then where it occurs, end inclusive.
+CLUENER_KEYS = ("id", "text", "label")
+
+
+_CLUENER_FORMAT = 'each line is {"text": "...", "label": {"TYPE": {"MENTION": [[start, end_inclusive], ...]}}}'
+
+
+FORMATS = ("auto", "conll", "jsonl", "cluener")  # what read_corpus's `fmt` may say; auto: by extension
 
 
 _SEPARATOR = re.compile(r"[ \t]+")  # only ASCII space and tab separate columns: U+3000 may be a token
@@ -69,14 +80,15 @@ class Corpus:
     scheme: str
     invalid_transitions: int = 0  # found while reading (each one fixed when repair=True)
     repaired: int = 0  # tags changed by repair
+    split_tokens: int = 0  # tokens of several characters that repair split into their characters
     types: list[str] = field(default_factory=list)
-    format: str = "conll"  # or "jsonl"
+    format: str = "conll"  # or "jsonl", "cluener"
 
     @property
     def labels(self) -> str:
-        """How the file marks entities: its tag scheme, or SPANS for JSON lines (whose BIOES tags
-        exist only inside nerkit)."""
-        return SPANS if self.format == "jsonl" else self.scheme
+        """How the file marks entities: its tag scheme, or SPANS for JSON lines and CLUENER's JSON
+        (whose BIOES tags exist only inside nerkit)."""
+        return self.scheme if self.format == "conll" else SPANS
 
 
 def scheme_label(labels: str) -> str:
@@ -141,14 +153,19 @@ REPAIR_OPTION = "pass --repair"  # how `nerkit eval` and `nerkit data convert` a
 
 
 def read_corpus(path: str | Path, repair: bool = False, strict: bool = True, max_errors: int = 1,
-                repair_option: str = REPAIR_OPTION) -> Corpus:
-    """Read a corpus, CoNLL or JSON-lines (by extension .jsonl/.json). With `strict`, an invalid
+                repair_option: str = REPAIR_OPTION, fmt: str = "auto") -> Corpus:
+    """Read a corpus, CoNLL or JSON-lines (by extension .jsonl/.json), or as `fmt` says (FORMATS:
+    CLUENER's JSON only so). With `strict`, an invalid
     tag transition is an error unless `repair` fixes it as conlleval reads it; without `strict`
     they are only counted (for `nerkit data stats`). The first error is raised at once; with
     `max_errors` above 1 reading goes on, and ManyErrors lists that many (the first by line) and
     counts them all (for `nerkit data validate`); a lone error is raised as itself.
     `repair_option`: how the command that reads the file asks for `repair`, for the error's fix."""
-    if _is_jsonl(path):
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown corpus format {fmt!r}")
+    if fmt == "cluener":
+        return read_cluener(path, max_errors=max_errors)
+    if fmt == "jsonl" or (fmt == "auto" and _is_jsonl(path)):
         return read_jsonl(path, max_errors=max_errors)
     return read_conll(path, repair=repair, strict=strict, max_errors=max_errors, repair_option=repair_option)
 
@@ -185,7 +202,7 @@ def read_conll(path: str | Path, repair: bool = False, strict: bool = True, max_
                repair_option: str = REPAIR_OPTION) -> Corpus:
     path, data = _read_bytes(path)
     problems = _Problems(path, max_errors)
-    sentences, columns = _conll_sentences(path, _decode(path, data), problems)
+    sentences, columns = _conll_sentences(path, _decode(path, data), problems, repair, repair_option)
     if not sentences:
         problems.raise_any()
         raise CorpusError("the file has no sentences (only blank lines)", where=str(path))
@@ -195,6 +212,8 @@ def read_conll(path: str | Path, repair: bool = False, strict: bool = True, max_
                                  fix="remove the indentation (a token line is `char TAG`)"), sentences[0].line)
     scheme = _file_scheme(path, sentences, problems)
     corpus = Corpus(str(path), sentences, scheme or "bio")
+    if scheme and repair:
+        corpus.split_tokens = _split_tokens(sentences, scheme)
     if scheme:
         _check_transitions(corpus, repair, strict, problems, repair_option)
     problems.raise_any()
@@ -202,9 +221,11 @@ def read_conll(path: str | Path, repair: bool = False, strict: bool = True, max_
     return corpus
 
 
-def _conll_sentences(path: Path, text: str, problems: _Problems) -> tuple[list[Sentence], int | None]:
+def _conll_sentences(path: Path, text: str, problems: _Problems, repair: bool = False,
+                     repair_option: str = REPAIR_OPTION) -> tuple[list[Sentence], int | None]:
     """The sentences of a CoNLL file and its column count. A sentence with a bad line is left out
-    (after its error is sent to `problems`), so no transition error follows from the bad line."""
+    (after its error is sent to `problems`), so no transition error follows from the bad line.
+    A token of several characters is such a line, unless `repair` is to split it (`_split_tokens`)."""
     sentences: list[Sentence] = []
     tokens: list[str] = []
     tags: list[str] = []
@@ -221,6 +242,8 @@ def _conll_sentences(path: Path, text: str, problems: _Problems) -> tuple[list[S
             continue
         try:
             parts = _token_line(line, f"{path}:{number}", columns)
+            if len(parts[0]) > 1 and not repair:
+                raise _long_token(parts[0], f"{path}:{number}", repair_option)
         except CorpusError as e:
             problems.add(e, number)
             broken = True
@@ -255,6 +278,32 @@ def _token_line(line: str, where: str, columns: int | None) -> list[str]:
             else "use O or B-/I-/M-/E-/S- followed by a type, e.g. B-PER"
         raise CorpusError(f"unknown tag {_shown(tag)}", where=where, fix=hint)
     return parts
+
+
+def _long_token(token: str, where: str, repair_option: str) -> CorpusError:
+    # Offsets, vocabularies and language models count characters: a token of two would be read as
+    # one position everywhere, and LAC's vocabulary cannot look it up at all.
+    return CorpusError(f"the token {_shown(token)} is longer than one character ({len(token)} characters); a char-per-line "
+                       "file holds one character per line", where=where,
+                       fix=f"put each character on its own line, or split the token into its characters, "
+                           f"its tag spread over them: {repair_option}")
+
+
+def _split_tokens(sentences: list[Sentence], scheme: str) -> int:
+    """Repair's reading of a token of several characters: its characters, each a token, with its tag
+    spread over them (nerkit.data.tags.spread_tag), so its entity keeps its extent. Returns how many
+    tokens were split."""
+    split = 0
+    for sent in sentences:
+        if all(len(token) == 1 for token in sent.tokens):
+            continue
+        tokens, tags = [], []
+        for token, tag in zip(sent.tokens, sent.tags):
+            split += len(token) > 1
+            tokens.extend(token)
+            tags.extend(spread_tag(tag, len(token), scheme))
+        sent.tokens, sent.tags = tokens, tags
+    return split
 
 
 def _columns(line: str, where: str) -> list[str]:
@@ -301,6 +350,17 @@ def _check_transitions(corpus: Corpus, repair: bool, strict: bool, problems: _Pr
 
 
 def read_jsonl(path: str | Path, max_errors: int = 1) -> Corpus:
+    return _read_records(path, max_errors, _parse_record, "jsonl")
+
+
+def read_cluener(path: str | Path, max_errors: int = 1) -> Corpus:
+    """CLUENER's JSON, one record a line: {"text", "label": {TYPE: {MENTION: [[start, end], ...]}}}
+    with `end` inclusive; each mention must be the text at its places. An "id" key is allowed."""
+    return _read_records(path, max_errors, _parse_cluener, "cluener")
+
+
+def _read_records(path: str | Path, max_errors: int, parse, fmt: str) -> Corpus:
+    """A file of one JSON record a line, each read by `parse(line, number, where)` into a Sentence."""
     path, data = _read_bytes(path)
     problems = _Problems(path, max_errors)
     sentences = []
@@ -308,28 +368,79 @@ def read_jsonl(path: str | Path, max_errors: int = 1) -> Corpus:
         if not line.strip():
             continue
         try:
-            sentences.append(_parse_record(line, number, f"{path}:{number}"))
+            sentences.append(parse(line, number, f"{path}:{number}"))
         except CorpusError as e:
             problems.add(e, number)
     problems.raise_any()
     if not sentences:
         raise CorpusError("the file has no sentences", where=str(path))
-    corpus = Corpus(str(path), sentences, "bioes", format="jsonl")
+    corpus = Corpus(str(path), sentences, "bioes", format=fmt)
     corpus.types = sorted({s.type for sent in sentences for s in sent.spans()})
     return corpus
 
 
-def _parse_record(line: str, number: int, where: str) -> Sentence:
+def _record_text(line: str, where: str, known: tuple[str, ...], fmt: str) -> tuple[dict, str]:
+    """A record's JSON object, its keys checked, and its "text"."""
     try:
         record = json.loads(line)
     except json.JSONDecodeError as e:
-        raise CorpusError(f"not valid JSON ({e.msg} at column {e.colno})", where=where, fix=_JSONL_FORMAT) from None
+        raise CorpusError(f"not valid JSON ({e.msg} at column {e.colno})", where=where, fix=fmt) from None
     if not isinstance(record, dict):
-        raise CorpusError('the record has no "text" string', where=where, fix=_JSONL_FORMAT)
-    _check_keys(record, RECORD_KEYS, "", where)
+        raise CorpusError('the record has no "text" string', where=where, fix=fmt)
+    _check_keys(record, known, "", where, fmt)
     text = record.get("text")
     if not isinstance(text, str):
-        raise CorpusError('the record has no "text" string', where=where, fix=_JSONL_FORMAT)
+        raise CorpusError('the record has no "text" string', where=where, fix=fmt)
+    return record, text
+
+
+def _check_flat(spans: list[Span], text: str, where: str, shown, key: str) -> None:
+    """Refuse overlapping or nested entities in `spans` (sorted); `shown(span)` names one as its
+    format writes it, `key` is where the format lists them."""
+    for a, b in zip(spans, spans[1:]):
+        if b.start < a.end:
+            raise CorpusError(f"the entities {a.type} {text[a.start:a.end]!r} at {shown(a)} and {b.type} "
+                              f"{text[b.start:b.end]!r} at {shown(b)} overlap", where=where,
+                              fix=f"flat NER gives a character one entity at most: keep one of the two and delete "
+                                  f"the other from {key}")
+
+
+def _parse_cluener(line: str, number: int, where: str) -> Sentence:
+    record, text = _record_text(line, where, CLUENER_KEYS, _CLUENER_FORMAT)
+    if "label" not in record:
+        raise CorpusError('the record has no "label" key', where=where,
+                          fix='write "label": {} for a text without entities (CLUENER\'s test.json has no labels: '
+                              'it is text to tag with `nerkit predict`, not a corpus)')
+    label = record["label"]
+    if not isinstance(label, dict):
+        raise CorpusError(f'"label" is {type(label).__name__}, not an object', where=where, fix=_CLUENER_FORMAT)
+    spans = set()
+    for typ, mentions in label.items():
+        if not re.fullmatch(r"\S+", typ) or not isinstance(mentions, dict):
+            raise CorpusError(f"the entity type {typ!r} needs an object of mentions and no spaces in its name",
+                              where=where, fix=_CLUENER_FORMAT)
+        for mention, places in mentions.items():
+            if not (isinstance(places, list) and all(
+                    isinstance(p, list) and len(p) == 2 and all(type(x) is int for x in p) for p in places)):
+                raise CorpusError(f"the places of {typ} {_shown(mention)} are not a list of [start, end] integer pairs",
+                                  where=where, fix=_CLUENER_FORMAT)
+            for start, end in places:
+                if not 0 <= start <= end < len(text):
+                    raise CorpusError(f"{typ} {_shown(mention)} at [{start}, {end}] is outside the text of "
+                                      f"{len(text)} characters", where=where,
+                                      fix="offsets count characters, from 0, end inclusive")
+                if text[start:end + 1] != mention:
+                    raise CorpusError(f"{typ} {_shown(mention)} is not the text at [{start}, {end}] "
+                                      f"({_shown(text[start:end + 1])})", where=where,
+                                      fix="offsets count characters, from 0, end inclusive")
+                spans.add(Span(start, end + 1, typ))  # a place listed twice is one entity
+    spans = sorted(spans, key=lambda s: (s.start, s.end, s.type))
+    _check_flat(spans, text, where, lambda s: f"[{s.start}, {s.end - 1}]", '"label"')
+    return Sentence(list(text), spans_to_tags(len(text), spans, "bioes"), number)
+
+
+def _parse_record(line: str, number: int, where: str) -> Sentence:
+    record, text = _record_text(line, where, RECORD_KEYS, _JSONL_FORMAT)
     if "entities" not in record:
         raise CorpusError('the record has no "entities" key', where=where,
                           fix='write "entities": [] for a text without entities (nerkit predict reads '
@@ -338,10 +449,7 @@ def _parse_record(line: str, number: int, where: str) -> Sentence:
     if not isinstance(entities, list):
         raise CorpusError(f'"entities" is {type(entities).__name__}, not a list', where=where)
     spans = sorted((_parse_entity(ent, text, where) for ent in entities), key=lambda s: (s.start, s.end))
-    for a, b in zip(spans, spans[1:]):
-        if b.start < a.end:
-            raise CorpusError(f"entities {a} and {b} overlap", where=where,
-                              fix="flat NER allows no nested or overlapping entities")
+    _check_flat(spans, text, where, lambda s: f"{s.start}:{s.end}", '"entities"')
     return Sentence(list(text), spans_to_tags(len(text), spans, "bioes"), number)
 
 
@@ -363,12 +471,16 @@ def _parse_entity(ent, text: str, where: str) -> Span:
     return span
 
 
-def _check_keys(obj: dict, known: tuple[str, ...], what: str, where: str) -> None:
+def _check_keys(obj: dict, known: tuple[str, ...], what: str, where: str, fmt: str = _JSONL_FORMAT) -> None:
     """An unknown key is an error, not ignored: a misspelt `entities` would lose every entity."""
     for key in obj:
         if key not in known:
+            if key == "label" and known == RECORD_KEYS:
+                fix = "this looks like CLUENER's format: convert it with `nerkit data convert IN OUT --from cluener --to jsonl`"
+            else:
+                fix = did_you_mean(key, known) or fmt
             raise CorpusError(f"unknown key {key!r}{what}; the keys are {', '.join(map(repr, known))}", where=where,
-                              fix=did_you_mean(key, known) or _JSONL_FORMAT)
+                              fix=fix)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -392,30 +504,31 @@ def format_jsonl(sentences: list[Sentence]) -> str:
     return "".join(lines)
 
 
-def write_corpus(path: str | Path, sentences: list[Sentence], to: str, source: str | Path | None = None) -> None:
+def write_corpus(path: str | Path, sentences: list[Sentence], to: str, source: str | Path | None = None,
+                 source_format: str = "auto") -> None:
     """Write `sentences` as `to` in bio|bioes|bmes (CoNLL) or jsonl, atomically. `source`, the file
-    they were read from, is never written over, and a token that cannot be written is named with
-    its line there."""
+    they were read from (as `source_format`, read_corpus's `fmt`), is never written over, and a
+    token that cannot be written is named with its line there."""
     if source is not None and same_file(source, path):
         raise CorpusError("is the input file: the output would replace it", where=str(path), fix="write to another file")
-    if to == "jsonl":
-        found = _first_token(sentences, lambda t: len(t) != 1)
-        if found:
-            raise CorpusError(f"the token {found[2]!r} is longer than one character, but JSON-lines offsets count "
-                              "characters", where=_token_where(path, source, *found[:2]), fix="write bio, bioes or bmes")
-        atomic_write_text(path, format_jsonl(sentences))
-    elif to in SCHEMES:
+    if to not in (*SCHEMES, "jsonl"):
+        raise CorpusError(f"unknown output format {to!r}", fix="use bio, bioes, bmes or jsonl")
+    if to in SCHEMES:
         found = _first_token(sentences, lambda t: not t or _UNWRITABLE.search(t))
         if found:
             raise CorpusError(
                 f"the token {found[2]!r} cannot be written one character per line: spaces, tabs and line breaks "
                 "separate columns and sentences, and NUL marks a binary file",
-                where=_token_where(path, source, *found[:2]),
+                where=_token_where(path, source, source_format, *found[:2]),
                 fix="remove or replace them in the input (U+3000 is fine), or write jsonl",
             )
-        atomic_write_text(path, format_conll(sentences, to))
-    else:
-        raise CorpusError(f"unknown output format {to!r}", fix="use bio, bioes, bmes or jsonl")
+    # Both formats count characters (JSON lines by offsets), and the reader refuses longer tokens.
+    found = _first_token(sentences, lambda t: len(t) != 1)
+    if found:
+        raise CorpusError(f"the token {found[2]!r} is longer than one character, but offsets and char-per-line "
+                          "files count characters", where=_token_where(path, source, source_format, *found[:2]),
+                          fix="split it into its characters")
+    atomic_write_text(path, format_jsonl(sentences) if to == "jsonl" else format_conll(sentences, to))
 
 
 def _first_token(sentences: list[Sentence], bad) -> tuple[Sentence, int, str] | None:
@@ -423,9 +536,10 @@ def _first_token(sentences: list[Sentence], bad) -> tuple[Sentence, int, str] | 
     return next(((s, i, t) for s in sentences for i, t in enumerate(s.tokens) if bad(t)), None)
 
 
-def _token_where(path: str | Path, source: str | Path | None, sent: Sentence, index: int) -> str:
+def _token_where(path: str | Path, source: str | Path | None, source_format: str, sent: Sentence, index: int) -> str:
     """Where a token came from: its line in `source` (a CoNLL file has a line per token, JSON lines
-    one per sentence); the output `path` when that is unknown."""
+    and CLUENER's JSON one per sentence); the output `path` when that is unknown."""
     if source is None or not sent.line:
         return str(path)
-    return f"{source}:{sent.line if _is_jsonl(source) else sent.line + index}"
+    per_sentence = source_format in ("jsonl", "cluener") or (source_format == "auto" and _is_jsonl(source))
+    return f"{source}:{sent.line if per_sentence else sent.line + index}"

@@ -5,7 +5,6 @@ once at the end, never used for selection), with their entity types, tag scheme 
 from __future__ import annotations
 
 import logging
-import os
 import random
 from dataclasses import dataclass
 
@@ -15,6 +14,7 @@ from nerkit.data.stats import sha256_file
 from nerkit.data.tags import continues
 from nerkit.data.text import SPACE, split_sentence
 from nerkit.errors import UserError
+from nerkit.files import check_input
 
 log = logging.getLogger(__name__)
 
@@ -66,10 +66,12 @@ TRAIN_REPAIR_OPTION = "set data.repair: true (--set data.repair=true)"  # how a 
 
 
 def read_gold(path: str, repair: bool, repair_option: str = REPAIR_OPTION) -> Corpus:
-    """A corpus file; the tags `repair` fixed are logged, never silent. `repair_option`: as read_corpus's."""
+    """A corpus file; the tags `repair` fixed and the tokens it split are logged, never silent. `repair_option`: as read_corpus's."""
     corpus = read_corpus(path, repair=repair, repair_option=repair_option)
     if corpus.repaired:
         log.info(f"{path}: repaired {corpus.repaired} tags in {corpus.invalid_transitions} invalid transitions")
+    if corpus.split_tokens:
+        log.info(f"{path}: split {corpus.split_tokens} tokens of several characters into their characters")
     return corpus
 
 
@@ -81,15 +83,9 @@ def check_data_files(config: Config) -> None:
         raise UserError("data.train is not set", fix="name the training file in the config's data section")
     for key in ("train", "dev", "test"):
         path = getattr(dc, key)
-        if not path:
-            continue
-        fix = f"check the path (and NERKIT_DATA), or give it with --set data.{key}=PATH"
-        if not os.path.exists(path):
-            raise UserError(f"data.{key}: no such file", where=path, fix=fix)
-        if not os.path.isfile(path):
-            raise UserError(f"data.{key}: not a file", where=path, fix=fix)
-        if not os.access(path, os.R_OK):
-            raise UserError(f"data.{key}: cannot read the file (permission denied)", where=path)
+        if path:
+            check_input(path, f"data.{key}", "no such file",
+                        fix=f"check the path (and NERKIT_DATA), or give it with --set data.{key}=PATH")
 
 
 def read_splits(config: Config) -> Splits:

@@ -99,6 +99,19 @@ def spans_to_tags(length: int, spans: list[Span], scheme: str) -> list[str]:
     return tags
 
 
+def spread_tag(tag: str, length: int, scheme: str) -> list[str]:
+    """The tags of the `length` characters of one token tagged `tag`, when the token is split into
+    its characters: its entity keeps its extent, and a sequence valid in `scheme` stays valid
+    (`ab` tagged B-X: B-X I-X, or B-X M-X in BMES; S-X: B-X E-X; E-X: I-X E-X; O: O O)."""
+    prefix, typ = split_tag(tag)
+    if prefix == "O" or length == 1:
+        return [tag] * length
+    inside = f"{'M' if scheme == 'bmes' else 'I'}-{typ}"
+    first = f"B-{typ}" if prefix in ("B", "S") else inside
+    last = f"E-{typ}" if prefix in ("E", "S") else inside
+    return [first] + [inside] * (length - 2) + [last]
+
+
 def convert_tags(tags: list[str], scheme: str) -> list[str]:
     return spans_to_tags(len(tags), tags_to_spans(tags), scheme)
 

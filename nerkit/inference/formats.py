@@ -1,5 +1,6 @@
 """The output formats of `nerkit predict` (jsonl, conll, inline, html) and of `nerkit eval --output`:
-one function turns predicted texts into records, used by the CLI, the workers and the Python API."""
+one function turns predicted texts into records, used by the CLI, the workers, the Python API and
+`nerkit serve` (whose records are `--format jsonl`'s, as JSON objects: `record`, `predict_records`)."""
 
 from __future__ import annotations
 
@@ -19,8 +20,7 @@ def format_record(text: str, spans: list[Span], fmt: str, scheme: str = "bio",
 
         return prediction_record(text, spans, colors or {})
     if fmt == "jsonl":
-        ents = [s.to_dict(text) for s in spans]
-        return json.dumps({"text": text, "entities": ents}, ensure_ascii=False) + "\n"
+        return json.dumps(record(text, spans), ensure_ascii=False) + "\n"
     if fmt == "inline":
         out, pos = [], 0
         for s in spans:
@@ -33,9 +33,23 @@ def format_record(text: str, spans: list[Span], fmt: str, scheme: str = "bio",
     return "".join(f"{c} {t}\n" for c, t in zip(text, tags)) + "\n"
 
 
-def predict_chunk(pipe, texts: list[str], fmt: str, batch_size: int) -> bytes:
-    """The encoded records of one chunk's texts (what a worker process returns, too)."""
-    spans = pipe.predict_tokens([list(t) for t in texts], batch_size)
+def record(text: str, spans: list[Span]) -> dict:
+    """One text's record as `--format jsonl` writes it: the text and its entities, each
+    `{"start", "end", "type", "text"}` with offsets into the text, end exclusive."""
+    return {"text": text, "entities": [s.to_dict(text) for s in spans]}
+
+
+def predict_records(pipe, texts: list[str], batch_size: int = 64, window: int | None = None) -> list[dict]:
+    """The `record` of each text, predicted as `nerkit predict` predicts (windows and stitching
+    included): what `nerkit serve` answers."""
+    spans = pipe.predict_tokens([list(t) for t in texts], batch_size, window)
+    return [record(t, s) for t, s in zip(texts, spans)]
+
+
+def predict_chunk(pipe, texts: list[str], fmt: str, batch_size: int, window: int | None = None) -> bytes:
+    """The encoded records of one chunk's texts (what a worker process returns, too); `window`:
+    the prediction window (None: the model's)."""
+    spans = pipe.predict_tokens([list(t) for t in texts], batch_size, window)
     colors = None
     if fmt == "html":
         from nerkit.inference.html import type_colors

@@ -21,7 +21,7 @@ from nerkit.data.splits import read_gold
 from nerkit.data.tags import Span, split_tag, tags_to_spans
 from nerkit.device import resolve_device
 from nerkit.errors import ModelDirError, UserError
-from nerkit.features.batch import bucketed_batches, collate
+from nerkit.features.batch import bucketed_batches, collate_padded
 from nerkit.features.featurizer import Featurizer
 from nerkit.files import atomic_directory, atomic_write_bytes, atomic_write_text
 from nerkit.inference.evaluate import errors, score
@@ -54,6 +54,9 @@ class Pipeline:
         self.model = Tagger(config, **featurizer.sizes(), lm=lm)
         self.device = torch.device(device)
         self.model.to(self.device)
+        # The longest training sentence (a piece of at most data.max_len), in characters: set by
+        # training, saved in nerkit.json; None for a model directory written before it was saved.
+        self.train_max_len: int | None = None
 
     @property
     def tags(self) -> list[str]:
@@ -70,21 +73,44 @@ class Pipeline:
 
     # ------------------------------------------------------------------------------ prediction
 
-    def predict_tokens(self, token_lists: list[list[str]], batch_size: int = 64) -> list[list[Span]]:
-        """Spans for each token list. A list longer than `data.max_len` is read in overlapping
-        windows of that length (`windows`) whose tag sequences are stitched into one (`stitch`), so
-        that no entity is cut where a window ends. Whitespace never starts, ends or makes up an
-        entity (`without_whitespace`): every prediction and evaluation passes here."""
+    @property
+    def window(self) -> int:
+        """The default prediction window, in characters (0: a text is read whole): the longest
+        sentence the model was trained on, never above `data.max_len` when that is set (0 there is
+        no limit); `data.max_len` for a model directory that does not record training lengths."""
+        limit = self.config.data.max_len
+        if self.train_max_len is None:
+            return limit
+        return min(self.train_max_len, limit) if limit > 0 else self.train_max_len
+
+    def check_window(self, window: int | None) -> int:
+        """The window to predict with: `window`, or the model's default (`window` None)."""
+        if window is None:
+            return self.window
+        if isinstance(window, bool) or not isinstance(window, int) or window < 0:
+            raise UserError(f"the prediction window must be a whole number of characters, at least 0, not {window!r}",
+                            fix=f"use N >= 1 (0 reads each text whole); the model's default is {self.window}")
+        return window
+
+    def predict_tokens(self, token_lists: list[list[str]], batch_size: int = 64,
+                       window: int | None = None) -> list[list[Span]]:
+        """Spans for each token list. A list longer than the window (`window`, default the model's:
+        `Pipeline.window`) is read in overlapping windows of that length (`text_windows`) whose tag
+        sequences are stitched into one (`stitch`), so that no entity is cut where a window ends.
+        Whitespace never starts, ends or makes up an entity (`without_whitespace`): every
+        prediction and evaluation passes here. Batches are padded to a few shapes (`collate_padded`),
+        so that native caches keyed by the shape (oneDNN's) stop growing with the input."""
+        window = self.check_window(window)
         pieces: list[tuple[int, int, int]] = []  # (sentence index, window start, window end)
         for i, tokens in enumerate(token_lists):
-            pieces.extend((i, a, b) for a, b in text_windows(len(tokens), self.config.data.max_len))
+            pieces.extend((i, a, b) for a, b in text_windows(len(tokens), window))
         examples = [self.featurizer.example(token_lists[i][a:b]) for i, a, b in pieces]
         decoded: list[list[str]] = [[] for _ in pieces]
         self.model.eval()
         with torch.inference_mode():
             for idx in bucketed_batches([len(e) for e in examples], batch_size):
-                batch = collate([examples[j] for j in idx]).to(self.device)
-                for j, tag_ids in zip(idx, self.model.decode(batch)):
+                batch = collate_padded([examples[j] for j in idx], batch_size, window).to(self.device)
+                for j, tag_ids in zip(idx, self.model.decode(batch)):  # the padding rows' paths are dropped
                     decoded[j] = [self.tags[t] for t in tag_ids]
         by_sentence: list[list[tuple[int, list[str]]]] = [[] for _ in token_lists]  # (window start, tags)
         for (i, a, _), tags in zip(pieces, decoded):
@@ -92,14 +118,16 @@ class Pipeline:
         return [without_whitespace(tokens, tags_to_spans(stitch(found, self.scheme))) if found else []
                 for tokens, found in zip(token_lists, by_sentence)]
 
-    def predict(self, texts: str | Iterable[str], batch_size: int = 64) -> list[list[dict]]:
+    def predict(self, texts: str | Iterable[str], batch_size: int = 64, window: int | None = None) -> list[list[dict]]:
         """Entities of each text: `{"start", "end", "type", "text"}`, offsets into the text, end
-        exclusive. A single string is one text (its entities come back in a list of one)."""
+        exclusive. A single string is one text (its entities come back in a list of one). A text
+        longer than `window` characters (default: the model's, `Pipeline.window`) is read in
+        overlapping windows."""
         texts = [texts] if isinstance(texts, str) else list(texts)
         for i, text in enumerate(texts):
             if not isinstance(text, str):
                 raise TypeError(f"predict takes strings; text {i} is {type(text).__name__}: {text!r:.40}")
-        spans = self.predict_tokens([list(t) for t in texts], batch_size)
+        spans = self.predict_tokens([list(t) for t in texts], batch_size, window)
         return [[s.to_dict(t) for s in ss]
                 for t, ss in zip(texts, spans)]
 
@@ -107,11 +135,12 @@ class Pipeline:
 
 
     def evaluation(self, data: str | Path | list[Sentence], batch_size: int = 128, repair: bool | None = None,
-                   with_errors: bool = False) -> Evaluation:
+                   with_errors: bool = False, window: int | None = None) -> Evaluation:
         """Entity-level P/R/F1 of the model on a corpus file or on sentences already read; with
         `with_errors` the metrics also hold `errors` (see `nerkit.inference.evaluate.errors`). A file is read
         as the model's training data was: `repair` None follows the model's `data.repair`, so a file
-        the training repaired is repaired here too (and said so)."""
+        the training repaired is repaired here too (and said so). `window`: as for `predict`."""
+        window = self.check_window(window)  # before the file is read: a wrong value costs no wait
         if isinstance(data, list):
             sentences, scheme = data, self.scheme
         else:
@@ -120,7 +149,7 @@ class Pipeline:
             sentences, scheme = corpus.sentences, corpus.scheme
             self.check_types(corpus.types, str(data))
         started = time.perf_counter()
-        predicted = self.predict_tokens([s.tokens for s in sentences], batch_size)  # Python lists: GPU work done
+        predicted = self.predict_tokens([s.tokens for s in sentences], batch_size, window)  # Python lists: GPU work done
         seconds = time.perf_counter() - started
         gold = [s.spans() for s in sentences]
         metrics = score(gold, predicted)
@@ -148,18 +177,16 @@ class Pipeline:
             log.warning(f"{where}: the entity types differ ({listed}): {'; '.join(effects)}")
 
     def evaluate(self, data: str | Path | list[Sentence], batch_size: int = 128, repair: bool | None = None,
-                 with_errors: bool = False) -> dict:
+                 with_errors: bool = False, window: int | None = None) -> dict:
         """The metrics of `evaluation`: {"precision", "recall", "f1", "per_type"[, "errors"]}."""
-        return self.evaluation(data, batch_size, repair, with_errors).metrics
+        return self.evaluation(data, batch_size, repair, with_errors, window).metrics
 
     # ------------------------------------------------------------------------------ model directory
 
     def write_static_files(self, directory: Path) -> None:
         """Everything of a model directory but the weights and metrics."""
         lexicon = self.featurizer.lexicon
-        atomic_write_text(directory / "nerkit.json", json.dumps(
-            {"format_version": FORMAT_VERSION, "nerkit_version": __version__, "encoder": self.config.encoder.name,
-             "lexicon_sha256": lexicon.fingerprint if lexicon is not None else None}, indent=2) + "\n")
+        self.write_meta(directory)
         atomic_write_text(directory / "config.yaml", config_to_yaml(self.config))
         atomic_write_text(directory / "vocab.json", json.dumps(self.featurizer.to_json(), ensure_ascii=False) + "\n")
         if lexicon is not None:
@@ -168,6 +195,15 @@ class Pipeline:
             from nerkit.pretrained.loading import save_lm
 
             save_lm(self.model.lm, directory, weights=False)
+
+    def write_meta(self, directory: Path) -> None:
+        """nerkit.json: what the directory is (format and nerkit versions, encoder, the lexicon's
+        checksum) and the longest training sentence, which sets the default prediction window."""
+        lexicon = self.featurizer.lexicon
+        atomic_write_text(directory / "nerkit.json", json.dumps(
+            {"format_version": FORMAT_VERSION, "nerkit_version": __version__, "encoder": self.config.encoder.name,
+             "lexicon_sha256": lexicon.fingerprint if lexicon is not None else None,
+             "train_max_len": self.train_max_len}, indent=2) + "\n")
 
     def write_weights(self, directory: Path, metrics: dict | None = None) -> None:
         state = {k: v.detach().to("cpu").contiguous() for k, v in self.model.state_dict().items()}
@@ -198,8 +234,12 @@ class Pipeline:
 
         try:
             raw = yaml.safe_load((directory / "config.yaml").read_text(encoding="utf-8"))
-        except (yaml.YAMLError, UnicodeDecodeError):
-            raise ModelDirError("config.yaml is not valid YAML", where=str(directory / "config.yaml")) from None
+        except (yaml.YAMLError, UnicodeDecodeError) as e:
+            mark = getattr(e, "problem_mark", None)  # where the YAML breaks, when the parser knows
+            raise ModelDirError("config.yaml is not valid YAML",
+                                where=f"{directory / 'config.yaml'}" + (f":{mark.line + 1}" if mark else ""),
+                                fix="nerkit wrote it with the model, so the copy is damaged or was edited: undo the "
+                                    "edit, or copy the whole model directory again") from None
         if isinstance(raw, dict) and isinstance(raw.get("data") or {}, dict):
             # nerkit always writes data.normalize; a hand-edited file without it is read as the
             # models trained before it became true by default were.
@@ -225,6 +265,7 @@ class Pipeline:
         featurizer = Featurizer.from_json(config, vocab, lexicon, where=str(directory / "vocab.json"),
                                           lm_vocab=lm.vocab if lm is not None else None)
         pipe = cls(config, featurizer, device=resolve_device(device), lm=lm)
+        pipe.train_max_len = _train_max_len(meta, directory / "nerkit.json")
         weights = directory / "model.safetensors"
         state = read_safetensors(weights, fix="the file is damaged or not a safetensors file; retrain or copy it again",
                                  error=ModelDirError)
@@ -232,6 +273,18 @@ class Pipeline:
                      fix="use the files of one training run together", error=ModelDirError)
         pipe.model.eval()
         return pipe
+
+
+def _train_max_len(meta: dict, where: Path) -> int | None:
+    """nerkit.json's longest training sentence; None when it is absent (a directory written before
+    nerkit saved it: its window stays data.max_len)."""
+    found = meta.get("train_max_len")
+    if found is None:
+        return None
+    if isinstance(found, bool) or not isinstance(found, int) or found < 1:
+        raise ModelDirError(f"train_max_len is {found!r}, not a length in characters", where=str(where),
+                            fix="the model directory is damaged; remove the key to predict in windows of data.max_len")
+    return found
 
 
 def without_whitespace(tokens: list[str], spans: list[Span]) -> list[Span]:

@@ -8,14 +8,17 @@ without the mark and the line ending, and offsets index that `text`. The input m
 stdin, a pipe or a device (`/dev/stdin`, bash's `<(...)`); the output goes to stdout, where a reader
 that stops early (`| head`) is a normal end, or atomically to a file. The chunks are predicted
 here, or by worker processes (`nerkit.inference.workers`, `--workers N`), whose output is the same.
+Ctrl-C or SIGTERM during `nerkit predict` (`predict_file`) leaves no temporary file and no worker.
 """
 
 from __future__ import annotations
 
 import itertools
 import os
+import signal
 import stat
 import sys
+import threading
 from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO, Iterable, Iterator
@@ -24,7 +27,7 @@ from nerkit.data.corpus import decode_utf8, nul_error
 from nerkit.errors import UserError
 from nerkit.files import WRITE_ERRNOS, atomic_file, check_output
 from nerkit.inference.formats import FORMATS, predict_chunk
-from nerkit.inference.workers import Workers
+from nerkit.inference.workers import Workers, predictor
 
 STDIN = "-"
 
@@ -115,15 +118,15 @@ def _chunks(lines: Iterable[tuple[str, int]], chunk_chars: int) -> Iterator[tupl
         yield texts, size
 
 
-def _predicted(pipe, chunks: Iterable[tuple[list[str], int]], fmt: str,
-               batch_size: int) -> Iterator[tuple[bytes, int, int]]:
+def _predicted(pipe, chunks: Iterable[tuple[list[str], int]], fmt: str, batch_size: int,
+               window: int | None) -> Iterator[tuple[bytes, int, int]]:
     """Each chunk's output in input order, with how many records and input bytes it holds: predicted
     here by a Pipeline, or by the processes of a `Workers`."""
     if isinstance(pipe, Workers):
-        yield from pipe.predict_chunks(chunks, fmt, batch_size)
+        yield from pipe.predict_chunks(chunks, fmt, batch_size, window)
         return
     for texts, size in chunks:
-        yield predict_chunk(pipe, texts, fmt, batch_size), len(texts), size
+        yield predict_chunk(pipe, texts, fmt, batch_size, window), len(texts), size
 
 
 @contextmanager
@@ -145,15 +148,51 @@ def _silence_stdout() -> None:
     os.close(devnull)
 
 
+@contextmanager
+def sigterm_as_exit() -> Iterator[None]:
+    """SIGTERM (`kill`, a batch scheduler or a service manager stopping the job) inside the block
+    ends it as Ctrl-C does: the cleanups run (an output's temporary file is removed, the worker
+    processes end) and the process exits with 143, the shell's code for SIGTERM. A second SIGTERM
+    while they run is ignored (SIGKILL is not)."""
+    if threading.current_thread() is not threading.main_thread():  # signals reach only the main thread
+        yield
+        return
+    received = []
+
+    def handler(signum, frame):
+        if not received:
+            received.append(signum)
+            raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
+
+
+def predict_file(model: str | Path, source: str, output: str | None, fmt: str = "jsonl", batch_size: int = 64,
+                 device: str = "cpu", threads: int = 0, workers: int = 1, window: int | None = None) -> int:
+    """`nerkit predict`: the paths checked before the model loads (a wrong one costs no wait), then
+    `predict_stream` with the model in this process or in `workers` processes. SIGTERM ends it as
+    Ctrl-C does (`sigterm_as_exit`). Returns the number of records written."""
+    check_paths(source, output)
+    with sigterm_as_exit(), predictor(model, device, threads, workers) as pipe:
+        return predict_stream(pipe, source, output, fmt, batch_size, window=window)
+
+
 def predict_stream(pipe, source: str, output: str | None, fmt: str = "jsonl", batch_size: int = 64,
-                   chunk_chars: int = CHUNK_CHARS, progress: bool | None = None) -> int:
+                   chunk_chars: int = CHUNK_CHARS, progress: bool | None = None, window: int | None = None) -> int:
     """Predict every line of `source` (a path, or '-' for stdin) into `output` (a path, or stdout)
     with `pipe`: a Pipeline, or `nerkit.inference.workers.Workers` (processes that each hold one; the output
-    is the same). Returns the number of records written."""
+    is the same). `window`: the prediction window (None: the model's, `Pipeline.window`). Returns
+    the number of records written."""
     if fmt not in FORMATS:
         raise UserError(f"unknown output format {fmt!r}", fix=f"use one of {', '.join(FORMATS)}")
     if batch_size < 1:
         raise UserError(f"the batch size must be at least 1, not {batch_size}")
+    if window is not None and window < 0:
+        raise UserError(f"the prediction window must be at least 0, not {window}", fix="use N >= 1 (0 reads each text whole)")
     check_paths(source, output)
     stream, total = _open_source(source)
     from tqdm import tqdm
@@ -168,7 +207,7 @@ def predict_stream(pipe, source: str, output: str | None, fmt: str = "jsonl", ba
 
                 sink.write(predictions_header().encode("utf-8"))
             chunks = _chunks(_lines(stream, "<stdin>" if source == STDIN else source), chunk_chars)
-            for data, records, size in _predicted(pipe, chunks, fmt, batch_size):
+            for data, records, size in _predicted(pipe, chunks, fmt, batch_size, window):
                 sink.write(data)
                 written += records
                 bar.update(size)

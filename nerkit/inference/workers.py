@@ -24,6 +24,8 @@ from typing import Iterable, Iterator
 
 from nerkit.errors import UserError, killed_by
 
+log = logging.getLogger(__name__)
+
 # Chunks out at once per worker: one it predicts, one sent or done while the main process writes.
 CHUNKS_PER_WORKER = 2
 
@@ -122,6 +124,7 @@ class Workers:
         self.threads = threads_per_worker(threads, count)
         self.processes: list[multiprocessing.Process] = []
         self.conns: list[Connection] = []
+        self.worker_threads: list[int] = []  # the torch threads each process runs with, as it says once loaded
 
     def __enter__(self) -> "Workers":
         try:
@@ -149,6 +152,7 @@ class Workers:
                 self.processes.append(process)
                 self.conns.append(ours)
         waiting = dict(enumerate(self.conns))
+        threads = [0] * self.count
         sentinels = [p.sentinel for p in self.processes]
         while waiting:
             for ready in wait([*waiting.values(), *sentinels]):
@@ -159,7 +163,10 @@ class Workers:
                     raise self._lost(index, "while loading the model") from None
                 if status["error"]:
                     raise UserError(status["error"])
+                threads[index] = status["threads"]
                 waiting.pop(index, None)
+        self.worker_threads = threads
+        log.debug(f"{self.count} prediction workers, torch threads each: {', '.join(map(str, threads))}")
 
     def _stop(self) -> None:
         for conn in self.conns:
@@ -173,8 +180,8 @@ class Workers:
                 process.kill()
                 process.join()
 
-    def predict_chunks(self, chunks: Iterable[tuple[list[str], int]], fmt: str,
-                       batch_size: int) -> Iterator[tuple[bytes, int, int]]:
+    def predict_chunks(self, chunks: Iterable[tuple[list[str], int]], fmt: str, batch_size: int,
+                       window: int | None = None) -> Iterator[tuple[bytes, int, int]]:
         """`predict.predict_chunk` of each chunk of texts, done by the workers, in input order, with
         the chunk's number of records and its input bytes (the second item of each chunk)."""
         shapes: deque[tuple[int, int]] = deque()  # (records, input bytes) of the chunks sent
@@ -182,7 +189,7 @@ class Workers:
         def tasks() -> Iterator[bytes]:
             for texts, size in chunks:
                 shapes.append((len(texts), size))
-                task = {"format": fmt, "batch_size": batch_size, "texts": texts}
+                task = {"format": fmt, "batch_size": batch_size, "window": window, "texts": texts}
                 yield json.dumps(task, ensure_ascii=False).encode("utf-8")
 
         sentinels = [p.sentinel for p in self.processes]
@@ -244,13 +251,13 @@ def serve(conn: Connection, model: str, device: str, threads: int, log_level: in
     except UserError as e:
         conn.send_bytes(json.dumps({"error": str(e)}).encode("utf-8"))
         return
-    conn.send_bytes(json.dumps({"error": None}).encode("utf-8"))
+    conn.send_bytes(json.dumps({"error": None, "threads": torch.get_num_threads()}).encode("utf-8"))
     while True:
         try:
             task = json.loads(conn.recv_bytes())
         except (EOFError, OSError):  # the main process is done, or gone
             return
-        data = predict_chunk(pipe, task["texts"], task["format"], task["batch_size"])
+        data = predict_chunk(pipe, task["texts"], task["format"], task["batch_size"], task["window"])
         try:
             conn.send_bytes(data)
         except OSError:

@@ -42,6 +42,11 @@ SPACE_TOKEN = "[unused1]"
 MIN_CHAR_SHARE = 0.5
 
 
+# A vocab.txt with fewer lines than this share of config.json's vocab_size is taken for a truncated
+# copy (vocabularies padded to a round vocab_size stay well above it).
+MIN_VOCAB_SHARE = 0.9
+
+
 FETCH_FIX = ("run `make lm` for lm/m3e-small (or `make lac` for lm/lac-small), or give a local Hugging Face "
              "directory of a character-level encoder")
 
@@ -191,6 +196,22 @@ def _read_config(directory: Path):
         raise UserError("max_position_embeddings leaves no room for characters beside [CLS] and [SEP]",
                         where=str(path), fix="use the config.json of a real encoder")
     return config
+
+
+def check_vocab_size(vocab: LMVocab, config, directory: Path) -> None:
+    """Refuse a vocab.txt that does not fit config.json's vocab_size: more tokens would give ids past
+    the embedding table, far fewer means a truncated copy (its missing characters would all read as
+    [UNK], silently)."""
+    size, declared = len(vocab), config.vocab_size
+    if size > declared:
+        problem = f"vocab.txt has {size:,} tokens but config.json's vocab_size is {declared:,}: ids would overflow"
+    elif size < MIN_VOCAB_SHARE * declared:
+        problem = (f"vocab.txt has {size:,} tokens but config.json's vocab_size is {declared:,} "
+                   f"({size / declared:.0%}): vocab.txt looks truncated")
+    else:
+        return
+    raise UserError(problem, where=str(directory / "vocab.txt"),
+                    fix="copy vocab.txt again, whole, or use the vocab.txt and config.json of the same model")
 
 
 def _read_weights(directory: Path) -> tuple[dict[str, torch.Tensor], Path]:

@@ -5,11 +5,12 @@ saved and loaded by the same table."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 from safetensors.torch import save as safetensors_bytes
 
-from nerkit.errors import UserError
+from nerkit.errors import ModelDirError, UserError
 from nerkit.files import (
     atomic_directory,
     atomic_write_bytes,
@@ -29,6 +30,7 @@ from nerkit.pretrained.bert import (
     _build_lm,
     _read_config,
     _read_weights,
+    check_vocab_size,
 )
 from nerkit.weights import load_checked, read_safetensors
 
@@ -47,9 +49,7 @@ def load_lm(path: str | Path, layers: str = "last", finetune: bool = False, bf16
         return load_lac(directory, layers=layers, finetune=finetune, bf16=bf16)
     config = _read_config(directory)
     vocab = LMVocab.read(directory)
-    if len(vocab) > config.vocab_size:
-        raise UserError(f"vocab.txt has {len(vocab)} tokens but config.json's vocab_size is {config.vocab_size}",
-                        where=str(directory / "vocab.txt"), fix="use the vocab.txt and config.json of the same model")
+    check_vocab_size(vocab, config, directory)
     state, weights = _read_weights(directory)
     return LMEmbedder(_build_lm(config, state, weights), vocab, layers=layers, finetune=finetune, bf16=bf16)
 
@@ -93,10 +93,25 @@ def save_lm(embedder: CharFeatures, model_dir: str | Path, weights: bool = True)
     return target
 
 
+# The fix for any file of a model directory's lm/ that cannot be read: nerkit wrote it with the model,
+# so fetching or exporting a language model again (the fixes for an LM directory) would not help.
+SAVED_LM_FIX = "the model directory's lm/ is damaged: copy the whole model directory again, or train the model again"
+
+
 def load_saved_lm(model_dir: str | Path) -> CharFeatures:
     """The embedder that `save_lm` wrote into MODEL_DIR/lm/; saved without weights, its weights are
-    left as built (the caller loads them, as a nerkit model directory does from model.safetensors)."""
+    left as built (the caller loads them, as a nerkit model directory does from model.safetensors).
+    An error about a file in lm/ names `SAVED_LM_FIX`."""
     directory = Path(model_dir) / LM_DIR
+    try:
+        return _load_saved_lm(directory)
+    except UserError as e:
+        if not (e.where and Path(re.sub(r":\d+$", "", e.where)).is_relative_to(directory)):
+            raise  # not about lm/'s files (a missing `transformers` package)
+        raise ModelDirError(e.message, where=e.where, fix=SAVED_LM_FIX) from None
+
+
+def _load_saved_lm(directory: Path) -> CharFeatures:
     options_path = directory / OPTIONS_FILE
     if not options_path.is_file():
         raise UserError(f"{OPTIONS_FILE} not found", where=str(directory),

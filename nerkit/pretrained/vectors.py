@@ -169,6 +169,13 @@ def _read_text(path: Path, header: tuple[int, int] | None) -> Vectors:
             if not word:
                 raise UserError("the line starts with a space (an empty word)", where=f"{path}:{number}", fix=_TEXT_FIX)
             count = values.count(" ") + 1 if values else 0
+            if "\t" in word and (count != (dim or count) or not count):
+                # Only spaces end the word: a tab-separated line is one long word without values.
+                fields = line.split("\t")
+                expected = f"{dim} values" if dim else "values"
+                raise UserError(f"expected {expected} after the word, found a line of {len(fields)} tab-separated fields "
+                                f"(word2vec text separates them with spaces)", where=f"{path}:{number}",
+                                fix="replace the tabs with spaces, e.g. `tr '\\t' ' ' < IN > OUT`")
             if dim is None:
                 dim = count
             if count != dim and len(values.split()) != dim:  # tolerate runs of spaces or tabs

@@ -125,6 +125,9 @@ def _save(draw, out: str | Path, text: str, *args, **kwargs) -> Path:
 def read_history(run_dir: str | Path) -> list[dict]:
     """The records of a run's `metrics.jsonl`, one per epoch (a `partial` one for an epoch a limit cut)."""
     path = Path(run_dir) / "metrics.jsonl"
+    if not Path(run_dir).is_dir():
+        raise UserError("no such directory" if not Path(run_dir).exists() else "not a directory", where=str(run_dir),
+                        fix="check the path: pass the --out directory of `nerkit train`")
     if not path.is_file():
         raise UserError("no metrics.jsonl here", where=str(run_dir), fix="pass a directory written by `nerkit train`")
     records = []

@@ -24,7 +24,8 @@ log = logging.getLogger(__name__)
 def build_pipeline(config: Config, splits: Splits, device: torch.device | str = "cpu") -> Pipeline:
     """A new model for the training data: vocabularies counted on train (never dev or test) and
     extended by the rows of pretrained vector files (`embeddings.vectors_keep: all`), the lexicon for
-    a lattice encoder, a language model's features, and the pretrained vectors in their tables.
+    a lattice encoder, a language model's features, the pretrained vectors in their tables, and
+    the longest training sentence (`Pipeline.train_max_len`).
     Table widths the config leaves out are the vector files': the pipeline holds a copy of `config`
     with them resolved (the one its model directory saves); `config` itself is left as it is."""
     vectors, config = read_pretrained(config, lattice=ENCODERS[config.encoder.name].uses_lattice)
@@ -48,6 +49,8 @@ def build_pipeline(config: Config, splits: Splits, device: torch.device | str = 
     if lexicon is not None:
         log.info(f"lexicon: {len(lexicon)} words; {len(featurizer.counts['word'])} of them occur in the training data")
     pipe = Pipeline(config, featurizer, device, lm)
+    # The longest sentence the model trains on (train's pieces): its default prediction window.
+    pipe.train_max_len = max((len(s) for s in splits.train), default=0) or None
     vocabs = {"char": featurizer.chars, "bichar": featurizer.bichars, "word": featurizer.words}
     for kind, found in vectors.items():
         vocab, rows = vocabs[kind], found.index()
@@ -66,11 +69,36 @@ def read_pretrained(config: Config, lattice: bool) -> tuple[dict, Config]:
     from nerkit.pretrained.vectors import check_dim, read_vectors
 
     emb, found, widths = config.embeddings, {}, {}
-    for kind in ("char", "bichar", "word"):
-        path = getattr(emb, f"{kind}_vectors")
-        if not path or (kind == "word" and not lattice) or emb.width(kind) == 0:
-            continue
+    for kind, path in vector_files(config, lattice).items():
         found[kind] = read_vectors(path)
         check_dim(found[kind], getattr(emb, f"{kind}_dim"), f"embeddings.{kind}_dim")
         widths[f"{kind}_dim"] = found[kind].dim
     return found, replace(config, embeddings=replace(emb, **widths))
+
+
+def vector_files(config: Config, lattice: bool) -> dict[str, str]:
+    """The vector files a run reads, by kind (char, bichar, word): those the config names for a table
+    the model has (words only with a `lattice` encoder)."""
+    emb = config.embeddings
+    paths = {kind: getattr(emb, f"{kind}_vectors") for kind in ("char", "bichar", "word")}
+    return {kind: path for kind, path in paths.items()
+            if path and (kind != "word" or lattice) and emb.width(kind) != 0}
+
+
+def check_pretrained_files(config: Config) -> None:
+    """Raise a UserError now if a pretrained input the run would read is not there: its vector
+    files, its language model's directory, a lattice encoder's lexicon file. A run looks before it
+    reads its data, and `nerkit train --dry-run` looks too."""
+    from nerkit.files import check_input
+    from nerkit.pretrained.bert import FETCH_FIX
+
+    lattice = ENCODERS[config.encoder.name].uses_lattice
+    for kind, path in vector_files(config, lattice).items():
+        check_input(path, f"embeddings.{kind}_vectors", "vector file not found",
+                    fix="check the path; `make vectors` builds the benchmark configs' vectors/")
+    if config.embeddings.lm.path:
+        check_input(config.embeddings.lm.path, "embeddings.lm.path", "language-model directory not found",
+                    directory=True, fix=FETCH_FIX)
+    if lattice and config.lexicon.source != "jieba":
+        check_input(config.lexicon.source, "lexicon.source", "lexicon file not found",
+                    fix="set lexicon.source to jieba, a word list, or a word2vec vector file")

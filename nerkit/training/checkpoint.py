@@ -40,7 +40,7 @@ class Progress:
     steady_seconds: float = 0.0
     elapsed: float = 0.0  # wall seconds of earlier sessions of this run
     epochs_logged: int = 0  # lines of metrics.jsonl that belong to this state
-    stopped: str = ""  # why the run ended, once it has: only the final model is left to write
+    stopped: str = ""  # why the run ends (epochs, early_stopping, max_steps, time_budget); "" while it goes on
     cut_dev_f1: float = -1.0  # dev F1 of the model where a limit cut the epoch short (-1: none)
     checksums: dict = field(default_factory=dict)
     world_size: int = 1  # the processes the run trains with (nerkit.training.distributed)

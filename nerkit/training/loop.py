@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 import random
 import signal
@@ -19,7 +18,7 @@ import sys
 import threading
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -46,7 +45,13 @@ from nerkit.training.distributed import (
     seed_rank,
 )
 from nerkit.training.run_dir import check_run, prepare_output_dir, save_run_config
-from nerkit.training.schedule import lr_factor, make_optimizer, warn_long_warmup
+from nerkit.training.schedule import (
+    lr_factor,
+    make_optimizer,
+    run_steps,
+    warn_long_run_warmup,
+    warn_long_warmup,
+)
 
 log = logging.getLogger(__name__)
 
@@ -146,7 +151,6 @@ class Run:
     progress_bar: bool | None = None
     started: float = 0.0  # perf_counter at the run's start, earlier sessions included
     session_steps: int = 0
-    stopped: str = "epochs"  # why the run ends: epochs | early_stopping | max_steps | time_budget
     params: list = field(default_factory=list)
     total_steps: int = 0  # the steps train.epochs and train.max_steps allow (a time budget may allow fewer)
     warned_warmup: bool = False  # whether a warm-up too long for the run has been reported
@@ -189,12 +193,8 @@ def set_up(config: Config, out: Path, force: bool, resume: bool, splits: Splits 
              f"{', '.join(splits.types)}; train {len(examples)} sentences, dev {len(splits.dev)}; "
              f"device {device}{ranks}")
     optimizer = make_optimizer(config, pipe.model)
-    steps_per_epoch = math.ceil(len(examples) / tc.batch_size)
-    total_steps = steps_per_epoch * tc.epochs
-    if tc.max_steps:
-        total_steps = min(total_steps, tc.max_steps)
-    warned = warn_long_warmup(config, total_steps, "that train.max_steps allows" if total_steps == tc.max_steps
-                              else f"that {tc.epochs:,} epochs of {steps_per_epoch:,} batches make")
+    steps_per_epoch, total_steps = run_steps(config, len(examples))
+    warned = warn_long_run_warmup(config, steps_per_epoch, total_steps)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: lr_factor(config, step, steps_per_epoch, total_steps))
     run = Run(config, out, splits, pipe, examples, optimizer, scheduler,
@@ -205,6 +205,7 @@ def set_up(config: Config, out: Path, force: bool, resume: bool, splits: Splits 
         _restore(run)
         if world.main:  # the run's config.yaml: this session's limits, and the widths its vector files gave
             save_run_config(out, config)
+            pipe.write_meta(out)  # nerkit.json: a run begun before it held train_max_len gets it
     else:
         seed_rank(tc.seed, world.rank)
         if world.main:
@@ -212,7 +213,6 @@ def set_up(config: Config, out: Path, force: bool, resume: bool, splits: Splits 
             pipe.write_static_files(out)
     run.learner = world.wrap(pipe.model)  # after the restore: DDP starts every rank from rank 0's weights
     run.started = time.perf_counter() - run.progress.elapsed
-    run.stopped = run.progress.stopped or "epochs"
     return run
 
 
@@ -280,7 +280,7 @@ def adopt_cut_epoch(run: Run) -> dict | None:
 
 def run_epoch(run: Run, epoch: int) -> int:
     """The epoch's batches from where its progress stands, until they are done or a limit stops
-    the run (`run.stopped`); Ctrl-C writes a checkpoint and raises `Interrupted`. Returns the
+    the run (`run.progress.stopped`); Ctrl-C writes a checkpoint and raises `Interrupted`. Returns the
     number of batches the epoch has. The batches are global: each rank trains on its slice of
     each, and after each step the ranks agree on the batch's loss and on whether to stop (Ctrl-C
     or the time budget on any of them), so that they all stop at the same step."""
@@ -318,10 +318,10 @@ def run_epoch(run: Run, epoch: int) -> int:
             if stops:
                 raise interrupted(run, f"training interrupted at epoch {epoch}, step {progress.step}")
             if tc.max_steps and progress.step >= tc.max_steps:
-                run.stopped = "max_steps"
+                progress.stopped = "max_steps"
                 break
             if lates:
-                run.stopped = "time_budget"
+                progress.stopped = "time_budget"
                 break
     finally:
         bar.close()
@@ -347,7 +347,7 @@ def end_epoch(run: Run, epoch: int, n_batches: int) -> bool:
     if partial:  # the record is left out of epochs_logged: a resume that finishes the epoch drops it
         if main:
             pipe.save(run.out / "last", {"epoch": epoch, "dev": dev, "partial": True})
-        progress.stopped, progress.cut_dev_f1 = run.stopped, dev_f1
+        progress.cut_dev_f1 = dev_f1  # progress.stopped: the limit that cut it
         run.checkpoint()
         run.best_state = adopt_cut_epoch(run)
         return True
@@ -364,11 +364,12 @@ def end_epoch(run: Run, epoch: int, n_batches: int) -> bool:
     progress.train_seconds += progress.epoch_seconds
     progress.epochs_logged += 1
     if tc.patience and progress.bad_epochs >= tc.patience:
-        run.stopped = "early_stopping"
+        progress.stopped = "early_stopping"
         log.info(f"early stopping: no dev improvement for {tc.patience} epochs")
-    finished = run.stopped != "epochs" or epoch == tc.epochs
+    if epoch == tc.epochs and not progress.stopped:
+        progress.stopped = "epochs"
+    finished = bool(progress.stopped)
     progress.epoch, progress.batch = epoch + 1, 0
-    progress.stopped = run.stopped if finished else ""
     progress.epoch_loss, progress.epoch_chars, progress.epoch_seconds = 0.0, 0, 0.0
     run.checkpoint()
     if not finished and run.world.sum([run.stop.requested])[0]:
@@ -389,7 +390,7 @@ def log_epoch(run: Run, epoch: int, n_batches: int, partial: bool) -> dict:
         record.update(partial=True, batches=progress.batch, of_batches=n_batches)
     with open(run.out / "metrics.jsonl", "a", encoding="utf-8") as f:
         f.write(json.dumps(record) + "\n")
-    cut = f" ({progress.batch:,} of {n_batches:,} batches, {run.stopped})" if partial else ""
+    cut = f" ({progress.batch:,} of {n_batches:,} batches, {run.progress.stopped})" if partial else ""
     log.info(f"epoch {epoch}/{tc.epochs}{cut}  loss {record['loss']:.4f}  dev P {100 * dev['precision']:.2f} "
              f"R {100 * dev['recall']:.2f} F1 {100 * dev['f1']:.2f}{' *' if dev['f1'] > progress.best_f1 else ''}  "
              f"{record['chars_per_s']:,.0f} chars/s  {record['elapsed_s']:.0f}s")
@@ -408,7 +409,7 @@ def finish(run: Run, epoch: int) -> dict:
     pipe.model.load_state_dict(run.best_state)
     metrics = {"best_epoch": progress.best_epoch, "epochs": min(epoch, tc.epochs), "steps": progress.step,
                "partial_epoch": progress.batch > 0,  # a limit stopped the run inside its last epoch
-               "stopped": run.stopped, "dev": pipe.evaluation(splits.dev, tc.eval_batch_size).metrics,
+               "stopped": run.progress.stopped, "dev": pipe.evaluation(splits.dev, tc.eval_batch_size).metrics,
                "train_chars_per_s": (progress.train_chars + progress.epoch_chars)
                / max(progress.train_seconds + progress.epoch_seconds, 1e-9),  # with a cut epoch's
                "train_chars_per_s_steady": progress.steady_chars / max(progress.steady_seconds, 1e-9),
@@ -420,11 +421,11 @@ def finish(run: Run, epoch: int) -> dict:
                  f"R {100 * metrics['test']['recall']:.2f} F1 {100 * metrics['test']['f1']:.2f}")
     pipe.write_weights(run.out, metrics)
     log.info(f"model saved to {run.out}")
-    if run.stopped in LIMITS and (progress.batch > 0 or epoch < tc.epochs):  # epochs were left to train
-        limit = getattr(tc, run.stopped)
-        log.warning(f"train.{run.stopped} = {limit:g} stopped the run in epoch {min(epoch, tc.epochs)} of {tc.epochs}, "
+    if run.progress.stopped in LIMITS and (progress.batch > 0 or epoch < tc.epochs):  # epochs were left to train
+        limit = getattr(tc, run.progress.stopped)
+        log.warning(f"train.{run.progress.stopped} = {limit:g} stopped the run in epoch {min(epoch, tc.epochs)} of {tc.epochs}, "
                     f"step {progress.step:,}; continue with: {resume_command(run.out)} "
-                    f"--set train.{run.stopped}={2 * limit:g}")
+                    f"--set train.{run.progress.stopped}={2 * limit:g}")
     return metrics
 
 
@@ -446,7 +447,7 @@ def train(config: Config, out: str | Path | None = None, force: bool = False, re
     A rank that loses the others (one was killed, or silent past train.dist_timeout) ends with a
     JobError."""
     out = Path(out or config.output_dir)
-    config.output_dir = str(out)
+    config = replace(config, output_dir=str(out))  # the caller's config stays as it is
     stop, world = StopRequest(), World.from_env()
     try:
         with stop.on_signals():

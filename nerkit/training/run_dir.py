@@ -1,8 +1,10 @@
 """The run directory of `nerkit train --out`: checking it before a run (fresh, --force, --resume),
-preparing it, and the run's config saved beside the model and read back on a resume."""
+with the files the config names and what `--dry-run` reads, preparing it, and the run's config saved
+beside the model and read back on a resume."""
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 from pathlib import Path
@@ -11,9 +13,12 @@ from nerkit.config import RESUMABLE_KEYS, Config, config_to_yaml, load_config
 from nerkit.data.splits import check_data_files
 from nerkit.errors import UserError
 from nerkit.files import atomic_write_text
+from nerkit.training.build import check_pretrained_files
 from nerkit.training.distributed import (
     check_batch_size,
 )
+
+log = logging.getLogger(__name__)
 
 
 def check_output_dir(out: Path, force: bool) -> None:
@@ -33,14 +38,29 @@ def check_output_dir(out: Path, force: bool) -> None:
 
 def check_run(config: Config, out: Path, force: bool, resume: bool, world_size: int = 1,
               writes: bool = True) -> None:
-    """What a run checks before it reads any data: the corpora exist, the global batch splits over
-    the `world_size` processes, and a new run's output directory is usable (`--force` replaces a
-    non-empty one; a resumed run continues in its own). `writes`: whether this process writes the
-    output directory (rank 0 alone does)."""
+    """What a run checks before it reads any data: the corpora and the pretrained inputs exist, the
+    global batch splits over the `world_size` processes, and a new run's output directory is usable
+    (`--force` replaces a non-empty one; a resumed run continues in its own). `writes`: whether this
+    process writes the output directory (rank 0 alone does)."""
     check_data_files(config)
+    check_pretrained_files(config)
     check_batch_size(config.train.batch_size, world_size)
     if writes and not resume:
         check_output_dir(out, force)
+
+
+def read_for_dry_run(config: Config) -> None:
+    """What `nerkit train --dry-run` does after `check_run`: read the corpora as the run would (a
+    corpus error shows now, not after the model is built), and say how many steps they make, with
+    the run's warning when the warm-up takes too much of them."""
+    from nerkit.data.splits import read_splits
+    from nerkit.training.schedule import run_steps, warn_long_run_warmup
+
+    splits = read_splits(config)
+    steps_per_epoch, total_steps = run_steps(config, len(splits.train))
+    log.info(f"train: {len(splits.train):,} sentences, {steps_per_epoch:,} batches an epoch, "
+             f"{total_steps:,} steps in all")
+    warn_long_run_warmup(config, steps_per_epoch, total_steps)
 
 
 def prepare_output_dir(out: Path, force: bool) -> None:

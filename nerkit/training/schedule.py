@@ -5,6 +5,7 @@ warm-up takes too much of the run."""
 from __future__ import annotations
 
 import logging
+import math
 
 import torch
 
@@ -56,6 +57,22 @@ def lr_factor(config: Config, step: int, steps_per_epoch: int, total_steps: int)
     if tc.schedule == "inverse_time":
         return 1.0 / (1.0 + tc.decay * (step // max(1, steps_per_epoch)))
     return 1.0
+
+
+def run_steps(config: Config, examples: int) -> tuple[int, int]:
+    """(steps per epoch, total steps) of a run over `examples` training sentences: train.epochs of
+    ceil(examples / train.batch_size) batches, at most train.max_steps."""
+    tc = config.train
+    steps_per_epoch = math.ceil(examples / tc.batch_size)
+    total_steps = steps_per_epoch * tc.epochs
+    return steps_per_epoch, min(total_steps, tc.max_steps) if tc.max_steps else total_steps
+
+
+def warn_long_run_warmup(config: Config, steps_per_epoch: int, total_steps: int) -> bool:
+    """`warn_long_warmup` for the steps `run_steps` gave, saying what limits them; whether it warned."""
+    tc = config.train
+    return warn_long_warmup(config, total_steps, "that train.max_steps allows" if total_steps == tc.max_steps
+                            else f"that {tc.epochs:,} epochs of {steps_per_epoch:,} batches make")
 
 
 def warn_long_warmup(config: Config, steps: int, what: str) -> bool:

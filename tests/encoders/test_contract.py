@@ -18,15 +18,28 @@ INPUT_DIM, WORD_DIM = 12, 6
 # Small sizes for whichever of these fields an encoder's options have.
 TINY = {"hidden_size": 5, "n_heads": 2, "head_dim": 4, "num_layers": 2, "dropout": 0.3, "attn_dropout": 0.3,
         "attention_chunk": 3, "max_relative_distance": 3}
-CASES = [(name, None) for name in ENCODERS if name != "tener"] + [("tener", a) for a in ("tener", "xl", "shaw")]
+# Every position scheme of the Transformer, and the relative ones with Transformer-XL's memory
+# ("+memory": segments of 4 characters, 3 remembered, so the test sentences span several segments).
+CASES = ([(name, None) for name in ENCODERS if name != "tener"] + [("transformer", "learned")]
+         + [("tener", a) for a in ("tener", "xl", "shaw", "rope", "alibi")]
+         + [("tener", f"{a}+memory") for a in ("tener", "xl", "shaw", "rope", "alibi")])
 IDS = [name if attention is None else f"{name}-{attention}" for name, attention in CASES]
+MEMORY = {"memory": 3, "segment": 4}
+
+
+def attention_options(attention: str | None) -> dict:
+    """The encoder options a case's `attention` names: the scheme, and the memory with "+memory"."""
+    if attention is None:
+        return {}
+    scheme, _, memory = attention.partition("+")
+    return {"attention": scheme, **(MEMORY if memory else {})}
 
 
 def make_encoder(name: str, attention: str | None, seed: int = 0):
     options = ENCODER_OPTIONS[name]()
     known = {f.name for f in dataclasses.fields(options)}
     options = dataclasses.replace(options, **{k: v for k, v in TINY.items() if k in known},
-                                  **({"attention": attention} if attention else {}))
+                                  **attention_options(attention))
     torch.manual_seed(seed)
     return ENCODERS[name](INPUT_DIM, options, WORD_DIM).double()
 
@@ -116,8 +129,7 @@ def test_train_save_load_predicts_the_same(name, attention, tmp_path, tiny_confi
 
     known = {f.name for f in dataclasses.fields(ENCODER_OPTIONS[name])}
     overrides = [f"encoder.name={name}"] + [f"encoder.{k}={v}" for k, v in TINY.items() if k in known]
-    if attention:
-        overrides.append(f"encoder.attention={attention}")
+    overrides += [f"encoder.{k}={v}" for k, v in attention_options(attention).items()]
     if ENCODERS[name].uses_lattice:  # a small lexicon: the entities' own words and some noise
         words = tmp_path / "words.txt"
         words.write_text("张三\n北京\n北京大学\n上海\n新华社\n记者\n", encoding="utf-8")

@@ -20,7 +20,7 @@ from nerkit.model.encoders.transformer import Transformer
 HEADS, HEAD_DIM = 2, 4
 D_MODEL = HEADS * HEAD_DIM
 CLIP = 2  # Shaw's k, small so that the test lengths are clipped
-ATTENTIONS = ["tener", "xl", "shaw"]
+ATTENTIONS = ["tener", "xl", "shaw", "rope", "alibi"]
 
 
 def make_batch(lengths, dim, seed=0):
@@ -52,37 +52,60 @@ PAPERS = {
                           global_biases=True, value_positions=False),
     "shaw": SimpleNamespace(key_projection=True, scale=True, learned_table=True, position_projection=False,
                             global_biases=False, value_positions=True),
+    "rope": SimpleNamespace(key_projection=True, scale=True, learned_table=False, position_projection=False,
+                            global_biases=False, value_positions=False, rotary=True),
+    "alibi": SimpleNamespace(key_projection=True, scale=True, learned_table=False, position_projection=False,
+                             global_biases=False, value_positions=False, alibi=True),
 }
 
 
-def naive_attention(attention, name, x, mask):
+def paper_rotation(vector, p):
+    """RoPE as written: each pair (v[2m], v[2m+1]) turned by the angle p * 10000^(-2m/d)."""
+    d, out = vector.numel(), vector.clone()
+    for m in range(d // 2):
+        theta = p * 10000 ** (-2 * m / d)
+        a, b = vector[2 * m], vector[2 * m + 1]
+        out[2 * m], out[2 * m + 1] = a * math.cos(theta) - b * math.sin(theta), a * math.sin(theta) + b * math.cos(theta)
+    return out
+
+
+def naive_attention(attention, name, x, mask, memory=None):
     """One (query, key) pair at a time, each term spelled out; softmax over the real keys only.
-    Returns the outputs of the real positions, (N, d_model), sentence by sentence."""
+    Returns the outputs of the real positions, (N, d_model), sentence by sentence. With `memory`
+    (B, M, d_model), all real, the keys are [memory ; sentence] and query i is at position M + i."""
     variant = PAPERS[name]
     positions = attention.positions
     d = HEAD_DIM
     rows = []
     for b in range(x.size(0)):
         n = int(mask[b].sum())
+        context = x[b, :n] if memory is None else torch.cat([memory[b], x[b, :n]])  # (M + n, d_model)
+        shift = context.size(0) - n  # M
         for i in range(n):
             heads = []
             for h in range(HEADS):
                 head = slice(h * d, (h + 1) * d)
                 q_i = (attention.query.weight @ x[b, i])[head]
+                if getattr(variant, "rotary", False):
+                    q_i = paper_rotation(q_i, shift + i)
 
                 def key(j):
-                    return (attention.key.weight @ x[b, j])[head] if variant.key_projection else x[b, j, head]
+                    k_j = (attention.key.weight @ context[j])[head] if variant.key_projection else context[j, head]
+                    return paper_rotation(k_j, j) if getattr(variant, "rotary", False) else k_j
 
                 def position_key(j):
+                    i_at = shift + i  # the query's position among the keys: distances are i_at - j
+                    if getattr(variant, "rotary", False) or getattr(variant, "alibi", False):
+                        return torch.zeros(d, dtype=x.dtype)  # no position key: RoPE rotates, ALiBi biases
                     if variant.learned_table:
                         # Shaw: a^K_ij = w^K_{clip(j - i, k)}; the table holds w reversed (row k + clip(i-j)).
-                        return positions.key_table[CLIP + max(-CLIP, min(CLIP, i - j))]
+                        return positions.key_table[CLIP + max(-CLIP, min(CLIP, i_at - j))]
                     if variant.position_projection:  # XL: W_{k,R} R_{i-j}, R of width d_model
-                        return (positions.projection.weight @ paper_sinusoid(i - j, D_MODEL))[head]
-                    return paper_sinusoid(i - j, d)  # TENER: R_{t-j} of width d_k, no projection
+                        return (positions.projection.weight @ paper_sinusoid(i_at - j, D_MODEL))[head]
+                    return paper_sinusoid(i_at - j, d)  # TENER: R_{t-j} of width d_k, no projection
 
                 scores = []
-                for j in range(n):
+                for j in range(context.size(0)):
                     k_j, r_ij = key(j), position_key(j)
                     score = q_i @ k_j + q_i @ r_ij  # (a) content + (b) content-dependent position
                     if variant.global_biases:
@@ -90,13 +113,15 @@ def naive_attention(attention, name, x, mask):
                         score = score + u @ k_j + v @ r_ij  # (c) global content + (d) global position bias
                     if variant.scale:
                         score = score / math.sqrt(d)
+                    if getattr(variant, "alibi", False):  # the paper's slopes 2^(-8h/H), h from 1
+                        score = score - 2.0 ** (-8.0 * (h + 1) / HEADS) * abs(shift + i - j)
                     scores.append(score)
-                alpha = torch.softmax(torch.stack(scores), dim=0)  # (n,)
+                alpha = torch.softmax(torch.stack(scores), dim=0)  # (M + n,)
                 z = 0
-                for j in range(n):
-                    value = (attention.value.weight @ x[b, j])[head]
+                for j in range(context.size(0)):
+                    value = (attention.value.weight @ context[j])[head]
                     if variant.value_positions:  # Shaw's a^V_ij
-                        value = value + positions.value_table[CLIP + max(-CLIP, min(CLIP, i - j))]
+                        value = value + positions.value_table[CLIP + max(-CLIP, min(CLIP, shift + i - j))]
                     z = z + alpha[j] * value
                 heads.append(z)
             rows.append(attention.output.weight @ torch.cat(heads) + attention.output.bias)
@@ -109,6 +134,18 @@ def test_efficient_attention_equals_naive_reference(name):
     x, mask = make_batch([6, 3, 5], D_MODEL)
     fast = attention(x, mask)[mask]  # (N, d_model)
     torch.testing.assert_close(fast, naive_attention(attention, name, x, mask), atol=1e-10, rtol=1e-10)
+
+
+@pytest.mark.parametrize("name", ATTENTIONS)
+def test_attention_over_memory_equals_naive_reference(name):
+    """Transformer-XL's memory: keys [memory ; segment], every (query, key) distance built by hand as
+    (M + i) - j, and the same weights as without memory."""
+    attention = make_attention(name, seed=4)
+    x, mask = make_batch([6, 3, 5], D_MODEL, seed=4)
+    memory, _ = make_batch([4, 4, 4], D_MODEL, seed=5)
+    memory_mask = torch.ones(3, 4, dtype=torch.bool)
+    fast = attention(x, mask, None, memory, memory_mask)[mask]  # (N, d_model)
+    torch.testing.assert_close(fast, naive_attention(attention, name, x, mask, memory), atol=1e-10, rtol=1e-10)
 
 
 @pytest.mark.parametrize("name", ATTENTIONS)

@@ -62,6 +62,18 @@ class SinusoidTable(nn.Module):
         return self._cast[start + self.radius : end + self.radius]
 
 
+def rotate(x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """Rotary position embedding (RoPE, Su et al. 2021): each pair (x[2m], x[2m+1]) of the last axis
+    turned by the angle p / 10000^(2m/d) of its position p. x (..., N, d) with d even, positions (N,).
+    Rotating queries and keys this way makes q_i . k_j depend on positions only through i - j."""
+    dim = x.size(-1)
+    inv_freq = 10000.0 ** (-torch.arange(0, dim, 2, dtype=torch.float64, device=x.device) / dim)  # (d/2,)
+    angles = positions.to(torch.float64)[:, None] * inv_freq  # (N, d/2)
+    cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)  # (N, d/2)
+    even, odd = x[..., 0::2], x[..., 1::2]  # (..., N, d/2)
+    return torch.stack([even * cos - odd * sin, even * sin + odd * cos], dim=-1).flatten(-2)  # (..., N, d)
+
+
 class MultiHeadAttention(nn.Module):
     """Multi-head self-attention whose logits are a content score plus, optionally, position scores
     from a pluggable `positions` module:
@@ -71,7 +83,12 @@ class MultiHeadAttention(nn.Module):
 
     with q = W_q x, k = W_k x (or x itself when `key_projection` is off, as TENER does), v = W_v x and
     s = 1/sqrt(head_dim) when `scale` is on. The vanilla Transformer uses (a) alone; the relative
-    encoders add the global content bias u (`content_bias`) and a `RelativePositions` module.
+    encoders add the global content bias u (`content_bias`) and a `RelativePositions` module; RoPE
+    (`rotary`) rotates q and k by their positions before (a).
+
+    Memory (Transformer-XL's segment recurrence): given `memory` (B, M, d_model), the states of the
+    M positions just before x, keys and values run over [memory ; x] while queries are x's alone, so
+    the logits are (B, H, L, M + L) and query i sits at position M + i of that sequence.
 
     The seam for FLAT: `positions` is any module with `logits(q, spans) -> (B, H, L, L)` (terms that
     depend on where i and j are) and `values(weights) -> (B, H, L, head_dim) | None` (a value-side
@@ -91,6 +108,7 @@ class MultiHeadAttention(nn.Module):
         content_bias: bool = False,
         scale: bool = True,
         positions: nn.Module | None = None,
+        rotary: bool = False,
     ):
         super().__init__()
         d_model = n_heads * head_dim
@@ -104,6 +122,9 @@ class MultiHeadAttention(nn.Module):
             nn.Parameter(nn.init.xavier_normal_(torch.empty(n_heads, head_dim))) if content_bias else None
         )
         self.positions = positions
+        self.rotary = rotary
+        if rotary and head_dim % 2:
+            raise ValueError(f"rotary positions need an even head_dim, got {head_dim}")
         self.scale = 1.0 / math.sqrt(head_dim) if scale else 1.0
         self.dropout = nn.Dropout(attn_dropout)
 
@@ -111,26 +132,39 @@ class MultiHeadAttention(nn.Module):
         batch, length, _ = x.shape
         return x.view(batch, length, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, L, d)
 
-    def logits(self, x: torch.Tensor, spans: NodeSpans | None = None) -> torch.Tensor:
-        """Pre-softmax scores of every (query i, key j) pair, scaled, before masking: (B, H, L, L)."""
+    def logits(self, x: torch.Tensor, spans: NodeSpans | None = None, memory: torch.Tensor | None = None) -> torch.Tensor:
+        """Pre-softmax scores of every (query i, key j) pair, scaled, before masking: (B, H, L, L), or
+        (B, H, L, M + L) over [memory ; x]."""
+        context = x if memory is None else torch.cat([memory, x], dim=1)  # (B, K, d_model), K = M + L
         q = self._split_heads(self.query(x))  # (B, H, L, d)
-        k = self._split_heads(self.key(x) if self.key is not None else x)  # (B, H, L, d)
+        k = self._split_heads(self.key(context) if self.key is not None else context)  # (B, H, K, d)
+        if self.rotary:
+            keys = k.size(2)
+            k = rotate(k, torch.arange(keys, device=x.device))
+            q = rotate(q, torch.arange(keys - x.size(1), keys, device=x.device))  # queries end the sequence
         content_q = q if self.content_bias is None else q + self.content_bias[:, None, :]
-        # In place from here on: backward needs none of these (B, H, L, L) intermediates, and at
+        # In place from here on: backward needs none of these (B, H, L, K) intermediates, and at
         # L = 400 each one is tens of MiB.
-        logits = content_q @ k.transpose(-1, -2)  # (B, H, L, L): (a) + (c)
-        if self.positions is not None:
-            logits += self.positions.logits(q, spans)  # (B, H, L, L): (b) + (d)
-        return logits.mul_(self.scale)
+        logits = content_q @ k.transpose(-1, -2)  # (B, H, L, K): (a) + (c)
+        if self.positions is None:
+            return logits.mul_(self.scale)
+        terms = (self.positions.logits(q, spans) if memory is None  # (B, H, L, K): (b) + (d)
+                 else self.positions.logits(q, spans, key_length=k.size(2)))
+        if getattr(self.positions, "after_scale", False):  # a bias added to the scaled scores (ALiBi)
+            return logits.mul_(self.scale).add_(terms)
+        return logits.add_(terms).mul_(self.scale)
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor, spans: NodeSpans | None = None) -> torch.Tensor:
-        # x (B, L, d_model), mask (B, L) bool.
-        logits = self.logits(x, spans)  # (B, H, L, L)
+    def forward(self, x: torch.Tensor, mask: torch.Tensor, spans: NodeSpans | None = None,
+                memory: torch.Tensor | None = None, memory_mask: torch.Tensor | None = None) -> torch.Tensor:
+        # x (B, L, d_model), mask (B, L) bool; memory (B, M, d_model) and memory_mask (B, M) bool, or None.
+        logits = self.logits(x, spans, memory)  # (B, H, L, K)
+        key_mask = mask if memory is None else torch.cat([memory_mask, mask], dim=1)  # (B, K)
         # A finite large negative rather than -inf: padding keys get exactly zero weight in every real
         # row, and an all-padding row (a padded query of an empty sentence) stays finite (uniform).
-        logits.masked_fill_(~mask[:, None, None, :], torch.finfo(logits.dtype).min)
-        weights = self.dropout(logits.softmax(dim=-1))  # (B, H, L, L)
-        out = weights @ self._split_heads(self.value(x))  # (B, H, L, d)
+        logits.masked_fill_(~key_mask[:, None, None, :], torch.finfo(logits.dtype).min)
+        weights = self.dropout(logits.softmax(dim=-1))  # (B, H, L, K)
+        context = x if memory is None else torch.cat([memory, x], dim=1)  # (B, K, d_model)
+        out = weights @ self._split_heads(self.value(context))  # (B, H, L, d)
         if self.positions is not None:
             value_positions = self.positions.values(weights)  # (B, H, L, d) or None
             if value_positions is not None:
@@ -170,8 +204,10 @@ class EncoderLayer(nn.Module):
         self.feed_forward_norm = nn.LayerNorm(d_model)
         self.dropout = nn.Dropout(dropout)
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor, spans: NodeSpans | None = None) -> torch.Tensor:
-        x = self.attention_norm(x + self.dropout(self.attention(x, mask, spans)))  # (B, L, d_model)
+    def forward(self, x: torch.Tensor, mask: torch.Tensor, spans: NodeSpans | None = None,
+                memory: torch.Tensor | None = None, memory_mask: torch.Tensor | None = None) -> torch.Tensor:
+        attended = self.attention(x, mask, spans, memory, memory_mask)  # (B, L, d_model)
+        x = self.attention_norm(x + self.dropout(attended))  # (B, L, d_model)
         return self.feed_forward_norm(x + self.dropout(self.feed_forward(x)))  # (B, L, d_model)
 
 

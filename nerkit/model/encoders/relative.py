@@ -1,12 +1,16 @@
 """Relative-position attention: TENER (Yan et al. 2019), with the attention of Transformer-XL
-(Dai et al. 2019) or Shaw et al. (2018) as options. Absolute sinusoids tell attention how far apart two
+(Dai et al. 2019) or Shaw et al. (2018) as options, and the two relative schemes later models settled
+on: rotary embeddings (RoPE, Su et al. 2021) and ALiBi's distance-proportional biases (Press et al.
+2022; here symmetric, |i - j|, since NER reads both ways). Absolute sinusoids tell attention how far apart two
 characters are but not which comes first (P_i . P_{i+k} = P_i . P_{i-k}), and the projections in
 attention blur even the distance; NER needs both (a word after "in" is likely a place, one before it is
 not). Scoring each pair by its signed distance i - j gives attention distance and direction directly.
 
-One attention module serves all three (`MultiHeadAttention` from attention.py plus `RelativePositions`
+One attention module serves them all (`MultiHeadAttention` from attention.py plus a position module
 here); the variants differ only in the switches listed in `VARIANTS`. The encoder that stacks it is
-`Transformer` in transformer.py (`attention: tener | xl | shaw`).
+`Transformer` in transformer.py (`attention: tener | xl | shaw | rope | alibi`). Every scheme here
+depends on i - j alone, so each works with Transformer-XL's memory: a query at position M + i of
+[memory ; segment] scores key j by the distance M + i - j.
 """
 
 from __future__ import annotations
@@ -27,6 +31,8 @@ class Variant:
     position_projection: bool  # W_{k,R} maps d_model-wide sinusoids to per-head position keys (xl)
     global_biases: bool  # u (content) and v (position)
     value_positions: bool  # a^V_ij added to the values (shaw)
+    rotary: bool = False  # q and k rotated by their positions (rope); no position table
+    alibi: bool = False  # a fixed bias -m_h |i - j| per head (alibi); no position table
 
 
 # As in each paper. `key_projection` and `scale` can be overridden from the config.
@@ -45,6 +51,16 @@ VARIANTS = {
     "shaw": Variant(
         key_projection=True, scale=True, learned_table=True,
         position_projection=False, global_biases=False, value_positions=True,
+    ),
+    # score = rot(q_i, i) . rot(W_k x_j, j) / sqrt(d): the rotation by i - j is all the position there is.
+    "rope": Variant(
+        key_projection=True, scale=True, learned_table=False,
+        position_projection=False, global_biases=False, value_positions=False, rotary=True,
+    ),
+    # score = q_i . W_k x_j / sqrt(d) - m_h |i - j|, slopes m_h = 2^(-8h/H), h = 1..H.
+    "alibi": Variant(
+        key_projection=True, scale=True, learned_table=False,
+        position_projection=False, global_biases=False, value_positions=False, alibi=True,
     ),
 }
 
@@ -106,48 +122,83 @@ class RelativePositions(nn.Module):
             nn.Parameter(nn.init.xavier_normal_(torch.empty(n_heads, head_dim))) if position_bias else None
         )
 
-    def distance_index(self, length: int, device: torch.device) -> torch.Tensor:
-        """Table row of each (i, j): (L, L) long. Rows run over distances -(L-1)..(L-1) (sinusoids) or
-        -k..k (learned, clipped)."""
-        positions = torch.arange(length, device=device)
-        distance = positions[:, None] - positions[None, :]  # (L, L): i - j
+    def distance_index(self, length: int, device: torch.device, key_length: int | None = None) -> torch.Tensor:
+        """Table row of each (i, j): (L, K) long, K = key_length (default L), the queries being the last
+        L of the K positions. Rows run over distances -(L-1)..(K-1) (sinusoids) or -k..k (learned,
+        clipped)."""
+        keys = key_length or length
+        distance = distances(length, keys, device)  # (L, K): i - j
         if self.max_distance is not None:
             return distance.clamp(-self.max_distance, self.max_distance) + self.max_distance
         return distance + (length - 1)
 
-    def key_rows(self, length: int, like: torch.Tensor) -> torch.Tensor:
+    def key_rows(self, length: int, like: torch.Tensor, key_length: int | None = None) -> torch.Tensor:
         """Position keys per table row: (1 or H, T, d)."""
         if self.key_table is not None:
             return self.key_table[None]  # (1, 2k+1, d): shared by the heads
-        table = self.sinusoids(-(length - 1), length, like)  # (2L-1, d or d_model)
+        table = self.sinusoids(-(length - 1), key_length or length, like)  # (L+K-1, d or d_model)
         if self.projection is None:
-            return table[None]  # (1, 2L-1, d)
-        keys = self.projection(table)  # (2L-1, d_model)
-        return keys.view(-1, self.n_heads, self.head_dim).transpose(0, 1)  # (H, 2L-1, d)
+            return table[None]  # (1, L+K-1, d)
+        keys = self.projection(table)  # (L+K-1, d_model)
+        return keys.view(-1, self.n_heads, self.head_dim).transpose(0, 1)  # (H, L+K-1, d)
 
-    def logits(self, q: torch.Tensor, spans=None) -> torch.Tensor:
+    def logits(self, q: torch.Tensor, spans=None, key_length: int | None = None) -> torch.Tensor:
         # q (B, H, L, d); no spans needed: distances come from the character positions.
         batch, heads, length, _ = q.shape
+        keys = key_length or length
         position_q = q if self.position_bias is None else q + self.position_bias[:, None, :]  # (B, H, L, d)
-        by_distance = position_q @ self.key_rows(length, q).transpose(-1, -2)  # (B, H, L, T)
-        index = self.distance_index(length, q.device).expand(batch, heads, length, length)
-        return by_distance.gather(-1, index)  # (B, H, L, L)
+        by_distance = position_q @ self.key_rows(length, q, keys).transpose(-1, -2)  # (B, H, L, T)
+        index = self.distance_index(length, q.device, keys).expand(batch, heads, length, keys)
+        return by_distance.gather(-1, index)  # (B, H, L, K)
 
     def values(self, weights: torch.Tensor) -> torch.Tensor | None:
-        # weights (B, H, L, L) -> (B, H, L, d): sum_j w_ij A_{i-j} = sum_r (sum_{j in bucket r} w_ij) A_r.
+        # weights (B, H, L, K) -> (B, H, L, d): sum_j w_ij A_{i-j} = sum_r (sum_{j in bucket r} w_ij) A_r.
         if self.value_table is None:
             return None
-        batch, heads, length, _ = weights.shape
-        index = self.distance_index(length, weights.device).expand(batch, heads, length, length)
+        batch, heads, length, keys = weights.shape
+        index = self.distance_index(length, weights.device, keys).expand(batch, heads, length, keys)
         buckets = weights.new_zeros(batch, heads, length, self.value_table.size(0))  # (B, H, L, 2k+1)
         buckets = buckets.scatter_add(-1, index, weights)
         return buckets @ self.value_table  # (B, H, L, d)
+
+
+def distances(length: int, key_length: int, device: torch.device) -> torch.Tensor:
+    """i - j for the L queries that end a sequence of K keys: (L, K) long. With K = L, the square of
+    every pair; with memory, query i is at position K - L + i."""
+    queries = torch.arange(key_length - length, key_length, device=device)
+    return queries[:, None] - torch.arange(key_length, device=device)[None, :]
+
+
+class ALiBiPositions(nn.Module):
+    """ALiBi's position term: logits(q)_ij = -m_h |i - j| with the geometric slopes m_h = 2^(-8h/H)
+    of the paper (h = 1..H), fixed, not learned; no value term. Nothing to save: a function of H. It
+    is added to the scaled scores, as in the paper (`after_scale`)."""
+
+    after_scale = True
+
+    def __init__(self, n_heads: int):
+        super().__init__()
+        self.slopes = [2.0 ** (-8.0 * h / n_heads) for h in range(1, n_heads + 1)]
+
+    def logits(self, q: torch.Tensor, spans=None, key_length: int | None = None) -> torch.Tensor:
+        length = q.size(2)
+        far = distances(length, key_length or length, q.device).abs().to(q.dtype)  # (L, K)
+        slopes = torch.tensor(self.slopes, dtype=q.dtype, device=q.device)  # (H,)
+        return -(slopes[:, None, None] * far)[None]  # (1, H, L, K)
+
+    def values(self, weights: torch.Tensor) -> None:
+        return None
 
 
 def relative_attention(
     variant: Variant, n_heads: int, head_dim: int, attn_dropout: float, max_distance: int = 16
 ) -> MultiHeadAttention:
     """The one multi-head relative attention, configured as `variant` says."""
+    if variant.rotary or variant.alibi:
+        return MultiHeadAttention(
+            n_heads, head_dim, attn_dropout, key_projection=variant.key_projection, scale=variant.scale,
+            positions=ALiBiPositions(n_heads) if variant.alibi else None, rotary=variant.rotary,
+        )
     positions = RelativePositions(
         n_heads,
         head_dim,

@@ -1,0 +1,59 @@
+"""`nerkit serve`: a trained model as a web service (FastAPI on uvicorn, the `serve` extra).
+
+The command parses its options and calls `nerkit.inference.server.run_server`; the API, the limits
+and micro-batching are described in docs/serving.md.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal, Optional
+
+import typer
+
+from nerkit.config import DEVICES
+from nerkit.errors import UserError
+
+# As `nerkit predict`'s options of the same names (nerkit/cli/app.py, which imports this module).
+Device = Literal[DEVICES]
+
+
+def serve(
+    model: Path = typer.Option(..., "--model", "-m", help="Model directory."),
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (0.0.0.0: every network "
+                             "interface; the API has no authentication)."),
+    port: int = typer.Option(8000, "--port", min=0, max=65535, help="Port to listen on (0: a free one, "
+                             "which the log shows)."),
+    workers: int = typer.Option(1, "--workers", min=1, help="Server processes, each holding a copy of the "
+                                "model and its own queue; the connections are spread over them (1 = this process)."),
+    device: Device = typer.Option("cpu", "--device", help="Where the model runs."),
+    threads: int = typer.Option(0, "--threads", min=0, help="torch threads in all, shared out among the "
+                                "workers (0 = one per core)."),
+    window: Optional[int] = typer.Option(None, "--window", min=0, help="Read a text longer than N characters "
+                                         "in overlapping windows of N (default: the model's, as nerkit predict; "
+                                         "0 = each text whole)."),
+    batch_size: int = typer.Option(64, "--batch-size", min=1, help="Sentences per model batch."),
+    max_batch_chars: int = typer.Option(8192, "--max-batch-chars", min=0, help="Micro-batching: requests "
+                                        "that wait together are predicted as one batch of up to N characters "
+                                        "(a larger request is a batch of its own; 0 = each request alone)."),
+    max_wait_ms: float = typer.Option(2.0, "--max-wait-ms", min=0, help="Micro-batching: how long the first "
+                                      "request of a batch waits for others, in milliseconds."),
+    max_queue: int = typer.Option(64, "--max-queue", min=1, help="Requests that may wait for the model (in "
+                                  "each worker); one more is refused with 503 and Retry-After."),
+    max_body: int = typer.Option(1 << 20, "--max-body", min=1, help="Largest request body, in bytes (a "
+                                 "larger one is refused with 413)."),
+    access_log: bool = typer.Option(False, "--access-log", metavar="", help="Log one line per request on stderr."),
+):
+    """Serve a model over HTTP: POST /predict, GET /health, GET /info, the API's docs at /docs.
+    SIGTERM or Ctrl-C stops it taking connections, answers every request in flight and exits 0."""
+    try:
+        from nerkit.inference.server import ServeOptions, run_server
+    except ModuleNotFoundError as e:
+        if e.name not in ("fastapi", "starlette", "pydantic", "uvicorn"):
+            raise
+        raise UserError(f"nerkit serve needs {e.name}, which is not installed",
+                        fix="pip install 'nerkit[serve]'") from None
+
+    run_server(model, host, port, workers, threads, access_log=access_log, options=ServeOptions(
+        device=device, window=window, batch_size=batch_size, max_batch_chars=max_batch_chars,
+        max_wait_ms=max_wait_ms, max_queue=max_queue, max_body=max_body))
