@@ -51,7 +51,7 @@ class DataConfig:
 class LMConfig:
     """A pretrained character-level language model as features (`embeddings.lm.*`)."""
 
-    path: str | None = None  # a local Hugging Face directory (BERT, RoBERTa, MacBERT, ...) or LAC's; None: no LM
+    path: str | None = None  # a local Hugging Face encoder directory (any fast tokenizer) or LAC's; None: no LM
     finetune: bool = False  # train the LM's weights too (else frozen, its features cached per corpus)
     lr: float = 0.0  # the LM's own learning rate when fine-tuned (0: train.lr)
     layers: str = "last"  # last: the top layer | mix: a learned scalar mix of every layer

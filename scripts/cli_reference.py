@@ -42,9 +42,9 @@ EXIT_CODES = """
 
 | code | when |
 |---|---|
-| 0 | success; also `--help` and `--version`, and `nerkit predict` whose output pipe closed early (`\\| head`) |
+| 0 | success; also `--help` and `--version`, `nerkit predict` whose output pipe closed early (`\\| head`), and `nerkit serve` stopped by SIGTERM or Ctrl-C once it has answered every request in flight |
 | 1 | `nerkit bench`: at least one run failed (the table says which); `nerkit train --nproc`: a training process crashed or was killed, or hung past `train.dist_timeout` (one line naming the rank, and the resume command); an unexpected error (a bug), with its traceback |
-| 2 | a user error: one line on stderr, `nerkit: error: FILE:LINE: what is wrong; how to fix it` (a missing file, an unknown config key or bad value, a malformed corpus line, a wrong model directory, an unknown option or a value out of range); `nerkit data validate` lists each error of the file (the first 20, then how many in all); `nerkit data stats` reports the files it can read and one error line for each it cannot; `nerkit` or a command group (`nerkit data`) given alone prints its help; `nerkit predict --workers N`: a worker process died (for example, killed for memory) |
+| 2 | a user error: one line on stderr, `nerkit: error: FILE:LINE: what is wrong; how to fix it` (a missing file, an unknown config key or bad value, a malformed corpus line, a wrong model directory, an unknown option or a value out of range, a port `nerkit serve` cannot listen on); `nerkit data validate` lists each error of the file (the first 20, then how many in all); `nerkit data stats` reports the files it can read and one error line for each it cannot; `nerkit` or a command group (`nerkit data`) given alone prints its help; `nerkit predict --workers N`: a worker process died (for example, killed for memory) |
 | 130 | Ctrl-C (SIGINT). During training the run stops at the next step, writes a checkpoint and prints the `nerkit train --resume` command that continues it |
 | 143 | SIGTERM (`kill`, a batch scheduler's preemption): as Ctrl-C during training (a checkpoint first) and `nerkit predict` (no temporary output file or worker process left behind) |
 

@@ -290,7 +290,7 @@ class StubPipe:
     def __init__(self, error: type[BaseException] | None = None, fail_on: int = 2):
         self.error, self.fail_on, self.calls = error, fail_on, 0
 
-    def predict_tokens(self, tokens, batch_size):
+    def predict_tokens(self, tokens, batch_size, window=None):
         self.calls += 1
         if self.error and self.calls == self.fail_on:
             raise self.error("stopped")

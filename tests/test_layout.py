@@ -176,7 +176,8 @@ def test_the_rule_catches_a_circle(tmp_path):
     path = copy / "data" / "tags.py"  # tags is imported by data.corpus: importing it back closes a circle
     path.write_text(path.read_text(encoding="utf-8") + "\n\ndef _probe():\n    from nerkit.data.corpus import Corpus\n",
                     encoding="utf-8")
-    assert ["nerkit.data.corpus", "nerkit.data.tags"] in cycles(graph(copy))
+    # The circle holds both (and the other modules on a path between them: data.records, data.annotation).
+    assert any({"nerkit.data.corpus", "nerkit.data.tags"} <= set(circle) for circle in cycles(graph(copy)))
 
 
 def test_the_console_script_is_the_cli_function():

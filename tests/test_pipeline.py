@@ -724,7 +724,7 @@ def test_the_default_window_is_the_longest_training_sentence(tiny_model_dir, mon
     for bad in (-1, 2.5, "17", True):
         with pytest.raises(UserError, match="the prediction window must be a whole number of characters"):
             pipe.predict(text, window=bad)
-    with pytest.raises(UserError, match="the model's default is 17"):
+    with pytest.raises(UserError, match="at least 0, not -3"):
         pipe.evaluate(gold, window=-3)
 
 
@@ -737,6 +737,18 @@ def test_the_window_is_never_above_max_len_where_it_is_set(tiny_config):
     assert pipe.train_max_len == 17 and pipe.window == 17
     pipe.train_max_len = None  # not recorded: data.max_len, as before it was
     assert pipe.window == 0
+
+
+def test_a_window_past_learned_positions_is_a_user_error(tiny_config):
+    """A Transformer with learned positions reads at most encoder.max_positions characters: a longer
+    window (or 0, a whole text) is refused with a message, not a ValueError from inside the model."""
+    pipe = build_pipeline(tiny_config(*encoder_overrides("transformer"), "encoder.attention=learned",
+                                      "encoder.max_positions=20", "data.max_len=20"))
+    assert pipe.window == 17 and len(pipe.predict("张伟在北京工作。" * 10, window=20)) == 1
+    for window in (21, 0):
+        with pytest.raises(UserError, match=f"reads at most encoder.max_positions = 20 characters at once, "
+                                            f"not a window of {window}"):
+            pipe.predict("张伟在北京工作。" * 10, window=window)
 
 
 def test_a_model_directory_without_training_lengths_keeps_max_len_as_its_window(model_copy, monkeypatch):

@@ -21,7 +21,7 @@ import pytest
 import torch
 from test_cli_model import parse_jsonl, run_cli
 
-from nerkit.errors import CorpusError
+from nerkit.errors import CorpusError, UserError
 from nerkit.inference.formats import FORMATS
 from nerkit.inference.stream import predict_stream
 from nerkit.inference.workers import WorkerLost, Workers, in_order, threads_per_worker
@@ -274,6 +274,33 @@ def test_the_window_is_the_same_from_the_api_the_command_line_and_the_workers(ti
         code, stdout, stderr = run_cli(monkeypatch, capfd, *command, "--model", model, "--window", "-1")
         assert code == 2 and stdout == "" and len(stderr.splitlines()) == 1
         assert stderr.startswith("nerkit: error: Invalid value for '--window'"), stderr
+    with pytest.raises(UserError, match="the prediction window must be a whole number of characters"):
+        predict_stream(pool, str(source), None, window=-1)  # refused here, not by a worker
+
+
+def test_a_window_the_model_cannot_read_is_one_line_with_or_without_workers(tiny_config, tmp_path, monkeypatch,
+                                                                           capfd):
+    """A Transformer with learned positions reads at most encoder.max_positions characters: a larger
+    --window is refused once the model loads, in one line and before any input is read, by one
+    process as by the workers."""
+    from test_pipeline import build_pipeline
+
+    model = tmp_path / "learned"
+    build_pipeline(tiny_config("encoder.name=transformer", "encoder.attention=learned", "encoder.max_positions=20",
+                               "data.max_len=20", "encoder.n_heads=2", "encoder.head_dim=4")).save(model)
+    source = tmp_path / "in.txt"
+    source.write_text("张伟在北京工作。\n", encoding="utf-8")
+    messages = []
+    for workers in ("1", "2"):
+        code, stdout, stderr = run_cli(monkeypatch, capfd, "predict", "--model", str(model), str(source),
+                                       "--workers", workers, "--window", "30", "--output", str(tmp_path / "out.jsonl"))
+        assert code == 2 and stdout == "" and len(stderr.splitlines()) == 1, stderr
+        messages.append(stderr)
+    assert messages[0] == messages[1] and "reads at most encoder.max_positions = 20 characters" in messages[0]
+    assert not (tmp_path / "out.jsonl").exists()
+    code, stdout, stderr = run_cli(monkeypatch, capfd, "predict", "--model", str(model), str(source), "--workers", "2",
+                                   "--window", "20")
+    assert code == 0 and len(parse_jsonl(stdout)) == 1, stderr
 
 
 # ------------------------------------------------------------------ a killed worker, Ctrl-C, a closed pipe

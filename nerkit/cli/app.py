@@ -48,13 +48,15 @@ app.add_typer(plot_app, name="plot")
 Device = Literal[DEVICES]
 
 
-Format = Literal["jsonl", "conll", "inline", "html"]  # nerkit.inference.formats.FORMATS (a test keeps them equal)
+# nerkit.inference.formats.FORMATS (a test keeps them equal)
+Format = Literal["jsonl", "conll", "inline", "html", "doccano", "label-studio"]
 
 
-Target = Literal["bio", "bioes", "bmes", "jsonl"]
+Target = Literal["bio", "bioes", "bmes", "jsonl", "doccano", "label-studio"]
 
 
-Source = Literal["auto", "conll", "jsonl", "cluener"]  # nerkit.data.corpus.FORMATS (a test keeps them equal)
+# nerkit.data.corpus.FORMATS (a test keeps them equal)
+Source = Literal["auto", "conll", "jsonl", "cluener", "doccano", "label-studio"]
 
 
 def flag(*names: str, help: str, default: bool | None = False, **kwargs):
@@ -199,7 +201,8 @@ def evaluate(
 def predict(
     source: str = typer.Argument("-", help="Text file, one text per line; - reads stdin."),
     model: Path = typer.Option(..., "--model", "-m", help="Model directory."),
-    fmt: Format = typer.Option("jsonl", "--format", "-f", help="Output format."),
+    fmt: Format = typer.Option("jsonl", "--format", "-f", help="Output format (doccano, label-studio: "
+                               "pre-annotations to import into those tools)."),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write here instead of stdout."),
     batch_size: int = typer.Option(64, "--batch-size", min=1, help="Sentences per batch."),
     device: Device = DEVICE,
@@ -308,11 +311,13 @@ def data_validate(
 
 @data_app.command("convert")
 def data_convert(
-    source: Path = typer.Argument(..., help="Input corpus (CoNLL or .jsonl)."),
+    source: Path = typer.Argument(..., help="Input corpus (CoNLL or .jsonl; others with --from)."),
     target: Path = typer.Argument(..., help="Output file."),
-    to: Target = typer.Option(..., "--to", help="Target tag scheme or format."),
+    to: Target = typer.Option(..., "--to", help="Target tag scheme or format (doccano: its JSONL; label-studio: "
+                              "its JSON, a task with one annotation per sentence)."),
     from_: Source = typer.Option("auto", "--from", help="Input format: auto (.jsonl and .json are JSON lines, "
-                                 "anything else CoNLL), or CLUENER's JSON (cluener)."),
+                                 "anything else CoNLL), CLUENER's JSON (cluener), doccano's JSONL export (doccano) "
+                                 "or Label Studio's JSON export (label-studio)."),
     repair: bool = flag("--repair", help="Fix invalid transitions and split tokens of several characters "
                         "while reading."),
 ):

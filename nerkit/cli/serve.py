@@ -28,7 +28,7 @@ def serve(
                                 "model and its own queue; the connections are spread over them (1 = this process)."),
     device: Device = typer.Option("cpu", "--device", help="Where the model runs."),
     threads: int = typer.Option(0, "--threads", min=0, help="torch threads in all, shared out among the "
-                                "workers (0 = one per core)."),
+                                "workers (0 = the cores free when nerkit starts; with --workers, one per core)."),
     window: Optional[int] = typer.Option(None, "--window", min=0, help="Read a text longer than N characters "
                                          "in overlapping windows of N (default: the model's, as nerkit predict; "
                                          "0 = each text whole)."),
@@ -36,8 +36,10 @@ def serve(
     max_batch_chars: int = typer.Option(8192, "--max-batch-chars", min=0, help="Micro-batching: requests "
                                         "that wait together are predicted as one batch of up to N characters "
                                         "(a larger request is a batch of its own; 0 = each request alone)."),
-    max_wait_ms: float = typer.Option(2.0, "--max-wait-ms", min=0, help="Micro-batching: how long the first "
-                                      "request of a batch waits for others, in milliseconds."),
+    max_wait_ms: float = typer.Option(0.0, "--max-wait-ms", min=0, help="Micro-batching: how long the first "
+                                      "request of a batch waits for others, in milliseconds (0: requests that "
+                                      "come while the model is busy make the next batch, and no request waits "
+                                      "for company)."),
     max_queue: int = typer.Option(64, "--max-queue", min=1, help="Requests that may wait for the model (in "
                                   "each worker); one more is refused with 503 and Retry-After."),
     max_body: int = typer.Option(1 << 20, "--max-body", min=1, help="Largest request body, in bytes (a "

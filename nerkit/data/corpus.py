@@ -1,17 +1,34 @@
-"""Corpus reading, writing and checking: char-per-line CoNLL (BIO, BIOES, BMES) and JSON-lines spans.
+"""Corpus reading, writing and checking: char-per-line CoNLL (BIO, BIOES, BMES), JSON-lines spans and
+CLUENER's JSON, and through `read_corpus` and `write_corpus` the annotation tools' files
+(nerkit.data.annotation: doccano, Label Studio).
 
-The tag-scheme rules it checks with are nerkit.data.tags'. Spans are token offsets, end exclusive;
+The tag-scheme rules it checks with are nerkit.data.tags'; what every reader shares (Sentence,
+Corpus, reading a file, its errors) is nerkit.data.records'. Spans are token offsets, end exclusive;
 for char-per-line files a token is a character, so they are offsets into the sentence text.
 """
 
 from __future__ import annotations
 
-import bisect
 import json
 import re
-from dataclasses import dataclass, field
 from pathlib import Path
 
+from nerkit.data import annotation
+from nerkit.data.records import (  # Sentence, Corpus and the decoders: importable from here as well
+    SPANS,
+    Corpus,
+    Sentence,
+    _check_flat,
+    _decode,
+    _json_record,
+    _Problems,
+    _read_bytes,
+    _read_records,
+    _shown,
+    _text_of,
+    decode_utf8,
+    nul_error,
+)
 from nerkit.data.tags import (
     _TAG_RE,
     SCHEMES,
@@ -23,11 +40,8 @@ from nerkit.data.tags import (
     tags_to_spans,
     transition_problems,
 )
-from nerkit.errors import CorpusError, ManyErrors, did_you_mean
+from nerkit.errors import CorpusError, did_you_mean
 from nerkit.files import atomic_write_text, same_file
-
-SPANS = "spans"  # what JSON-lines files have instead of a tag scheme
-
 
 RECORD_KEYS = ("text", "entities")
 
@@ -45,7 +59,8 @@ CLUENER_KEYS = ("id", "text", "label")
 _CLUENER_FORMAT = 'each line is {"text": "...", "label": {"TYPE": {"MENTION": [[start, end_inclusive], ...]}}}'
 
 
-FORMATS = ("auto", "conll", "jsonl", "cluener")  # what read_corpus's `fmt` may say; auto: by extension
+# What read_corpus's `fmt` may say (auto: by extension); the annotation tools' are annotation.FORMATS.
+FORMATS = ("auto", "conll", "jsonl", "cluener", *annotation.FORMATS)
 
 
 _SEPARATOR = re.compile(r"[ \t]+")  # only ASCII space and tab separate columns: U+3000 may be a token
@@ -54,41 +69,6 @@ _SEPARATOR = re.compile(r"[ \t]+")  # only ASCII space and tab separate columns:
 # Characters `write_corpus` keeps out of CoNLL tokens: the reader takes a lone space or tab token
 # (`  O`, as `nerkit predict --format conll` writes it), but other tools would read such a line wrong.
 _UNWRITABLE = re.compile(r"[ \t\r\n\x00]")
-
-
-@dataclass
-class Sentence:
-    tokens: list[str]
-    tags: list[str] | None = None
-    line: int = 0  # 1-based line of the first token in its file (0 when not from a file)
-
-    @property
-    def text(self) -> str:
-        return "".join(self.tokens)
-
-    def spans(self) -> list[Span]:
-        return tags_to_spans(self.tags or [])
-
-    def __len__(self) -> int:
-        return len(self.tokens)
-
-
-@dataclass
-class Corpus:
-    path: str
-    sentences: list[Sentence]
-    scheme: str
-    invalid_transitions: int = 0  # found while reading (each one fixed when repair=True)
-    repaired: int = 0  # tags changed by repair
-    split_tokens: int = 0  # tokens of several characters that repair split into their characters
-    types: list[str] = field(default_factory=list)
-    format: str = "conll"  # or "jsonl", "cluener"
-
-    @property
-    def labels(self) -> str:
-        """How the file marks entities: its tag scheme, or SPANS for JSON lines and CLUENER's JSON
-        (whose BIOES tags exist only inside nerkit)."""
-        return self.scheme if self.format == "conll" else SPANS
 
 
 def scheme_label(labels: str) -> str:
@@ -100,64 +80,17 @@ def scheme_label(labels: str) -> str:
 # Reading
 
 
-def decode_utf8(data: bytes, name: str, line: int = 1, offset: int = 0) -> str:
-    """`data` as text; bytes that are not UTF-8 are a CorpusError naming the line and byte offset.
-    `data` may be a piece of the file `name` that starts on `line`, at byte `offset`. Every reader
-    of text (corpora, `nerkit predict`) decodes here, so all say the same thing."""
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        line += data[: e.start].count(b"\n")
-        raise CorpusError(
-            f"bytes at offset {offset + e.start} are not UTF-8 ({data[e.start:e.start + 4]!r})",
-            where=f"{name}:{line}",
-            fix="convert the file to UTF-8, e.g. `iconv -f GBK -t UTF-8 IN > OUT`",
-        ) from None
-
-
-def nul_error(where: str) -> CorpusError:
-    """A NUL byte in a line of text: the file is binary, or UTF-16 read as UTF-8."""
-    return CorpusError("the line contains a NUL byte", where=where,
-                       fix="the file is probably binary or UTF-16; convert it to UTF-8 text")
-
-
-def _decode(path: Path, data: bytes) -> str:
-    text = decode_utf8(data, str(path))
-    return text[1:] if text.startswith("\ufeff") else text  # a BOM is accepted and dropped
-
-
-def _shown(text: str, limit: int = 80) -> str:
-    """`text` quoted for an error message, cut short: a malformed line may be megabytes long."""
-    return repr(text) if len(text) <= limit else f"{text[:limit]!r}... ({len(text):,} characters)"
-
-
-def _read_bytes(path: str | Path) -> tuple[Path, bytes]:
-    path = Path(path)
-    if not path.exists():
-        raise CorpusError("no such file", where=str(path), fix="check the path (and NERKIT_DATA)")
-    if path.is_dir():
-        raise CorpusError("is a directory, not a corpus file", where=str(path))
-    if path.is_char_device() or path.is_block_device() or path.is_socket():
-        # /dev/zero and the like never end: reading one would fill memory. A pipe (FIFO) is allowed.
-        raise CorpusError("is a device, not a corpus file", where=str(path), fix="point to a regular file")
-    try:
-        data = path.read_bytes()
-    except OSError as e:
-        raise CorpusError(f"cannot read the file ({e.strerror})", where=str(path)) from None
-    if not data.strip():
-        raise CorpusError("the file is empty", where=str(path), fix="point to a corpus with sentences")
-    return path, data
-
-
 REPAIR_OPTION = "pass --repair"  # how `nerkit eval` and `nerkit data convert` ask for `repair`
 
 
 def read_corpus(path: str | Path, repair: bool = False, strict: bool = True, max_errors: int = 1,
                 repair_option: str = REPAIR_OPTION, fmt: str = "auto") -> Corpus:
-    """Read a corpus, CoNLL or JSON-lines (by extension .jsonl/.json), or as `fmt` says (FORMATS:
-    CLUENER's JSON only so). With `strict`, an invalid
-    tag transition is an error unless `repair` fixes it as conlleval reads it; without `strict`
-    they are only counted (for `nerkit data stats`). The first error is raised at once; with
+    """Read a corpus, CoNLL or JSON-lines (by extension .jsonl/.json), or as `fmt` (one of FORMATS)
+    says: CLUENER's JSON and the annotation tools' files (nerkit.data.annotation) are read only when
+    asked for. With `strict`, an invalid tag transition is
+    an error unless `repair` fixes it as conlleval reads it (and a token of several characters is
+    an error unless `repair` splits it); without `strict` transitions are only counted (for
+    `nerkit data stats`). The first error is raised at once; with
     `max_errors` above 1 reading goes on, and ManyErrors lists that many (the first by line) and
     counts them all (for `nerkit data validate`); a lone error is raised as itself.
     `repair_option`: how the command that reads the file asks for `repair`, for the error's fix."""
@@ -165,6 +98,8 @@ def read_corpus(path: str | Path, repair: bool = False, strict: bool = True, max
         raise ValueError(f"unknown corpus format {fmt!r}")
     if fmt == "cluener":
         return read_cluener(path, max_errors=max_errors)
+    if fmt in annotation.FORMATS:
+        return annotation.READERS[fmt](path, max_errors=max_errors)
     if fmt == "jsonl" or (fmt == "auto" and _is_jsonl(path)):
         return read_jsonl(path, max_errors=max_errors)
     return read_conll(path, repair=repair, strict=strict, max_errors=max_errors, repair_option=repair_option)
@@ -172,30 +107,6 @@ def read_corpus(path: str | Path, repair: bool = False, strict: bool = True, max
 
 def _is_jsonl(path: str | Path) -> bool:
     return str(path).endswith((".jsonl", ".json"))
-
-
-class _Problems:
-    """Where a reader sends the errors it finds. With `limit` 1 the first is raised at once (train
-    and eval stop there); above, the reader goes on past each bad line or record, and the `limit`
-    errors with the lowest line numbers are kept while all are counted."""
-
-    def __init__(self, path: Path, limit: int):
-        self.path, self.limit = path, limit
-        self.kept: list[tuple[int, CorpusError]] = []
-        self.total = 0
-
-    def add(self, error: CorpusError, line: int) -> None:
-        if self.limit <= 1:
-            raise error
-        self.total += 1
-        bisect.insort(self.kept, (line, error), key=lambda kept: kept[0])
-        del self.kept[self.limit:]
-
-    def raise_any(self) -> None:
-        if self.total == 1:
-            raise self.kept[0][1]
-        if self.total:
-            raise ManyErrors([error for _, error in self.kept], self.total, where=str(self.path))
 
 
 def read_conll(path: str | Path, repair: bool = False, strict: bool = True, max_errors: int = 1,
@@ -359,50 +270,11 @@ def read_cluener(path: str | Path, max_errors: int = 1) -> Corpus:
     return _read_records(path, max_errors, _parse_cluener, "cluener")
 
 
-def _read_records(path: str | Path, max_errors: int, parse, fmt: str) -> Corpus:
-    """A file of one JSON record a line, each read by `parse(line, number, where)` into a Sentence."""
-    path, data = _read_bytes(path)
-    problems = _Problems(path, max_errors)
-    sentences = []
-    for number, line in enumerate(_decode(path, data).split("\n"), 1):
-        if not line.strip():
-            continue
-        try:
-            sentences.append(parse(line, number, f"{path}:{number}"))
-        except CorpusError as e:
-            problems.add(e, number)
-    problems.raise_any()
-    if not sentences:
-        raise CorpusError("the file has no sentences", where=str(path))
-    corpus = Corpus(str(path), sentences, "bioes", format=fmt)
-    corpus.types = sorted({s.type for sent in sentences for s in sent.spans()})
-    return corpus
-
-
 def _record_text(line: str, where: str, known: tuple[str, ...], fmt: str) -> tuple[dict, str]:
     """A record's JSON object, its keys checked, and its "text"."""
-    try:
-        record = json.loads(line)
-    except json.JSONDecodeError as e:
-        raise CorpusError(f"not valid JSON ({e.msg} at column {e.colno})", where=where, fix=fmt) from None
-    if not isinstance(record, dict):
-        raise CorpusError('the record has no "text" string', where=where, fix=fmt)
+    record = _json_record(line, where, fmt)
     _check_keys(record, known, "", where, fmt)
-    text = record.get("text")
-    if not isinstance(text, str):
-        raise CorpusError('the record has no "text" string', where=where, fix=fmt)
-    return record, text
-
-
-def _check_flat(spans: list[Span], text: str, where: str, shown, key: str) -> None:
-    """Refuse overlapping or nested entities in `spans` (sorted); `shown(span)` names one as its
-    format writes it, `key` is where the format lists them."""
-    for a, b in zip(spans, spans[1:]):
-        if b.start < a.end:
-            raise CorpusError(f"the entities {a.type} {text[a.start:a.end]!r} at {shown(a)} and {b.type} "
-                              f"{text[b.start:b.end]!r} at {shown(b)} overlap", where=where,
-                              fix=f"flat NER gives a character one entity at most: keep one of the two and delete "
-                                  f"the other from {key}")
+    return record, _text_of(record, where, fmt)
 
 
 def _parse_cluener(line: str, number: int, where: str) -> Sentence:
@@ -475,7 +347,9 @@ def _check_keys(obj: dict, known: tuple[str, ...], what: str, where: str, fmt: s
     """An unknown key is an error, not ignored: a misspelt `entities` would lose every entity."""
     for key in obj:
         if key not in known:
-            if key == "label" and known == RECORD_KEYS:
+            if key in ("label", "labels") and known == RECORD_KEYS and isinstance(obj[key], list):
+                fix = f"this looks like doccano's format: {annotation.CONVERT_HINT.format(fmt='doccano')}"
+            elif key == "label" and known == RECORD_KEYS:
                 fix = "this looks like CLUENER's format: convert it with `nerkit data convert IN OUT --from cluener --to jsonl`"
             else:
                 fix = did_you_mean(key, known) or fmt
@@ -506,13 +380,14 @@ def format_jsonl(sentences: list[Sentence]) -> str:
 
 def write_corpus(path: str | Path, sentences: list[Sentence], to: str, source: str | Path | None = None,
                  source_format: str = "auto") -> None:
-    """Write `sentences` as `to` in bio|bioes|bmes (CoNLL) or jsonl, atomically. `source`, the file
-    they were read from (as `source_format`, read_corpus's `fmt`), is never written over, and a
-    token that cannot be written is named with its line there."""
+    """Write `sentences` as `to` in bio|bioes|bmes (CoNLL), jsonl, or an annotation tool's format
+    (annotation.FORMATS), atomically. `source`, the file they were read from (as `source_format`,
+    read_corpus's `fmt`), is never written over, and a token that cannot be written is named with
+    its line there."""
     if source is not None and same_file(source, path):
         raise CorpusError("is the input file: the output would replace it", where=str(path), fix="write to another file")
-    if to not in (*SCHEMES, "jsonl"):
-        raise CorpusError(f"unknown output format {to!r}", fix="use bio, bioes, bmes or jsonl")
+    if to not in (*SCHEMES, "jsonl", *annotation.FORMATS):
+        raise CorpusError(f"unknown output format {to!r}", fix=f"use {', '.join((*SCHEMES, 'jsonl', *annotation.FORMATS))}")
     if to in SCHEMES:
         found = _first_token(sentences, lambda t: not t or _UNWRITABLE.search(t))
         if found:
@@ -522,13 +397,16 @@ def write_corpus(path: str | Path, sentences: list[Sentence], to: str, source: s
                 where=_token_where(path, source, source_format, *found[:2]),
                 fix="remove or replace them in the input (U+3000 is fine), or write jsonl",
             )
-    # Both formats count characters (JSON lines by offsets), and the reader refuses longer tokens.
+    # Every format counts characters (the others by offsets), and the readers refuse longer tokens.
     found = _first_token(sentences, lambda t: len(t) != 1)
     if found:
         raise CorpusError(f"the token {found[2]!r} is longer than one character, but offsets and char-per-line "
                           "files count characters", where=_token_where(path, source, source_format, *found[:2]),
                           fix="split it into its characters")
-    atomic_write_text(path, format_jsonl(sentences) if to == "jsonl" else format_conll(sentences, to))
+    if to in annotation.FORMATS:
+        atomic_write_text(path, annotation.WRITERS[to](sentences))
+    else:
+        atomic_write_text(path, format_jsonl(sentences) if to == "jsonl" else format_conll(sentences, to))
 
 
 def _first_token(sentences: list[Sentence], bad) -> tuple[Sentence, int, str] | None:
@@ -537,9 +415,12 @@ def _first_token(sentences: list[Sentence], bad) -> tuple[Sentence, int, str] | 
 
 
 def _token_where(path: str | Path, source: str | Path | None, source_format: str, sent: Sentence, index: int) -> str:
-    """Where a token came from: its line in `source` (a CoNLL file has a line per token, JSON lines
-    and CLUENER's JSON one per sentence); the output `path` when that is unknown."""
+    """Where a token came from: its line in `source` (a CoNLL file has a line per token, JSON lines,
+    CLUENER's JSON and doccano's one per sentence), or its task in a Label Studio export; the output
+    `path` when that is unknown."""
     if source is None or not sent.line:
         return str(path)
-    per_sentence = source_format in ("jsonl", "cluener") or (source_format == "auto" and _is_jsonl(source))
+    if source_format == "label-studio":
+        return annotation.task_where(source, sent.line - 1)
+    per_sentence = source_format in ("jsonl", "cluener", "doccano") or (source_format == "auto" and _is_jsonl(source))
     return f"{source}:{sent.line if per_sentence else sent.line + index}"

@@ -1,15 +1,19 @@
 """Batches: examples padded into tensors with a bool mask (`collate`; for prediction, to one of a few
-shapes: `collate_padded`), and length-bucketed batch order (`bucketed_batches`) so that a batch holds
-sentences of similar lengths."""
+shapes: `collate_padded`). Length-bucketed batch order (`bucketed_batches`, so that a batch holds
+sentences of similar lengths) and the padded shapes are nerkit.features.padding's, torch-free."""
 
 from __future__ import annotations
 
-import random
 from dataclasses import dataclass
 
 import torch
 
 from nerkit.features.featurizer import Example
+from nerkit.features.padding import (  # noqa: F401 (re-exported: batching's torch-free rules)
+    bucketed_batches,
+    padded_examples,
+    padded_size,
+)
 
 
 @dataclass
@@ -63,42 +67,7 @@ def collate(examples: list[Example], width: int = 0, words: int = 0) -> Batch:
     return batch
 
 
-def padded_size(n: int) -> int:
-    """`n` rounded up to the next size of the form 2^k or 3 * 2^k (1, 2, 3, 4, 6, 8, 12, 16, 24, 32,
-    48, 64, 96, 128, 192, 256, ...): less than half again as large, and two sizes per doubling."""
-    if n <= 2:
-        return max(n, 1)
-    power = 1 << (n - 1).bit_length()  # the least power of two >= n
-    return power * 3 // 4 if power * 3 // 4 >= n else power
-
-
 def collate_padded(examples: list[Example], max_rows: int, max_width: int = 0) -> Batch:
-    """A prediction batch whose shape comes from a bounded set, so that what a native library
-    keeps per shape (oneDNN's primitive cache, the allocator's blocks) stops growing with the input:
-    the rows rounded up by `padded_size`, never past `max_rows`, with copies of the last example
-    (whose results the caller drops); the length rounded up likewise, never past `max_width` (0:
-    no limit) unless an example is longer; a lattice's words rounded up too. The mask keeps every
-    padding position out of the results."""
-    rows = len(examples)
-    examples = examples + examples[-1:] * (max(rows, min(padded_size(rows), max_rows)) - rows)
-    longest = max(len(e) for e in examples)
-    width = padded_size(longest) if not max_width else max(longest, min(padded_size(longest), max_width))
-    words = padded_size(max(len(e.word_ids) for e in examples)) if examples[0].word_ids is not None else 0
-    return collate(examples, width, words)
-
-
-def bucketed_batches(lengths: list[int], batch_size: int, rng: random.Random | None = None,
-                     bucket_factor: int = 50) -> list[list[int]]:
-    """Index batches of similar lengths (little padding). With `rng`, the order is shuffled:
-    examples within pools of `bucket_factor` batches, then the batches themselves."""
-    order = list(range(len(lengths)))
-    if rng is not None:
-        rng.shuffle(order)
-    pool = batch_size * bucket_factor
-    batches = []
-    for start in range(0, len(order), pool):
-        chunk = sorted(order[start:start + pool], key=lambda i: lengths[i])
-        batches.extend(chunk[i:i + batch_size] for i in range(0, len(chunk), batch_size))
-    if rng is not None:
-        rng.shuffle(batches)
-    return batches
+    """A prediction batch whose shape comes from a bounded set (`padded_examples`, whose rule the
+    ONNX runtime's numpy batches follow too). The mask keeps every padding position out of the results."""
+    return collate(*padded_examples(examples, max_rows, max_width))

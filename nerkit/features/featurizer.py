@@ -7,14 +7,16 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
-
-import torch
+from typing import TYPE_CHECKING
 
 from nerkit.data.corpus import Sentence
 from nerkit.data.tags import detect_scheme, spans_to_tags
 from nerkit.data.text import SPACE, bigrams, normalize_char
 from nerkit.errors import ModelDirError
 from nerkit.features.lexicon import Lexicon, SentenceLattice, build_lattice
+
+if TYPE_CHECKING:  # no torch at run time: the ONNX runtime featurises without it
+    import torch
 
 PAD, UNK = "<pad>", "<unk>"
 

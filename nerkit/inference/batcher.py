@@ -4,7 +4,8 @@ one model thread, so that the model runs on full batches and the event loop neve
 A request is a job in a bounded queue. The model thread takes the jobs at the head of the queue that
 fit in `max_batch_chars` characters (a job larger than that is a batch of its own; 0 makes every job
 its own batch: no micro-batching), waiting at most `max_wait` seconds after the first of them
-arrived for more to come. Jobs gathered while the model is busy go into the next batch at once.
+arrived for more to come. Jobs that queue while the model is busy make the next batch at once, so
+batches grow with the load even with no wait at all (the default), and a lone request never waits.
 A full queue refuses a job (`QueueFull`) instead of letting waits grow without end; `stop` answers
 every job already queued before the thread ends. Nothing here knows about HTTP or about the model:
 `predict` maps a list of texts to one result per text.
@@ -40,7 +41,7 @@ class Batcher:
     model thread runs; each job's future gets its own texts' results, in order."""
 
     def __init__(self, predict: Callable[[list[str]], list], max_batch_chars: int = 8192,
-                 max_wait: float = 0.002, max_queue: int = 64):
+                 max_wait: float = 0.0, max_queue: int = 64):
         if max_batch_chars < 0 or max_wait < 0 or max_queue < 1:
             raise ValueError(f"max_batch_chars {max_batch_chars} and max_wait {max_wait} must not be negative, "
                              f"max_queue {max_queue} must be at least 1")

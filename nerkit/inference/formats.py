@@ -1,20 +1,31 @@
-"""The output formats of `nerkit predict` (jsonl, conll, inline, html) and of `nerkit eval --output`:
-one function turns predicted texts into records, used by the CLI, the workers, the Python API and
-`nerkit serve` (whose records are `--format jsonl`'s, as JSON objects: `record`, `predict_records`)."""
+"""The output formats of `nerkit predict` (jsonl, conll, inline, html, and the annotation tools'
+pre-annotations: doccano, label-studio) and of `nerkit eval --output`: one function turns predicted
+texts into records, used by the CLI, the workers, the Python API and `nerkit serve` (whose records
+are `--format jsonl`'s, as JSON objects: `record`, `predict_records`). The annotation tools' records
+are nerkit.data.annotation's, the same that `nerkit data convert --to` writes."""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
+from nerkit.data import annotation
 from nerkit.data.corpus import Sentence
 from nerkit.data.tags import Span, spans_to_tags
+from nerkit.version import __version__
 
-FORMATS = ("jsonl", "conll", "inline", "html")
+FORMATS = ("jsonl", "conll", "inline", "html", "doccano", "label-studio")
 
 
 def format_record(text: str, spans: list[Span], fmt: str, scheme: str = "bio",
-                  colors: dict[str, str] | None = None) -> str:
-    """One record of output; `colors`: the entity types' colours for html (report.type_colors)."""
+                  colors: dict[str, str] | None = None, model_version: str = "nerkit") -> str:
+    """One record of output; `colors`: the entity types' colours for html (report.type_colors);
+    `model_version`: what label-studio's predictions say made them (`model_version`). A
+    label-studio record is an element of a JSON array: `output_frame` says what goes around it."""
+    if fmt == "doccano":
+        return json.dumps(annotation.doccano_record(text, spans), ensure_ascii=False) + "\n"
+    if fmt == "label-studio":
+        return annotation.task_json(annotation.label_studio_prediction(text, spans, model_version))
     if fmt == "html":
         from nerkit.inference.html import prediction_record
 
@@ -55,8 +66,29 @@ def predict_chunk(pipe, texts: list[str], fmt: str, batch_size: int, window: int
         from nerkit.inference.html import type_colors
 
         colors = type_colors(pipe.types)
-    records = "".join(format_record(t, s, fmt, pipe.scheme, colors) for t, s in zip(texts, spans))
+    version = model_version(pipe) if fmt == "label-studio" else ""
+    records = output_frame(fmt)[1].join(format_record(t, s, fmt, pipe.scheme, colors, version)
+                                        for t, s in zip(texts, spans))
     return records.encode("utf-8")
+
+
+def output_frame(fmt: str) -> tuple[str, str, str]:
+    """What `nerkit predict --format fmt` writes before its records, between two of them (within a
+    chunk, and between chunks), and after them: html's page, label-studio's JSON array."""
+    if fmt == "html":
+        from nerkit.inference.html import predictions_footer, predictions_header
+
+        return predictions_header(), "", predictions_footer()
+    if fmt == "label-studio":
+        return annotation.JSON_ARRAY
+    return "", "", ""
+
+
+def model_version(pipe) -> str:
+    """`nerkit VERSION MODEL_DIR_NAME`: what made a pre-annotation, as Label Studio shows it (the
+    name alone for a pipeline that was not loaded from a directory)."""
+    directory = getattr(pipe, "directory", None)  # a Pipeline's; a stand-in may have none
+    return f"nerkit {__version__} {Path(directory).resolve().name}" if directory is not None else f"nerkit {__version__}"
 
 
 def eval_output(sentences: list[Sentence], predicted: list[list[Span]], scheme: str) -> str:

@@ -14,6 +14,21 @@ FORMAT_VERSION = 1
 MODEL_FILES = ("nerkit.json", "config.yaml", "vocab.json", "model.safetensors")
 
 
+# A directory exported by `nerkit export` (nerkit.json's `runtime: onnx`) holds the graph instead of the weights.
+ONNX_FILE = "model.onnx"
+
+
+ONNX_MODEL_FILES = ("nerkit.json", "config.yaml", "vocab.json", ONNX_FILE)
+
+
+RUNTIMES = ("torch", "onnx")
+
+
+def runtime(meta: dict) -> str:
+    """What runs a model directory, from its nerkit.json: `torch` (as trained) or `onnx` (exported)."""
+    return meta.get("runtime", "torch")
+
+
 # Files that could carry pickled code: a model directory holding one is refused outright.
 PICKLE_SUFFIXES = (".pkl", ".pickle", ".pt", ".pth", ".bin", ".ckpt", ".joblib", ".npy", ".npz")
 
@@ -25,7 +40,9 @@ def _read_json(path: Path) -> dict:
         raise ModelDirError("not valid JSON", where=str(path), fix="the model directory is damaged; retrain") from None
 
 
-def check_model_dir(directory: Path) -> None:
+def check_model_dir(directory: Path, files: tuple[str, ...] = MODEL_FILES) -> None:
+    """`directory` exists, holds `files` (MODEL_FILES, or ONNX_MODEL_FILES for an export) and
+    nothing pickle-capable, and none of them links out of it."""
     if not directory.exists():
         raise ModelDirError("model directory not found", where=str(directory),
                             fix="pass the --out directory of `nerkit train`")
@@ -38,12 +55,12 @@ def check_model_dir(directory: Path) -> None:
         raise ModelDirError(f"refusing a model directory that holds pickle-capable files: {', '.join(unsafe)}",
                             where=str(directory), fix="nerkit models are safetensors + JSON/YAML; remove those files")
     root = directory.resolve()
-    for name in MODEL_FILES + ("lexicon.txt",):  # every file the loader reads
+    for name in files + ("lexicon.txt",):  # every file the loader reads
         path = directory / name
         if path.is_symlink() and not path.resolve().is_relative_to(root):
             raise ModelDirError(f"{name} is a link to {path.resolve()}, outside the model directory",
                                 where=str(directory), fix="copy the file into the directory instead of linking to it")
-    for name in MODEL_FILES:
+    for name in files:
         if not (directory / name).is_file():
             raise ModelDirError(f"{name} is missing", where=str(directory),
                                 fix="this is not a complete nerkit model directory (was training interrupted?)")

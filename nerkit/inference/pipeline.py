@@ -26,7 +26,7 @@ from nerkit.features.featurizer import Featurizer
 from nerkit.files import atomic_directory, atomic_write_bytes, atomic_write_text
 from nerkit.inference.evaluate import errors, score
 from nerkit.inference.model_dir import FORMAT_VERSION, _read_json, check_model_dir
-from nerkit.inference.windows import stitch, text_windows
+from nerkit.inference.windows import check_window, stitch, text_windows
 from nerkit.model.tagger import Tagger
 from nerkit.version import __version__
 from nerkit.weights import load_checked, read_safetensors
@@ -57,6 +57,7 @@ class Pipeline:
         # The longest training sentence (a piece of at most data.max_len), in characters: set by
         # training, saved in nerkit.json; None for a model directory written before it was saved.
         self.train_max_len: int | None = None
+        self.directory: Path | None = None  # where `load` read it from (None: built in memory)
 
     @property
     def tags(self) -> list[str]:
@@ -84,12 +85,17 @@ class Pipeline:
         return min(self.train_max_len, limit) if limit > 0 else self.train_max_len
 
     def check_window(self, window: int | None) -> int:
-        """The window to predict with: `window`, or the model's default (`window` None)."""
+        """The window to predict with: `window`, checked, or the model's default (`window` None). An
+        encoder with learned positions reads at most `encoder.max_positions` characters at once
+        (data.max_len is kept within them when the config loads)."""
         if window is None:
             return self.window
-        if isinstance(window, bool) or not isinstance(window, int) or window < 0:
-            raise UserError(f"the prediction window must be a whole number of characters, at least 0, not {window!r}",
-                            fix=f"use N >= 1 (0 reads each text whole); the model's default is {self.window}")
+        check_window(window)
+        options = self.config.encoder.options
+        if getattr(options, "attention", None) == "learned" and not 0 < window <= options.max_positions:
+            raise UserError(f"this model's encoder (attention: learned) reads at most encoder.max_positions = "
+                            f"{options.max_positions} characters at once, not a window of {window} (0: a whole text)",
+                            fix=f"use a window of 1 to {options.max_positions}")
         return window
 
     def predict_tokens(self, token_lists: list[list[str]], batch_size: int = 64,
@@ -266,6 +272,7 @@ class Pipeline:
                                           lm_vocab=lm.vocab if lm is not None else None)
         pipe = cls(config, featurizer, device=resolve_device(device), lm=lm)
         pipe.train_max_len = _train_max_len(meta, directory / "nerkit.json")
+        pipe.directory = directory
         weights = directory / "model.safetensors"
         state = read_safetensors(weights, fix="the file is damaged or not a safetensors file; retrain or copy it again",
                                  error=ModelDirError)

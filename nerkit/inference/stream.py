@@ -26,7 +26,8 @@ from typing import BinaryIO, Iterable, Iterator
 from nerkit.data.corpus import decode_utf8, nul_error
 from nerkit.errors import UserError
 from nerkit.files import WRITE_ERRNOS, atomic_file, check_output
-from nerkit.inference.formats import FORMATS, predict_chunk
+from nerkit.inference.formats import FORMATS, output_frame, predict_chunk
+from nerkit.inference.windows import check_window
 from nerkit.inference.workers import Workers, predictor
 
 STDIN = "-"
@@ -177,7 +178,7 @@ def predict_file(model: str | Path, source: str, output: str | None, fmt: str = 
     `predict_stream` with the model in this process or in `workers` processes. SIGTERM ends it as
     Ctrl-C does (`sigterm_as_exit`). Returns the number of records written."""
     check_paths(source, output)
-    with sigterm_as_exit(), predictor(model, device, threads, workers) as pipe:
+    with sigterm_as_exit(), predictor(model, device, threads, workers, window) as pipe:
         return predict_stream(pipe, source, output, fmt, batch_size, window=window)
 
 
@@ -191,8 +192,8 @@ def predict_stream(pipe, source: str, output: str | None, fmt: str = "jsonl", ba
         raise UserError(f"unknown output format {fmt!r}", fix=f"use one of {', '.join(FORMATS)}")
     if batch_size < 1:
         raise UserError(f"the batch size must be at least 1, not {batch_size}")
-    if window is not None and window < 0:
-        raise UserError(f"the prediction window must be at least 0, not {window}", fix="use N >= 1 (0 reads each text whole)")
+    if window is not None:
+        check_window(window)
     check_paths(source, output)
     stream, total = _open_source(source)
     from tqdm import tqdm
@@ -202,17 +203,17 @@ def predict_stream(pipe, source: str, output: str | None, fmt: str = "jsonl", ba
     written = 0
     try:
         with _sink(output) as sink:
-            if fmt == "html":  # a page: its head, the records as they come, its end
-                from nerkit.inference.html import predictions_footer, predictions_header
-
-                sink.write(predictions_header().encode("utf-8"))
+            # html's page and label-studio's JSON array: their start, the records as they come, their end
+            start, separator, end = (part.encode("utf-8") for part in output_frame(fmt))
+            sink.write(start)
             chunks = _chunks(_lines(stream, "<stdin>" if source == STDIN else source), chunk_chars)
             for data, records, size in _predicted(pipe, chunks, fmt, batch_size, window):
+                if written and separator:  # a chunk holds its records' separators, not the one before it
+                    sink.write(separator)
                 sink.write(data)
                 written += records
                 bar.update(size)
-            if fmt == "html":
-                sink.write(predictions_footer().encode("utf-8"))
+            sink.write(end)
     except BrokenPipeError:
         if output is not None:
             raise

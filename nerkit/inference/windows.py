@@ -4,6 +4,7 @@ windows' tag sequences are stitched into one valid sequence where no entity cros
 from __future__ import annotations
 
 from nerkit.data.tags import continues, invalid_transition, split_tag
+from nerkit.errors import UserError
 
 # ------------------------------------------------------------------------------ long texts
 # A text longer than data.max_len is read in windows of max_len characters that overlap by half a
@@ -14,6 +15,14 @@ from nerkit.data.tags import continues, invalid_transition, split_tag
 # whole from one window, and the stitched sequence is valid because each window's is. Only when no
 # point of the overlap is a boundary in both (an entity at least as long as the overlap) does the
 # hand-over happen at the middle, where `_join` makes the two sequences meet validly.
+
+
+def check_window(window) -> None:
+    """A prediction window someone chose (`--window`, `window=`): a whole number of characters, 0
+    for none (each text read whole)."""
+    if isinstance(window, bool) or not isinstance(window, int) or window < 0:
+        raise UserError(f"the prediction window must be a whole number of characters, at least 0, not {window!r}",
+                        fix="use N >= 1, or 0 to read each text whole")
 
 
 def text_windows(length: int, max_len: int) -> list[tuple[int, int]]:

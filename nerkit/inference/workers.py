@@ -31,10 +31,11 @@ CHUNKS_PER_WORKER = 2
 
 
 @contextmanager
-def predictor(model: str | Path, device: str = "cpu", threads: int = 0, workers: int = 1):
+def predictor(model: str | Path, device: str = "cpu", threads: int = 0, workers: int = 1, window: int | None = None):
     """The model ready for `predict.predict_stream`: loaded in this process for one worker (no
     subprocess), else `Workers` that each hold a copy and end with the block. `threads`: torch
-    threads in all (0: one per core), shared out among the workers."""
+    threads in all (0: one per core), shared out among the workers. `window`, the prediction window
+    the run will use (None: the model's), is checked against the model once it loads."""
     if workers < 1:
         raise UserError(f"--workers must be at least 1, not {workers}", fix="use 1 to predict in this process")
     if workers == 1:
@@ -42,9 +43,11 @@ def predictor(model: str | Path, device: str = "cpu", threads: int = 0, workers:
         from nerkit.inference.pipeline import Pipeline
 
         set_threads(threads)
-        yield Pipeline.load(model, device=device)
+        pipe = Pipeline.load(model, device=device)
+        pipe.check_window(window)
+        yield pipe
         return
-    with Workers(model, workers, device, threads) as pool:
+    with Workers(model, workers, device, threads, window) as pool:
         yield pool
 
 
@@ -116,11 +119,14 @@ def in_order(tasks: Iterator[bytes], conns: list[Connection], window: int,
 class Workers:
     """`count` processes that each hold the model of `model` (a directory), started by `with`
     and ended when the block ends, however it ends. `predict_chunks` is what `predict_stream`
-    calls; `threads` (0: one per core) are shared out among the processes. They are spawned (a
-    new interpreter each), so a script that uses them starts them under `if __name__ == "__main__":`."""
+    calls; `threads` (0: one per core) are shared out among the processes; `window`, the prediction
+    window the run will use, is checked by each once it has loaded the model (a window the model
+    cannot read is a UserError before any input is read). They are spawned (a new interpreter
+    each), so a script that uses them starts them under `if __name__ == "__main__":`."""
 
-    def __init__(self, model: str | Path, count: int, device: str = "cpu", threads: int = 0):
-        self.model, self.count, self.device = str(model), count, device
+    def __init__(self, model: str | Path, count: int, device: str = "cpu", threads: int = 0,
+                 window: int | None = None):
+        self.model, self.count, self.device, self.window = str(model), count, device, window
         self.threads = threads_per_worker(threads, count)
         self.processes: list[multiprocessing.Process] = []
         self.conns: list[Connection] = []
@@ -145,7 +151,8 @@ class Workers:
         with _sigint_ignored():  # inherited: Ctrl-C is this process's to handle, by ending the workers
             for number in range(1, self.count + 1):
                 ours, theirs = context.Pipe()
-                process = context.Process(target=serve, args=(theirs, self.model, self.device, self.threads, level),
+                process = context.Process(target=serve, args=(theirs, self.model, self.device, self.threads, level,
+                                                              self.window),
                                           name=f"nerkit-predict-{number}", daemon=True)
                 process.start()
                 theirs.close()
@@ -232,9 +239,9 @@ def _sigint_ignored() -> Iterator[None]:
         signal.signal(signal.SIGINT, previous if previous is not None else signal.SIG_DFL)
 
 
-def serve(conn: Connection, model: str, device: str, threads: int, log_level: int) -> None:
-    """A worker process: load the model, say whether that worked, then answer each chunk of texts
-    with its records until the main process closes the connection."""
+def serve(conn: Connection, model: str, device: str, threads: int, log_level: int, window: int | None = None) -> None:
+    """A worker process: load the model, say whether that worked (and whether it reads `window`),
+    then answer each chunk of texts with its records until the main process closes the connection."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # started from another thread, it was not ignored yet
     os.dup2(2, 1)  # stdout is the main process's output: anything printed here goes to stderr
     from nerkit.log import configure_logging
@@ -248,6 +255,7 @@ def serve(conn: Connection, model: str, device: str, threads: int, log_level: in
     torch.set_num_threads(threads)
     try:
         pipe = Pipeline.load(model, device=device)
+        pipe.check_window(window)
     except UserError as e:
         conn.send_bytes(json.dumps({"error": str(e)}).encode("utf-8"))
         return

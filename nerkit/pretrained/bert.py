@@ -126,6 +126,20 @@ class LMVocab(CharVocab):
         return len(self.tokens)
 
 
+def character_level(directory: Path) -> bool:
+    """Whether the directory's vocab.txt is one token per character (read by `LMVocab`); a
+    directory without one, or with word pieces, is read through its tokenizer (nerkit.pretrained.subword)."""
+    path = directory / "vocab.txt"
+    if not path.is_file():
+        return False
+    try:
+        tokens = path.read_text(encoding="utf-8").split("\n")
+    except UnicodeDecodeError:
+        return True  # LMVocab.read names the problem
+    pieces = [t[2:] if t.startswith("##") else t for t in tokens if t and not (t.startswith("[") and t.endswith("]"))]
+    return sum(len(p) == 1 for p in pieces) >= MIN_CHAR_SHARE * max(1, len(pieces))
+
+
 class LMEmbedder(CharFeatures):
     """A Hugging Face encoder's per-character features; sentences longer than its positions are
     read in overlapping windows (`windows`)."""
@@ -151,7 +165,10 @@ class LMEmbedder(CharFeatures):
                 rows.append([self.vocab.cls_id] + ids[start:end] + [self.vocab.sep_id])
         if not rows:
             return torch.zeros(B, T, self.num_states, self.output_dim, device=lm_ids.device)
-        width = max(len(r) for r in rows)
+        # As wide as the batch allows, not as its longest row: a prediction batch's T comes from a
+        # few sizes (features.batch.collate_padded), and so does the LM's, whose kernels (oneDNN's,
+        # under bf16) are cached per shape; the extra positions are masked.
+        width = max(max(len(r) for r in rows), min(T, self.window) + 2)
         input_ids = torch.full((len(rows), width), self.vocab.pad_id, dtype=torch.long)  # (R, W)
         attention = torch.zeros(len(rows), width, dtype=torch.long)  # (R, W)
         source = torch.zeros(B, T, dtype=torch.long)  # (B, T): where each character's states are in the flat rows
@@ -187,12 +204,12 @@ def _read_config(directory: Path):
         raise UserError(f"not a usable model config ({_gist(e)})", where=str(path),
                         fix="use the config.json of a BERT-style encoder, or a LAC directory from "
                             "`nerkit vectors export-lac`") from None
-    needed = ("hidden_size", "num_hidden_layers", "max_position_embeddings", "vocab_size")
+    needed = ("hidden_size", "num_hidden_layers", "vocab_size")  # XLNet's names map onto these too
     if getattr(config, "is_encoder_decoder", False) or any(not hasattr(config, k) for k in needed):
         raise UserError(f"config.json is not a BERT-style encoder (model_type {config.model_type!r})", where=str(path),
                         fix="use a character-level Chinese encoder such as BERT, RoBERTa-wwm or MacBERT, or a "
                             "LAC directory from `nerkit vectors export-lac`")
-    if config.max_position_embeddings < 3:
+    if 0 < (getattr(config, "max_position_embeddings", None) or 3) < 3:  # XLNet: -1, no limit
         raise UserError("max_position_embeddings leaves no room for characters beside [CLS] and [SEP]",
                         where=str(path), fix="use the config.json of a real encoder")
     return config

@@ -30,15 +30,19 @@ from nerkit.pretrained.bert import (
     _build_lm,
     _read_config,
     _read_weights,
+    character_level,
     check_vocab_size,
 )
+from nerkit.pretrained.subword import SubwordEmbedder, read_tokenizer
 from nerkit.weights import load_checked, read_safetensors
 
 # ------------------------------------------------------------------------------------ loading
 
 def load_lm(path: str | Path, layers: str = "last", finetune: bool = False, bf16: bool = False) -> CharFeatures:
-    """An `LMEmbedder` from a local Hugging Face directory: config.json, vocab.txt and weights as
-    model.safetensors or pytorch_model.bin (read with weights_only). Never touches a hub. A LAC
+    """The per-character features of a local Hugging Face directory: config.json, weights as
+    model.safetensors or pytorch_model.bin (read with weights_only), and a vocabulary: one token per
+    character in vocab.txt gives an `LMEmbedder`, any other tokenizer (tokenizer.json: word pieces,
+    SentencePiece, byte-level BPE) a `SubwordEmbedder` aligned by offsets. Never touches a hub. A LAC
     directory (`nerkit vectors export-lac`) gives nerkit.pretrained.lac's `LACEmbedder`."""
     directory = Path(path)
     if not directory.is_dir():
@@ -48,6 +52,15 @@ def load_lm(path: str | Path, layers: str = "last", finetune: bool = False, bf16
 
         return load_lac(directory, layers=layers, finetune=finetune, bf16=bf16)
     config = _read_config(directory)
+    if not character_level(directory):
+        if not any((directory / name).is_file() for name in ("vocab.txt", "tokenizer.json")):
+            raise UserError("no vocabulary: neither vocab.txt nor tokenizer.json", where=str(directory), fix=FETCH_FIX)
+        tokenizer = read_tokenizer(directory)
+        state, weights = _read_weights(directory)
+        return SubwordEmbedder(_build_lm(config, state, weights), tokenizer, layers=layers, finetune=finetune, bf16=bf16)
+    if (getattr(config, "max_position_embeddings", None) or 0) < 3:
+        raise UserError("config.json has no max_position_embeddings", where=str(directory / "config.json"),
+                        fix="use the config.json of a BERT-style encoder")
     vocab = LMVocab.read(directory)
     check_vocab_size(vocab, config, directory)
     state, weights = _read_weights(directory)
@@ -69,11 +82,13 @@ def save_lm(embedder: CharFeatures, model_dir: str | Path, weights: bool = True)
     rebuilds it with nothing else. A nerkit model directory saves it without weights: they are in
     the tagger's own model.safetensors, which then fills the rebuilt LM. A LAC embedder writes
     its own kind of directory (`nerkit.pretrained.lac_files.save_lac`)."""
-    if not isinstance(embedder, LMEmbedder):
+    if not isinstance(embedder, (LMEmbedder, SubwordEmbedder)):
         from nerkit.pretrained.lac_files import save_lac
 
         return save_lac(embedder, model_dir, weights)
     target = Path(model_dir) / LM_DIR
+    if isinstance(embedder, SubwordEmbedder):
+        return _save_subword(embedder, target, weights)
     vocab = embedder.vocab
     tokenizer = {"tokenizer_class": "BertTokenizer", "do_lower_case": vocab.lowercase,
                  "strip_accents": vocab.strip_accents, "tokenize_chinese_chars": True,
@@ -85,12 +100,30 @@ def save_lm(embedder: CharFeatures, model_dir: str | Path, weights: bool = True)
         atomic_write_text(tmp / "tokenizer_config.json", json.dumps(tokenizer, indent=2) + "\n")
         atomic_write_text(tmp / OPTIONS_FILE, json.dumps(options, indent=2) + "\n")
         if weights:
-            state = {k: v.detach().cpu().contiguous() for k, v in embedder.lm.state_dict().items()}
-            atomic_write_bytes(tmp / "model.safetensors", safetensors_bytes(state, metadata={"format": "pt"}))
-            if embedder.scalar_mix is not None:
-                mix = {k: v.detach().cpu().contiguous() for k, v in embedder.scalar_mix.state_dict().items()}
-                atomic_write_bytes(tmp / MIX_FILE, safetensors_bytes(mix))
+            _write_weights(tmp, embedder)
     return target
+
+
+def _save_subword(embedder: SubwordEmbedder, target: Path, weights: bool) -> Path:
+    """A subword LM's lm/: config.json, the tokenizer's own files, the options (kind: subword) and,
+    with `weights`, model.safetensors and the scalar mix."""
+    options = {"kind": SubwordEmbedder.kind, "layers": embedder.layers, "finetune": embedder.finetune,
+               "bf16": embedder.bf16}
+    with atomic_directory(target) as tmp:
+        atomic_write_text(tmp / "config.json", embedder.lm.config.to_json_string())
+        embedder.tokenizer.save_pretrained(str(tmp))
+        atomic_write_text(tmp / OPTIONS_FILE, json.dumps(options, indent=2) + "\n")
+        if weights:
+            _write_weights(tmp, embedder)
+    return target
+
+
+def _write_weights(tmp: Path, embedder: CharFeatures) -> None:
+    state = {k: v.detach().cpu().contiguous() for k, v in embedder.lm.state_dict().items()}
+    atomic_write_bytes(tmp / "model.safetensors", safetensors_bytes(state, metadata={"format": "pt"}))
+    if embedder.scalar_mix is not None:
+        mix = {k: v.detach().cpu().contiguous() for k, v in embedder.scalar_mix.state_dict().items()}
+        atomic_write_bytes(tmp / MIX_FILE, safetensors_bytes(mix))
 
 
 # The fix for any file of a model directory's lm/ that cannot be read: nerkit wrote it with the model,
@@ -128,6 +161,9 @@ def _load_saved_lm(directory: Path) -> CharFeatures:
         embedder = load_lac(directory, layers=layers, finetune=finetune, bf16=bf16, weights=weights)
     elif weights:
         embedder = load_lm(directory, layers=layers, finetune=finetune, bf16=bf16)
+    elif options.get("kind") == SubwordEmbedder.kind:
+        embedder = SubwordEmbedder(_build_lm(_read_config(directory)), read_tokenizer(directory), layers=layers,
+                                   finetune=finetune, bf16=bf16)
     else:
         config = _read_config(directory)
         embedder = LMEmbedder(_build_lm(config), LMVocab.read(directory), layers=layers, finetune=finetune, bf16=bf16)

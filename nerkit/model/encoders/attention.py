@@ -50,6 +50,8 @@ class SinusoidTable(nn.Module):
 
     def forward(self, start: int, end: int, like: torch.Tensor) -> torch.Tensor:
         """Rows for the positions start, ..., end - 1, as `like`'s dtype and device: (end - start, dim)."""
+        if torch.compiler.is_exporting():  # an ONNX graph (`nerkit export`) computes them for any length
+            return sinusoid(torch.arange(start, end, device=like.device), self.dim).to(like.dtype)
         needed = max(-start, end - 1)
         if needed > self.radius:
             # Grow geometrically so that a slowly lengthening stream of inputs does not recompute every time.

@@ -79,17 +79,42 @@ class LatticePositions(nn.Module):
     def logits(self, q: torch.Tensor, spans: NodeSpans) -> torch.Tensor:
         # q (B, H, L, d): the projected queries, without biases.
         heads = q.size(1)
-        # Every head and tail lies in 0..span-1, so every distance in -(span-1)..span-1.
-        span = int(torch.maximum(spans.heads.max(), spans.tails.max())) + 1
+        exporting = torch.compiler.is_exporting()
+        # Every head and tail lies in 0..span-1, so every distance in -(span-1)..span-1. A traced graph
+        # cannot read the positions, but every one is below the number of characters.
+        span = spans.chars if exporting else int(torch.maximum(spans.heads.max(), spans.tails.max())) + 1
         rows = self.distance_rows(span, q)  # (K, 2S-1, d_model)
         position_q = q + self.position_bias[:, None, :]  # (B, H, L, d): q + v
         w_r = self.projection.weight.view(heads, self.head_dim, -1)  # (H, d, d_model): W_R^h
         moved_q = torch.einsum("bhld,hdm->blhm", position_q, w_r)  # (B, L, H, d_model): (W_R^h)^T (q + v)
         pairs = tuple((name[0], name[1]) for name in self.distances)
+        if exporting:  # one operator, which the ONNX export writes as a loop over the query nodes
+            ends = {"h": spans.heads, "t": spans.tails}
+            query_rows = torch.stack([ends[query_end] + (span - 1) for query_end, _ in pairs])  # (K, B, L)
+            key_rows = torch.stack([ends[key_end] for _, key_end in pairs])  # (K, B, L)
+            return lattice_scores(moved_q, rows, query_rows, key_rows)
         return BlockScores.apply(moved_q, rows, spans.heads, spans.tails, spans.chars, pairs, self.chunk)
 
     def values(self, weights: torch.Tensor) -> None:
         return None  # FLAT adds no position term to the values
+
+
+@torch.library.custom_op("nerkit::lattice_scores", mutates_args=())
+def lattice_scores(moved_q: torch.Tensor, rows: torch.Tensor, query_rows: torch.Tensor,
+                   key_rows: torch.Tensor) -> torch.Tensor:
+    """`LatticePositions.logits` as one operator for an ONNX export (`nerkit.tools.export` writes it as
+    a Scan over the query nodes, so memory stays that of one query row): score[b, h, i, j] =
+    moved_q[b, i, h] . ReLU(sum_k rows[k, query_rows[k, b, i] - key_rows[k, b, j]]). moved_q (B, L, H, M),
+    rows (K, R, M), query_rows and key_rows (K, B, L) long. This eager body is the formula, all pairs at once."""
+    index = query_rows[:, :, :, None] - key_rows[:, :, None, :]  # (K, B, L, L)
+    relative = sum(rows[k][index[k]] for k in range(rows.size(0))).relu()  # (B, L, L, M)
+    return torch.einsum("bihm,bijm->bhij", moved_q, relative)  # (B, H, L, L)
+
+
+@lattice_scores.register_fake
+def _lattice_scores_shape(moved_q, rows, query_rows, key_rows):
+    batch, length, n_heads, _ = moved_q.shape
+    return moved_q.new_empty(batch, n_heads, length, length)
 
 
 class BlockScores(torch.autograd.Function):

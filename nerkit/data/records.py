@@ -1,0 +1,186 @@
+"""What every corpus reader shares: the Sentence and Corpus it returns, reading and decoding a file,
+collecting its errors, and the checks of a JSON record (its text, entities that overlap). The
+readers of nerkit's own formats (`corpus`) and of annotation tools' files (`annotation`) import it;
+it imports neither, so the two can dispatch to each other's formats without a circle."""
+
+from __future__ import annotations
+
+import bisect
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from nerkit.data.tags import Span, tags_to_spans
+from nerkit.errors import CorpusError, ManyErrors
+
+SPANS = "spans"  # what JSON-lines files have instead of a tag scheme
+
+
+@dataclass
+class Sentence:
+    tokens: list[str]
+    tags: list[str] | None = None
+    # 1-based line of the first token in its file (0 when not from a file); in a Label Studio export,
+    # whose tasks are not lines, the task's index + 1.
+    line: int = 0
+
+    @property
+    def text(self) -> str:
+        return "".join(self.tokens)
+
+    def spans(self) -> list[Span]:
+        return tags_to_spans(self.tags or [])
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+
+@dataclass
+class Corpus:
+    path: str
+    sentences: list[Sentence]
+    scheme: str
+    invalid_transitions: int = 0  # found while reading (each one fixed when repair=True)
+    repaired: int = 0  # tags changed by repair
+    split_tokens: int = 0  # tokens of several characters that repair split into their characters
+    types: list[str] = field(default_factory=list)
+    format: str = "conll"  # or "jsonl", "cluener", "doccano", "label-studio"
+
+    @property
+    def labels(self) -> str:
+        """How the file marks entities: its tag scheme, or SPANS for JSON lines and the other
+        formats of offsets (whose BIOES tags exist only inside nerkit)."""
+        return self.scheme if self.format == "conll" else SPANS
+
+
+def decode_utf8(data: bytes, name: str, line: int = 1, offset: int = 0) -> str:
+    """`data` as text; bytes that are not UTF-8 are a CorpusError naming the line and byte offset.
+    `data` may be a piece of the file `name` that starts on `line`, at byte `offset`. Every reader
+    of text (corpora, `nerkit predict`) decodes here, so all say the same thing."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line += data[: e.start].count(b"\n")
+        raise CorpusError(
+            f"bytes at offset {offset + e.start} are not UTF-8 ({data[e.start:e.start + 4]!r})",
+            where=f"{name}:{line}",
+            fix="convert the file to UTF-8, e.g. `iconv -f GBK -t UTF-8 IN > OUT`",
+        ) from None
+
+
+def nul_error(where: str) -> CorpusError:
+    """A NUL byte in a line of text: the file is binary, or UTF-16 read as UTF-8."""
+    return CorpusError("the line contains a NUL byte", where=where,
+                       fix="the file is probably binary or UTF-16; convert it to UTF-8 text")
+
+
+def _decode(path: Path, data: bytes) -> str:
+    text = decode_utf8(data, str(path))
+    return text[1:] if text.startswith("\ufeff") else text  # a BOM is accepted and dropped
+
+
+def _shown(text: str, limit: int = 80) -> str:
+    """`text` quoted for an error message, cut short: a malformed line may be megabytes long."""
+    return repr(text) if len(text) <= limit else f"{text[:limit]!r}... ({len(text):,} characters)"
+
+
+def _read_bytes(path: str | Path) -> tuple[Path, bytes]:
+    path = Path(path)
+    if not path.exists():
+        raise CorpusError("no such file", where=str(path), fix="check the path (and NERKIT_DATA)")
+    if path.is_dir():
+        raise CorpusError("is a directory, not a corpus file", where=str(path))
+    if path.is_char_device() or path.is_block_device() or path.is_socket():
+        # /dev/zero and the like never end: reading one would fill memory. A pipe (FIFO) is allowed.
+        raise CorpusError("is a device, not a corpus file", where=str(path), fix="point to a regular file")
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise CorpusError(f"cannot read the file ({e.strerror})", where=str(path)) from None
+    if not data.strip():
+        raise CorpusError("the file is empty", where=str(path), fix="point to a corpus with sentences")
+    return path, data
+
+
+class _Problems:
+    """Where a reader sends the errors it finds. With `limit` 1 the first is raised at once (train
+    and eval stop there); above, the reader goes on past each bad line or record, and the `limit`
+    errors with the lowest line numbers are kept while all are counted."""
+
+    def __init__(self, path: Path, limit: int):
+        self.path, self.limit = path, limit
+        self.kept: list[tuple[int, CorpusError]] = []
+        self.total = 0
+
+    def add(self, error: CorpusError, line: int) -> None:
+        if self.limit <= 1:
+            raise error
+        self.total += 1
+        bisect.insort(self.kept, (line, error), key=lambda kept: kept[0])
+        del self.kept[self.limit:]
+
+    def raise_any(self) -> None:
+        if self.total == 1:
+            raise self.kept[0][1]
+        if self.total:
+            raise ManyErrors([error for _, error in self.kept], self.total, where=str(self.path))
+
+
+def _span_corpus(path: Path, sentences: list[Sentence], fmt: str) -> Corpus:
+    """The Corpus of a file of offsets (`fmt`), its sentences tagged BIOES inside nerkit."""
+    if not sentences:
+        raise CorpusError("the file has no sentences", where=str(path))
+    corpus = Corpus(str(path), sentences, "bioes", format=fmt)
+    corpus.types = sorted({s.type for sent in sentences for s in sent.spans()})
+    return corpus
+
+
+def _read_records(path: str | Path, max_errors: int, parse, fmt: str) -> Corpus:
+    """A file of one JSON record a line, each read by `parse(line, number, where)` into a Sentence."""
+    path, data = _read_bytes(path)
+    text = _decode(path, data)
+    if text.lstrip().startswith("["):
+        line = text[:len(text) - len(text.lstrip())].count("\n") + 1
+        raise CorpusError("the file is one JSON array, not JSON lines (an object a line)", where=f"{path}:{line}",
+                          fix="a Label Studio export? convert it with `nerkit data convert IN OUT --from label-studio "
+                              "--to jsonl`")
+    problems = _Problems(path, max_errors)
+    sentences = []
+    for number, line in enumerate(text.split("\n"), 1):
+        if not line.strip():
+            continue
+        try:
+            sentences.append(parse(line, number, f"{path}:{number}"))
+        except CorpusError as e:
+            problems.add(e, number)
+    problems.raise_any()
+    return _span_corpus(path, sentences, fmt)
+
+
+def _json_record(line: str, where: str, fmt: str) -> dict:
+    """One line's JSON object; `fmt` says what a line should be, for the error's fix."""
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError as e:
+        raise CorpusError(f"not valid JSON ({e.msg} at column {e.colno})", where=where, fix=fmt) from None
+    if not isinstance(record, dict):
+        raise CorpusError('the record has no "text" string', where=where, fix=fmt)
+    return record
+
+
+def _text_of(record: dict, where: str, fmt: str) -> str:
+    text = record.get("text")
+    if not isinstance(text, str):
+        raise CorpusError('the record has no "text" string', where=where, fix=fmt)
+    return text
+
+
+def _check_flat(spans: list[Span], text: str, where: str, shown, key: str) -> None:
+    """Refuse overlapping or nested entities in `spans` (sorted); `shown(span)` names one as its
+    format writes it, `key` is where the format lists them."""
+    for a, b in zip(spans, spans[1:]):
+        if b.start < a.end:
+            raise CorpusError(f"the entities {a.type} {text[a.start:a.end]!r} at {shown(a)} and {b.type} "
+                              f"{text[b.start:b.end]!r} at {shown(b)} overlap", where=where,
+                              fix=f"flat NER gives a character one entity at most: keep one of the two and delete "
+                                  f"the other from {key}")

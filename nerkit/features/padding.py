@@ -1,0 +1,82 @@
+"""Batching without torch: which examples go together (`bucketed_batches`), the few shapes a
+prediction batch is padded to (`padded_examples`), and a batch as padded numpy arrays
+(`collate_arrays`) for a runtime that does not load torch (the ONNX runtime). nerkit.features.batch
+builds torch tensors by the same rules."""
+
+from __future__ import annotations
+
+import random
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from nerkit.features.featurizer import Example
+
+
+def padded_size(n: int) -> int:
+    """`n` rounded up to the next size of the form 2^k or 3 * 2^k (1, 2, 3, 4, 6, 8, 12, 16, 24, 32,
+    48, 64, 96, 128, 192, 256, ...): less than half again as large, and two sizes per doubling."""
+    if n <= 2:
+        return max(n, 1)
+    power = 1 << (n - 1).bit_length()  # the least power of two >= n
+    return power * 3 // 4 if power * 3 // 4 >= n else power
+
+
+def padded_examples(examples: list[Example], max_rows: int, max_width: int = 0) -> tuple[list[Example], int, int]:
+    """A prediction batch's shape from a bounded set, so that what a native library keeps per shape
+    (oneDNN's primitive cache, the allocator's blocks) stops growing with the input: the rows rounded
+    up by `padded_size`, never past `max_rows`, with copies of the last example (whose results the
+    caller drops); the length rounded up likewise, never past `max_width` (0: no limit) unless an
+    example is longer; a lattice's words rounded up too. Returns (examples, width, words)."""
+    rows = len(examples)
+    examples = examples + examples[-1:] * (max(rows, min(padded_size(rows), max_rows)) - rows)
+    longest = max(len(e) for e in examples)
+    width = padded_size(longest) if not max_width else max(longest, min(padded_size(longest), max_width))
+    words = padded_size(max(len(e.word_ids) for e in examples)) if examples[0].word_ids is not None else 0
+    return examples, width, words
+
+
+def bucketed_batches(lengths: list[int], batch_size: int, rng: random.Random | None = None,
+                     bucket_factor: int = 50) -> list[list[int]]:
+    """Index batches of similar lengths (little padding). With `rng`, the order is shuffled:
+    examples within pools of `bucket_factor` batches, then the batches themselves."""
+    order = list(range(len(lengths)))
+    if rng is not None:
+        rng.shuffle(order)
+    pool = batch_size * bucket_factor
+    batches = []
+    for start in range(0, len(order), pool):
+        chunk = sorted(order[start:start + pool], key=lambda i: lengths[i])
+        batches.extend(chunk[i:i + batch_size] for i in range(0, len(chunk), batch_size))
+    if rng is not None:
+        rng.shuffle(batches)
+    return batches
+
+
+def _pad(rows: list[list[int]], width: int) -> np.ndarray:
+    padded = np.zeros((len(rows), width), dtype=np.int64)
+    for b, row in enumerate(rows):
+        padded[b, :len(row)] = row
+    return padded
+
+
+def collate_arrays(examples: list[Example], width: int = 0, words: int = 0) -> dict[str, np.ndarray]:
+    """What `nerkit.features.batch.collate` gives, as int64 / bool numpy arrays by the same names
+    (char_ids, bichar_ids, mask; word_ids, word_heads, word_tails, word_mask for a lattice; lm_ids
+    for a language model), padded to the longest or to `width` and `words` when those are larger."""
+    width = max(1, width, max(len(e) for e in examples))
+    lengths = np.array([len(e) for e in examples])
+    arrays = {"char_ids": _pad([e.char_ids for e in examples], width),
+              "bichar_ids": _pad([e.bichar_ids for e in examples], width),
+              "mask": np.arange(width)[None, :] < lengths[:, None]}
+    if examples[0].word_ids is not None:
+        words = max(1, words, max(len(e.word_ids) for e in examples))
+        counts = np.array([len(e.word_ids) for e in examples])
+        arrays["word_ids"] = _pad([e.word_ids for e in examples], words)
+        arrays["word_heads"] = _pad([e.word_heads for e in examples], words)
+        arrays["word_tails"] = _pad([e.word_tails for e in examples], words)
+        arrays["word_mask"] = np.arange(words)[None, :] < counts[:, None]
+    if examples[0].lm_ids is not None:
+        arrays["lm_ids"] = _pad([e.lm_ids for e in examples], width)
+    return arrays

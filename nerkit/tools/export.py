@@ -1,0 +1,298 @@
+"""`nerkit export`: a trained model directory as an ONNX model directory that predicts without torch.
+
+The network up to the tag scores (emissions) is traced by torch's ONNX exporter (`torch.onnx.export`,
+dynamo), with dynamic batch, length and lattice-word axes; what it cannot trace is written node by node
+in nerkit.tools.onnx_graphs and joined to it in the same graph: FLAT's lattice scores (a Scan) and
+the CRF's constrained Viterbi decode (two Loops), so the graph gives tag ids. The encoders trace
+their export form themselves (`torch.compiler.is_exporting()`: the BiLSTM without packing, sinusoids
+computed in the graph, FLAT's scores as one operator, a language model's one window per sentence).
+
+The directory written is a nerkit model directory (config.yaml, vocab.json, lexicon.txt and lm/ as
+trained, nerkit.json saying `runtime: onnx`, and model.onnx instead of model.safetensors): `nerkit
+predict` and `nerkit eval` run it on ONNX Runtime (nerkit.inference.onnx_runtime). Every graph is
+checked with `onnx.checker` and compared with the PyTorch model before the directory is written.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import tempfile
+import warnings
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from nerkit.errors import UserError
+from nerkit.features.batch import Batch, collate
+from nerkit.features.padding import collate_arrays
+from nerkit.files import atomic_directory, atomic_write_text
+from nerkit.inference.model_dir import ONNX_FILE, _read_json, runtime
+from nerkit.inference.pipeline import Pipeline
+from nerkit.model.tagger import Tagger
+from nerkit.tools.onnx_graphs import OPSET, lattice_score_nodes, viterbi_nodes
+
+log = logging.getLogger(__name__)
+
+FORMATS = ("onnx",)
+
+
+QUANTIZE = ("int8",)
+
+
+CHAR_INPUTS = ("char_ids", "bichar_ids", "mask")  # names of nerkit.features.batch.Batch's fields
+LATTICE_INPUTS = ("word_ids", "word_heads", "word_tails", "word_mask")
+
+
+# A float32 graph whose tags differ from the PyTorch model's, or whose emissions differ by more than
+# this, is not written: it would be a wrong export, not rounding.
+MAX_EMISSION_DIFFERENCE = 1e-3
+
+
+class EmissionGraph(nn.Module):
+    """The tagger up to its emissions, tensors in and out: what torch's exporter traces. The inputs
+    are the batch's fields, by their names, so a numpy batch (`collate_arrays`) feeds the graph as it is."""
+
+    def __init__(self, model: Tagger):
+        super().__init__()
+        self.model = model
+
+    def forward(self, char_ids, bichar_ids, mask, word_ids=None, word_heads=None, word_tails=None,
+                word_mask=None, lm_ids=None):
+        batch = Batch(char_ids, bichar_ids, mask, word_ids=word_ids, word_heads=word_heads, word_tails=word_tails,
+                      word_mask=word_mask, lm_ids=lm_ids)
+        return self.model.emissions(batch)  # (B, T, K)
+
+
+def input_names(model: Tagger) -> list[str]:
+    return list(CHAR_INPUTS) + (list(LATTICE_INPUTS) if model.uses_lattice else []) + \
+        (["lm_ids"] if model.lm is not None else [])
+
+
+def max_length(pipe: Pipeline) -> int | None:
+    """The most characters the graph reads at once (None: any number): a language model's window,
+    or the rows of learned positions. Longer texts are read in prediction windows of this size."""
+    limits = []
+    if pipe.model.lm is not None:
+        window = getattr(pipe.model.lm, "window", None)
+        if window is None:
+            raise UserError("this model's language model (LAC-small) cannot be exported to ONNX yet",
+                            fix="export a model without embeddings.lm, or with a BERT-style one")
+        limits.append(window)
+    options = pipe.config.encoder.options
+    if getattr(options, "attention", None) == "learned":
+        limits.append(options.max_positions)
+    return min(limits) if limits else None
+
+
+def check_exportable(pipe: Pipeline) -> None:
+    options = pipe.config.encoder.options
+    if getattr(options, "memory", 0):
+        raise UserError(f"encoder.memory = {options.memory}: the Transformer-XL memory reads a text segment by "
+                        "segment in Python, which an ONNX graph cannot trace",
+                        fix="export a model trained with memory: 0")
+
+
+def _example_inputs(model: Tagger, names: list[str]) -> dict[str, torch.Tensor]:
+    """Inputs to trace with: two sentences of three characters and two lattice words each (sizes of
+    0 or 1 would be traced as constants)."""
+    batch, length, words = 2, 3, 2
+    ids = torch.ones(batch, length, dtype=torch.long)  # <unk>: any id works
+    inputs = {"char_ids": ids, "bichar_ids": ids.clone(), "mask": torch.ones(batch, length, dtype=torch.bool),
+              "word_ids": torch.ones(batch, words, dtype=torch.long),
+              "word_heads": torch.tensor([[0, 1]] * batch), "word_tails": torch.tensor([[1, 2]] * batch),
+              "word_mask": torch.ones(batch, words, dtype=torch.bool)}
+    if model.lm is not None:
+        inputs["lm_ids"] = torch.full((batch, length), model.lm.vocab.unk_id, dtype=torch.long)
+    return {name: inputs[name] for name in names}
+
+
+def _lattice_scores_schema() -> None:
+    """FLAT's scores leave torch's exporter as one placeholder node (nerkit.LatticeScores), replaced
+    by its Scan afterwards; onnxscript writes a node only for an operator with a schema."""
+    import onnx
+    from onnx.defs import OpSchema
+
+    if onnx.defs.has("LatticeScores", "nerkit"):
+        return
+    formal = OpSchema.FormalParameter
+    onnx.defs.register_schema(OpSchema(
+        "LatticeScores", "nerkit", 1,
+        inputs=[formal("moved_q", "T"), formal("rows", "T"), formal("query_rows", "I"), formal("key_rows", "I")],
+        outputs=[formal("scores", "T")],
+        type_constraints=[("T", ["tensor(float)"], ""), ("I", ["tensor(int64)"], "")]))
+
+
+def _translations() -> dict:
+    import onnxscript
+
+    _lattice_scores_schema()
+    nerkit_ops = onnxscript.values.Opset("nerkit", 1)
+
+    def lattice_scores(moved_q, rows, query_rows, key_rows):
+        return nerkit_ops.LatticeScores(moved_q, rows, query_rows, key_rows)
+
+    return {torch.ops.nerkit.lattice_scores.default: lattice_scores}
+
+
+def trace_emissions(pipe: Pipeline, limit: int | None):
+    """The emissions graph as an ONNX ModelProto, from torch's dynamo exporter."""
+    import nerkit.model.encoders.flat  # noqa: F401 (registers nerkit::lattice_scores)
+
+    model = pipe.model.eval()
+    names = input_names(model)
+    inputs = _example_inputs(model, names)
+    batch, length = torch.export.Dim("batch"), torch.export.Dim("length", max=limit) if limit else torch.export.Dim("length")
+    words = torch.export.Dim("words")
+    dynamic = {name: {0: batch, 1: words if name in LATTICE_INPUTS else length} for name in names}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the exporter's notes on its own internals
+        program = torch.onnx.export(EmissionGraph(model), (), kwargs=inputs, input_names=names,
+                                    output_names=["emissions"], dynamic_shapes=dynamic, dynamo=True,
+                                    opset_version=OPSET, custom_translation_table=_translations(),
+                                    verbose=False)
+    return program.model_proto
+
+
+def _lower_lattice_scores(proto) -> None:
+    """Each nerkit.LatticeScores placeholder replaced by its Scan (`onnx_graphs.lattice_score_nodes`)."""
+    graph = proto.graph
+    nodes = list(graph.node)
+    del graph.node[:]
+    for k, node in enumerate(nodes):
+        if node.domain == "nerkit" and node.op_type == "LatticeScores":
+            lowered, constants = lattice_score_nodes(*node.input, node.output[0], prefix=f"lattice_scores_{k}/")
+            graph.node.extend(lowered)
+            graph.initializer.extend(constants)
+        else:
+            graph.node.append(node)
+    kept = [o for o in proto.opset_import if o.domain != "nerkit"]
+    del proto.opset_import[:]
+    proto.opset_import.extend(kept)
+
+
+def _add_decode(proto, pipe: Pipeline) -> None:
+    """The constrained Viterbi after the emissions; the graph's outputs: tag_ids (B, T) int64, -1 at
+    padding, and emissions (B, T, K) float32."""
+    from onnx import TensorProto, helper
+
+    start, trans, end = (t.detach().cpu().float().numpy() for t in pipe.model.crf._masked_scores(float("-inf")))
+    nodes, constants = viterbi_nodes(start, trans, end, "emissions", "mask", "tag_ids")
+    graph = proto.graph
+    graph.node.extend(nodes)
+    graph.initializer.extend(constants)
+    del graph.output[:]
+    graph.output.extend([
+        helper.make_tensor_value_info("tag_ids", TensorProto.INT64, ["batch", "length"]),
+        helper.make_tensor_value_info("emissions", TensorProto.FLOAT, ["batch", "length", len(pipe.tags)])])
+
+
+def build_graph(pipe: Pipeline):
+    """The whole graph, text ids in, tag ids out, checked with onnx.checker."""
+    import onnx
+
+    check_exportable(pipe)
+    proto = trace_emissions(pipe, max_length(pipe))
+    _lower_lattice_scores(proto)
+    _add_decode(proto, pipe)
+    proto.producer_name = "nerkit"
+    onnx.checker.check_model(proto, full_check=True)
+    return proto
+
+
+def quantize_int8(source: Path, target: Path) -> None:
+    """ONNX Runtime's dynamic int8 quantisation of the linear layers (MatMul and Gemm with constant
+    weights): weights stored as int8, activations quantised per batch as they come."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    quantize_dynamic(str(source), str(target), op_types_to_quantize=["MatMul", "Gemm"], weight_type=QuantType.QInt8)
+
+
+def verification_texts(pipe: Pipeline, limit: int | None, seed: int = 0) -> list[list[str]]:
+    """Sentences of many lengths (1 to 48 characters, several of one length) drawn from the model's own
+    characters, to compare the exported graph with the PyTorch model in one batch."""
+    rng = np.random.default_rng(seed)
+    chars = pipe.featurizer.chars.tokens[2:] or ["字"]
+    lengths = [1, 2, 3, 5, 8, 8, 8, 13, 21, 34, 48]
+    if limit:
+        lengths = [min(n, limit) for n in lengths]
+    return [[chars[i] for i in rng.integers(0, len(chars), n)] for n in lengths]
+
+
+def compare(pipe: Pipeline, session, token_lists: list[list[str]]) -> dict:
+    """The graph against the PyTorch model on `token_lists`, all in one batch: the share of sentences
+    with identical tags, and the largest emission difference at a real position."""
+    examples = [pipe.featurizer.example(tokens) for tokens in token_lists]
+    arrays = collate_arrays(examples)
+    feeds = {i.name: arrays[i.name] for i in session.get_inputs()}
+    tag_ids, emissions = session.run(["tag_ids", "emissions"], feeds)
+    batch = collate(examples)
+    with torch.inference_mode():
+        expected_emissions = pipe.model.emissions(batch).float().numpy()
+        expected = pipe.model.crf.decode(torch.from_numpy(expected_emissions), batch.mask)
+    mask = arrays["mask"]
+    same = sum(list(row[:len(e)]) == tags for row, e, tags in zip(tag_ids, examples, expected))
+    return {"sentences": len(examples), "same_tags": same / len(examples),
+            "max_emission_difference": float(np.abs(emissions - expected_emissions)[mask].max())}
+
+
+def _session(path: Path):
+    import onnxruntime
+
+    options = onnxruntime.SessionOptions()
+    options.log_severity_level = 3  # errors only
+    return onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
+def export_model(model_dir: str | Path, out: str | Path, fmt: str = "onnx", quantize: str | None = None) -> dict:
+    """Export MODEL_DIR to OUT (a nerkit model directory for ONNX Runtime); returns what was written
+    and how the graph compares with the PyTorch model."""
+    model_dir, out = Path(model_dir), Path(out)
+    if fmt not in FORMATS:
+        raise UserError(f"unknown export format {fmt!r}", fix=f"use one of {', '.join(FORMATS)}")
+    if quantize is not None and quantize not in QUANTIZE:
+        raise UserError(f"unknown quantisation {quantize!r}", fix=f"use one of {', '.join(QUANTIZE)}")
+    if out.resolve() == model_dir.resolve():
+        raise UserError("--out is the model directory itself", fix="export into a new directory")
+    if model_dir.is_dir() and (model_dir / "nerkit.json").is_file() and \
+            runtime(_read_json(model_dir / "nerkit.json")) == "onnx":
+        raise UserError("this model directory is already an ONNX export", where=str(model_dir),
+                        fix="export the model directory that `nerkit train` wrote")
+    pipe = Pipeline.load(model_dir)
+    limit = max_length(pipe)
+    proto = build_graph(pipe)
+    texts = verification_texts(pipe, limit)
+    meta = _read_json(model_dir / "nerkit.json")
+    with tempfile.TemporaryDirectory() as scratch:
+        fp32 = Path(scratch) / "fp32.onnx"
+        fp32.write_bytes(proto.SerializeToString())
+        found = compare(pipe, _session(fp32), texts)
+        if found["same_tags"] < 1 or found["max_emission_difference"] > MAX_EMISSION_DIFFERENCE:
+            raise RuntimeError(f"the ONNX graph does not reproduce the PyTorch model: {found}")
+        graph_file = fp32
+        if quantize == "int8":
+            graph_file = Path(scratch) / "int8.onnx"
+            quantize_int8(fp32, graph_file)
+            import onnx
+
+            onnx.checker.check_model(str(graph_file), full_check=True)
+            found = compare(pipe, _session(graph_file), texts)
+        meta.update({"runtime": "onnx", "onnx": {
+            "opset": OPSET, "quantize": quantize, "max_length": limit,
+            "inputs": input_names(pipe.model), "outputs": ["tag_ids", "emissions"]}})
+        with atomic_directory(out) as tmp:
+            for name in ("config.yaml", "vocab.json", "lexicon.txt"):
+                if (model_dir / name).is_file():
+                    shutil.copyfile(model_dir / name, tmp / name)
+            if (model_dir / "lm").is_dir():  # its config and vocabulary (the weights are in the graph)
+                shutil.copytree(model_dir / "lm", tmp / "lm", ignore=shutil.ignore_patterns("*.safetensors"))
+            shutil.copyfile(graph_file, tmp / ONNX_FILE)
+            atomic_write_text(tmp / "nerkit.json", json.dumps(meta, indent=2) + "\n")
+    size = (out / ONNX_FILE).stat().st_size
+    log.info(f"wrote {out / ONNX_FILE} ({size / 2**20:.1f} MiB); against the PyTorch model on {found['sentences']} "
+             f"sentences: {100 * found['same_tags']:.0f}% identical tags, emissions within "
+             f"{found['max_emission_difference']:.1e}")
+    return {"out": str(out), "bytes": size, "quantize": quantize, "max_length": limit, **found}

@@ -1,0 +1,187 @@
+"""Language models with subword tokenizers (nerkit.pretrained.subword), on tiny randomly initialised
+models built here, offline, with tokenizers trained on the test fixtures by the `tokenizers` library:
+a BERT with word pieces, an XLM-RoBERTa with a SentencePiece (Unigram) model, a RoBERTa-style
+byte-level BPE and an XLNet with a Unigram model. Each character's features are checked against the
+tokenizer's own offsets (the mean of the states of the tokens that cover it, zeros for none), on text
+with spaces, full-width forms, emoji, combining marks, Latin words and digits."""
+
+from __future__ import annotations
+
+import shutil
+import unicodedata
+from pathlib import Path
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+tokenizers = pytest.importorskip("tokenizers")
+
+from conftest import FIXTURES  # noqa: E402
+
+from nerkit.data.corpus import read_corpus  # noqa: E402
+from nerkit.pretrained.loading import load_lm, load_saved_lm, save_lm  # noqa: E402
+from nerkit.pretrained.subword import SubwordEmbedder  # noqa: E402
+
+TEXTS = ["张三 在北京大学读书。", "Ａ１ｂ２ 😀 café Hello world 2024年", "e\u0301 上海\t新华社  记者", "  "]
+KINDS = ["wordpiece", "unigram", "bytelevel", "xlnet"]
+
+
+def corpus_text() -> list[str]:
+    return [s.text for s in read_corpus(FIXTURES / "tiny_train.bio").sentences] + TEXTS
+
+
+def build_tokenizer(kind: str):
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors, trainers
+
+    if kind == "wordpiece":
+        tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+        tok.normalizer = normalizers.BertNormalizer(lowercase=True)
+        tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+        specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+        trainer = trainers.WordPieceTrainer(vocab_size=300, special_tokens=specials)
+        template, names = "[CLS] $A [SEP]", ("[CLS]", "[SEP]")
+        extra = dict(pad_token="[PAD]", unk_token="[UNK]", cls_token="[CLS]", sep_token="[SEP]", mask_token="[MASK]")
+    elif kind == "bytelevel":
+        tok = Tokenizer(models.BPE())
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        specials = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
+        trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=specials,
+                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+        template, names = "<s> $A </s>", ("<s>", "</s>")
+        extra = dict(bos_token="<s>", eos_token="</s>", pad_token="<pad>", unk_token="<unk>", mask_token="<mask>",
+                     cls_token="<s>", sep_token="</s>")
+    else:  # unigram (XLM-R) and xlnet: SentencePiece-style
+        tok = Tokenizer(models.Unigram())
+        tok.pre_tokenizer = pre_tokenizers.Metaspace()
+        if kind == "unigram":
+            specials = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
+            template, names = "<s> $A </s>", ("<s>", "</s>")
+            extra = dict(bos_token="<s>", eos_token="</s>", pad_token="<pad>", unk_token="<unk>",
+                         mask_token="<mask>", cls_token="<s>", sep_token="</s>")
+        else:
+            specials = ["<unk>", "<s>", "</s>", "<cls>", "<sep>", "<pad>", "<mask>"]
+            template, names = "$A <sep> <cls>", ("<sep>", "<cls>")
+            extra = dict(bos_token="<s>", eos_token="</s>", pad_token="<pad>", unk_token="<unk>",
+                         mask_token="<mask>", cls_token="<cls>", sep_token="<sep>")
+        trainer = trainers.UnigramTrainer(vocab_size=300, special_tokens=specials, unk_token="<unk>")
+    tok.train_from_iterator(corpus_text(), trainer)
+    tok.post_processor = processors.TemplateProcessing(single=template,
+                                                       special_tokens=[(n, tok.token_to_id(n)) for n in names])
+    if kind == "bytelevel":
+        tok.decoder = __import__("tokenizers").decoders.ByteLevel()
+    return transformers.PreTrainedTokenizerFast(tokenizer_object=tok, **extra)
+
+
+def build_model(kind: str, vocab_size: int, pad_id: int):
+    torch.manual_seed(0)
+    if kind == "xlnet":
+        config = transformers.XLNetConfig(vocab_size=vocab_size, d_model=16, n_layer=2, n_head=2, d_inner=32,
+                                          pad_token_id=pad_id)
+        return transformers.XLNetModel(config)
+    if kind == "wordpiece":
+        config = transformers.BertConfig(vocab_size=vocab_size, hidden_size=16, num_hidden_layers=2,
+                                         num_attention_heads=2, intermediate_size=32, max_position_embeddings=64,
+                                         pad_token_id=pad_id)
+        return transformers.BertModel(config, add_pooling_layer=False)
+    cls = transformers.XLMRobertaConfig if kind == "unigram" else transformers.RobertaConfig
+    config = cls(vocab_size=vocab_size, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+                 intermediate_size=32, max_position_embeddings=66, pad_token_id=pad_id)
+    model_cls = transformers.XLMRobertaModel if kind == "unigram" else transformers.RobertaModel
+    return model_cls(config, add_pooling_layer=False)
+
+
+@pytest.fixture(scope="module", params=KINDS)
+def subword_lm(request, tmp_path_factory) -> Path:
+    kind = request.param
+    directory = tmp_path_factory.mktemp(kind)
+    tokenizer = build_tokenizer(kind)
+    model = build_model(kind, len(tokenizer), tokenizer.pad_token_id)
+    model.save_pretrained(str(directory))
+    tokenizer.save_pretrained(str(directory))
+    return directory
+
+
+def expected_features(directory: Path, text: str) -> torch.Tensor:
+    """The reference, written from the tokenizer's own output: the LM run on the whole text with its
+    special tokens, each character the mean of the non-special tokens whose offsets cover it."""
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(directory))
+    model = transformers.AutoModel.from_pretrained(str(directory)).eval()
+    enc = tokenizer(text, return_offsets_mapping=True, return_special_tokens_mask=True, return_tensors="pt")
+    with torch.no_grad():
+        states = model(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"]).last_hidden_state[0]
+    rows = []
+    for c in range(len(text)):
+        covering = [t for t, ((s, e), special) in enumerate(zip(enc["offset_mapping"][0].tolist(),
+                                                                 enc["special_tokens_mask"][0].tolist()))
+                    if not special and s <= c < e]
+        rows.append(states[covering].mean(0) if covering else torch.zeros(states.size(1)))
+    return torch.stack(rows)
+
+
+def features(embedder: SubwordEmbedder, texts: list[str]) -> list[torch.Tensor]:
+    width = max(len(t) for t in texts)
+    ids = torch.zeros(len(texts), width, dtype=torch.long)
+    mask = torch.zeros(len(texts), width, dtype=torch.bool)
+    for b, text in enumerate(texts):
+        ids[b, :len(text)] = torch.tensor(embedder.vocab.ids(list(text)))
+        mask[b, :len(text)] = True
+    with torch.no_grad():
+        out = embedder(ids, mask)  # (B, T, D)
+    assert torch.equal(out[~mask], torch.zeros_like(out[~mask]))
+    return [out[b, :len(t)] for b, t in enumerate(texts)]
+
+
+def test_each_character_takes_the_tokens_that_cover_it(subword_lm):
+    embedder = load_lm(subword_lm)
+    assert isinstance(embedder, SubwordEmbedder)
+    for text, got in zip(TEXTS, features(embedder, TEXTS)):  # one batch: padding must not matter
+        torch.testing.assert_close(got, expected_features(subword_lm, text), atol=1e-5, rtol=1e-4)
+
+
+def test_no_character_is_misaligned_or_dropped_silently(subword_lm):
+    """Every character a token covers gets features, and only those get zeros that no token covers."""
+    embedder = load_lm(subword_lm)
+    for text in TEXTS:
+        _, cover = embedder.align(text)
+        encoded = embedder.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+        covered = {c for s, e in encoded["offset_mapping"] for c in range(s, e)}
+        assert {c for c in range(len(text)) if cover[c].sum() > 0} == covered
+        # What a tokenizer drops is whitespace, or an accent its normaliser strips (BERT's lower-casing)
+        dropped = [text[c] for c in range(len(text)) if c not in covered]
+        assert all(ch.isspace() or unicodedata.category(ch) == "Mn" for ch in dropped), (text, dropped)
+
+
+def test_long_texts_are_read_in_windows_of_tokens(subword_lm):
+    embedder = load_lm(subword_lm)
+    embedder.window = 7
+    long = "".join(TEXTS[:3]) * 3
+    (got,) = features(embedder, [long])
+    assert got.shape == (len(long), embedder.output_dim) and torch.isfinite(got).all()
+    assert features(embedder, [long, "张三"])[0].equal(got)  # batched as alone
+
+
+def test_saved_with_its_tokenizer_and_loaded_without_the_original(subword_lm, tmp_path):
+    copy = tmp_path / "lm-copy"
+    shutil.copytree(subword_lm, copy)
+    embedder = load_lm(copy, layers="mix")
+    save_lm(embedder, tmp_path / "model")
+    shutil.rmtree(copy)
+    again = load_saved_lm(tmp_path / "model")
+    assert isinstance(again, SubwordEmbedder) and again.vocab.fingerprint() == embedder.vocab.fingerprint()
+    for a, b in zip(features(embedder, TEXTS), features(again, TEXTS)):
+        torch.testing.assert_close(a, b, atol=0, rtol=0)
+
+
+def test_a_model_trained_on_a_subword_lm_reloads_and_predicts_the_same(subword_lm, tmp_path, tiny_config):
+    from nerkit.inference.pipeline import Pipeline
+    from nerkit.training.loop import train
+
+    copy = tmp_path / "lm"
+    shutil.copytree(subword_lm, copy)
+    config = tiny_config(f"embeddings.lm.path={copy}", "embeddings.lm.finetune=true", "train.epochs=1",
+                         "embeddings.lm.cache=" + str(tmp_path / "cache"))
+    train(config, out=tmp_path / "model", progress_bar=False)
+    before = Pipeline.load(tmp_path / "model").predict(TEXTS)
+    shutil.rmtree(copy)
+    assert Pipeline.load(tmp_path / "model").predict(TEXTS) == before
