@@ -32,7 +32,8 @@ class DataConfig:
     dev_split: float = 0.05
     split_seed: int = 13  # the seed of the dev split and of `insert_spaces`
     # Longer training sentences are split at punctuation, never inside an entity; prediction reads
-    # longer texts in windows of max_len that overlap by half (pipeline.windows).
+    # longer texts in overlapping windows of the longest training sentence, at most max_len
+    # (inference.windows; `nerkit predict --window` chooses another).
     max_len: int = 250
     # NFKC, one character for one (full-width ＡＢ１２ -> AB12), on the model's input only: offsets
     # and the entities' text stay the original's. A model directory's config.yaml says what its model
@@ -345,6 +346,14 @@ def _duration(value: Any, where: str) -> Any:
         raise ConfigError(f"{value!r} is not a duration", where=where,
                           fix='write seconds, or a number with s, m or h: "90s", "20m", "1.5h"')
     return float(m["number"]) * _SECONDS[m["unit"]]
+
+
+def parse_duration(text: str, where: str) -> float:
+    """Seconds from "90s", "20m", "1.5h" or a plain number (a command-line option's duration)."""
+    seconds = float(_duration(text, where))
+    if seconds < 0:
+        raise ConfigError(f"{text!r} must not be negative", where=where)
+    return seconds
 
 
 def _fill(cls, values: dict, section: str, source: str):

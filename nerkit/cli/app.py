@@ -21,6 +21,7 @@ from typer._click.exceptions import (  # the click that typer carries
 )
 
 from nerkit import __version__
+from nerkit.cli.lm import lm_app
 from nerkit.cli.plot import plot_app
 from nerkit.cli.serve import serve
 from nerkit.cli.vectors import vectors_app
@@ -42,6 +43,7 @@ app.add_typer(vectors_app, name="vectors")
 
 
 app.add_typer(plot_app, name="plot")
+app.add_typer(lm_app, name="lm")
 
 
 # Options with a fixed set of values (typer turns a Literal into a choice that it checks).

@@ -7,13 +7,14 @@ from nerkit.data.tags import continues, invalid_transition, split_tag
 from nerkit.errors import UserError
 
 # ------------------------------------------------------------------------------ long texts
-# A text longer than data.max_len is read in windows of max_len characters that overlap by half a
-# window, so every character but those near the text's own ends has at least a quarter window of
-# context on each side. Each pair of neighbouring windows hands over at a stitch point inside their
-# overlap: the point nearest the overlap's middle (where a character is as central in one window as
-# in the other) that is an entity boundary in both windows' tag sequences. Every entity then comes
-# whole from one window, and the stitched sequence is valid because each window's is. Only when no
-# point of the overlap is a boundary in both (an entity at least as long as the overlap) does the
+# A text longer than the prediction window (Pipeline.window: the longest training sentence, at most
+# data.max_len) is read in windows of that many characters that overlap by half a window, so every
+# character but those near the text's own ends has at least a quarter window of context on each
+# side. Each pair of neighbouring windows hands over at a stitch point inside their overlap: the
+# point nearest the overlap's middle (where a character is as central in one window as in the
+# other) that is an entity boundary in both windows' tag sequences. Every entity then comes whole
+# from one window, and the stitched sequence is valid because each window's is. Only when no point
+# of the overlap is a boundary in both (an entity at least as long as the overlap) does the
 # hand-over happen at the middle, where `_join` makes the two sequences meet validly.
 
 

@@ -7,12 +7,12 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from pathlib import Path
 
 import torch
 from torch import nn
 
 from nerkit.errors import UserError
+from nerkit.pretrained.vocab import CharVocab, _read_optional_json  # noqa: F401 (re-exported: their home before)
 
 LAYERS = ("last", "mix")
 
@@ -24,46 +24,6 @@ OPTIONS_FILE = "nerkit_lm.json"
 
 
 MIX_FILE = "mix.safetensors"
-
-
-# ------------------------------------------------------------------------------------ vocabulary
-
-class CharVocab:
-    """One id per character, memoised: a subclass says how a character is looked up (`_lookup`)
-    and what decides its ids (`_identity`, JSON-able, hashed by `fingerprint`)."""
-
-    def __init__(self):
-        self._memo: dict[str, int] = {}
-
-    def _lookup(self, char: str) -> int:
-        raise NotImplementedError
-
-    def _identity(self) -> list:
-        raise NotImplementedError
-
-    def id(self, char: str) -> int:
-        known = self._memo.get(char)
-        if known is None:
-            known = self._memo[char] = self._lookup(char)
-        return known
-
-    def ids(self, chars: list[str]) -> list[int]:
-        """One id per character, with no [CLS]/[SEP] (the embedder adds them per window)."""
-        return [self.id(c) for c in chars]
-
-    def fingerprint(self) -> str:
-        text = json.dumps(self._identity(), ensure_ascii=False)
-        return hashlib.sha256(text.encode("utf-8")).hexdigest()
-
-
-def _read_optional_json(path: Path) -> dict:
-    if not path.is_file():
-        return {}
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        raise UserError("not valid JSON", where=str(path), fix="repair or remove the file") from None
-    return data if isinstance(data, dict) else {}
 
 
 # ------------------------------------------------------------------------------------ windows

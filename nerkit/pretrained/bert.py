@@ -7,7 +7,6 @@ shared module is nerkit.pretrained.base's, and nerkit.pretrained.loading chooses
 
 from __future__ import annotations
 
-import unicodedata
 import zipfile
 from pathlib import Path
 from pickle import (
@@ -19,111 +18,24 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 from torch import nn
 
-from nerkit.data.text import normalize_char
 from nerkit.errors import UserError
 from nerkit.pretrained.base import (
     CharFeatures,
-    CharVocab,
     _gist,
-    _read_optional_json,
     lm_windows,
 )
+from nerkit.pretrained.vocab import (  # noqa: F401 (LMVocab and its constants re-exported: their home before)
+    FETCH_FIX,
+    MIN_CHAR_SHARE,
+    SPACE_TOKEN,
+    SPECIALS,
+    LMVocab,
+)
 from nerkit.weights import load_checked
-
-SPECIALS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]")
-
-
-# Whitespace has no token in a BERT vocabulary (its tokenizer drops it); it becomes this reserved
-# token, a trained-from-scratch slot that keeps spaces apart from unknown characters.
-SPACE_TOKEN = "[unused1]"
-
-
-# Below this share of one-character entries (after removing "##") a vocabulary is word pieces.
-MIN_CHAR_SHARE = 0.5
-
 
 # A vocab.txt with fewer lines than this share of config.json's vocab_size is taken for a truncated
 # copy (vocabularies padded to a round vocab_size stay well above it).
 MIN_VOCAB_SHARE = 0.9
-
-
-FETCH_FIX = ("run `make lm` for lm/m3e-small (or `make lac` for lm/lac-small), or give a local Hugging Face "
-             "directory of a character-level encoder")
-
-
-class LMVocab(CharVocab):
-    """A BERT vocab.txt read as one token per character.
-
-    A character is looked up as the LM's tokenizer would see it (lower-cased and accent-stripped
-    when the tokenizer does so); if that is missing, as its NFKC form (full-width -> ASCII); if that
-    is missing too, lower-cased (a vocabulary without upper-case letters is uncased whatever its
-    tokenizer_config says); else it is [UNK]. So 'Ａ' -> 'a' in an uncased vocabulary without 'ａ'.
-    Whitespace, which the tokenizer would drop, becomes `SPACE_TOKEN` ([UNK] if the vocab lacks it).
-    A character is never split into word pieces, and never read as a "##" continuation.
-    """
-
-    def __init__(self, tokens: list[str], lowercase: bool, strip_accents: bool | None = None, where: str = "vocab"):
-        super().__init__()
-        if not tokens:
-            raise UserError("the vocabulary is empty", where=where, fix=FETCH_FIX)
-        self.tokens = tokens
-        self.index = {t: i for i, t in enumerate(tokens)}  # a repeated token keeps its last id, as in BertTokenizer
-        missing = [s for s in SPECIALS if s not in self.index]
-        if missing:
-            raise UserError(f"the vocabulary lacks {', '.join(missing)}", where=where,
-                            fix="use a BERT-style vocab.txt ([PAD], [UNK], [CLS], [SEP] and one line per token)")
-        pieces = [t[2:] if t.startswith("##") else t for t in tokens if not (t.startswith("[") and t.endswith("]"))]
-        share = sum(len(p) == 1 for p in pieces) / max(1, len(pieces))
-        if share < MIN_CHAR_SHARE:
-            raise UserError(f"not a character-level vocabulary: only {share:.0%} of its entries are single characters",
-                            where=where, fix="use a Chinese character-level encoder (BERT/RoBERTa-wwm/MacBERT); "
-                                             "word-piece vocabularies would break one token per character")
-        self.lowercase = lowercase
-        self.strip_accents = lowercase if strip_accents is None else strip_accents  # BertTokenizer's default
-        self.pad_id, self.unk_id, self.cls_id, self.sep_id = (self.index[s] for s in SPECIALS)
-        self.space_id = self.index.get(SPACE_TOKEN, self.unk_id)
-
-    @classmethod
-    def read(cls, directory: Path) -> "LMVocab":
-        """vocab.txt, with the lower-casing of tokenizer_config.json (or tokenizer.json's normalizer;
-        BertTokenizer lower-cases when neither says)."""
-        path = directory / "vocab.txt"
-        if not path.is_file():
-            raise UserError("vocab.txt not found", where=str(directory), fix=FETCH_FIX)
-        try:
-            tokens = [line.rstrip("\n") for line in path.read_text(encoding="utf-8").split("\n")]
-        except UnicodeDecodeError:
-            raise UserError("vocab.txt is not UTF-8 text", where=str(path), fix=FETCH_FIX) from None
-        if tokens and tokens[-1] == "":
-            tokens.pop()  # the final newline
-        lowercase, strip_accents = True, None
-        normalizer = _read_optional_json(directory / "tokenizer.json").get("normalizer") or {}
-        if "lowercase" in normalizer:
-            lowercase, strip_accents = bool(normalizer["lowercase"]), normalizer.get("strip_accents")
-        settings = _read_optional_json(directory / "tokenizer_config.json")
-        if "do_lower_case" in settings:
-            lowercase, strip_accents = bool(settings["do_lower_case"]), settings.get("strip_accents")
-        return cls(tokens, lowercase, strip_accents, where=str(path))
-
-    def _tokenizer_form(self, char: str) -> str:
-        if self.lowercase:
-            char = char.lower()
-        if self.strip_accents:
-            char = "".join(c for c in unicodedata.normalize("NFD", char) if unicodedata.category(c) != "Mn")
-        return char
-
-    def _lookup(self, char: str) -> int:
-        if char.isspace():
-            return self.space_id
-        folded = normalize_char(char)
-        candidates = (self._tokenizer_form(char), self._tokenizer_form(folded), char.lower(), folded.lower())
-        return next((self.index[c] for c in candidates if c in self.index), self.unk_id)
-
-    def _identity(self) -> list:
-        return [self.tokens, self.lowercase, self.strip_accents, SPACE_TOKEN]
-
-    def __len__(self) -> int:
-        return len(self.tokens)
 
 
 def character_level(directory: Path) -> bool:
@@ -155,6 +67,8 @@ class LMEmbedder(CharFeatures):
         """The LM's layer states per character: (B, T, S, D) float32, S = 1 for "last", else the
         embeddings and each layer. Each sentence is cut into windows (`windows`); all windows of
         the batch run as one LM batch, and each character is gathered from its window."""
+        if torch.compiler.is_exporting():
+            return self._one_window(lm_ids, mask)
         B, T = lm_ids.shape
         lengths = mask.sum(dim=1).tolist()
         rows, places = [], []  # places: (sentence, take_start, take_end, row, window start)
@@ -183,11 +97,27 @@ class LMEmbedder(CharFeatures):
         picked = stack.reshape(-1, self.num_states, self.output_dim)[source.to(device)]  # (B, T, S, D)
         return torch.where(mask[:, :, None, None], picked, picked.new_zeros(()))  # (B, T, S, D), inert padding
 
+    def _one_window(self, lm_ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """`states` of sentences of at most `window` characters, in operations an ONNX export can
+        trace (`nerkit export`, which reads longer texts in prediction windows of this size): each
+        sentence is one row, [CLS] characters [SEP] then padding, as `states` builds it."""
+        lengths = mask.sum(dim=1, keepdim=True)  # (B, 1)
+        positions = torch.arange(lm_ids.size(1) + 2, device=lm_ids.device)[None, :]  # (1, T + 2)
+        vocab = self.vocab
+        shifted = nn.functional.pad(lm_ids, (1, 1), value=vocab.pad_id)  # (B, T + 2): character i at i + 1
+        input_ids = torch.where(positions <= lengths, shifted, vocab.pad_id)  # (B, T + 2)
+        input_ids = torch.where(positions == lengths + 1, vocab.sep_id, input_ids)
+        input_ids = torch.where(positions == 0, vocab.cls_id, input_ids)
+        attention = (positions <= lengths + 1).long()  # (B, T + 2)
+        stack = self._run(input_ids, attention)[:, 1:-1]  # (B, T, S, D)
+        return torch.where(mask[:, :, None, None], stack, stack.new_zeros(()))  # inert padding
+
     def _run(self, input_ids: torch.Tensor, attention: torch.Tensor) -> torch.Tensor:
         """input_ids, attention (R, W) -> layer states (R, W, S, D) float32."""
         grad = self.finetune and torch.is_grad_enabled()
+        # An exported graph stays float32 (ONNX Runtime on a CPU has no use for bf16).
         with torch.set_grad_enabled(grad), torch.autocast(input_ids.device.type, dtype=torch.bfloat16,
-                                                          enabled=self.bf16):
+                                                          enabled=self.bf16 and not torch.compiler.is_exporting()):
             out = self.lm(input_ids=input_ids, attention_mask=attention,
                           output_hidden_states=self.layers == "mix")
         states = out.hidden_states if self.layers == "mix" else (out.last_hidden_state,)

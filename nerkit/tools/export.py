@@ -33,7 +33,7 @@ from nerkit.files import atomic_directory, atomic_write_text
 from nerkit.inference.model_dir import ONNX_FILE, _read_json, runtime
 from nerkit.inference.pipeline import Pipeline
 from nerkit.model.tagger import Tagger
-from nerkit.tools.onnx_graphs import OPSET, lattice_score_nodes, viterbi_nodes
+from nerkit.tools.onnx_graphs import OPSET, lattice_score_nodes, sort_nodes, viterbi_nodes
 
 log = logging.getLogger(__name__)
 
@@ -208,7 +208,12 @@ def quantize_int8(source: Path, target: Path) -> None:
     weights): weights stored as int8, activations quantised per batch as they come."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
+    import onnx
+
     quantize_dynamic(str(source), str(target), op_types_to_quantize=["MatMul", "Gemm"], weight_type=QuantType.QInt8)
+    proto = onnx.load(str(target))
+    sort_nodes(proto.graph)
+    onnx.save(proto, str(target))
 
 
 def verification_texts(pipe: Pipeline, limit: int | None, seed: int = 0) -> list[list[str]]:

@@ -170,3 +170,43 @@ def lattice_score_nodes(moved_q: str, rows: str, query_rows: str, key_rows: str,
     by_row = b.op("Scan", [queries, query_steps], "by_row", body=row_graph, num_scan_inputs=2)  # (L, B, H, L)
     b.nodes.append(helper.make_node("Transpose", [by_row], [output], name=b.name("Transpose"), perm=[1, 2, 0, 3]))
     return b.nodes, b.constants
+
+
+def _outer_names(graph: onnx.GraphProto) -> set[str]:
+    """The names a subgraph reads from the scopes around it (what it uses and does not define)."""
+    defined = {v.name for v in graph.input} | {t.name for t in graph.initializer}
+    used: set[str] = set()
+    for node in graph.node:
+        used.update(_needs(node))
+        defined.update(node.output)
+    return used - defined
+
+
+def _needs(node: onnx.NodeProto) -> set[str]:
+    """A node's inputs, and what its subgraphs (a Loop's or Scan's body) read from outside them."""
+    needs = {name for name in node.input if name}
+    for attribute in node.attribute:
+        for graph in ([attribute.g] if attribute.type == onnx.AttributeProto.GRAPH else list(attribute.graphs)):
+            needs |= _outer_names(graph)
+    return needs
+
+
+def sort_nodes(graph: onnx.GraphProto) -> None:
+    """Order the nodes so that each comes after whatever it reads, including what its subgraphs read
+    from outside them, which onnxruntime's quantiser overlooks when it reorders a graph (a Loop can
+    end up before the node whose output its body uses). Ties keep the present order."""
+    available = {v.name for v in graph.input} | {t.name for t in graph.initializer}
+    pending = list(graph.node)
+    needs = [_needs(node) for node in pending]
+    ordered: list[onnx.NodeProto] = []
+    while pending:
+        ready = next((i for i, node in enumerate(pending) if needs[i] <= available), None)
+        if ready is None:  # a name nothing produces (or a cycle): leave the rest as it is, for the checker to name
+            ordered.extend(pending)
+            break
+        node = pending.pop(ready)
+        needs.pop(ready)
+        ordered.append(node)
+        available.update(node.output)
+    del graph.node[:]
+    graph.node.extend(ordered)

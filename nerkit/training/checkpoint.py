@@ -84,11 +84,22 @@ def set_rank_rng_state(state: torch.Tensor) -> None:
         torch.cuda.set_rng_state(state[len(cpu):])  # the current device: the rank's own
 
 
+def _unshared(tensors: dict) -> dict:
+    """Tied weights (an MLM head's decoder is the embedding table) are one tensor under two names;
+    safetensors stores each name's own copy."""
+    seen = set()
+    for name, tensor in tensors.items():
+        if tensor.data_ptr() in seen:
+            tensors[name] = tensor.clone()
+        seen.add(tensor.data_ptr())
+    return tensors
+
+
 def save_checkpoint(out: Path, model: nn.Module, optimizer, scheduler, progress: Progress,
                     best_state: dict | None, rank_states: list[torch.Tensor] = ()) -> None:
     """Everything needed to continue exactly, in safetensors + JSON, written as one atomic directory.
     `rank_states`: `rank_rng_state()` of the ranks after the first in a run of several processes."""
-    tensors = {f"model.{k}": v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+    tensors = _unshared({f"model.{k}": v.detach().cpu().contiguous() for k, v in model.state_dict().items()})
     if best_state is not None:
         tensors.update({f"best.{k}": v.detach().cpu().contiguous() for k, v in best_state.items()})
     opt = optimizer.state_dict()

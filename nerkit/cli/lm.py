@@ -1,0 +1,45 @@
+"""`nerkit lm`: language models for the features: `adapt` continues a local encoder's masked-language-
+model training on your own unlabelled text (nerkit.tools.lm_adapt) and writes a directory for
+`embeddings.lm.path`. The command parses its options, calls one function, and prints one line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List
+
+import typer
+
+lm_app = typer.Typer(no_args_is_help=True, help="Adapt a pretrained language model to your own text.")
+
+
+@lm_app.command()
+def adapt(
+    lm: Path = typer.Option(..., "--lm", help="A local Hugging Face encoder directory (as embeddings.lm.path takes)."),
+    text: List[Path] = typer.Option(..., "--text", "-t", help="Unlabelled text, one passage a line; repeatable."),
+    out: Path = typer.Option(..., "--out", "-o", help="Directory for the adapted model (a Hugging Face directory)."),
+    steps: int = typer.Option(1000, "--steps", min=1, help="Optimiser steps in all (a --resume may raise it)."),
+    batch_size: int = typer.Option(16, "--batch-size", min=1, help="Lines per step."),
+    lr: float = typer.Option(5e-5, "--lr", min=0.0, help="Peak learning rate (AdamW, decaying linearly to 0)."),
+    whole_word: bool = typer.Option(False, "--whole-word", metavar="", help="Mask jieba's words whole."),
+    max_len: int = typer.Option(128, "--max-len", min=8, help="Tokens per line; longer lines are cut."),
+    held_out: float = typer.Option(0.05, "--held-out", min=0.0, max=0.5, help="Share of the lines held out for "
+                                   "the perplexity."),
+    time_budget: str = typer.Option("0", "--time-budget", help="Stop after this long (90s, 20m, 1.5h; 0: no limit), "
+                                    "with a checkpoint to --resume from."),
+    checkpoint_every: int = typer.Option(200, "--checkpoint-every", min=1, help="Steps between checkpoints."),
+    seed: int = typer.Option(0, "--seed", help="Random seed of the held-out split, the batches and the masks."),
+    resume: bool = typer.Option(False, "--resume", metavar="", help="Continue the run in --out from its checkpoint."),
+    threads: int = typer.Option(0, "--threads", min=0, help="torch threads (0 = the cores free when nerkit starts)."),
+):
+    """Continue masked-language-model training of an encoder on your text (domain adaptation)."""
+    from nerkit.config import parse_duration
+    from nerkit.device import set_threads
+    from nerkit.tools.lm_adapt import AdaptOptions, adapt as run
+
+    set_threads(threads)
+    options = AdaptOptions(steps=steps, batch_size=batch_size, lr=lr, whole_word=whole_word, max_len=max_len,
+                           held_out=held_out, time_budget=parse_duration(time_budget, "--time-budget"),
+                           checkpoint_every=checkpoint_every, seed=seed)
+    result = run(lm, text, out, options, resume=resume)
+    typer.echo(f"held-out perplexity {result['perplexity_before']:.2f} -> {result['perplexity_after']:.2f} after "
+               f"{result['steps']:,} steps ({result['stopped']}); wrote {out}")

@@ -1,0 +1,225 @@
+"""`nerkit lm adapt`: continued masked-language-model training of a local encoder on unlabelled text
+(domain- or task-adaptive pretraining, Gururangan et al. 2020), the recipe for a domain with few
+labels: adapt the encoder to the domain's raw text, then train the tagger on it as usual.
+
+A model without an MLM head (a plain encoder, as `make lm` writes) gets a fresh one. Masking is
+BERT's (15% of the tokens: 80% [MASK], 10% a random token, 10% kept), by token or, with
+`whole_word`, by jieba's words (every token of a chosen word is masked together). A share of the
+lines is held out and its perplexity (exp of the mean masked-token loss, with a fixed masking)
+measured before and after. The run is time-boxed and resumable: it writes nerkit's checkpoint
+(safetensors + JSON) every `checkpoint_every` steps and on a limit, and `resume` continues it
+exactly. The result is an ordinary Hugging Face directory (config.json, model.safetensors, the
+tokenizer's files), read by `embeddings.lm.path`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import random
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import torch
+
+from nerkit.errors import UserError
+from nerkit.files import CHECKPOINT, atomic_write_bytes, atomic_write_text, check_input
+from nerkit.training.checkpoint import Progress, load_checkpoint, save_checkpoint
+
+log = logging.getLogger(__name__)
+
+RESULT = "adapt.json"  # what the run measured, beside the model
+
+
+@dataclass
+class AdaptOptions:
+    steps: int = 1000  # optimiser steps in all (a resume may raise it)
+    batch_size: int = 16
+    lr: float = 5e-5
+    mask_prob: float = 0.15
+    whole_word: bool = False  # mask jieba's words whole
+    max_len: int = 128  # tokens per line (longer lines are cut)
+    held_out: float = 0.05  # share of the lines kept for the perplexity
+    time_budget: float = 0.0  # seconds (0: none)
+    checkpoint_every: int = 200
+    seed: int = 0
+
+
+def read_lines(paths: list[str | Path]) -> list[str]:
+    lines = []
+    for path in paths:
+        check_input(str(path), "--text", "no such file")
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except UnicodeDecodeError:
+            raise UserError("not UTF-8 text", where=str(path), fix="give plain UTF-8 text, one passage a line") from None
+        lines += [line.strip() for line in text.splitlines() if line.strip()]
+    if len(lines) < 2:
+        raise UserError("fewer than two non-empty lines of text", where=str(paths[0]),
+                        fix="give the unlabelled text of your domain, one passage a line")
+    return lines
+
+
+def split_held_out(lines: list[str], share: float, seed: int) -> tuple[list[str], list[str]]:
+    order = list(range(len(lines)))
+    random.Random(seed).shuffle(order)
+    count = max(1, round(share * len(lines)))
+    held = set(order[:count])
+    return [s for i, s in enumerate(lines) if i not in held], [s for i, s in enumerate(lines) if i in held]
+
+
+def load_mlm(directory: Path):
+    """The tokenizer and a masked-LM model of a local directory; a fresh MLM head when it has none."""
+    from nerkit.pretrained.bert import _transformers
+
+    transformers = _transformers()
+    try:
+        tokenizer = transformers.AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
+        model = transformers.AutoModelForMaskedLM.from_pretrained(str(directory), local_files_only=True)
+    except (OSError, ValueError, KeyError) as e:
+        raise UserError(f"cannot read it as a masked language model ({str(e).splitlines()[0]})", where=str(directory),
+                        fix="give a local Hugging Face encoder directory (config.json, weights, tokenizer files)") from None
+    if tokenizer.mask_token_id is None:
+        raise UserError("its tokenizer has no mask token", where=str(directory), fix="use an encoder trained with MLM")
+    return tokenizer, model
+
+
+def word_ids(tokenizer, text: str, offsets: list[tuple[int, int]], whole_word: bool) -> list[int]:
+    """A group id per token: tokens of one group are masked together (one per token, or per jieba word)."""
+    if not whole_word:
+        return list(range(len(offsets)))
+    import jieba
+
+    word_of = [0] * len(text)
+    start = 0
+    for k, word in enumerate(jieba.cut(text)):
+        word_of[start:start + len(word)] = [k] * len(word)
+        start += len(word)
+    return [word_of[s] if s < len(text) else -1 - t for t, (s, _) in enumerate(offsets)]
+
+
+def masked_batch(tokenizer, lines: list[str], options: AdaptOptions, rng: random.Random):
+    """input_ids, attention_mask, labels (-100 where nothing is predicted) for a batch of lines."""
+    encoded = tokenizer(lines, truncation=True, max_length=options.max_len, padding=True,
+                        return_offsets_mapping=True, return_special_tokens_mask=True, return_tensors="pt")
+    input_ids = encoded["input_ids"].clone()
+    labels = torch.full_like(input_ids, -100)
+    vocab = len(tokenizer)
+    for b, line in enumerate(lines):
+        real = [t for t, special in enumerate(encoded["special_tokens_mask"][b].tolist())
+                if not special and encoded["attention_mask"][b, t]]
+        groups = word_ids(tokenizer, line, [tuple(encoded["offset_mapping"][b, t].tolist()) for t in real],
+                          options.whole_word)
+        chosen = {g for g in set(groups) if rng.random() < options.mask_prob}
+        if not chosen and real:
+            chosen = {groups[rng.randrange(len(groups))]}  # at least one prediction a line
+        for t, g in zip(real, groups):
+            if g not in chosen:
+                continue
+            labels[b, t] = input_ids[b, t]
+            roll = rng.random()
+            if roll < 0.8:
+                input_ids[b, t] = tokenizer.mask_token_id
+            elif roll < 0.9:
+                input_ids[b, t] = rng.randrange(vocab)
+    return input_ids, encoded["attention_mask"], labels
+
+
+@torch.no_grad()
+def perplexity(model, tokenizer, lines: list[str], options: AdaptOptions) -> float:
+    """exp(mean loss over masked tokens) with a fixed masking (seeded), comparable across runs."""
+    rng = random.Random(options.seed + 1)
+    total, count = 0.0, 0
+    model.eval()
+    for start in range(0, len(lines), options.batch_size):
+        input_ids, attention, labels = masked_batch(tokenizer, lines[start:start + options.batch_size], options, rng)
+        out = model(input_ids=input_ids, attention_mask=attention, labels=labels)
+        n = int((labels != -100).sum())
+        total, count = total + float(out.loss) * n, count + n
+    return math.exp(total / max(count, 1))
+
+
+def adapt(lm: str | Path, texts: list[str | Path], out: str | Path, options: AdaptOptions = AdaptOptions(),
+          resume: bool = False, progress_bar: bool | None = None) -> dict:
+    """Adapt the encoder in `lm` to `texts`, writing a Hugging Face directory to `out`; returns what
+    was measured (also written to OUT/adapt.json)."""
+    from tqdm import tqdm
+
+    out, lm = Path(out), Path(lm)
+    check_input(str(lm), "--lm", "no such directory", directory=True)
+    if out.exists() and not resume and any(out.iterdir()):
+        raise UserError("the output directory is not empty", where=str(out),
+                        fix="choose a new --out, or --resume the run that wrote it")
+    lines = read_lines(texts)
+    train_lines, held = split_held_out(lines, options.held_out, options.seed)
+    torch.manual_seed(options.seed)
+    tokenizer, model = load_mlm(lm)
+    positions = max(0, getattr(model.config, "max_position_embeddings", None) or 0)  # XLNet: -1, no limit
+    if positions:  # RoBERTa-style position ids start after the padding id
+        positions -= 2 if model.config.model_type in ("roberta", "xlm-roberta", "camembert") else 0
+        options = replace(options, max_len=min(options.max_len, positions))
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=options.lr)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: max(0.0, 1 - step / max(1, options.steps)))
+    checksums = {"text": str(len(lines))}
+    progress = Progress(checksums=checksums)
+    before = perplexity(model, tokenizer, held, options)
+    if resume:
+        progress, _ = load_checkpoint(out, model, optimizer, scheduler, checksums)
+        before = json.loads((out / CHECKPOINT / "before.json").read_text())["perplexity"]
+    else:
+        out.mkdir(parents=True, exist_ok=True)
+        random.seed(options.seed)
+    log.info(f"{len(train_lines):,} lines to train on, {len(held):,} held out (perplexity {before:.2f}); "
+             f"steps {progress.step:,} to {options.steps:,}")
+    rng = random.Random()
+    started = time.perf_counter() - progress.elapsed
+    stopped = "steps"
+    bar = tqdm(total=options.steps, initial=progress.step, disable=progress_bar is False, unit="step", leave=False)
+    model.train()
+    while progress.step < options.steps:
+        rng.seed(options.seed * 1_000_003 + progress.step)  # the batch a step draws, the same on a resume
+        batch = rng.sample(train_lines, min(options.batch_size, len(train_lines)))
+        input_ids, attention, labels = masked_batch(tokenizer, batch, options, rng)
+        loss = model(input_ids=input_ids, attention_mask=attention, labels=labels).loss
+        optimizer.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        scheduler.step()
+        progress.step += 1
+        bar.update(1)
+        bar.set_postfix(loss=f"{loss.item():.3f}")
+        late = bool(options.time_budget) and time.perf_counter() - started > options.time_budget
+        if late or progress.step % options.checkpoint_every == 0 or progress.step == options.steps:
+            progress.elapsed = time.perf_counter() - started
+            save_checkpoint(out, model, optimizer, scheduler, progress, None)
+            atomic_write_text(out / CHECKPOINT / "before.json", json.dumps({"perplexity": before}))
+        if late:
+            stopped = "time_budget"
+            break
+    bar.close()
+    after = perplexity(model, tokenizer, held, options)
+    write_model(model, tokenizer, out)
+    result = {"lm": str(lm), "steps": progress.step, "stopped": stopped, "lines": len(train_lines),
+              "held_out_lines": len(held), "perplexity_before": round(before, 4), "perplexity_after": round(after, 4),
+              "seconds": round(time.perf_counter() - started, 1), "whole_word": options.whole_word}
+    atomic_write_text(out / RESULT, json.dumps(result, indent=2) + "\n")
+    log.info(f"held-out perplexity {before:.2f} -> {after:.2f} after {progress.step:,} steps; wrote {out}")
+    if stopped == "time_budget":
+        log.warning(f"the time budget stopped the run at step {progress.step:,} of {options.steps:,}; "
+                    f"continue with: nerkit lm adapt ... --out {out} --resume")
+    return result
+
+
+def write_model(model, tokenizer, out: Path) -> None:
+    """The adapted model as a Hugging Face directory (`save_pretrained`'s files: safetensors, tied
+    weights once), each file moved into `out` atomically."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(dir=out) as tmp:
+        model.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        for path in Path(tmp).iterdir():
+            atomic_write_bytes(out / path.name, path.read_bytes())

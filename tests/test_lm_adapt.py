@@ -1,0 +1,101 @@
+"""`nerkit lm adapt` (nerkit.tools.lm_adapt): continued masked-LM training of a tiny BERT without an
+MLM head on the fixtures' text: a fresh head, the held-out perplexity falls, the result is a
+Hugging Face directory that `embeddings.lm.path` reads, a stopped run resumes to the weights of an
+uninterrupted one, and whole-word masking masks jieba's words together."""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+from conftest import FIXTURES  # noqa: E402
+from safetensors.torch import load_file  # noqa: E402
+from test_lm import write_lm  # noqa: E402
+
+from nerkit.data.corpus import read_corpus  # noqa: E402
+from nerkit.pretrained.loading import load_lm  # noqa: E402
+from nerkit.tools.lm_adapt import AdaptOptions, adapt, load_mlm, masked_batch  # noqa: E402
+
+CHARS = sorted({c for s in read_corpus(FIXTURES / "tiny_train.bio").sentences for c in s.tokens})
+VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + CHARS
+
+
+@pytest.fixture
+def lm_dir(tmp_path):
+    return write_lm(tmp_path / "tiny-lm", vocab=VOCAB)
+
+
+@pytest.fixture
+def text(tmp_path):
+    path = tmp_path / "text.txt"
+    lines = [s.text for s in read_corpus(FIXTURES / "tiny_train.bio").sentences]
+    path.write_text("\n".join(lines * 3) + "\n", encoding="utf-8")
+    return path
+
+
+OPTIONS = dict(steps=30, batch_size=8, lr=3e-3, held_out=0.2, checkpoint_every=10, seed=1)
+
+
+def test_adapting_lowers_the_held_out_perplexity_and_writes_a_usable_directory(lm_dir, text, tmp_path):
+    out = tmp_path / "adapted"
+    result = adapt(lm_dir, [text], out, AdaptOptions(**OPTIONS), progress_bar=False)
+    assert result["steps"] == 30 and result["stopped"] == "steps"
+    assert result["perplexity_after"] < result["perplexity_before"], result
+    assert json.loads((out / "adapt.json").read_text()) == result
+    embedder = load_lm(out)  # the encoder part, as a tagger's features
+    ids = torch.tensor([embedder.vocab.ids(list("张三在北京"))])
+    assert embedder(ids, torch.ones_like(ids, dtype=torch.bool)).shape == (1, 5, 16)
+    original = load_file(str(lm_dir / "model.safetensors"))
+    adapted = load_lm(out).lm.state_dict()
+    assert not torch.equal(adapted["embeddings.word_embeddings.weight"], original["embeddings.word_embeddings.weight"])
+
+
+def test_a_stopped_run_resumes_to_the_uninterrupted_weights(lm_dir, text, tmp_path):
+    adapt(lm_dir, [text], tmp_path / "whole", AdaptOptions(**OPTIONS), progress_bar=False)
+    adapt(lm_dir, [text], tmp_path / "cut", AdaptOptions(**{**OPTIONS, "steps": 30, "time_budget": 1e-9}),
+          progress_bar=False)  # stops after its first step, with a checkpoint
+    first = json.loads((tmp_path / "cut" / "adapt.json").read_text())
+    assert first["stopped"] == "time_budget" and first["steps"] == 1
+    adapt(lm_dir, [text], tmp_path / "cut", AdaptOptions(**OPTIONS), resume=True, progress_bar=False)
+    whole = load_file(str(tmp_path / "whole" / "model.safetensors"))
+    resumed = load_file(str(tmp_path / "cut" / "model.safetensors"))
+    assert whole.keys() == resumed.keys()
+    for name in whole:
+        torch.testing.assert_close(resumed[name], whole[name], atol=1e-6, rtol=1e-5)
+
+
+def test_whole_word_masking_masks_a_words_characters_together(lm_dir):
+    tokenizer, _ = load_mlm(lm_dir)
+    options = AdaptOptions(mask_prob=0.5, whole_word=True)
+    line = "北京大学的张三在上海读书"
+    import jieba
+
+    words = list(jieba.cut(line))
+    for seed in range(5):
+        _, _, labels = masked_batch(tokenizer, [line], options, random.Random(seed))
+        masked = (labels[0, 1:1 + len(line)] != -100).tolist()  # after [CLS]
+        start = 0
+        for word in words:  # each word all masked or all kept
+            assert len(set(masked[start:start + len(word)])) == 1, (word, masked)
+            start += len(word)
+
+
+def test_the_command_line(lm_dir, text, tmp_path):
+    out = tmp_path / "cli"
+    done = subprocess.run([sys.executable, "-m", "nerkit", "lm", "adapt", "--lm", str(lm_dir), "--text", str(text),
+                           "--out", str(out), "--steps", "3", "--batch-size", "4"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert "held-out perplexity" in done.stdout and (out / "config.json").is_file()
+    again = subprocess.run([sys.executable, "-m", "nerkit", "lm", "adapt", "--lm", str(lm_dir), "--text", str(text),
+                            "--out", str(out), "--steps", "3"], capture_output=True, text=True)
+    assert again.returncode == 2 and "not empty" in again.stderr and "Traceback" not in again.stderr
+    missing = subprocess.run([sys.executable, "-m", "nerkit", "lm", "adapt", "--lm", str(tmp_path / "nope"),
+                              "--text", str(text), "--out", str(tmp_path / "x")], capture_output=True, text=True)
+    assert missing.returncode == 2 and len(missing.stderr.strip().splitlines()) == 1
