@@ -12,7 +12,8 @@ cores.configure()
 
 
 def load(directory, device: str = "cpu"):
-    """Load a model directory written by `nerkit train`."""
-    from nerkit.inference.pipeline import Pipeline
+    """Load a model directory written by `nerkit train`, or one exported by `nerkit export` (which
+    runs on ONNX Runtime, without torch)."""
+    from nerkit.inference.loading import load_pipeline
 
-    return Pipeline.load(directory, device=device)
+    return load_pipeline(directory, device=device)

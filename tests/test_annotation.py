@@ -201,6 +201,8 @@ def test_other_formats_name_the_converter(write_file):
     label_studio = write_file(json.dumps([ls_task("张三", [(0, 2, "PER")])], indent=2), "export.json")
     err = read_error(label_studio, "auto")
     assert err.where == f"{label_studio}:1" and "--from label-studio" in err.fix
+    compact = write_file(json.dumps([ls_task("张三", [(0, 2, "PER")])]), "compact.json")  # the array on one line
+    assert "--from label-studio" in read_error(compact, "auto").fix
     assert "--from doccano or --from jsonl" in read_error(doccano, "label-studio").fix
     assert "without --from doccano" in read_error(FIXTURES / "three_types.jsonl", "doccano").fix
 
@@ -236,8 +238,8 @@ def test_label_studio_choices_of_annotation(write_file, caplog):
         corpus = read_corpus(write_tasks(write_file, tasks), fmt="label-studio")
     assert [(s.spans(), s.line) for s in corpus.sentences] == [
         ([Span(0, 2, "PER")], 1), ([Span(0, 2, "PER")], 2), ([Span(3, 5, "LOC")], 3), ([Span(0, 2, "PER")], 4), ([], 7)]
-    assert "left out 1 tasks without an annotation" in caplog.text
-    assert "left out 1 tasks whose annotations were all cancelled" in caplog.text
+    assert "left out 1 task without an annotation" in caplog.text
+    assert "left out 1 task whose annotations were all cancelled" in caplog.text
 
 
 def test_label_studio_text_checks_allow_collapsed_whitespace_and_old_utf16_offsets(write_file):
@@ -304,7 +306,7 @@ def test_a_malformed_label_studio_task_names_its_index_and_the_fix(case, nerkit,
     ('[{"data": {"text": "张三"},\n "annotations": []', ":2", "not valid JSON"),
     ('{"text": "张三", "label": []}', "", "not an array of tasks"),
     (json.dumps([{"data": {"text": "张三"}, "annotations": [{"result": [], "was_cancelled": True}]}]), "",
-     "none of its 1 tasks has an annotation"),
+     "none of its 1 task has an annotation"),
 ])
 def test_a_label_studio_file_that_is_not_tasks(nerkit, write_file, content, where, words):
     path = write_file(content, "export.json")

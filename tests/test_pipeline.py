@@ -694,10 +694,10 @@ def joined_dev_text() -> str:
 
 def windows_used(monkeypatch) -> list[int]:
     """The windows `predict_tokens` reads texts in, from now on."""
-    import nerkit.inference.pipeline as pipeline_module
+    import nerkit.inference.predictor as predictor_module  # where predict_tokens lives, for every runtime
 
-    used, text_windows = [], pipeline_module.text_windows
-    monkeypatch.setattr(pipeline_module, "text_windows", lambda length, window: used.append(window) or
+    used, text_windows = [], predictor_module.text_windows
+    monkeypatch.setattr(predictor_module, "text_windows", lambda length, window: used.append(window) or
                         text_windows(length, window))
     return used
 

@@ -370,6 +370,7 @@ def test_bad_requests_do_not_disturb_good_ones(server, expected):
         assert all(got == want for got, want in (f.result(timeout=120) for f in bads))
 
 
+@pytest.mark.slow
 def test_a_full_queue_answers_503_with_retry_after(tiny_model_dir, tmp_path, expected):
     """Two requests wait 3 s for others to join their batch and fill the queue of two: a third is
     refused at once, the two are answered, and the event loop answers /health meanwhile."""
@@ -386,6 +387,7 @@ def test_a_full_queue_answers_503_with_retry_after(tiny_model_dir, tmp_path, exp
         assert post(server.url, json={"text": TEXTS[2]}).json() == expected[2]
 
 
+@pytest.mark.slow
 def test_sigterm_answers_every_request_in_flight_and_exits_0(tiny_model_dir, tmp_path, expected):
     with serving(tiny_model_dir, tmp_path, "--max-wait-ms", "4000") as server:
         with ThreadPoolExecutor(6) as pool:
@@ -403,6 +405,7 @@ def test_sigterm_answers_every_request_in_flight_and_exits_0(tiny_model_dir, tmp
         assert "Traceback" not in server.output()
 
 
+@pytest.mark.slow
 def test_worker_processes_answer_alike_and_stop_on_sigterm(tiny_model_dir, tmp_path, expected):
     with serving(tiny_model_dir, tmp_path, "--workers", "2", "--threads", "2") as server:
         with ThreadPoolExecutor(8) as pool:

@@ -21,6 +21,7 @@ from typer._click.exceptions import (  # the click that typer carries
 )
 
 from nerkit import __version__
+from nerkit.cli.export import export
 from nerkit.cli.lm import lm_app
 from nerkit.cli.plot import plot_app
 from nerkit.cli.serve import serve
@@ -177,16 +178,14 @@ def evaluate(
     window: Optional[int] = WINDOW,
 ):
     """Entity-level precision, recall and F1 of a model on a gold corpus."""
-    from nerkit.device import set_threads
     from nerkit.files import atomic_write_text, check_output
     from nerkit.inference.evaluate import format_errors, format_table
     from nerkit.inference.formats import eval_output
-    from nerkit.inference.pipeline import Pipeline
+    from nerkit.inference.loading import load_pipeline
 
     if output:
         check_output(output, data)  # before the evaluation: a wrong path costs no wait
-    set_threads(threads)
-    pipe = Pipeline.load(model, device=device)
+    pipe = load_pipeline(model, device, threads)  # an ONNX export (`nerkit export`) runs without torch
     result = pipe.evaluation(data, batch_size, repair=repair, with_errors=show_errors, window=window)
     if output:
         atomic_write_text(output, eval_output(result.sentences, result.predicted, result.scheme))
@@ -222,6 +221,9 @@ def predict(
 
 
 app.command()(serve)  # nerkit/cli/serve.py
+
+
+app.command()(export)  # nerkit/cli/export.py
 
 
 @app.command()

@@ -237,15 +237,19 @@ def read_label_studio(path: str | Path, max_errors: int = 1) -> Corpus:
 def _report(path: Path, tasks: int, read: int, left_out: dict[str, int], key: str) -> None:
     """Say what was not read as annotations, or why nothing was."""
     if tasks and not read:
-        raise CorpusError(f"none of its {tasks} tasks has an annotation (or a prediction) that was not cancelled",
+        raise CorpusError(f"none of its {_tasks(tasks)} has an annotation (or a prediction) that was not cancelled",
                           where=str(path), fix="export the project after annotating it")
     if key == "predictions" and read:
-        log.warning(f"{path}: no task has an annotation: read the predictions of {read} tasks (pre-annotations, "
+        log.warning(f"{path}: no task has an annotation: read the predictions of {_tasks(read)} (pre-annotations, "
                     "not reviewed by anyone)")
     if left_out["none"]:
-        log.warning(f"{path}: left out {left_out['none']} tasks without an annotation")
+        log.warning(f"{path}: left out {_tasks(left_out['none'])} without an annotation")
     if left_out["cancelled"]:
-        log.warning(f"{path}: left out {left_out['cancelled']} tasks whose annotations were all cancelled (skipped)")
+        log.warning(f"{path}: left out {_tasks(left_out['cancelled'])} whose annotations were all cancelled (skipped)")
+
+
+def _tasks(count: int) -> str:
+    return f"{count} task" + ("" if count == 1 else "s")
 
 
 def _parse_task(task, index: int, key: str, where: str) -> Sentence | str:
@@ -325,8 +329,8 @@ def _result_span(value, text: str, where: str) -> Span:
     if inside and (not isinstance(seen, str) or _same(seen, text[start:end])):
         return Span(start, end, label)
     if isinstance(seen, str):
-        # Label Studio before its fix (2022) counted UTF-16 units, as the browser does: such an
-        # export is read as it was meant when the result's text says so.
+        # Label Studio before its emoji fix (2022) counted UTF-16 units, as the browser does: such
+        # an export is read as it was meant when the result's text says so.
         units = _Units(text)
         first, last = units.char(start), units.char(end)
         if units.starts and first is not None and last is not None and first < last and _same(seen, text[first:last]):

@@ -139,7 +139,7 @@ def _read_records(path: str | Path, max_errors: int, parse, fmt: str) -> Corpus:
     """A file of one JSON record a line, each read by `parse(line, number, where)` into a Sentence."""
     path, data = _read_bytes(path)
     text = _decode(path, data)
-    if text.lstrip().startswith("["):
+    if _json_array(text.lstrip().split("\n", 1)[0]):
         line = text[:len(text) - len(text.lstrip())].count("\n") + 1
         raise CorpusError("the file is one JSON array, not JSON lines (an object a line)", where=f"{path}:{line}",
                           fix="a Label Studio export? convert it with `nerkit data convert IN OUT --from label-studio "
@@ -155,6 +155,18 @@ def _read_records(path: str | Path, max_errors: int, parse, fmt: str) -> Corpus:
             problems.add(e, number)
     problems.raise_any()
     return _span_corpus(path, sentences, fmt)
+
+
+def _json_array(first_line: str) -> bool:
+    """Whether a file whose first line is this is one JSON array (Label Studio's export) rather than
+    a record a line: the line opens an array that it does not close, or is an array of objects."""
+    if not first_line.startswith("["):
+        return False
+    try:
+        value = json.loads(first_line)
+    except json.JSONDecodeError:
+        return True
+    return isinstance(value, list) and any(isinstance(item, dict) for item in value)
 
 
 def _json_record(line: str, where: str, fmt: str) -> dict:

@@ -1,5 +1,7 @@
-"""Applying a trained model: the pipeline that `nerkit.load` returns (`pipeline`), the model directory
-(`model_dir`), long texts in windows stitched into one valid tag sequence (`windows`), the one
-evaluation path (`evaluate`), streaming prediction over files (`stream`) with worker processes
-(`workers`), the output formats (`formats`, `html`), and the web service of `nerkit serve`
-(`server`, with its micro-batching in `batcher`). Never imports training."""
+"""Applying a trained model: what every runtime shares, prediction and the one evaluation path
+(`predictor`, scoring in `evaluate`), the torch pipeline that `nerkit.load` returns (`pipeline`), an
+exported model on ONNX Runtime without torch (`onnx_runtime`), the choice between them (`loading`),
+the model directory (`model_dir`), long texts in windows stitched into one valid tag sequence
+(`windows`), streaming prediction over files (`stream`) with worker processes (`workers`), the output
+formats (`formats`, `html`), and the web service of `nerkit serve` (`server`, with its micro-batching
+in `batcher`). Never imports training."""

@@ -39,11 +39,9 @@ def predictor(model: str | Path, device: str = "cpu", threads: int = 0, workers:
     if workers < 1:
         raise UserError(f"--workers must be at least 1, not {workers}", fix="use 1 to predict in this process")
     if workers == 1:
-        from nerkit.device import set_threads
-        from nerkit.inference.pipeline import Pipeline
+        from nerkit.inference.loading import load_pipeline
 
-        set_threads(threads)
-        pipe = Pipeline.load(model, device=device)
+        pipe = load_pipeline(model, device, threads)  # an ONNX export runs without torch
         pipe.check_window(window)
         yield pipe
         return
@@ -247,19 +245,16 @@ def serve(conn: Connection, model: str, device: str, threads: int, log_level: in
     from nerkit.log import configure_logging
 
     configure_logging(log_level)
-    import torch
-
     from nerkit.inference.formats import predict_chunk
-    from nerkit.inference.pipeline import Pipeline
+    from nerkit.inference.loading import load_pipeline
 
-    torch.set_num_threads(threads)
     try:
-        pipe = Pipeline.load(model, device=device)
+        pipe = load_pipeline(model, device, threads)  # threads >= 1 (threads_per_worker); an ONNX export: no torch
         pipe.check_window(window)
     except UserError as e:
         conn.send_bytes(json.dumps({"error": str(e)}).encode("utf-8"))
         return
-    conn.send_bytes(json.dumps({"error": None, "threads": torch.get_num_threads()}).encode("utf-8"))
+    conn.send_bytes(json.dumps({"error": None, "threads": threads}).encode("utf-8"))
     while True:
         try:
             task = json.loads(conn.recv_bytes())

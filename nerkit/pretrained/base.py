@@ -1,6 +1,6 @@
-"""What every language model kind shares: the character vocabulary, overlapping windows for long
-sentences, the learned scalar mix of layers and `CharFeatures`, the module that turns characters into
-per-character features (fine-tuned or frozen)."""
+"""What every language model kind shares: overlapping windows for long sentences, the learned scalar
+mix of layers and `CharFeatures`, the module that turns characters into per-character features
+(fine-tuned or frozen). The character vocabulary, torch-free, is nerkit.pretrained.vocab's."""
 
 from __future__ import annotations
 

@@ -210,7 +210,14 @@ def quantize_int8(source: Path, target: Path) -> None:
 
     import onnx
 
-    quantize_dynamic(str(source), str(target), op_types_to_quantize=["MatMul", "Gemm"], weight_type=QuantType.QInt8)
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(logging.ERROR)  # the quantiser's advice to pre-process (shape inference, fusions) on the root logger
+    try:
+        quantize_dynamic(str(source), str(target), op_types_to_quantize=["MatMul", "Gemm"],
+                         weight_type=QuantType.QInt8)
+    finally:
+        root.setLevel(level)
     proto = onnx.load(str(target))
     sort_nodes(proto.graph)
     onnx.save(proto, str(target))

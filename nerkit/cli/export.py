@@ -1,0 +1,36 @@
+"""`nerkit export`: a model directory as an ONNX model directory (the `onnx` extra) that `nerkit
+predict` and `nerkit eval` run on ONNX Runtime, without torch.
+
+The command parses its options, calls `nerkit.tools.export.export_model` and prints what it wrote;
+the graph and its checks are described in docs/export.md.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Literal, Optional
+
+import typer
+
+# nerkit.tools.export.FORMATS and QUANTIZE (a test keeps them equal).
+ExportFormat = Literal["onnx"]
+
+
+Quantize = Literal["int8"]
+
+
+def export(
+    model: Path = typer.Option(..., "--model", "-m", help="Model directory written by `nerkit train`."),
+    out: Path = typer.Option(..., "--out", "-o", help="The model directory to write (replaced if it exists)."),
+    fmt: ExportFormat = typer.Option("onnx", "--format", "-f", help="Export format."),
+    quantize: Optional[Quantize] = typer.Option(None, "--quantize", help="Store the linear layers' weights as "
+                                                "int8 (dynamic quantisation): smaller and faster on a CPU, "
+                                                "tags mostly but not always the same."),
+):
+    """Export a model to ONNX: the network, the constrained CRF decoding and all, in one graph that
+    gives tag ids; the directory written runs with `nerkit predict` and `nerkit eval`, without torch."""
+    from nerkit.tools.export import export_model
+
+    summary = export_model(model, out, fmt, quantize)
+    typer.echo(json.dumps(summary))

@@ -1,0 +1,29 @@
+"""Which runtime a model directory asks for: nerkit.json's `runtime` is `torch` for a directory that
+`nerkit train` wrote (nerkit.inference.pipeline) and `onnx` for one that `nerkit export` wrote
+(nerkit.inference.onnx_runtime, which never imports torch). `nerkit.load`, `nerkit predict`, `nerkit
+eval` and their worker processes load through `load_pipeline`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from nerkit.inference.model_dir import _read_json, runtime
+
+
+def load_pipeline(directory: str | Path, device: str = "cpu", threads: int | None = None):
+    """The directory's pipeline: an `OnnxPipeline` for an export, else a `Pipeline`. `threads`: the
+    intra-op threads of the runtime (0: nerkit's default, the cores found free; None: torch's
+    setting is left as it is)."""
+    directory = Path(directory)
+    meta = directory / "nerkit.json"
+    if meta.is_file() and runtime(_read_json(meta)) == "onnx":
+        from nerkit.inference.onnx_runtime import OnnxPipeline
+
+        return OnnxPipeline.load(directory, device, threads or 0)
+    if threads is not None:
+        from nerkit.device import set_threads
+
+        set_threads(threads)
+    from nerkit.inference.pipeline import Pipeline
+
+    return Pipeline.load(directory, device=device)

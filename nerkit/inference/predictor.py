@@ -1,0 +1,257 @@
+"""What every way of running a trained model shares, without torch: `Predictor` turns texts into spans
+with offsets (windows, featurisation, batches, stitching, the whitespace rule) and scores gold
+corpora (the one evaluation path: training's dev F1, `nerkit eval`, the Python API and `nerkit
+bench`); a subclass only decodes a list of examples into tag ids: `Pipeline` (nerkit.inference.pipeline)
+with torch, `OnnxPipeline` (nerkit.inference.onnx_runtime) with ONNX Runtime. `read_model_dir` reads
+what both find in a model directory beside the weights: nerkit.json, config.yaml, vocab.json, lexicon.txt."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable
+
+from nerkit.config import Config, build_config
+from nerkit.data.corpus import Sentence
+from nerkit.data.splits import read_gold
+from nerkit.data.tags import Span, split_tag, tags_to_spans
+from nerkit.errors import ModelDirError, UserError
+from nerkit.features.featurizer import Example, Featurizer
+from nerkit.inference.evaluate import errors, score
+from nerkit.inference.model_dir import FORMAT_VERSION, MODEL_FILES, _read_json, check_model_dir
+from nerkit.inference.windows import check_window, stitch, text_windows
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Evaluation:
+    """A model's predictions on gold sentences and their scores; `seconds`: prediction alone."""
+
+    sentences: list[Sentence]
+    predicted: list[list[Span]]
+    metrics: dict  # precision, recall, f1, per_type (and errors, when asked for)
+    seconds: float
+    scheme: str  # the gold file's tag scheme (the model's, for sentences given in memory)
+
+
+class Predictor:
+    """A model with its config and featuriser; a subclass says how a batch of examples is decoded
+    (`decode_examples`)."""
+
+    def __init__(self, config: Config, featurizer: Featurizer):
+        self.config = config
+        self.featurizer = featurizer
+        # The longest training sentence (a piece of at most data.max_len), in characters: set by
+        # training, saved in nerkit.json; None for a model directory written before it was saved.
+        self.train_max_len: int | None = None
+        self.directory: Path | None = None  # where `load` read it from (None: built in memory)
+
+    @property
+    def tags(self) -> list[str]:
+        return self.featurizer.tags
+
+    @property
+    def scheme(self) -> str:
+        return self.featurizer.scheme
+
+    @property
+    def types(self) -> list[str]:
+        """The entity types the model predicts."""
+        return sorted({split_tag(t)[1] for t in self.tags if t != "O"})
+
+    # ------------------------------------------------------------------------------ prediction
+
+    @property
+    def window(self) -> int:
+        """The default prediction window, in characters (0: a text is read whole): the longest
+        sentence the model was trained on, never above `data.max_len` when that is set (0 there is
+        no limit); `data.max_len` for a model directory that does not record training lengths."""
+        limit = self.config.data.max_len
+        if self.train_max_len is None:
+            return limit
+        return min(self.train_max_len, limit) if limit > 0 else self.train_max_len
+
+    def check_window(self, window: int | None) -> int:
+        """The window to predict with: `window`, checked, or the model's default (`window` None). An
+        encoder with learned positions reads at most `encoder.max_positions` characters at once
+        (data.max_len is kept within them when the config loads)."""
+        if window is None:
+            return self.window
+        check_window(window)
+        options = self.config.encoder.options
+        if getattr(options, "attention", None) == "learned" and not 0 < window <= options.max_positions:
+            raise UserError(f"this model's encoder (attention: learned) reads at most encoder.max_positions = "
+                            f"{options.max_positions} characters at once, not a window of {window} (0: a whole text)",
+                            fix=f"use a window of 1 to {options.max_positions}")
+        return window
+
+    def decode_examples(self, examples: list[Example], batch_size: int, window: int) -> list[list[int]]:
+        """The tag ids of each example (as long as it), decoded in batches of at most `batch_size`
+        padded to a few shapes (`nerkit.features.padding.padded_examples`, never past `window` unless
+        an example is longer), so that native caches keyed by the shape stop growing with the input."""
+        raise NotImplementedError
+
+    def predict_tokens(self, token_lists: list[list[str]], batch_size: int = 64,
+                       window: int | None = None) -> list[list[Span]]:
+        """Spans for each token list. A list longer than the window (`window`, default the model's:
+        `Predictor.window`) is read in overlapping windows of that length (`text_windows`) whose tag
+        sequences are stitched into one (`stitch`), so that no entity is cut where a window ends.
+        Whitespace never starts, ends or makes up an entity (`without_whitespace`): every
+        prediction and evaluation passes here."""
+        window = self.check_window(window)
+        pieces: list[tuple[int, int, int]] = []  # (sentence index, window start, window end)
+        for i, tokens in enumerate(token_lists):
+            pieces.extend((i, a, b) for a, b in text_windows(len(tokens), window))
+        examples = [self.featurizer.example(token_lists[i][a:b]) for i, a, b in pieces]
+        decoded = self.decode_examples(examples, batch_size, window) if examples else []
+        by_sentence: list[list[tuple[int, list[str]]]] = [[] for _ in token_lists]  # (window start, tags)
+        for (i, a, _), tag_ids in zip(pieces, decoded):
+            by_sentence[i].append((a, [self.tags[t] for t in tag_ids]))
+        return [without_whitespace(tokens, tags_to_spans(stitch(found, self.scheme))) if found else []
+                for tokens, found in zip(token_lists, by_sentence)]
+
+    def predict(self, texts: str | Iterable[str], batch_size: int = 64, window: int | None = None) -> list[list[dict]]:
+        """Entities of each text: `{"start", "end", "type", "text"}`, offsets into the text, end
+        exclusive. A single string is one text (its entities come back in a list of one). A text
+        longer than `window` characters (default: the model's, `Predictor.window`) is read in
+        overlapping windows."""
+        texts = [texts] if isinstance(texts, str) else list(texts)
+        for i, text in enumerate(texts):
+            if not isinstance(text, str):
+                raise TypeError(f"predict takes strings; text {i} is {type(text).__name__}: {text!r:.40}")
+        spans = self.predict_tokens([list(t) for t in texts], batch_size, window)
+        return [[s.to_dict(t) for s in ss]
+                for t, ss in zip(texts, spans)]
+
+    # ------------------------------------------------------------------------------ evaluation
+
+    def evaluation(self, data: str | Path | list[Sentence], batch_size: int = 128, repair: bool | None = None,
+                   with_errors: bool = False, window: int | None = None) -> Evaluation:
+        """Entity-level P/R/F1 of the model on a corpus file or on sentences already read; with
+        `with_errors` the metrics also hold `errors` (see `nerkit.inference.evaluate.errors`). A file is read
+        as the model's training data was: `repair` None follows the model's `data.repair`, so a file
+        the training repaired is repaired here too (and said so). `window`: as for `predict`."""
+        window = self.check_window(window)  # before the file is read: a wrong value costs no wait
+        if isinstance(data, list):
+            sentences, scheme = data, self.scheme
+        else:
+            corpus = read_gold(data, self.config.data.repair if repair is None else repair,
+                               "pass --repair (repair=True in Python)")
+            sentences, scheme = corpus.sentences, corpus.scheme
+            self.check_types(corpus.types, str(data))
+        started = time.perf_counter()
+        predicted = self.predict_tokens([s.tokens for s in sentences], batch_size, window)  # Python lists: GPU work done
+        seconds = time.perf_counter() - started
+        gold = [s.spans() for s in sentences]
+        metrics = score(gold, predicted)
+        if with_errors:
+            metrics["errors"] = errors(gold, predicted)
+        return Evaluation(sentences, predicted, metrics, seconds, scheme)
+
+    def check_types(self, gold_types: list[str], where: str) -> None:
+        """A gold file scored against a model of other entity types gives a table of zeros: an
+        error when no type is shared, a warning naming the types that only one side has."""
+        gold, model = set(gold_types), set(self.types)
+        listed = f"the file's types: {', '.join(sorted(gold)) or 'none'}; the model's: {', '.join(sorted(model))}"
+        if gold and not gold & model:
+            raise UserError(f"the gold file shares no entity type with the model ({listed})", where=where,
+                            fix="evaluate on a corpus labelled with the model's types "
+                                "(renamed, if the file spells them otherwise)")
+        if not gold:
+            log.warning(f"{where}: the gold file has no entities: every prediction counts as spurious")
+        elif gold != model:
+            effects = []
+            if gold - model:
+                effects.append(f"{', '.join(sorted(gold - model))} can only be missed")
+            if model - gold:
+                effects.append(f"predicted {', '.join(sorted(model - gold))} can only be spurious")
+            log.warning(f"{where}: the entity types differ ({listed}): {'; '.join(effects)}")
+
+    def evaluate(self, data: str | Path | list[Sentence], batch_size: int = 128, repair: bool | None = None,
+                 with_errors: bool = False, window: int | None = None) -> dict:
+        """The metrics of `evaluation`: {"precision", "recall", "f1", "per_type"[, "errors"]}."""
+        return self.evaluation(data, batch_size, repair, with_errors, window).metrics
+
+
+# ------------------------------------------------------------------------------ model directory
+
+@dataclass
+class ModelFiles:
+    """What a model directory holds beside its weights or graph, read and checked."""
+
+    meta: dict  # nerkit.json
+    config: Config
+    vocab: dict  # vocab.json
+    lexicon: object | None  # nerkit.features.lexicon.Lexicon, for a lattice encoder
+    train_max_len: int | None
+
+
+def read_model_dir(directory: Path, files: tuple[str, ...] = MODEL_FILES) -> ModelFiles:
+    """nerkit.json (its format version), config.yaml, vocab.json and lexicon.txt (against the checksum
+    the model was trained with), after `check_model_dir` has seen that `files` are there."""
+    check_model_dir(directory, files)
+    meta = _read_json(directory / "nerkit.json")
+    if meta.get("format_version") != FORMAT_VERSION:
+        raise ModelDirError(
+            f"model format version {meta.get('format_version')!r}, but this nerkit reads version {FORMAT_VERSION}",
+            where=str(directory / "nerkit.json"), fix="retrain the model with this nerkit version")
+    import yaml
+
+    try:
+        raw = yaml.safe_load((directory / "config.yaml").read_text(encoding="utf-8"))
+    except (yaml.YAMLError, UnicodeDecodeError) as e:
+        mark = getattr(e, "problem_mark", None)  # where the YAML breaks, when the parser knows
+        raise ModelDirError("config.yaml is not valid YAML",
+                            where=f"{directory / 'config.yaml'}" + (f":{mark.line + 1}" if mark else ""),
+                            fix="nerkit wrote it with the model, so the copy is damaged or was edited: undo the "
+                                "edit, or copy the whole model directory again") from None
+    if isinstance(raw, dict) and isinstance(raw.get("data") or {}, dict):
+        # nerkit always writes data.normalize; a hand-edited file without it is read as the
+        # models trained before it became true by default were.
+        raw["data"] = {"normalize": False, **(raw.get("data") or {})}
+    config = build_config(raw, str(directory / "config.yaml"))
+    vocab = _read_json(directory / "vocab.json")
+    lexicon = None
+    if vocab.get("words") is not None:
+        from nerkit.features.lexicon import Lexicon
+
+        lexicon = Lexicon.load(directory / "lexicon.txt")
+        if meta.get("lexicon_sha256") and lexicon.fingerprint != meta["lexicon_sha256"]:
+            raise ModelDirError("lexicon.txt does not match the checksum the model was trained with",
+                                where=str(directory / "lexicon.txt"))
+    if not (directory / "lm").is_dir() and config.embeddings.lm.path:
+        raise ModelDirError("lm/ is missing: the model was trained with a language model, which lives in lm/",
+                            where=str(directory), fix="copy the whole model directory, lm/ included")
+    return ModelFiles(meta, config, vocab, lexicon, _train_max_len(meta, directory / "nerkit.json"))
+
+
+def _train_max_len(meta: dict, where: Path) -> int | None:
+    """nerkit.json's longest training sentence; None when it is absent (a directory written before
+    nerkit saved it: its window stays data.max_len)."""
+    found = meta.get("train_max_len")
+    if found is None:
+        return None
+    if isinstance(found, bool) or not isinstance(found, int) or found < 1:
+        raise ModelDirError(f"train_max_len is {found!r}, not a length in characters", where=str(where),
+                            fix="the model directory is damaged; remove the key to predict in windows of data.max_len")
+    return found
+
+
+def without_whitespace(tokens: list[str], spans: list[Span]) -> list[Span]:
+    """The decoding rule for whitespace: each entity without the whitespace tokens at its start and
+    end, and none that is whitespace alone. A model that never saw a space in training (a
+    char-per-line corpus has none) reads one as an unknown character, which may as well be part of
+    a name; whatever it decides, a space is never the edge of an entity."""
+    trimmed = []
+    for span in spans:
+        start, end = span.start, span.end
+        while start < end and tokens[start].isspace():
+            start += 1
+        while end > start and tokens[end - 1].isspace():
+            end -= 1
+        if start < end:
+            trimmed.append(Span(start, end, span.type))
+    return trimmed

@@ -1,0 +1,213 @@
+"""`nerkit export` (nerkit.tools.export) and the exported directory on ONNX Runtime
+(nerkit.inference.onnx_runtime): per encoder, the graph gives the PyTorch model's tags and emissions
+on a batch of sentences of different lengths; the Viterbi graph alone against the torch CRF; `nerkit
+predict` and `nerkit eval` give the same output on the export as on the original, in a process that
+never imports torch; int8 quantisation runs. Models are tiny, built (not trained) and scrambled so
+that their tags vary."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import typing
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import TINY_DEV, tiny_raw_config
+
+pytest.importorskip("onnxruntime")
+pytest.importorskip("onnxscript")
+
+from nerkit.cli.export import ExportFormat, Quantize  # noqa: E402
+from nerkit.config import build_config  # noqa: E402
+from nerkit.data.corpus import read_corpus  # noqa: E402
+from nerkit.data.splits import Splits  # noqa: E402
+from nerkit.errors import UserError  # noqa: E402
+from nerkit.inference.loading import load_pipeline  # noqa: E402
+from nerkit.inference.onnx_runtime import OnnxPipeline  # noqa: E402
+from nerkit.inference.pipeline import Pipeline  # noqa: E402
+from nerkit.model.crf import CRF  # noqa: E402
+from nerkit.tools.export import FORMATS, QUANTIZE, compare, export_model  # noqa: E402
+from nerkit.tools.onnx_graphs import viterbi_model  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+FIXTURES = REPO / "tests" / "fixtures"
+TRANSFORMER = ["encoder.n_heads=2", "encoder.head_dim=4", "encoder.num_layers=1"]
+CASES = {
+    "bilstm": ["encoder.name=bilstm", "encoder.num_layers=2"],
+    "tener": ["encoder.name=tener", "encoder.attention=tener", *TRANSFORMER],
+    "xl": ["encoder.name=tener", "encoder.attention=xl", *TRANSFORMER],
+    "shaw": ["encoder.name=tener", "encoder.attention=shaw", "encoder.max_relative_distance=4", *TRANSFORMER],
+    "flat": ["encoder.name=flat", "embeddings.word_dim=4", *TRANSFORMER],  # + the lexicon, below
+    "lm": ["encoder.name=none", "embeddings.bichar_dim=0"],  # + a tiny BERT, below
+}
+WORDS = "北京\n上海\n武汉\n张伟\n王芳\n赵磊\n高铁\n清华大学\n大学\n"
+
+
+def dev_texts(limit: int | None = None) -> list[str]:
+    """The tiny dev corpus's sentences (3 to 26 characters) and a one-character text, cut to `limit`."""
+    texts = [s.text for s in read_corpus(TINY_DEV).sentences] + ["京"]
+    return [t[:limit] for t in texts] if limit else texts
+
+
+def scrambled(config, seed: int = 0) -> Pipeline:
+    """An untrained pipeline whose tags vary strongly with the input (as tests/test_pipeline.py's)."""
+    from nerkit.training.build import build_pipeline
+
+    torch.manual_seed(seed)
+    corpus = read_corpus(FIXTURES / "tiny_train.bio")
+    pipe = build_pipeline(config, Splits(corpus.sentences, [], None, corpus.types, "bio", {}))
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        pipe.model.emission.weight.mul_(20.0)
+        pipe.model.emission.bias.copy_(torch.randn(len(pipe.tags), generator=generator))
+        for p in pipe.model.crf.parameters():
+            p.copy_(torch.randn(p.shape, generator=generator) * 3.0)
+    pipe.model.eval()
+    return pipe
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    """`exported(case)`: (the model directory, its export), each case exported once per module."""
+    made: dict[str, tuple[Path, Path]] = {}
+
+    def get(case: str) -> tuple[Path, Path]:
+        if case not in made:
+            root = tmp_path_factory.mktemp(case)
+            overrides = list(CASES[case])
+            if case == "flat":
+                (root / "words.txt").write_text(WORDS, encoding="utf-8")
+                overrides.append(f"lexicon.source={root / 'words.txt'}")
+            if case == "lm":
+                pytest.importorskip("transformers")
+                from test_lm import write_lm
+
+                overrides.append(f"embeddings.lm.path={write_lm(root / 'tiny-lm')}")
+            pipe = scrambled(build_config(tiny_raw_config(), "<tiny config>", overrides))
+            pipe.save(root / "model")
+            export_model(root / "model", root / "onnx")
+            made[case] = root / "model", root / "onnx"
+        return made[case]
+
+    return get
+
+
+# ------------------------------------------------------------------------------------ per encoder
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_the_export_gives_the_models_tags_and_emissions(exported, case):
+    """One batch of sentences of many lengths (one of a single character): identical tags, emissions
+    within 1e-4 at every real position; and the Python API's records are the same."""
+    model_dir, onnx_dir = exported(case)
+    pipe, onnx_pipe = Pipeline.load(model_dir), load_pipeline(onnx_dir)
+    assert isinstance(onnx_pipe, OnnxPipeline) and onnx_pipe.tags == pipe.tags
+    limit = onnx_pipe.max_length  # the tiny BERT reads 14 characters at once
+    assert (limit == 14) == (case == "lm")
+    found = compare(pipe, onnx_pipe.session, [list(t) for t in dev_texts(limit)])
+    assert found["same_tags"] == 1.0 and found["max_emission_difference"] < 1e-4, found
+    texts = dev_texts(limit)
+    records = pipe.predict(texts)
+    assert onnx_pipe.predict(texts) == records
+    assert len({json.dumps(r) for r in records}) > 5  # the scrambled model tags its texts in many ways
+
+
+def test_inputs_are_the_batch_fields_the_encoder_reads(exported):
+    """The lattice's words and heads/tails are graph inputs of FLAT; the LM's ids of LM + CRF."""
+    names = {case: [i.name for i in load_pipeline(exported(case)[1]).session.get_inputs()] for case in ("flat", "lm")}
+    assert names["flat"] == ["char_ids", "bichar_ids", "mask", "word_ids", "word_heads", "word_tails", "word_mask"]
+    assert "lm_ids" in names["lm"] and "word_ids" not in names["lm"]
+    meta = json.loads((exported("flat")[1] / "nerkit.json").read_text())
+    assert meta["runtime"] == "onnx" and meta["onnx"]["outputs"] == ["tag_ids", "emissions"]
+    assert sorted(p.name for p in exported("flat")[1].iterdir()) == \
+        ["config.yaml", "lexicon.txt", "model.onnx", "nerkit.json", "vocab.json"]
+
+
+# ------------------------------------------------------------------------------------ the decode
+
+@pytest.mark.parametrize("tags", [["O", "B-PER", "I-PER", "B-LOC", "I-LOC"],
+                                  ["O", "B-PER", "I-PER", "E-PER", "S-PER", "B-LOC", "I-LOC", "E-LOC", "S-LOC"]],
+                         ids=["bio", "bioes"])
+def test_viterbi_graph_equals_the_crf_decode(tags):
+    """The Loop-over-time Viterbi against CRF.decode on random emissions and masks: mixed lengths, a
+    batch of one-token sentences, all lengths equal; -1 at padding; every path valid."""
+    import onnxruntime
+
+    generator = torch.Generator().manual_seed(0)
+    crf = CRF(tags)
+    with torch.no_grad():
+        for p in crf.parameters():
+            p.copy_(torch.randn(p.shape, generator=generator) * 3.0)
+    start, trans, end = (t.detach().numpy() for t in crf._masked_scores(float("-inf")))
+    session = onnxruntime.InferenceSession(viterbi_model(start, trans, end).SerializeToString())
+    rng = np.random.default_rng(0)
+    batches = [[7, 1, 3, 12, 5], [1], [1, 1, 1], [6, 6, 6, 6], [2, 9]] + \
+        [list(rng.integers(1, 20, rng.integers(1, 9))) for _ in range(15)]
+    for lengths in batches:
+        width = max(lengths)
+        emissions = torch.randn(len(lengths), width, len(tags), generator=generator) * 4
+        mask = torch.arange(width)[None, :] < torch.tensor(lengths)[:, None]
+        got = session.run(None, {"emissions": emissions.numpy(), "mask": mask.numpy()})[0]
+        assert [row[:n].tolist() for row, n in zip(got, lengths)] == crf.decode(emissions, mask)
+        assert (got[~mask.numpy()] == -1).all()
+
+
+# ------------------------------------------------------------------------------------ the commands
+
+def test_predict_and_eval_on_the_export_give_the_originals_output(exported, nerkit, tmp_path):
+    model_dir, onnx_dir = exported("bilstm")
+    source = tmp_path / "texts.txt"
+    source.write_text("\n".join(dev_texts() + ["", "刘洋去天元集团参观了。" * 30]) + "\n", encoding="utf-8")
+    for args in (["predict", str(source)], ["predict", str(source), "--format", "conll", "--window", "20"],
+                 ["eval", "--data", str(TINY_DEV), "--json", "--errors"]):
+        original = nerkit(*args, "--model", str(model_dir)).stdout
+        assert nerkit(*args, "--model", str(onnx_dir)).stdout == original
+    assert json.loads(nerkit("eval", "--data", str(TINY_DEV), "--json", "--model", str(onnx_dir)).stdout)["f1"] >= 0
+
+
+def test_an_exported_model_predicts_without_importing_torch(exported, tmp_path):
+    """`nerkit predict`, `nerkit eval` and `nerkit.load` in a fresh process: torch is never imported."""
+    onnx_dir = exported("flat")[1]
+    source = tmp_path / "texts.txt"
+    source.write_text("张伟在北京工作。\n清华大学\n", encoding="utf-8")
+    check = ("import atexit, sys; atexit.register(lambda: print('torch imported:', 'torch' in sys.modules, "
+             "file=sys.stderr)); sys.argv = ['nerkit'] + sys.argv[1:]; from nerkit.cli.app import main; main()")
+    for args in (["predict", "--model", str(onnx_dir), str(source)],
+                 ["eval", "--model", str(onnx_dir), "--data", str(TINY_DEV)]):
+        done = subprocess.run([sys.executable, "-c", check, *args], capture_output=True, text=True, cwd=REPO)
+        assert done.returncode == 0, done.stderr
+        assert "torch imported: False" in done.stderr
+    api = (f"import sys, nerkit; p = nerkit.load({str(onnx_dir)!r}); print(p.predict('张伟在北京工作。')); "
+           f"p.evaluate({str(TINY_DEV)!r}); assert 'torch' not in sys.modules")
+    done = subprocess.run([sys.executable, "-c", api], capture_output=True, text=True, cwd=REPO)
+    assert done.returncode == 0, done.stderr
+
+
+def test_int8_export_runs_and_keeps_most_tags(exported, tmp_path):
+    model_dir, _ = exported("tener")
+    summary = export_model(model_dir, tmp_path / "int8", quantize="int8")
+    assert summary["quantize"] == "int8" and summary["same_tags"] >= 0.5, summary
+    pipe, quantized = Pipeline.load(model_dir), load_pipeline(tmp_path / "int8")
+    texts = dev_texts()
+    same = sum(a == b for a, b in zip(quantized.predict(texts), pipe.predict(texts)))
+    assert same >= len(texts) // 2  # mostly, not always, the same
+
+
+def test_what_cannot_be_exported_is_a_user_error(exported, tmp_path):
+    config = build_config(tiny_raw_config(), "<tiny config>",
+                          ["encoder.name=tener", "encoder.memory=8", "encoder.segment=8", *TRANSFORMER])
+    scrambled(config).save(tmp_path / "memory")
+    with pytest.raises(UserError, match="memory"):
+        export_model(tmp_path / "memory", tmp_path / "out")
+    with pytest.raises(UserError, match="already an ONNX export"):
+        export_model(exported("bilstm")[1], tmp_path / "again")
+    with pytest.raises(UserError, match="quantisation"):
+        export_model(exported("bilstm")[0], tmp_path / "x", quantize="int4")
+
+
+def test_the_cli_choices_are_the_exporters():
+    assert typing.get_args(ExportFormat) == FORMATS and typing.get_args(Quantize) == QUANTIZE
