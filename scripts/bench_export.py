@@ -1,7 +1,9 @@
 """PyTorch against its ONNX export, side by side (issue 30, section 2): for each runtime, in a fresh
 process of its own, the model is loaded and evaluated on a gold file (the one evaluation path), and
 the script reports F1, prediction speed in characters per second (loading excluded), the time to
-load, and the process's peak resident memory (loading included; an ONNX process never imports torch).
+load, and the process's peak resident memory (loading included; an ONNX process never imports torch);
+then, in one process, how many sentences of the file get exactly the PyTorch model's tags from each
+export, and the largest difference of their emissions.
 
     python scripts/bench_export.py --model runs/msra_bilstm [--onnx DIR] [--int8 DIR]
         [--data ${NERKIT_DATA}/msra/test.char.bmes] [--threads 1] [--batch-size 128] [--repeat 3] [--bf16]
@@ -55,6 +57,28 @@ def measure(model: str, data: str, threads: int, batch_size: int, repeat: int, b
             "torch_imported": "torch" in sys.modules, "threads": threads, "nerkit": nerkit.__version__}
 
 
+def agreement(model: str, exports: list[str], data: str, batch_size: int) -> dict:
+    """Each export's graph against the PyTorch model on every sentence of `data`, in batches of
+    similar lengths: the sentences whose tag sequences are identical, the largest emission difference."""
+    from nerkit.data.splits import read_gold
+    from nerkit.features.padding import bucketed_batches
+    from nerkit.inference.loading import load_pipeline
+    from nerkit.tools.export import compare
+
+    pipe = load_pipeline(model, threads=0)
+    tokens = [s.tokens for s in read_gold(data, pipe.config.data.repair, "").sentences]
+    found = {"sentences": len(tokens)}
+    for export in exports:
+        session = load_pipeline(export, threads=0).session
+        same = difference = 0.0
+        for idx in bucketed_batches([len(t) for t in tokens], batch_size):
+            result = compare(pipe, session, [tokens[i] for i in idx])
+            same += result["same_tags"] * result["sentences"]
+            difference = max(difference, result["max_emission_difference"])
+        found[export] = {"identical_tags": int(round(same)), "max_emission_difference": difference}
+    return found
+
+
 def run_worker(model: str, args, bf16: bool = False) -> dict:
     command = [sys.executable, __file__, "--worker", "--model", model, "--data", args.data, "--threads", str(args.threads),
                "--batch-size", str(args.batch_size), "--repeat", str(args.repeat)] + (["--bf16"] if bf16 else [])
@@ -91,6 +115,8 @@ def main() -> None:
         [run_worker(onnx, args), run_worker(int8, args)]
     for row in rows:
         print(json.dumps(row))
+    agreed = agreement(model, [onnx, int8], args.data, args.batch_size)
+    print(json.dumps(agreed))
     base = rows[0]
     print(f"\n{Path(args.data).name}, {base['chars']:,} characters, {args.threads} thread(s), batch {args.batch_size}\n")
     print("| runtime | F1 | chars/s | vs PyTorch | load (s) | peak RSS (MiB) | torch imported |")
@@ -99,6 +125,10 @@ def main() -> None:
     for name, row in zip(names, rows):
         print(f"| {name} | {row['f1']:.2f} | {row['chars_per_s']:,} | {row['chars_per_s'] / base['chars_per_s']:.2f}x "
               f"| {row['load_s']:.2f} | {row['peak_rss_mib']:,} | {'yes' if row['torch_imported'] else 'no'} |")
+    for name, export in (("fp32", onnx), ("int8", int8)):
+        print(f"\n{name}: {agreed[export]['identical_tags']:,} of {agreed['sentences']:,} sentences with the PyTorch "
+              f"model's tags; emissions within {agreed[export]['max_emission_difference']:.1e}", end="")
+    print()
 
 
 if __name__ == "__main__":

@@ -294,7 +294,7 @@ def test_convert_from_cluener_names_the_record_of_a_token_conll_cannot_hold(writ
 def test_convert_format_choices_are_the_readers():
     from typing import get_args
 
-    from nerkit.cli.app import Source
+    from nerkit.cli.options import Source
     from nerkit.data.corpus import FORMATS
 
     assert get_args(Source) == FORMATS

@@ -12,7 +12,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from seqeval.metrics.sequence_labeling import get_entities
 
-from nerkit.data.corpus import Sentence, read_corpus, write_corpus
+from nerkit.data.corpus import read_corpus, write_corpus
+from nerkit.data.records import Sentence
 from nerkit.data.stats import corpus_stats
 from nerkit.data.tags import (
     SCHEMES,

@@ -583,3 +583,31 @@ def test_a_rank_that_stops_answering_ends_the_job_after_dist_timeout(config_file
     assert len(lost) == 1 and lost[0].startswith("nerkit: error: rank 0 "), result.stderr
     assert "Timed out" in lost[0] and "did not answer within train.dist_timeout = 3 s" in lost[0]
     assert took < 60, f"the job took {took:.0f} s to end"
+
+
+# ------------------------------------------------------------------------- prediction across ranks
+
+@pytest.mark.parametrize("lines, fmt", [(1800, "jsonl"), (1300, "label-studio")])
+def test_torchrun_predict_writes_what_one_process_writes(tiny_model_dir, tmp_path, lines, fmt):
+    """Two gloo processes each predict every other chunk (20,000 characters each) and rank 0 writes
+    them in input order: 1,800 lines of 40 characters are four chunks (two full rounds), 1,300 lines
+    three (the last round half full); the file is byte-identical to one process's."""
+    sentences = ["张三在北京大学读书。", "新华社记者在上海报道。", "李四来自广州。", "上"]
+    texts = tmp_path / "texts.txt"
+    texts.write_text("".join(sentences[i % 4] * (4 if i % 4 < 3 else 40) + "\n" for i in range(lines)), encoding="utf-8")
+    one, two = tmp_path / f"one.{fmt}", tmp_path / f"two.{fmt}"
+    done = run(nerkit("predict", "--model", tiny_model_dir, texts, "--format", fmt, "--output", one))
+    assert done.returncode == 0, done.stderr
+    both = run(torchrun("-m", "nerkit", "predict", "--model", tiny_model_dir, texts, "--format", fmt,
+                        "--output", two))
+    assert both.returncode == 0, both.stderr
+    assert two.read_bytes() == one.read_bytes()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary file left
+
+
+def test_torchrun_predict_needs_a_file_in_and_out(tiny_model_dir, tmp_path):
+    texts = tmp_path / "texts.txt"
+    texts.write_text("张三在北京。\n", encoding="utf-8")
+    done = run(torchrun("-m", "nerkit", "predict", "--model", tiny_model_dir, texts))
+    assert done.returncode != 0 and "nerkit: error: with several processes (torchrun) the output must be a file" in done.stderr
+    assert not package_traceback_lines(done.stderr)  # torchrun reports the failure; nerkit printed one line

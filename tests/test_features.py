@@ -123,7 +123,7 @@ def test_bucketed_batches_pad_far_less_than_random_batches_and_are_reproducible(
 
 def featurizer_for(tmp_path, tiny_config, *overrides, words="AB公司\n北京\n"):
     """A FLAT featuriser over a word list and one training sentence written in full-width letters."""
-    from nerkit.data.corpus import Sentence
+    from nerkit.data.records import Sentence
     from nerkit.data.tags import Span, scheme_tags
     from nerkit.features.featurizer import Featurizer
     from nerkit.features.lexicon import Lexicon

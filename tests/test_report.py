@@ -181,7 +181,7 @@ def test_a_model_without_training_history_still_gets_a_report(tiny_model_dir, go
 def test_the_command_line_offers_every_predict_format():
     import typing
 
-    from nerkit.cli.app import Format
+    from nerkit.cli.options import Format
     from nerkit.inference.formats import FORMATS
 
     assert typing.get_args(Format) == FORMATS

@@ -34,7 +34,8 @@ def adapt(
     """Continue masked-language-model training of an encoder on your text (domain adaptation)."""
     from nerkit.config import parse_duration
     from nerkit.device import set_threads
-    from nerkit.tools.lm_adapt import AdaptOptions, adapt as run
+    from nerkit.tools.lm_adapt import AdaptOptions
+    from nerkit.tools.lm_adapt import adapt as run
 
     set_threads(threads)
     options = AdaptOptions(steps=steps, batch_size=batch_size, lr=lr, whole_word=whole_word, max_len=max_len,

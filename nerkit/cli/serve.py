@@ -7,15 +7,12 @@ and micro-batching are described in docs/serving.md.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal, Optional
+from typing import Optional
 
 import typer
 
-from nerkit.config import DEVICES
+from nerkit.cli.options import DEVICE, WINDOW, Device
 from nerkit.errors import UserError
-
-# As `nerkit predict`'s options of the same names (nerkit/cli/app.py, which imports this module).
-Device = Literal[DEVICES]
 
 
 def serve(
@@ -26,12 +23,10 @@ def serve(
                              "which the log shows)."),
     workers: int = typer.Option(1, "--workers", min=1, help="Server processes, each holding a copy of the "
                                 "model and its own queue; the connections are spread over them (1 = this process)."),
-    device: Device = typer.Option("cpu", "--device", help="Where the model runs."),
+    device: Device = DEVICE,
     threads: int = typer.Option(0, "--threads", min=0, help="torch threads in all, shared out among the "
                                 "workers (0 = the cores free when nerkit starts; with --workers, one per core)."),
-    window: Optional[int] = typer.Option(None, "--window", min=0, help="Read a text longer than N characters "
-                                         "in overlapping windows of N (default: the model's, as nerkit predict; "
-                                         "0 = each text whole)."),
+    window: Optional[int] = WINDOW,
     batch_size: int = typer.Option(64, "--batch-size", min=1, help="Sentences per model batch."),
     max_batch_chars: int = typer.Option(8192, "--max-batch-chars", min=0, help="Micro-batching: requests "
                                         "that wait together are predicted as one batch of up to N characters "

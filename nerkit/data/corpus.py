@@ -14,7 +14,7 @@ import re
 from pathlib import Path
 
 from nerkit.data import annotation
-from nerkit.data.records import (  # Sentence, Corpus and the decoders: importable from here as well
+from nerkit.data.records import (
     SPANS,
     Corpus,
     Sentence,
@@ -26,7 +26,6 @@ from nerkit.data.records import (  # Sentence, Corpus and the decoders: importab
     _read_records,
     _shown,
     _text_of,
-    decode_utf8,
     nul_error,
 )
 from nerkit.data.tags import (
@@ -37,7 +36,6 @@ from nerkit.data.tags import (
     detect_scheme,
     spans_to_tags,
     spread_tag,
-    tags_to_spans,
     transition_problems,
 )
 from nerkit.errors import CorpusError, did_you_mean

@@ -9,7 +9,8 @@ import random
 from dataclasses import dataclass
 
 from nerkit.config import Config
-from nerkit.data.corpus import REPAIR_OPTION, Corpus, Sentence, read_corpus
+from nerkit.data.corpus import REPAIR_OPTION, read_corpus
+from nerkit.data.records import Corpus, Sentence
 from nerkit.data.stats import sha256_file
 from nerkit.data.tags import continues
 from nerkit.data.text import SPACE, split_sentence

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import unicodedata
 
-from nerkit.data.corpus import Sentence
+from nerkit.data.records import Sentence
 from nerkit.data.tags import Span
 
 SPACE = " "  # what every whitespace character (tab, U+3000, a line break, ...) is to the model

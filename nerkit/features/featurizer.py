@@ -9,7 +9,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from nerkit.data.corpus import Sentence
+from nerkit.data.records import Sentence
 from nerkit.data.tags import detect_scheme, spans_to_tags
 from nerkit.data.text import SPACE, bigrams, normalize_char
 from nerkit.errors import ModelDirError

@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 
 from nerkit.data import annotation
-from nerkit.data.corpus import Sentence
+from nerkit.data.records import Sentence
 from nerkit.data.tags import Span, spans_to_tags
 from nerkit.version import __version__
 

@@ -14,13 +14,18 @@ from pathlib import Path
 from typing import Iterable
 
 from nerkit.config import Config, build_config
-from nerkit.data.corpus import Sentence
+from nerkit.data.records import Sentence
 from nerkit.data.splits import read_gold
 from nerkit.data.tags import Span, split_tag, tags_to_spans
 from nerkit.errors import ModelDirError, UserError
 from nerkit.features.featurizer import Example, Featurizer
 from nerkit.inference.evaluate import errors, score
-from nerkit.inference.model_dir import FORMAT_VERSION, MODEL_FILES, _read_json, check_model_dir
+from nerkit.inference.model_dir import (
+    FORMAT_VERSION,
+    MODEL_FILES,
+    _read_json,
+    check_model_dir,
+)
 from nerkit.inference.windows import check_window, stitch, text_windows
 
 log = logging.getLogger(__name__)

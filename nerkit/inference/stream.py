@@ -23,10 +23,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO, Iterable, Iterator
 
-from nerkit.data.corpus import decode_utf8, nul_error
+from nerkit.data.records import decode_utf8, nul_error
 from nerkit.errors import UserError
 from nerkit.files import WRITE_ERRNOS, atomic_file, check_output
 from nerkit.inference.formats import FORMATS, output_frame, predict_chunk
+from nerkit.inference.ranks import Ranks, check_ranked, predicted_by_ranks
 from nerkit.inference.windows import check_window
 from nerkit.inference.workers import Workers, predictor
 
@@ -178,16 +179,28 @@ def predict_file(model: str | Path, source: str, output: str | None, fmt: str = 
     `predict_stream` with the model in this process or in `workers` processes. SIGTERM ends it as
     Ctrl-C does (`sigterm_as_exit`). Returns the number of records written."""
     check_paths(source, output)
+    ranks = Ranks.from_env()  # torchrun's processes, on this machine or several
+    if ranks is not None:
+        check_ranked(source, output)
+        workers = 1  # a rank is one process; add ranks rather than workers
     with sigterm_as_exit(), predictor(model, device, threads, workers, window) as pipe:
-        return predict_stream(pipe, source, output, fmt, batch_size, window=window)
+        if ranks is None:
+            return predict_stream(pipe, source, output, fmt, batch_size, window=window)
+        ranks.start()
+        try:
+            return predict_stream(pipe, source, output, fmt, batch_size, window=window, ranks=ranks)
+        finally:
+            ranks.stop()
 
 
 def predict_stream(pipe, source: str, output: str | None, fmt: str = "jsonl", batch_size: int = 64,
-                   chunk_chars: int = CHUNK_CHARS, progress: bool | None = None, window: int | None = None) -> int:
+                   chunk_chars: int = CHUNK_CHARS, progress: bool | None = None, window: int | None = None,
+                   ranks: Ranks | None = None) -> int:
     """Predict every line of `source` (a path, or '-' for stdin) into `output` (a path, or stdout)
     with `pipe`: a Pipeline, or `nerkit.inference.workers.Workers` (processes that each hold one; the output
-    is the same). `window`: the prediction window (None: the model's, `Pipeline.window`). Returns
-    the number of records written."""
+    is the same). `window`: the prediction window (None: the model's, `Pipeline.window`). With
+    `ranks` (torchrun), each rank predicts its share of the chunks and rank 0 alone writes them, in
+    input order (nerkit.inference.ranks). Returns the number of records written."""
     if fmt not in FORMATS:
         raise UserError(f"unknown output format {fmt!r}", fix=f"use one of {', '.join(FORMATS)}")
     if batch_size < 1:
@@ -202,12 +215,19 @@ def predict_stream(pipe, source: str, output: str | None, fmt: str = "jsonl", ba
                disable=(source == STDIN or not sys.stderr.isatty()) if progress is None else not progress)
     written = 0
     try:
+        if ranks is not None and not ranks.main:  # its chunks go to rank 0, which writes
+            chunks = _chunks(_lines(stream, source), chunk_chars)
+            for _ in predicted_by_ranks(pipe, chunks, fmt, batch_size, window, ranks):
+                pass
+            return 0
         with _sink(output) as sink:
             # html's page and label-studio's JSON array: their start, the records as they come, their end
             start, separator, end = (part.encode("utf-8") for part in output_frame(fmt))
             sink.write(start)
             chunks = _chunks(_lines(stream, "<stdin>" if source == STDIN else source), chunk_chars)
-            for data, records, size in _predicted(pipe, chunks, fmt, batch_size, window):
+            produced = (_predicted(pipe, chunks, fmt, batch_size, window) if ranks is None
+                        else predicted_by_ranks(pipe, chunks, fmt, batch_size, window, ranks))
+            for data, records, size in produced:
                 if written and separator:  # a chunk holds its records' separators, not the one before it
                     sink.write(separator)
                 sink.write(data)

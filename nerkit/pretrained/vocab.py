@@ -12,6 +12,7 @@ from pathlib import Path
 from nerkit.data.text import normalize_char
 from nerkit.errors import UserError
 
+
 class CharVocab:
     """One id per character, memoised: a subclass says how a character is looked up (`_lookup`)
     and what decides its ids (`_identity`, JSON-able, hashed by `fingerprint`)."""

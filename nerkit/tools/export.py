@@ -33,7 +33,12 @@ from nerkit.files import atomic_directory, atomic_write_text
 from nerkit.inference.model_dir import ONNX_FILE, _read_json, runtime
 from nerkit.inference.pipeline import Pipeline
 from nerkit.model.tagger import Tagger
-from nerkit.tools.onnx_graphs import OPSET, lattice_score_nodes, sort_nodes, viterbi_nodes
+from nerkit.tools.onnx_graphs import (
+    OPSET,
+    lattice_score_nodes,
+    sort_nodes,
+    viterbi_nodes,
+)
 
 log = logging.getLogger(__name__)
 
@@ -206,9 +211,8 @@ def build_graph(pipe: Pipeline):
 def quantize_int8(source: Path, target: Path) -> None:
     """ONNX Runtime's dynamic int8 quantisation of the linear layers (MatMul and Gemm with constant
     weights): weights stored as int8, activations quantised per batch as they come."""
-    from onnxruntime.quantization import QuantType, quantize_dynamic
-
     import onnx
+    from onnxruntime.quantization import QuantType, quantize_dynamic
 
     root = logging.getLogger()
     level = root.level

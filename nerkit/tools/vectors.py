@@ -31,7 +31,8 @@ def read_texts(path: str | Path) -> list[str]:
     extension .jsonl/.json; CoNLL char-per-line when each of its first 50 non-blank lines is
     `token ... TAG` with an O or B-/I-/M-/E-/S- tag); any other file is plain UTF-8 text, one text per
     non-blank line."""
-    from nerkit.data.corpus import _decode, _read_bytes, read_corpus
+    from nerkit.data.corpus import read_corpus
+    from nerkit.data.records import _decode, _read_bytes
 
     path, data = _read_bytes(path)
     text = _decode(path, data)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 from nerkit.config import RESUMABLE_KEYS, Config, config_to_yaml, load_config
@@ -90,3 +91,18 @@ def resume_config(out: str | Path, overrides: list[str] = ()) -> Config:
             raise UserError(f"--set {key} cannot change when resuming", where=str(path),
                             fix=f"a resumed run may change only {', '.join(sorted(RESUMABLE_KEYS))}")
     return load_config(path, overrides)
+
+
+def run_config(config: str | Path | None, resume: str | Path | None, overrides: list[str] = (),
+               out: str | Path | None = None) -> Config:
+    """The config a `nerkit train` runs: the file's (`config`) or, to continue a run, the one saved
+    in `resume`, with `overrides`; its output_dir is `out`, else the resumed run's, else its own."""
+    if resume is not None:
+        if config is not None:
+            raise UserError("--resume continues a run with its saved config", fix="drop --config when resuming")
+        loaded, out = resume_config(resume, list(overrides)), resume
+    elif config is None:
+        raise UserError("no config given", fix="pass --config FILE (e.g. configs/demo.yaml) or --resume DIR")
+    else:
+        loaded = load_config(config, list(overrides))
+    return loaded if out is None else replace(loaded, output_dir=str(out))

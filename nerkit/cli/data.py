@@ -1,0 +1,79 @@
+"""`nerkit data`: inspect, check and convert corpus files (nerkit.data)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from nerkit.cli.options import (
+    Source,
+    Target,
+    echo_json,
+    flag,
+)
+
+data_app = typer.Typer(no_args_is_help=True, help="Inspect, check and convert corpus files.")
+
+
+@data_app.command("stats")
+def data_stats(
+    files: List[Path] = typer.Argument(..., help="Corpus files."),
+    as_json: bool = flag("--json", help="Print JSON."),
+):
+    """Sentences, characters, entities per type, lengths, scheme, invalid transitions, sha256.
+    A file that cannot be read gets one error line; the others are still reported (exit 2)."""
+    from nerkit.data.stats import files_stats, format_stats
+
+    stats, failures = files_stats(files)
+    if as_json:
+        echo_json(stats)
+    elif stats:
+        typer.echo("\n\n".join(format_stats(s) for s in stats))
+    for error in failures:
+        print(f"nerkit: error: {error}", file=sys.stderr)
+    if failures:
+        raise typer.Exit(2)
+
+
+@data_app.command("validate")
+def data_validate(
+    file: Path = typer.Argument(..., help="Corpus file."),
+    repair: Optional[Path] = typer.Option(None, "--repair", help="Write a repaired copy here."),
+):
+    """Check a corpus strictly and list its errors (the first 20, and how many); with --repair OUT,
+    fix invalid transitions, split tokens of several characters, and write the result."""
+    from nerkit.data.corpus import read_corpus, scheme_label, write_corpus
+
+    corpus = read_corpus(file, repair=repair is not None, max_errors=20,
+                         repair_option="pass --repair OUT for a repaired copy")
+    if repair is not None:
+        write_corpus(repair, corpus.sentences, "jsonl" if repair.suffix in (".jsonl", ".json") else corpus.scheme, file)
+        split = f", split {corpus.split_tokens} tokens of several characters" if corpus.split_tokens else ""
+        typer.echo(f"{file}: repaired {corpus.repaired} tags ({corpus.invalid_transitions} invalid transitions){split}; "
+                   f"wrote {repair}")
+    else:
+        typer.echo(f"{file}: OK, {len(corpus.sentences)} sentences, {scheme_label(corpus.labels)}, "
+                   f"types {', '.join(corpus.types) or '-'}")
+
+
+@data_app.command("convert")
+def data_convert(
+    source: Path = typer.Argument(..., help="Input corpus (CoNLL or .jsonl; others with --from)."),
+    target: Path = typer.Argument(..., help="Output file."),
+    to: Target = typer.Option(..., "--to", help="Target tag scheme or format (doccano: its JSONL; label-studio: "
+                              "its JSON, a task with one annotation per sentence)."),
+    from_: Source = typer.Option("auto", "--from", help="Input format: auto (.jsonl and .json are JSON lines, "
+                                 "anything else CoNLL), CLUENER's JSON (cluener), doccano's JSONL export (doccano) "
+                                 "or Label Studio's JSON export (label-studio)."),
+    repair: bool = flag("--repair", help="Fix invalid transitions and split tokens of several characters "
+                        "while reading."),
+):
+    """Convert between tag schemes and formats."""
+    from nerkit.data.corpus import read_corpus, write_corpus
+
+    corpus = read_corpus(source, repair=repair, fmt=from_)
+    write_corpus(target, corpus.sentences, to, source, from_)
+    typer.echo(f"{source} ({corpus.labels}) -> {target} ({to}), {len(corpus.sentences)} sentences")

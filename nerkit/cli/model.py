@@ -1,0 +1,94 @@
+"""The commands that use a trained model: `nerkit eval` (scores on a gold corpus), `nerkit predict`
+(tag a text file) and `nerkit report` (an HTML page of the errors)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from nerkit.cli.options import (
+    DEVICE,
+    THREADS,
+    WINDOW,
+    Device,
+    Format,
+    flag,
+)
+
+
+def evaluate(
+    model: Path = typer.Option(..., "--model", "-m", help="Model directory."),
+    data: Path = typer.Option(..., "--data", "-d", help="Gold corpus (CoNLL or .jsonl)."),
+    output: Optional[Path] = typer.Option(None, "--output", help="Write `char gold predicted` lines here."),
+    as_json: bool = flag("--json", help="Print the metrics as JSON."),
+    batch_size: int = typer.Option(128, "--batch-size", min=1, help="Sentences per batch."),
+    repair: Optional[bool] = flag("--repair/--no-repair", default=None, help="Read invalid tag transitions as "
+                                  "conlleval does (default: as the model's training data was read)."),
+    device: Device = DEVICE,
+    threads: int = THREADS,
+    show_errors: bool = flag("--errors", help="Also break the errors down by type: wrong type, "
+                             "wrong boundary, both, missed, spurious."),
+    window: Optional[int] = WINDOW,
+):
+    """Entity-level precision, recall and F1 of a model on a gold corpus."""
+    from nerkit.files import atomic_write_text, check_output
+    from nerkit.inference.evaluate import format_errors, format_table
+    from nerkit.inference.formats import eval_output
+    from nerkit.inference.loading import load_pipeline
+
+    if output:
+        check_output(output, data)  # before the evaluation: a wrong path costs no wait
+    pipe = load_pipeline(model, device, threads)  # an ONNX export (`nerkit export`) runs without torch
+    result = pipe.evaluation(data, batch_size, repair=repair, with_errors=show_errors, window=window)
+    if output:
+        atomic_write_text(output, eval_output(result.sentences, result.predicted, result.scheme))
+    metrics = result.metrics
+    if as_json:
+        typer.echo(json.dumps(metrics))
+    else:
+        typer.echo(format_table(metrics))
+        if show_errors:
+            typer.echo("\n" + format_errors(metrics["errors"]))
+
+
+def predict(
+    source: str = typer.Argument("-", help="Text file, one text per line; - reads stdin."),
+    model: Path = typer.Option(..., "--model", "-m", help="Model directory."),
+    fmt: Format = typer.Option("jsonl", "--format", "-f", help="Output format (doccano, label-studio: "
+                               "pre-annotations to import into those tools)."),
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write here instead of stdout."),
+    batch_size: int = typer.Option(64, "--batch-size", min=1, help="Sentences per batch."),
+    device: Device = DEVICE,
+    threads: int = typer.Option(0, "--threads", min=0, help="torch threads in all, shared out among the "
+                                "workers (0 = one per core)."),
+    workers: int = typer.Option(1, "--workers", min=1, help="Processes that predict at once, each "
+                                "holding a copy of the model (1 = this process)."),
+    window: Optional[int] = WINDOW,
+):
+    """Tag every line of a text file (or stdin, a pipe, /dev/stdin)."""
+    from nerkit.inference.stream import predict_file
+
+    predict_file(model, source, str(output) if output else None, fmt, batch_size, device, threads, workers, window)
+
+
+def report(
+    model: Path = typer.Option(..., "--model", "-m", help="Model directory."),
+    data: Path = typer.Option(..., "--data", "-d", help="Gold corpus (CoNLL or .jsonl)."),
+    out: Path = typer.Option(..., "--out", "-o", help="The HTML page to write."),
+    batch_size: int = typer.Option(128, "--batch-size", min=1, help="Sentences per batch."),
+    repair: Optional[bool] = flag("--repair/--no-repair", default=None, help="Read invalid tag transitions as "
+                                  "conlleval does (default: as the model's training data was read)."),
+    device: Device = DEVICE,
+    threads: int = THREADS,
+):
+    """One self-contained HTML page: scores, training curves, entity-type confusions, the error
+    breakdown and every sentence with an error, filterable by type and kind."""
+    from nerkit.device import set_threads
+    from nerkit.tools.report import write_report
+
+    set_threads(threads)
+    metrics = write_report(model, data, out, batch_size, repair=repair, device=device)
+    typer.echo(f"wrote {out} (F1 {100 * metrics['f1']:.2f})")

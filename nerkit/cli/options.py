@@ -1,0 +1,40 @@
+"""Options and choices that several commands share, declared once: typer checks a Literal's values
+and an option's range, so no command validates them again."""
+
+from __future__ import annotations
+
+import json
+from typing import Literal
+
+import typer
+
+from nerkit.config import DEVICES
+
+# Options with a fixed set of values (typer turns a Literal into a choice that it checks).
+Device = Literal[DEVICES]
+
+# nerkit.inference.formats.FORMATS (a test keeps them equal)
+Format = Literal["jsonl", "conll", "inline", "html", "doccano", "label-studio"]
+
+Target = Literal["bio", "bioes", "bmes", "jsonl", "doccano", "label-studio"]
+
+# nerkit.data.corpus.FORMATS (a test keeps them equal)
+Source = Literal["auto", "conll", "jsonl", "cluener", "doccano", "label-studio"]
+
+
+def flag(*names: str, help: str, default: bool | None = False, **kwargs):
+    """A boolean option that --help shows as a plain flag (no metavar), not as one taking `<bool>`
+    (typer's own --help keeps its `<bool>`)."""
+    return typer.Option(default, *names, metavar="", help=help, **kwargs)
+
+
+DEVICE = typer.Option("cpu", "--device", help="Where the model runs.")
+
+THREADS = typer.Option(0, "--threads", min=0, help="torch threads (0 = the cores free when nerkit starts).")
+
+WINDOW = typer.Option(None, "--window", min=0, help="Read a text longer than N characters in overlapping windows "
+                      "of N (default: the longest training sentence, at most data.max_len; 0 = each text whole).")
+
+
+def echo_json(obj) -> None:
+    typer.echo(json.dumps(obj, ensure_ascii=False, indent=2))
