@@ -192,7 +192,9 @@ def _token_line(line: str, where: str, columns: int | None) -> list[str]:
 def _long_token(token: str, where: str, repair_option: str) -> CorpusError:
     # Offsets, vocabularies and language models count characters: a token of two would be read as
     # one position everywhere, and LAC's vocabulary cannot look it up at all.
-    return CorpusError(f"the token {_shown(token)} is longer than one character ({len(token)} characters); a char-per-line "
+    shown = _shown(token)
+    count = "" if "characters)" in shown else f" ({len(token):,} characters)"  # a long one says it already
+    return CorpusError(f"the token {shown} is longer than one character{count}; a char-per-line "
                        "file holds one character per line", where=where,
                        fix=f"put each character on its own line, or split the token into its characters, "
                            f"its tag spread over them: {repair_option}")

@@ -82,11 +82,13 @@ def max_length(pipe: Pipeline) -> int | None:
     or the rows of learned positions. Longer texts are read in prediction windows of this size."""
     limits = []
     if pipe.model.lm is not None:
-        window = getattr(pipe.model.lm, "window", None)
-        if window is None:
-            raise UserError("this model's language model (LAC-small) cannot be exported to ONNX yet",
+        from nerkit.pretrained.bert import LMEmbedder
+
+        if not isinstance(pipe.model.lm, LMEmbedder):
+            raise UserError(f"this model's language model ({type(pipe.model.lm).__name__}) cannot be exported to "
+                            "ONNX yet: only a character-level BERT-style one can",
                             fix="export a model without embeddings.lm, or with a BERT-style one")
-        limits.append(window)
+        limits.append(pipe.model.lm.window)
     options = pipe.config.encoder.options
     if getattr(options, "attention", None) == "learned":
         limits.append(options.max_positions)
@@ -153,12 +155,18 @@ def trace_emissions(pipe: Pipeline, limit: int | None):
     batch, length = torch.export.Dim("batch"), torch.export.Dim("length", max=limit) if limit else torch.export.Dim("length")
     words = torch.export.Dim("words")
     dynamic = {name: {0: batch, 1: words if name in LATTICE_INPUTS else length} for name in names}
+    exporter_log = logging.getLogger("torch.onnx")
+    level = exporter_log.level
+    exporter_log.setLevel(logging.ERROR)  # "torchvision is not installed", on every export
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the exporter's notes on its own internals
-        program = torch.onnx.export(EmissionGraph(model), (), kwargs=inputs, input_names=names,
-                                    output_names=["emissions"], dynamic_shapes=dynamic, dynamo=True,
-                                    opset_version=OPSET, custom_translation_table=_translations(),
-                                    verbose=False)
+        try:
+            program = torch.onnx.export(EmissionGraph(model), (), kwargs=inputs, input_names=names,
+                                        output_names=["emissions"], dynamic_shapes=dynamic, dynamo=True,
+                                        opset_version=OPSET, custom_translation_table=_translations(),
+                                        verbose=False)
+        finally:
+            exporter_log.setLevel(level)
     return program.model_proto
 
 
