@@ -414,3 +414,20 @@ def test_loading_a_config_imports_no_torch():
     configs = sorted(str(p) for p in (REPO / "configs").glob("*.yaml"))
     result = subprocess.run([sys.executable, "-c", code, *configs], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("path", sorted((REPO / "configs").glob("*.yaml")), ids=lambda p: p.stem)
+def test_every_shipped_config_carries_to_a_corpus_a_tenth_its_size(path, monkeypatch):
+    """Issue 29: the MSRA LM configs' `warmup_steps: 830` exceeded a whole run on a 3,800-sentence
+    corpus. A warm-up given as a fraction of the run's steps never takes half of them, whatever the
+    corpus: checked for a tenth of MSRA's training sentences (and of the demo's)."""
+    from nerkit.config import load_config
+    from nerkit.training.schedule import LONG_WARMUP, warmup_steps
+
+    monkeypatch.setenv("NERKIT_DATA", "data")
+    config = load_config(path)
+    sentences = (46_364 if "msra" in path.stem else 20_864 if "peopledaily" in path.stem else 200) // 10
+    steps = -(-round(sentences * (1 - config.data.dev_split)) // config.train.batch_size) * config.train.epochs
+    if config.train.max_steps:
+        steps = min(steps, config.train.max_steps)
+    assert warmup_steps(config, steps) < LONG_WARMUP * steps, (path.name, warmup_steps(config, steps), steps)

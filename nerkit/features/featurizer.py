@@ -5,6 +5,7 @@ Batches of them are nerkit.features.batch's."""
 
 from __future__ import annotations
 
+import copy
 from collections import Counter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -138,6 +139,12 @@ class Featurizer:
     def to_json(self) -> dict:
         return {"chars": self.chars.tokens, "bichars": self.bichars.tokens, "tags": self.tags,
                 "words": self.words.tokens if self.words is not None else None}
+
+    def with_lm_vocab(self, lm_vocab) -> "Featurizer":
+        """This featuriser, giving each example a language model's ids too (`lm_vocab.ids(chars)`)."""
+        other = copy.copy(self)
+        other.lm_vocab = lm_vocab
+        return other
 
     @classmethod
     def from_json(cls, config, vocab: dict, lexicon: Lexicon | None, where: str, lm_vocab=None) -> "Featurizer":

@@ -38,8 +38,10 @@ class Pipeline(Predictor):
     `Tagger`, and the directory itself (`save`, `load`)."""
 
     def __init__(self, config: Config, featurizer: Featurizer, device: str | torch.device = "cpu", lm=None):
-        """`lm`: the `nerkit.pretrained.base.CharFeatures` whose features join the embeddings (its vocabulary is the
-        featuriser's `lm_vocab`), or None."""
+        """`lm`: the `nerkit.pretrained.base.CharFeatures` whose features join the embeddings, or None.
+        It is handed over here alone: the model gets the module and the featuriser its vocabulary."""
+        if lm is not None:
+            featurizer = featurizer.with_lm_vocab(lm.vocab)
         super().__init__(config, featurizer)
         self.model = Tagger(config, **featurizer.sizes(), lm=lm)
         self.device = torch.device(device)
@@ -106,8 +108,7 @@ class Pipeline(Predictor):
             from nerkit.pretrained.loading import load_saved_lm
 
             lm = load_saved_lm(directory)
-        featurizer = Featurizer.from_json(config, vocab, lexicon, where=str(directory / "vocab.json"),
-                                          lm_vocab=lm.vocab if lm is not None else None)
+        featurizer = Featurizer.from_json(config, vocab, lexicon, where=str(directory / "vocab.json"))
         pipe = cls(config, featurizer, device=resolve_device(device), lm=lm)
         pipe.train_max_len = found.train_max_len
         pipe.directory = directory

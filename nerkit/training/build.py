@@ -45,7 +45,7 @@ def build_pipeline(config: Config, splits: Splits, device: torch.device | str = 
                  f"{'fine-tuned' if emb.lm.finetune else 'frozen'}, layers {emb.lm.layers}")
     extra = {kind: v.words for kind, v in vectors.items()} if emb.vectors_keep == "all" else {}
     featurizer = Featurizer.build(config, splits.train, scheme_tags(splits.types, splits.scheme), lexicon,
-                                  lm.vocab if lm is not None else None, extra)
+                                  extra=extra)
     if lexicon is not None:
         log.info(f"lexicon: {len(lexicon)} words; {len(featurizer.counts['word'])} of them occur in the training data")
     pipe = Pipeline(config, featurizer, device, lm)
