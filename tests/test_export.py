@@ -186,9 +186,11 @@ def test_an_exported_model_predicts_without_importing_torch(exported, tmp_path):
     assert done.returncode == 0, done.stderr
 
 
-def test_int8_export_runs_and_keeps_most_tags(exported, tmp_path):
+def test_int8_export_runs_and_keeps_most_tags(exported, nerkit, tmp_path):
+    """`nerkit export --quantize int8`, through the command line."""
     model_dir, _ = exported("tener")
-    summary = export_model(model_dir, tmp_path / "int8", quantize="int8")
+    summary = json.loads(nerkit("--quiet", "export", "--model", str(model_dir), "--out", str(tmp_path / "int8"),
+                                "--quantize", "int8").stdout)
     assert summary["quantize"] == "int8" and summary["same_tags"] >= 0.5, summary
     pipe, quantized = Pipeline.load(model_dir), load_pipeline(tmp_path / "int8")
     texts = dev_texts()
