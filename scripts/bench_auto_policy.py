@@ -23,11 +23,14 @@ import time
 from pathlib import Path
 
 HOG = """
-import sys, time
+import signal, sys, time
+signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
 end = time.time() + float(sys.argv[1]); n = 0; started = time.time()
-while time.time() < end:
-    n += 1
-print(n / (time.time() - started))
+try:
+    while time.time() < end:
+        n += 1
+finally:
+    print(n / (time.time() - started), flush=True)
 """
 
 
