@@ -269,6 +269,20 @@ def test_the_records_are_those_of_nerkit_predict(server, expected):
     assert post(server.url, json={"texts": []}).json() == {"records": []}
 
 
+def test_an_exported_model_is_served_on_onnx_runtime_with_the_same_records(tiny_model_dir, tmp_path, expected):
+    """Issue 30: `nerkit serve` runs what `nerkit export` wrote (ONNX Runtime, found from its
+    nerkit.json), and answers what `nerkit predict` writes with the PyTorch model."""
+    pytest.importorskip("onnxruntime")
+    exported = tmp_path / "onnx"
+    done = subprocess.run([sys.executable, "-m", "nerkit", "--quiet", "export", "--model", str(tiny_model_dir),
+                           "--out", str(exported)], cwd=REPO, capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr
+    with serving(exported, tmp_path) as running:
+        assert post(running.url, json={"texts": TEXTS}).json() == {"records": expected}
+        info = httpx.get(f"{running.url}/info", timeout=TIMEOUT).json()
+    assert info["runtime"] == "onnx" and len(info["model_sha256"]) == 64
+
+
 def test_sixteen_concurrent_clients_get_their_own_records(server, expected):
     """16 clients x 5 requests, each of a different slice of the texts, all at once."""
     def client(number: int) -> list[tuple[int, dict, list[dict]]]:

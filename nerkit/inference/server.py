@@ -27,7 +27,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-import torch
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
@@ -38,7 +37,7 @@ from nerkit.data.stats import sha256_file
 from nerkit.errors import UserError, did_you_mean
 from nerkit.inference.batcher import Batcher, QueueFull
 from nerkit.inference.formats import predict_records
-from nerkit.inference.pipeline import Pipeline
+from nerkit.inference.loading import load_pipeline
 from nerkit.version import __version__
 
 log = logging.getLogger(__name__)
@@ -206,8 +205,10 @@ def create_app(model_dir: str | Path, options: ServeOptions | None = None) -> Fa
     stopping answers every request already queued."""
     options = options or ServeOptions()
     model_dir = Path(model_dir)
-    pipe = Pipeline.load(model_dir, device=options.device)
+    pipe = load_pipeline(model_dir, options.device, options.threads)  # an export runs on ONNX Runtime, no torch
     window = pipe.check_window(options.window)
+    weights = next((model_dir / name for name in ("model.safetensors", "model.onnx") if (model_dir / name).is_file()),
+                   model_dir / "model.safetensors")
     batcher = Batcher(lambda texts: predict_records(pipe, texts, options.batch_size, window),
                       options.max_batch_chars, options.max_wait_ms / 1000, options.max_queue)
     info = {
@@ -216,9 +217,10 @@ def create_app(model_dir: str | Path, options: ServeOptions | None = None) -> Fa
         "scheme": pipe.scheme,
         "encoder": pipe.config.encoder.name,
         "window": window,
-        "model_sha256": sha256_file(model_dir / "model.safetensors"),
+        "runtime": "onnx" if weights.suffix == ".onnx" else "torch",
+        "model_sha256": sha256_file(weights),
         "config": config_to_dict(pipe.config),
-        "serve": {**dataclasses.asdict(options), "window": window, "threads": torch.get_num_threads(),
+        "serve": {**dataclasses.asdict(options), "window": window,
                   "pid": os.getpid()},
     }
 
@@ -274,15 +276,13 @@ def create_app(model_dir: str | Path, options: ServeOptions | None = None) -> Fa
 def app_from_environment() -> FastAPI:
     """The app of one `--workers` process, from the settings its parent put in NERKIT_SERVE. A model
     that fails to load ends the process with uvicorn's startup-failure code, which stops them all."""
-    from nerkit.device import set_threads
     from nerkit.log import configure_logging
 
     settings = json.loads(os.environ[ENVIRONMENT])
     configure_logging(settings["log_level"])
     options = ServeOptions(**settings["options"])
     try:
-        set_threads(options.threads)
-        return create_app(settings["model"], options)
+        return create_app(settings["model"], options)  # sets the runtime's threads as it loads
     except UserError as e:
         log.error(f"nerkit: error: {e}")
         sys.exit(STARTUP_FAILURE)
@@ -341,7 +341,6 @@ def run_server(model_dir: str | Path, host: str = "127.0.0.1", port: int = 8000,
     (0: one per core in all), and the OS spreads the connections over them."""
     import uvicorn
 
-    from nerkit.device import set_threads
     from nerkit.inference.workers import threads_per_worker
 
     if workers < 1:
@@ -350,7 +349,6 @@ def run_server(model_dir: str | Path, host: str = "127.0.0.1", port: int = 8000,
     level = logging.getLogger("nerkit").getEffectiveLevel()
     uvicorn_level = "warning" if level > logging.INFO else "debug" if level < logging.INFO else "info"
     if workers == 1:
-        set_threads(threads)
         options.threads = threads
         app = create_app(model_dir, options)  # before the port is bound: a bad model costs no listening
         sock = listen(host, port)
@@ -366,7 +364,7 @@ def run_server(model_dir: str | Path, host: str = "127.0.0.1", port: int = 8000,
     from uvicorn.supervisors import Multiprocess
 
     options.threads = threads_per_worker(threads, workers)
-    Pipeline.load(model_dir, device=options.device).check_window(options.window)  # fail here, not in N workers
+    load_pipeline(model_dir, options.device).check_window(options.window)  # fail here, not in N workers
     os.environ[ENVIRONMENT] = json.dumps({"model": str(model_dir), "options": dataclasses.asdict(options),
                                           "log_level": level})
     sock = listen(host, port)
