@@ -25,10 +25,11 @@ from nerkit.data.corpus import read_corpus
 from nerkit.data.splits import Splits
 from nerkit.data.tags import Span
 from nerkit.errors import ModelDirError, UserError
-from nerkit.features.batch import collate, collate_padded, padded_size
+from nerkit.features.batch import collate, collate_padded
 from nerkit.inference.model_dir import MODEL_FILES
 from nerkit.inference.pipeline import Pipeline
 from nerkit.model.encoders import ENCODERS
+from nerkit.shapes import padded_size
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 PACKAGE = Path(__file__).resolve().parent.parent / "nerkit"

@@ -192,3 +192,25 @@ def test_a_model_trained_on_a_subword_lm_reloads_and_predicts_the_same(subword_l
     before = Pipeline.load(tmp_path / "model").predict(TEXTS)
     shutil.rmtree(copy)
     assert Pipeline.load(tmp_path / "model").predict(TEXTS) == before
+
+
+def test_the_lm_batch_comes_in_a_few_widths(subword_lm):
+    """Issue 33's bounded memory reaches subword models: the LM's batch is padded to a size of
+    nerkit.shapes (or a whole window), not to its longest row, and the features do not change."""
+    from nerkit.shapes import padded_size
+
+    embedder = load_lm(subword_lm)
+    widths, run = [], embedder._run
+
+    def recording(input_ids, attention):
+        widths.append(input_ids.size(1))
+        return run(input_ids, attention)
+
+    texts = [("张三在北京大学读书。" * 3)[:n] for n in range(1, 31)]
+    alone = [features(embedder, [t])[0] for t in texts]
+    embedder._run = recording
+    for text, expected in zip(texts, alone):
+        torch.testing.assert_close(features(embedder, [text])[0], expected, atol=1e-5, rtol=1e-4)
+    frame = embedder.window + len(embedder.prefix) + len(embedder.suffix)
+    assert all(w == padded_size(w) or w == frame for w in widths), widths
+    assert len(set(widths)) < len(set(texts)) // 2, widths

@@ -12,7 +12,6 @@ from nerkit.features.featurizer import Example
 from nerkit.features.padding import (  # noqa: F401 (re-exported: batching's torch-free rules)
     bucketed_batches,
     padded_examples,
-    padded_size,
 )
 
 

@@ -10,17 +10,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from nerkit.shapes import padded_size
+
 if TYPE_CHECKING:
     from nerkit.features.featurizer import Example
-
-
-def padded_size(n: int) -> int:
-    """`n` rounded up to the next size of the form 2^k or 3 * 2^k (1, 2, 3, 4, 6, 8, 12, 16, 24, 32,
-    48, 64, 96, 128, 192, 256, ...): less than half again as large, and two sizes per doubling."""
-    if n <= 2:
-        return max(n, 1)
-    power = 1 << (n - 1).bit_length()  # the least power of two >= n
-    return power * 3 // 4 if power * 3 // 4 >= n else power
 
 
 def padded_examples(examples: list[Example], max_rows: int, max_width: int = 0) -> tuple[list[Example], int, int]:

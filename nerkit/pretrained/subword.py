@@ -25,6 +25,7 @@ from torch import nn
 
 from nerkit.errors import UserError
 from nerkit.pretrained.base import CharFeatures, CharVocab, _gist, lm_windows
+from nerkit.shapes import padded_size
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 DEFAULT_WINDOW = 510  # tokens per window for encoders that declare no position limit (XLNet)
@@ -121,8 +122,9 @@ class SubwordEmbedder(CharFeatures):
             for start, end, take_start, take_end in lm_windows(len(ids), self.window):
                 places.append((b, len(rows), len(self.prefix) - start, take_start, take_end))
                 rows.append(self.prefix + ids[start:end] + self.suffix)
-        if rows:
-            width = max(len(r) for r in rows)
+        if rows:  # the width from a few sizes (nerkit.shapes), never past a window's: bounded native caches
+            longest = max(len(r) for r in rows)
+            width = max(longest, min(padded_size(longest), self.window + len(self.prefix) + len(self.suffix)))
             pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
             input_ids = torch.full((len(rows), width), pad, dtype=torch.long)  # (R, W), right-padded
             attention = torch.zeros(len(rows), width, dtype=torch.long)  # (R, W)
