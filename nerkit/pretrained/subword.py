@@ -67,6 +67,15 @@ def tokenizer_identity(tokenizer) -> str:
     return hashlib.sha256(tokenizer.backend_tokenizer.to_str().encode("utf-8")).hexdigest()
 
 
+def token_positions(config) -> int:
+    """How many tokens, special ones included, the encoder of `config` reads at once; 0: no limit
+    (XLNet says -1). RoBERTa-style position ids start after the padding id, which costs two."""
+    limit = max(0, getattr(config, "max_position_embeddings", None) or 0)
+    if limit and getattr(config, "model_type", "") in ("roberta", "xlm-roberta", "camembert"):
+        limit -= 2
+    return limit
+
+
 def special_frame(tokenizer) -> tuple[list[int], list[int]]:
     """The special tokens the tokenizer puts before and after one sequence ([CLS] ... [SEP] for BERT,
     <s> ... </s> for XLM-R, ... <sep> <cls> for XLNet), read from how it encodes a probe text."""
@@ -92,10 +101,7 @@ class SubwordEmbedder(CharFeatures):
         self.tokenizer = tokenizer
         self.prefix, self.suffix = special_frame(tokenizer)
         specials = len(self.prefix) + len(self.suffix)
-        limit = max(0, getattr(config, "max_position_embeddings", None) or 0)  # XLNet: -1, no limit
-        if limit and getattr(config, "model_type", "") in ("roberta", "xlm-roberta", "camembert"):
-            limit -= 2  # RoBERTa-style position ids start after the padding id
-        self.window = max(1, (limit or DEFAULT_WINDOW + specials) - specials)  # content tokens per window
+        self.window = max(1, (token_positions(config) or DEFAULT_WINDOW + specials) - specials)  # content tokens
 
     def align(self, text: str) -> tuple[list[int], torch.Tensor]:
         """The token ids of `text` (no special tokens) and the (chars, tokens) float weights that give

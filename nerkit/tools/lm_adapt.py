@@ -14,6 +14,7 @@ tokenizer's files), read by `embeddings.lm.path`.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import math
@@ -26,6 +27,7 @@ import torch
 
 from nerkit.errors import UserError
 from nerkit.files import CHECKPOINT, atomic_write_bytes, atomic_write_text, check_input
+from nerkit.pretrained.subword import token_positions
 from nerkit.training.checkpoint import Progress, load_checkpoint, save_checkpoint
 
 log = logging.getLogger(__name__)
@@ -156,19 +158,18 @@ def adapt(lm: str | Path, texts: list[str | Path], out: str | Path, options: Ada
     train_lines, held = split_held_out(lines, options.held_out, options.seed)
     torch.manual_seed(options.seed)
     tokenizer, model = load_mlm(lm)
-    positions = max(0, getattr(model.config, "max_position_embeddings", None) or 0)  # XLNet: -1, no limit
-    if positions:  # RoBERTa-style position ids start after the padding id
-        positions -= 2 if model.config.model_type in ("roberta", "xlm-roberta", "camembert") else 0
+    positions = token_positions(model.config)
+    if positions:
         options = replace(options, max_len=min(options.max_len, positions))
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=options.lr)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: max(0.0, 1 - step / max(1, options.steps)))
-    checksums = {"text": str(len(lines))}
+    checksums = {"text": hashlib.sha256("\n".join(lines).encode("utf-8")).hexdigest()}  # a resume reads the same text
     progress = Progress(checksums=checksums)
-    before = perplexity(model, tokenizer, held, options)
     if resume:
         progress, _ = load_checkpoint(out, model, optimizer, scheduler, checksums)
-        before = json.loads((out / CHECKPOINT / "before.json").read_text())["perplexity"]
+        before = json.loads((out / CHECKPOINT / "before.json").read_text())["perplexity"]  # measured by the first run
     else:
+        before = perplexity(model, tokenizer, held, options)
         out.mkdir(parents=True, exist_ok=True)
         random.seed(options.seed)
     log.info(f"{len(train_lines):,} lines to train on, {len(held):,} held out (perplexity {before:.2f}); "
