@@ -130,6 +130,32 @@ def test_a_worker_that_closes_its_pipe_raises_instead_of_a_wait():
     assert outcome[:-1] == [b"%d" % n for n in range(len(outcome) - 1)] and len(outcome) <= 6  # none after 5
 
 
+@pytest.mark.parametrize("model", ["absent", "tiny"])
+def test_a_worker_whose_main_process_has_gone_ends_quietly(tiny_model_dir, tmp_path, model):
+    """The main process stops on the first worker's error and closes every connection: a second
+    worker that then reports its own error (or its readiness) finds a closed pipe. It ends with exit
+    code 0 and writes nothing, where it used to print a BrokenPipeError traceback below the one-line error."""
+    context = multiprocessing.get_context("spawn")
+    mine, theirs = context.Pipe()
+    mine.close()  # gone before the worker says anything
+    path = str(tmp_path / "absent") if model == "absent" else str(tiny_model_dir)
+    log = tmp_path / "stderr.txt"
+    process = context.Process(target=_serve_with_stderr_to, args=(str(log), theirs, path))
+    process.start()
+    process.join(60)
+    assert process.exitcode == 0 and log.read_text(encoding="utf-8") == ""
+
+
+def _serve_with_stderr_to(log: str, conn, model: str) -> None:
+    """`serve` in a spawned process with its stderr (and the stdout it points there) in `log`."""
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    os.dup2(fd, 2)
+    sys.stderr = open(2, "w", closefd=False)  # noqa: SIM115 - the process's own stderr until it ends
+    from nerkit.inference.workers import serve
+
+    serve(conn, model, "cpu", 1, 30)
+
+
 def test_threads_are_shared_out_among_the_workers():
     assert threads_per_worker(8, 2) == 4 and threads_per_worker(3, 2) == 1 and threads_per_worker(1, 4) == 1
     cores = len(os.sched_getaffinity(0))

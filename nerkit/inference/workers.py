@@ -252,16 +252,25 @@ def serve(conn: Connection, model: str, device: str, threads: int, log_level: in
         pipe = load_pipeline(model, device, threads)  # threads >= 1 (threads_per_worker); an ONNX export: no torch
         pipe.check_window(window)
     except UserError as e:
-        conn.send_bytes(json.dumps({"error": str(e)}).encode("utf-8"))
+        _send_quietly(conn, json.dumps({"error": str(e)}).encode("utf-8"))  # another worker's error may have closed it
         return
-    conn.send_bytes(json.dumps({"error": None, "threads": threads}).encode("utf-8"))
+    if not _send_quietly(conn, json.dumps({"error": None, "threads": threads}).encode("utf-8")):
+        return
     while True:
         try:
             task = json.loads(conn.recv_bytes())
         except (EOFError, OSError):  # the main process is done, or gone
             return
         data = predict_chunk(pipe, task["texts"], task["format"], task["batch_size"], task["window"])
-        try:
-            conn.send_bytes(data)
-        except OSError:
+        if not _send_quietly(conn, data):
             return
+
+
+def _send_quietly(conn: Connection, data: bytes) -> bool:
+    """Send `data`; False when the main process has closed the connection (it stopped on another
+    worker's error, or is gone): nothing to report, and no traceback from a worker that ends."""
+    try:
+        conn.send_bytes(data)
+    except OSError:  # BrokenPipeError, ConnectionResetError
+        return False
+    return True
