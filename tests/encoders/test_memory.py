@@ -69,11 +69,44 @@ def test_the_memory_is_each_layers_input_to_the_previous_segments_trimmed(attent
                     history[k].append(state)
                 for k, (state, state_mask) in enumerate(memory):
                     so_far = torch.cat(history[k], dim=1)  # (B, start + 4, d_model)
-                    assert torch.equal(state, so_far[:, -6:]) and not state.requires_grad
-                    assert torch.equal(state_mask, mask[:, :start + 4][:, -6:])
+                    assert not state.requires_grad
+                    for row in range(x.size(0)):  # its last 6 real positions, padding (if any) first
+                        real = so_far[row][mask[row, :start + 4]][-6:]
+                        padding = state.size(1) - len(real)
+                        assert torch.equal(state[row, padding:], real)
+                        assert state_mask[row].tolist() == [False] * padding + [True] * len(real)
     finally:
         for hook in hooks:
             hook.remove()
+
+
+@pytest.mark.parametrize("attention", RELATIVE)
+def test_streams_read_side_by_side_equal_each_stream_read_alone(attention):
+    """Document training and streamed prediction read B streams at once, each batch the next segment
+    of every stream, and the segments differ in length (a row's padding ends it). A stream's outputs
+    do not depend on the streams beside it: its memory stays adjacent to its next segment."""
+    encoder = make_encoder(attention, memory=5, segment=4)
+    lengths = [[4, 4, 4], [3, 2, 4], [1, 4, 0]]  # each stream's segment lengths, batch by batch
+    pieces = [inputs([4], seed=k)[0][0, :n] for k, n in enumerate((4, 4, 4, 3, 2, 4, 1, 4))]  # (n, D) each
+    streams = [pieces[0:3], pieces[3:6], pieces[6:8] + [pieces[0][:0]]]
+    with torch.no_grad():
+        together, memory = [], None
+        for step in range(3):
+            x = torch.zeros(3, 4, pieces[0].size(-1), dtype=torch.float64)
+            mask = torch.zeros(3, 4, dtype=torch.bool)
+            for row in range(3):
+                n = lengths[row][step]
+                x[row, :n], mask[row, :n] = streams[row][step], True
+            out, memory = encoder.encode(x, mask, memory)
+            together.append(out)
+        for row in range(3):
+            alone, memory = [], None
+            for step in range(3):
+                n = lengths[row][step]
+                if n == 0:
+                    continue
+                out, memory = encoder.encode(streams[row][step][None], torch.ones(1, n, dtype=torch.bool), memory)
+                torch.testing.assert_close(together[step][row, :n], out[0], atol=1e-10, rtol=0)
 
 
 @pytest.mark.parametrize("attention", RELATIVE)

@@ -79,8 +79,9 @@ class Transformer(nn.Module):
 
     def encode(self, x: torch.Tensor, mask: torch.Tensor, memory: list[Memory] | None = None
                ) -> tuple[torch.Tensor, list[Memory] | None]:
-        """One segment: x (B, L, D), mask (B, L), and each layer's memory of what came before (None:
-        the start of a text). Returns the segment's output (B, L, d_model), padding as zeros, and the
+        """One segment, Transformer-XL's step (`forward` runs it over a text; document training and
+        streamed prediction call it directly): x (B, L, D), mask (B, L), and each layer's memory of
+        what came before (None: the start of every row's text). Returns the segment's output (B, L, d_model), padding as zeros, and the
         memory for the next segment: per layer, the last `memory` of [its memory ; its input here],
         detached (the paper's stop-gradient), or None when memory is off."""
         x = self.input_projection(x)  # (B, L, d_model)
@@ -101,8 +102,14 @@ class Transformer(nn.Module):
 
 
 def _remember(state: torch.Tensor | None, state_mask: torch.Tensor | None, x: torch.Tensor, mask: torch.Tensor,
-              size: int) -> Memory:
-    """The last `size` positions of [state ; x], without gradient: what the next segment attends to."""
+               size: int) -> Memory:
+    """The last `size` real positions of [state ; x], without gradient: what the next segment attends
+    to. They are right-aligned (a row's padding, if any, comes first), so the last of them sits just
+    before the next segment's first character whatever each row's segment length was: relative
+    distances, counted by index across [memory ; segment], stay true for streams read side by side."""
     if state is not None:
-        x, mask = torch.cat([state, x], dim=1), torch.cat([state_mask, mask], dim=1)
+        x, mask = torch.cat([state, x], dim=1), torch.cat([state_mask, mask], dim=1)  # (B, M + L, d), (B, M + L)
+    if not bool(mask[:, -1].all()):  # some row ends in padding: move it to the front, keeping the order
+        order = torch.sort(mask.to(torch.int8), dim=1, stable=True).indices  # (B, M + L): padding, then real
+        x, mask = x.gather(1, order[..., None].expand_as(x)), mask.gather(1, order)
     return x[:, -size:].detach(), mask[:, -size:]
