@@ -383,3 +383,75 @@ def test_cuda_matches_cpu():
     cuda_nll = crf.neg_log_likelihood(emissions.cuda(), gold.cuda(), mask.cuda())
     assert cuda_nll.item() == pytest.approx(cpu_nll.item(), rel=1e-5)
     assert crf.decode(emissions.cuda(), mask.cuda()) == cpu_paths
+
+
+# ---------------------------------------------------------------- decoding a sequence piece by piece
+
+
+def streamed(crf: CRF, emissions: np.ndarray, cuts: list[int], limit: int = 4096) -> tuple[list[int], int]:
+    """The tags of emissions (T, K) pushed at `cuts` (sorted positions), and the longest unsettled tail."""
+    decoder = crf.streaming(limit)
+    tags, longest = [], 0
+    for a, b in zip([0, *cuts], [*cuts, len(emissions)]):
+        tags += decoder.push(emissions[a:b])
+        longest = max(longest, len(decoder.pointers))
+    return tags + decoder.finish(), longest
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    tags=tag_sets(),
+    length=st.integers(1, 60),
+    scale=st.sampled_from([1.0, 10.0]),
+    quantize=st.booleans(),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_streamed_viterbi_equals_decoding_the_whole(tags, length, scale, quantize, seed):
+    """Pushed in random pieces (empty ones too), the tags are `decode`'s over the whole sequence,
+    ties included: nothing is settled before every later path goes through it."""
+    rng = np.random.default_rng(seed)
+    crf = randomize(CRF(tags), torch.Generator().manual_seed(seed % 1000), scale=scale)
+    emissions = rng.normal(0, scale, (length, len(tags))).astype(np.float32)
+    if quantize:
+        emissions = np.round(emissions / scale).astype(np.float32)
+    whole = crf.decode(torch.from_numpy(emissions)[None], torch.ones(1, length, dtype=torch.bool))[0]
+    cuts = sorted(rng.integers(0, length + 1, size=rng.integers(0, 6)).tolist())
+    assert streamed(crf, emissions, cuts)[0] == whole
+
+
+def test_streamed_viterbi_keeps_a_short_tail_and_starts_again_after_finish():
+    """On NER-like emissions (mostly O) the paths meet within a few positions, so the unsettled
+    tail stays short however long the sequence; after `finish` the next push is a new sequence."""
+    generator = torch.Generator().manual_seed(3)
+    crf = randomize(CRF(BIOES), generator)
+    rng = np.random.default_rng(3)
+    emissions = rng.normal(0, 1, (5000, len(BIOES))).astype(np.float32)
+    emissions[:, BIOES.index("O")] += 3.0
+    whole = crf.decode(torch.from_numpy(emissions)[None], torch.ones(1, 5000, dtype=torch.bool))[0]
+    tags, longest = streamed(crf, emissions, list(range(128, 5000, 128)))
+    assert tags == whole and longest < 128
+    decoder = crf.streaming()
+    first = decoder.push(emissions[:10]) + decoder.finish()
+    second = decoder.push(emissions[10:30]) + decoder.finish()
+    assert decoder.finish() == []  # nothing pushed since: an empty sequence
+    assert first == crf.decode(torch.from_numpy(emissions[None, :10]), torch.ones(1, 10, dtype=torch.bool))[0]
+    assert second == crf.decode(torch.from_numpy(emissions[None, 10:30]), torch.ones(1, 20, dtype=torch.bool))[0]
+
+
+def test_a_tail_whose_paths_never_meet_is_settled_at_the_limit():
+    """Two entity types whose paths never meet (every step stays inside either type): memory is
+    bounded by `limit`; the forced settling is counted, and the tags stay a valid sequence."""
+    crf = CRF(BIO)
+    emissions = np.full((200, len(BIO)), -50.0, dtype=np.float32)
+    emissions[:, BIO.index("I-PER")] = emissions[:, BIO.index("I-LOC")] = 10.0
+    emissions[0, BIO.index("B-PER")] = emissions[0, BIO.index("B-LOC")] = 10.0
+    for a in range(0, 200, 30):  # a growing lead for each type in turn: the best path swaps type every 30
+        emissions[a:a + 30, BIO.index("I-PER" if a % 60 else "I-LOC")] += 0.5 * (a // 30 + 1)
+    decoder = crf.streaming(limit=16)
+    tags, longest = [], 0
+    for a in range(0, 200, 8):
+        tags += decoder.push(emissions[a:a + 8])
+        longest = max(longest, len(decoder.pointers))
+    tags += decoder.finish()
+    assert decoder.forced > 0 and longest <= 16 + 8 and len(tags) == 200
+    assert is_valid_path(BIO, [BIO[i] for i in tags])

@@ -11,6 +11,7 @@ from torch import nn
 from torchcrf import CRF as TorchCRF
 
 from nerkit.data.tags import transition_table
+from nerkit.model.viterbi import StreamingViterbi
 
 # Score given to a forbidden transition in the log-likelihood. Finite on purpose: with -inf, a tag that
 # no valid path can reach would make logsumexp see only -inf and its backward pass would give NaN.
@@ -187,6 +188,13 @@ class CRF(nn.Module):
         return torch.logsumexp(alpha + end, dim=1)
 
     @torch.no_grad()
+    @torch.no_grad()
+    def streaming(self, limit: int = 4096) -> StreamingViterbi:
+        """A decoder for sequences that arrive a piece at a time (nerkit.model.viterbi), giving the
+        tags `decode` gives, in memory that does not grow with the sequence."""
+        start, trans, end = (t.detach().cpu().numpy() for t in self._masked_scores(float("-inf")))
+        return StreamingViterbi(start, trans, end, limit)
+
     def decode(self, emissions: torch.Tensor, mask: torch.Tensor) -> list[list[int]]:
         """Best tag-id path per sequence (length = mask row sum), never violating the scheme."""
         self._check_shapes(emissions, mask)
