@@ -45,12 +45,19 @@ class DataConfig:
     # 0 leaves the training data as it is (the benchmark configs and earlier runs); the demo uses it.
     insert_spaces: float = 0.0
     scheme: str = "auto"  # the scheme the model tags in: auto (the training file's) | bio | bioes | bmes
+    # sentence: each training sentence read alone | document: consecutive sentences of the training
+    # file (a `-DOCSTART-` line starts a new document) read as streams in segments of encoder.segment
+    # characters, Transformer-XL's memory carried from one to the next (needs encoder.memory;
+    # docs/encoders.md). Long sentences are then cut into segments, not at max_len.
+    context: str = "sentence"
     limit: int = 0  # use only the first N training sentences (0 = all)
 
 
 @dataclass
 class LMConfig:
-    """A pretrained character-level language model as features (`embeddings.lm.*`)."""
+    """A pretrained language model as features (`embeddings.lm.*`). `embeddings.lm` may also be a list
+    of such mappings, stacked sources (each with its own path, finetune, lr, layers, bf16 and cache)
+    whose features are concatenated per character in list order (nerkit.pretrained.stacked)."""
 
     path: str | None = None  # a local Hugging Face encoder directory (any fast tokenizer) or LAC's; None: no LM
     finetune: bool = False  # train the LM's weights too (else frozen, its features cached per corpus)
@@ -83,7 +90,19 @@ class EmbeddingsConfig:
     # 1/sqrt(dim), unit-norm-sized vectors), what TENER's and FLAT's code (fastNLP StaticEmbedding)
     # start from; with plain SGD at lr ~1e-3 N(0, 1) vectors barely move.
     init: str = "normal"
-    lm: LMConfig = field(default_factory=LMConfig)
+    # one language model (the keys below), or a list of them: stacked sources, each a full mapping,
+    # their features joined per character in list order after the character and bigram vectors
+    lm: LMConfig | list[LMConfig] = field(default_factory=LMConfig)
+
+    def lm_sources(self) -> list[LMConfig]:
+        """The language models whose features join the embeddings, in order: none, one, or a stack."""
+        if isinstance(self.lm, list):
+            return list(self.lm)
+        return [self.lm] if self.lm.path else []
+
+    def lm_label(self, k: int) -> str:
+        """How messages name source k of `lm_sources()`: embeddings.lm, or embeddings.lm[k] in a list."""
+        return item_label("embeddings.lm", k) if isinstance(self.lm, list) else "embeddings.lm"
 
     def width(self, kind: str) -> int:
         """The width of the `kind` table (char, bichar, word): as set, else the default."""
@@ -92,6 +111,11 @@ class EmbeddingsConfig:
 
 
 DEFAULT_WIDTHS = {"char": 100, "bichar": 100, "word": 50}
+
+
+def item_label(section: str, k: int) -> str:
+    """How messages name item k of a section given as a list (stacked sources): `embeddings.lm[1]`."""
+    return f"{section}[{k}]"
 
 
 @dataclass
@@ -176,9 +200,17 @@ ENCODER_OPTIONS = {
     "none": NoEncoderOptions,
 }
 DEVICES = ("auto", "cpu", "cuda")  # auto: the GPU when torch sees one
+CONTEXTS = ("sentence", "document")  # data.context: what a training sequence reads
 # absolute ones, then nerkit.model.encoders.relative.VARIANTS
 ATTENTIONS = ("absolute", "learned", "tener", "xl", "shaw", "rope", "alibi")
 ABSOLUTE_ATTENTIONS = ("absolute", "learned")  # positions added to the input: the same in every segment
+
+
+def memory_segment(config: "Config") -> int:
+    """The characters a model with Transformer-XL memory reads at a time (`encoder.segment`), or 0
+    for a model without memory, which reads a text (or a window of it) at once."""
+    options = config.encoder.options
+    return options.segment if getattr(options, "memory", 0) else 0
 FUSIONS = ("four", "two")  # nerkit.model.encoders.flat.FUSIONS
 
 
@@ -242,6 +274,7 @@ class Config:
 
 CHOICES = {
     ("data", "scheme"): ("auto", "bio", "bioes", "bmes"),
+    ("data", "context"): CONTEXTS,
     ("embeddings", "init"): ("normal", "scaled"),
     ("lexicon", "drop"): ("longest_first", "frequency"),
     ("train", "optimizer"): ("sgd", "adam", "adamw"),
@@ -254,6 +287,7 @@ CHOICES = {
     ("encoder", "fusion"): FUSIONS,
 }
 NESTED = {("embeddings", "lm"): LMConfig}  # sections inside sections
+STACKABLE = {("embeddings", "lm")}  # nested sections that may also be a list of mappings (stacked sources)
 DURATIONS = {("train", "time_budget"), ("train", "dist_timeout")}  # seconds, also given as "90s", "20m", "1.5h"
 _DURATION = re.compile(r"^\s*(?P<number>[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?)\s*(?P<unit>[smh]?)\s*$")
 _SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600}
@@ -356,39 +390,68 @@ def parse_duration(text: str, where: str) -> float:
     return seconds
 
 
-def _fill(cls, values: dict, section: str, source: str):
-    """Build dataclass `cls` from `values`, naming `section.key` and `source` in every error."""
+def _fill(cls, values: dict, section: str, source: str, label: str | None = None):
+    """Build dataclass `cls` from `values`, naming `label.key` (`label`: `section`, or e.g.
+    `embeddings.lm[1]` for one item of a list) and `source` in every error."""
+    label = label or section
     if values is None:
         values = {}
     if not isinstance(values, dict):
-        raise ConfigError(f"section {section!r} must be a mapping of keys to values", where=source)
+        raise ConfigError(f"section {label!r} must be a mapping of keys to values", where=source)
     known = {f.name: f for f in fields(cls)}
     kwargs = {}
     for key, value in values.items():
         if key not in known:
             if (section, key) in RETIRED_KEYS:
                 continue
-            raise ConfigError(f"unknown key {section}.{key}", where=source, fix=_suggest(key, known))
+            raise ConfigError(f"unknown key {label}.{key}", where=source, fix=_suggest(key, known))
         nested = NESTED.get((section, key))
         if nested is not None:  # a section inside a section, e.g. embeddings.lm
-            kwargs[key] = _fill(nested, value, f"{section}.{key}", source)
+            if (section, key) in STACKABLE and isinstance(value, list):
+                kwargs[key] = _stacked(nested, value, f"{section}.{key}", source)
+            else:
+                kwargs[key] = _fill(nested, value, f"{section}.{key}", source)
             continue
         if (section, key) in DURATIONS:
-            value = _duration(value, f"{source}: {section}.{key}")
-        kwargs[key] = _coerce(value, known[key].type, f"{source}: {section}.{key}")
+            value = _duration(value, f"{source}: {label}.{key}")
+        kwargs[key] = _coerce(value, known[key].type, f"{source}: {label}.{key}")
         choices = CHOICES.get((section, key))
         if choices and kwargs[key] not in choices:
-            raise ConfigError(f"{section}.{key} = {kwargs[key]!r} is not one of {', '.join(choices)}", where=source,
+            raise ConfigError(f"{label}.{key} = {kwargs[key]!r} is not one of {', '.join(choices)}", where=source,
                               fix=did_you_mean(kwargs[key], choices))
         if isinstance(kwargs[key], (int, float)) and not isinstance(kwargs[key], bool) and kwargs[key] < 0:
-            raise ConfigError(f"{section}.{key} = {kwargs[key]} must not be negative", where=source)
+            raise ConfigError(f"{label}.{key} = {kwargs[key]} must not be negative", where=source)
         if isinstance(kwargs[key], float) and not math.isfinite(kwargs[key]):
-            raise ConfigError(f"{section}.{key} = {kwargs[key]} must be a finite number", where=source)
+            raise ConfigError(f"{label}.{key} = {kwargs[key]} must be a finite number", where=source)
         if key in AT_LEAST_ONE and kwargs[key] < 1:
-            raise ConfigError(f"{section}.{key} = {kwargs[key]} must be at least 1", where=source)
+            raise ConfigError(f"{label}.{key} = {kwargs[key]} must be at least 1", where=source)
         if key.endswith("dropout") and kwargs[key] >= 1:
-            raise ConfigError(f"{section}.{key} = {kwargs[key]} must be below 1 (a probability)", where=source)
+            raise ConfigError(f"{label}.{key} = {kwargs[key]} must be below 1 (a probability)", where=source)
     return cls(**kwargs)
+
+
+def _stacked(cls, values: list, section: str, source: str):
+    """A nested section given as a list (stacked language models): each item a full mapping of
+    `cls` with a path, no path twice. A list of one is that one mapping."""
+    if not values:
+        raise ConfigError(f"{section} is an empty list", where=source,
+                          fix=f"list at least one source (a mapping with a path), or leave {section} out")
+    items, seen = [], {}
+    for k, value in enumerate(values):
+        label = item_label(section, k)
+        if not isinstance(value, dict):
+            raise ConfigError(f"{label} is {type(value).__name__} {value!r}, not a mapping", where=source,
+                              fix="write each source as a mapping, e.g. - {path: lm/m3e-small, finetune: true}")
+        item = _fill(cls, value, section, source, label)
+        if not item.path:
+            raise ConfigError(f"{label} has no path", where=source,
+                              fix="give each listed source its directory, or remove the item")
+        same = seen.setdefault(os.path.normpath(os.path.expanduser(item.path)), label)
+        if same != label:
+            raise ConfigError(f"{label} repeats the path of {same} ({item.path})", where=source,
+                              fix="list each language model once")
+        items.append(item)
+    return items[0] if len(items) == 1 else items
 
 
 def _encoder_config(values: dict, source: str, file_keys: set[str], file_name: str) -> EncoderConfig:
@@ -463,6 +526,12 @@ def _set(section, path: list[str], value):
     return section
 
 
+def _is_list(raw: dict, path: list[str]) -> bool:
+    """Whether the file gives the section at `path` (e.g. embeddings.lm) as a list of sources."""
+    section = raw.get(path[0])
+    return isinstance(section, dict) and isinstance(section.get(path[1]), list)
+
+
 def build_config(raw: dict, source: str = "<config>", overrides: list[str] = ()) -> Config:
     raw = dict(raw or {})
     file_encoder = raw.get("encoder") if isinstance(raw.get("encoder"), dict) else {}
@@ -477,6 +546,9 @@ def build_config(raw: dict, source: str = "<config>", overrides: list[str] = ())
             continue
         if len(path) > 3 or (len(path) == 3 and (path[0], path[1]) not in NESTED):
             raise ConfigError(f"override {text!r} is nested too deep", fix="write --set section.key=value")
+        if len(path) == 3 and _is_list(raw, path[:2]):
+            raise ConfigError(f"--set {text}: {path[0]}.{path[1]} is a list of sources, and the override does not say which",
+                              fix=f"set the whole list, e.g. --set '{path[0]}.{path[1]}=[{{path: A}}, {{path: B, finetune: true}}]'")
         if path[0] == "train" and path[1] in WARMUP_KEYS and isinstance(raw.get("train"), dict):
             # a warm-up given on the command line replaces the file's, in whichever of the two keys
             raw["train"] = {k: v for k, v in raw["train"].items() if k not in WARMUP_KEYS}
@@ -498,7 +570,7 @@ def build_config(raw: dict, source: str = "<config>", overrides: list[str] = ())
     if not 0 <= config.data.dev_split < 1:
         raise ConfigError(f"data.dev_split = {config.data.dev_split} must be in [0, 1)", where=source)
     emb = config.embeddings
-    if emb.char_dim == 0 and not emb.lm.path:
+    if emb.char_dim == 0 and not emb.lm_sources():
         raise ConfigError("embeddings.char_dim is 0 and there is no language model: the model would see nothing",
                           where=source, fix="set embeddings.char_dim, or embeddings.lm.path")
     if config.data.insert_spaces > 1:
@@ -518,11 +590,23 @@ def build_config(raw: dict, source: str = "<config>", overrides: list[str] = ())
     if config.train.dist_timeout <= 0:
         raise ConfigError("train.dist_timeout must be positive", where=source, fix='e.g. "30m" (the default)')
     options = config.encoder.options
+    _check_context(config, source)
     if getattr(options, "attention", None) == "learned" and not 0 < config.data.max_len <= options.max_positions:
         raise ConfigError(f"attention: learned reads at most encoder.max_positions = {options.max_positions} characters, "
                           f"but data.max_len is {config.data.max_len} (0: no limit)", where=source,
                           fix=f"set data.max_len to at most {options.max_positions}, or raise encoder.max_positions")
     return config
+
+
+def _check_context(config: Config, source: str) -> None:
+    """`data.context: document` carries a Transformer's memory from segment to segment: it needs one."""
+    if config.data.context != "document" or getattr(config.encoder.options, "memory", 0):
+        return
+    lacks = "has memory = 0" if hasattr(config.encoder.options, "memory") else "has no memory"
+    raise ConfigError(f"data.context = document reads each document as a stream of segments that carry "
+                      f"Transformer-XL's memory, but encoder {config.encoder.name} {lacks}", where=source,
+                      fix="use encoder.name: transformer with a relative attention (e.g. attention: xl), "
+                          "memory and segment (e.g. memory: 128, segment: 128), or data.context: sentence")
 
 
 def read_yaml(path: str | Path, what: str, fix: str | None = None) -> Any:

@@ -11,6 +11,7 @@ import typer
 
 from nerkit.cli.options import (
     DEVICE,
+    DOCUMENT,
     THREADS,
     WINDOW,
     Device,
@@ -32,6 +33,7 @@ def evaluate(
     show_errors: bool = flag("--errors", help="Also break the errors down by type: wrong type, "
                              "wrong boundary, both, missed, spurious."),
     window: Optional[int] = WINDOW,
+    document: bool = DOCUMENT,
 ):
     """Entity-level precision, recall and F1 of a model on a gold corpus."""
     from nerkit.files import atomic_write_text, check_output
@@ -42,7 +44,8 @@ def evaluate(
     if output:
         check_output(output, data)  # before the evaluation: a wrong path costs no wait
     pipe = load_pipeline(model, device, threads)  # an ONNX export (`nerkit export`) runs without torch
-    result = pipe.evaluation(data, batch_size, repair=repair, with_errors=show_errors, window=window)
+    result = pipe.evaluation(data, batch_size, repair=repair, with_errors=show_errors, window=window,
+                             document=document)
     if output:
         atomic_write_text(output, eval_output(result.sentences, result.predicted, result.scheme))
     metrics = result.metrics
@@ -67,11 +70,13 @@ def predict(
     workers: int = typer.Option(1, "--workers", min=1, help="Processes that predict at once, each "
                                 "holding a copy of the model (1 = this process)."),
     window: Optional[int] = WINDOW,
+    document: bool = DOCUMENT,
 ):
     """Tag every line of a text file (or stdin, a pipe, /dev/stdin)."""
     from nerkit.inference.stream import predict_file
 
-    predict_file(model, source, str(output) if output else None, fmt, batch_size, device, threads, workers, window)
+    predict_file(model, source, str(output) if output else None, fmt, batch_size, device, threads, workers, window,
+                 document)
 
 
 def report(

@@ -33,7 +33,10 @@ DEVICE = typer.Option("cpu", "--device", help="Where the model runs.")
 THREADS = typer.Option(0, "--threads", min=0, help="torch threads (0 = the cores free when nerkit starts).")
 
 WINDOW = typer.Option(None, "--window", min=0, help="Read a text longer than N characters in overlapping windows "
-                      "of N (default: the longest training sentence, at most data.max_len; 0 = each text whole).")
+                      "of N (default: the longest training sentence, at most data.max_len; 0 = each text whole; "
+                      "a model with encoder.memory reads any text whole, segment by segment).")
+DOCUMENT = flag("--document", help="Read the lines in order as one document (a model with "
+                "encoder.memory): each line's context reaches back into the lines before it.")
 
 
 def echo_json(obj) -> None:

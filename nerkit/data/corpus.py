@@ -15,6 +15,7 @@ from pathlib import Path
 
 from nerkit.data import annotation
 from nerkit.data.records import (
+    DOCUMENT_SEPARATOR,
     SPANS,
     Corpus,
     Sentence,
@@ -134,20 +135,24 @@ def _conll_sentences(path: Path, text: str, problems: _Problems, repair: bool = 
                      repair_option: str = REPAIR_OPTION) -> tuple[list[Sentence], int | None]:
     """The sentences of a CoNLL file and its column count. A sentence with a bad line is left out
     (after its error is sent to `problems`), so no transition error follows from the bad line.
-    A token of several characters is such a line, unless `repair` is to split it (`_split_tokens`)."""
+    A token of several characters is such a line, unless `repair` is to split it (`_split_tokens`).
+    A line whose token is DOCUMENT_SEPARATOR (CoNLL 2003's `-DOCSTART- -X- -X- O`, whatever its
+    columns) ends the sentence before it and starts a new document (`Sentence.document`)."""
     sentences: list[Sentence] = []
     tokens: list[str] = []
     tags: list[str] = []
-    first_line, broken, columns = 0, False, None
+    first_line, broken, columns, document = 0, False, None, 0
     lines = text.split("\n")
     if lines and lines[-1] == "":
         lines.pop()
     for number, raw in enumerate(lines, 1):
         line = raw[:-1] if raw.endswith("\r") else raw
-        if not line.strip(" \t"):
+        separator = _SEPARATOR.split(line.strip(" \t"), 1)[0] == DOCUMENT_SEPARATOR
+        if separator or not line.strip(" \t"):
             if tokens and not broken:
-                sentences.append(Sentence(tokens, tags, first_line))
+                sentences.append(Sentence(tokens, tags, first_line, document))
             tokens, tags, broken = [], [], False
+            document += separator
             continue
         try:
             parts = _token_line(line, f"{path}:{number}", columns)
@@ -163,7 +168,7 @@ def _conll_sentences(path: Path, text: str, problems: _Problems, repair: bool = 
         tokens.append(parts[0])
         tags.append(parts[-1])
     if tokens and not broken:
-        sentences.append(Sentence(tokens, tags, first_line))
+        sentences.append(Sentence(tokens, tags, first_line, document))
     return sentences, columns
 
 
@@ -361,9 +366,20 @@ def _check_keys(obj: dict, known: tuple[str, ...], what: str, where: str, fmt: s
 # Writing
 
 
+def _separators(sentences: list[Sentence]):
+    """Each sentence, and whether a document separator goes before it: where its document differs
+    from the one before (a file read without separators gets none)."""
+    previous = 0
+    for sent in sentences:
+        yield sent, sent.document != previous
+        previous = sent.document
+
+
 def format_conll(sentences: list[Sentence], scheme: str) -> str:
     out = []
-    for sent in sentences:
+    for sent, separated in _separators(sentences):
+        if separated:
+            out.append(f"{DOCUMENT_SEPARATOR} O\n\n")
         tags = convert_tags(sent.tags, scheme)
         out.extend(f"{tok} {tag}\n" for tok, tag in zip(sent.tokens, tags))
         out.append("\n")
@@ -372,7 +388,9 @@ def format_conll(sentences: list[Sentence], scheme: str) -> str:
 
 def format_jsonl(sentences: list[Sentence]) -> str:
     lines = []
-    for sent in sentences:
+    for sent, separated in _separators(sentences):
+        if separated:
+            lines.append(json.dumps({"text": DOCUMENT_SEPARATOR, "entities": []}) + "\n")
         ents = [s.to_dict() for s in sent.spans()]
         lines.append(json.dumps({"text": sent.text, "entities": ents}, ensure_ascii=False) + "\n")
     return "".join(lines)

@@ -15,6 +15,10 @@ from nerkit.errors import CorpusError, ManyErrors
 
 SPANS = "spans"  # what JSON-lines files have instead of a tag scheme
 
+# A document separator (CoNLL's): a CoNLL line whose token is this, or a JSON record whose whole
+# text it is, is no sentence but the start of a new document (`Sentence.document`).
+DOCUMENT_SEPARATOR = "-DOCSTART-"
+
 
 @dataclass
 class Sentence:
@@ -23,6 +27,10 @@ class Sentence:
     # 1-based line of the first token in its file (0 when not from a file); in a Label Studio export,
     # whose tasks are not lines, the task's index + 1.
     line: int = 0
+    # Which document of its file it belongs to: the count of separator lines (DOCUMENT_SEPARATOR)
+    # before it, 0 in a file without any. Consecutive sentences of one document are read as one
+    # stream by `data.context: document` (nerkit.data.documents).
+    document: int = 0
 
     @property
     def text(self) -> str:
@@ -145,14 +153,20 @@ def _read_records(path: str | Path, max_errors: int, parse, fmt: str) -> Corpus:
                           fix="a Label Studio export? convert it with `nerkit data convert IN OUT --from label-studio "
                               "--to jsonl`")
     problems = _Problems(path, max_errors)
-    sentences = []
+    sentences, document = [], 0
     for number, line in enumerate(text.split("\n"), 1):
         if not line.strip():
             continue
         try:
-            sentences.append(parse(line, number, f"{path}:{number}"))
+            sentence = parse(line, number, f"{path}:{number}")
         except CorpusError as e:
             problems.add(e, number)
+            continue
+        if sentence.text == DOCUMENT_SEPARATOR and not sentence.spans():
+            document += 1
+            continue
+        sentence.document = document
+        sentences.append(sentence)
     problems.raise_any()
     return _span_corpus(path, sentences, fmt)
 

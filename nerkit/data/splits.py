@@ -1,6 +1,7 @@
 """The corpora a config names, read for training: train (long sentences split where no entity is
-cut), dev (its own file, or a seeded slice carved from train, as MSRA has none) and test (scored
-once at the end, never used for selection), with their entity types, tag scheme and checksums."""
+cut), dev (its own file, or a seeded slice carved from train, as MSRA has none; in contiguous
+blocks with `data.context: document`) and test (scored once at the end, never used for
+selection), with their entity types, tag scheme and checksums."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from dataclasses import dataclass
 
 from nerkit.config import Config
 from nerkit.data.corpus import REPAIR_OPTION, read_corpus
+from nerkit.data.documents import contiguous_dev_split, documents
 from nerkit.data.records import Corpus, Sentence
 from nerkit.data.stats import sha256_file
 from nerkit.data.tags import continues
@@ -59,7 +61,7 @@ def insert_spaces(sentences: list[Sentence], rate: float, seed: int) -> list[Sen
             if token is not None:
                 tokens.append(token)
                 tags.append(tag)
-        spaced.append(Sentence(tokens, tags, sent.line))
+        spaced.append(Sentence(tokens, tags, sent.line, sent.document))
     return spaced
 
 
@@ -102,15 +104,20 @@ def read_splits(config: Config) -> Splits:
         if dc.dev_split <= 0:
             raise UserError("no dev data: data.dev is not set and data.dev_split is 0",
                             fix="set data.dev, or data.dev_split (e.g. 0.05) to carve a dev set from train")
-        train, dev = seeded_dev_split(train, dc.dev_split, dc.split_seed)
-        log.info(f"dev: {len(dev)} sentences carved from {dc.train} (seed {dc.split_seed}, {dc.dev_split:.0%})")
+        carve = contiguous_dev_split if dc.context == "document" else seeded_dev_split
+        train, dev = carve(train, dc.dev_split, dc.split_seed)
+        blocks = f", {len(documents(dev))} contiguous blocks" if dc.context == "document" else ""
+        log.info(f"dev: {len(dev)} sentences carved from {dc.train} (seed {dc.split_seed}, {dc.dev_split:.0%}{blocks})")
     test = read_gold(dc.test, dc.repair, TRAIN_REPAIR_OPTION).sentences if dc.test else None
     if dc.insert_spaces:
         before = sum(len(s) for s in train)
         train = insert_spaces(train, dc.insert_spaces, dc.split_seed)
         log.info(f"train: {sum(len(s) for s in train) - before:,} space tokens inserted "
                  f"(data.insert_spaces = {dc.insert_spaces})")
-    pieces = [p for s in train for p in split_sentence(s, dc.max_len)]
+    # In document context a long sentence is read as consecutive segments (nerkit.data.documents):
+    # data.max_len cuts nothing.
+    max_len = 0 if dc.context == "document" else dc.max_len
+    pieces = [p for s in train for p in split_sentence(s, max_len)]
     if len(pieces) != len(train):
         log.info(f"train: {len(train)} sentences split into {len(pieces)} pieces of at most {dc.max_len} characters")
     types = sorted({sp.type for s in train for sp in s.spans()})

@@ -73,7 +73,7 @@ def split_sentence(sent: Sentence, max_len: int) -> list[Sentence]:
     pieces = []
     for a, b in zip(starts, ends):
         tags = sent.tags[a:b] if sent.tags is not None else None
-        pieces.append(Sentence(sent.tokens[a:b], tags, sent.line + a if sent.line else 0))
+        pieces.append(Sentence(sent.tokens[a:b], tags, sent.line + a if sent.line else 0, sent.document))
     return pieces
 
 

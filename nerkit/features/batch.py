@@ -25,12 +25,23 @@ class Batch:
     word_heads: torch.Tensor | None = None  # (B, W)
     word_tails: torch.Tensor | None = None  # (B, W)
     word_mask: torch.Tensor | None = None  # (B, W) bool
-    lm_ids: torch.Tensor | None = None  # (B, T)
-    lm_states: torch.Tensor | None = None  # (B, T, S, D) float32
+    lm_ids: torch.Tensor | None = None  # (B, T); (B, N, T) for N stacked sources
+    # (B, T, S, D) float32; stacked sources: a tuple of N such (B, T, S_k, D_k), None where a source runs
+    lm_states: torch.Tensor | tuple[torch.Tensor | None, ...] | None = None
+    # A segment batch of document streams (nerkit.training.streams): each CRF sequence in it, as
+    # (row, start, length), and the rows whose document starts here (their memory is dropped).
+    pieces: torch.Tensor | None = None  # (N, 3) long
+    resets: torch.Tensor | None = None  # (B,) bool
 
     def to(self, device) -> "Batch":
-        return Batch(**{k: (v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v)
-                        for k, v in self.__dict__.items()})
+        return Batch(**{k: _to(v, device) for k, v in self.__dict__.items()})
+
+
+def _to(value, device):
+    """A tensor, or a tuple of them (stacked sources' states), on `device`."""
+    if isinstance(value, tuple):
+        return tuple(_to(v, device) for v in value)
+    return value.to(device, non_blocking=True) if isinstance(value, torch.Tensor) else value
 
 
 def _pad(rows: list[list[int]], width: int) -> torch.Tensor:
@@ -56,14 +67,38 @@ def collate(examples: list[Example], width: int = 0, words: int = 0) -> Batch:
         batch.word_heads = _pad([e.word_heads for e in examples], words)
         batch.word_tails = _pad([e.word_tails for e in examples], words)
         batch.word_mask = torch.arange(words)[None, :] < counts[:, None]
-    if examples[0].lm_states is not None:
-        states = examples[0].lm_states
-        batch.lm_states = torch.zeros(len(examples), width, *states.shape[1:])  # (B, T, S, D) float32
-        for b, e in enumerate(examples):
-            batch.lm_states[b, :len(e)] = e.lm_states
-    elif examples[0].lm_ids is not None:
-        batch.lm_ids = _pad([e.lm_ids for e in examples], width)
+    first = examples[0]
+    if first.lm_states is not None:
+        batch.lm_states = _lm_states([e.lm_states for e in examples], width)
+    if first.lm_ids is not None and not _all_cached(first.lm_states):
+        batch.lm_ids = _lm_ids([e.lm_ids for e in examples], width)
     return batch
+
+
+def _lm_ids(rows: list, width: int) -> torch.Tensor:
+    """(B, T) language-model ids; (B, N, T) when each row is a tuple of N stacked sources' ids."""
+    if isinstance(rows[0], tuple):
+        return torch.stack([_pad([r[k] for r in rows], width) for k in range(len(rows[0]))], dim=1)  # (B, N, T)
+    return _pad(rows, width)  # (B, T)
+
+
+def _lm_states(rows: list, width: int):
+    """Cached layer states padded to (B, T, S, D) float32; for stacked sources a tuple, one per
+    source (None where the source has none)."""
+    if isinstance(rows[0], tuple):
+        return tuple(_lm_states([r[k] for r in rows], width) if rows[0][k] is not None else None
+                     for k in range(len(rows[0])))
+    padded = torch.zeros(len(rows), width, *rows[0].shape[1:])  # (B, T, S, D) float32
+    for b, states in enumerate(rows):
+        padded[b, :len(states)] = states
+    return padded
+
+
+def _all_cached(states) -> bool:
+    """Whether cached states stand in for every source, so that no LM ids are needed."""
+    if isinstance(states, tuple):
+        return all(s is not None for s in states)
+    return states is not None
 
 
 def collate_padded(examples: list[Example], max_rows: int, max_width: int = 0) -> Batch:

@@ -71,7 +71,8 @@ class Featurizer:
                  lexicon: Lexicon | None = None, *, normalize: bool = False, use_bichars: bool = True,
                  max_words: int | None = None, drop: str = "longest_first", lm_vocab=None):
         self.chars, self.bichars, self.tags, self.words, self.lexicon = chars, bichars, tags, words, lexicon
-        self.lm_vocab = lm_vocab  # nerkit.pretrained.bert.LMVocab of a language model's characters, or None
+        # a language model's character vocabulary (nerkit.pretrained: LMVocab, a stack's StackedVocab), or None
+        self.lm_vocab = lm_vocab
         self.normalize, self.use_bichars, self.max_words, self.drop = normalize, use_bichars, max_words, drop
         self.tag_index = {t: i for i, t in enumerate(tags)}
         self.scheme = detect_scheme(tags)
@@ -166,8 +167,10 @@ class Example:
     word_ids: list[int] | None = None  # lattice words (FLAT), after the characters
     word_heads: list[int] | None = None
     word_tails: list[int] | None = None
-    lm_ids: list[int] | None = None  # one language-model token per character
-    lm_states: torch.Tensor | None = None  # (T, S, D) a frozen LM's cached layer states, instead of running it
+    # one language-model token per character; stacked sources (nerkit.pretrained.stacked): a tuple, one row each
+    lm_ids: list[int] | tuple[list[int], ...] | None = None
+    # (T, S, D) a frozen LM's cached layer states, instead of running it; stacked: a tuple, None where a source runs
+    lm_states: torch.Tensor | tuple[torch.Tensor | None, ...] | None = None
 
     def __len__(self) -> int:
         return len(self.char_ids)

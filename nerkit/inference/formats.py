@@ -53,14 +53,14 @@ def record(text: str, spans: list[Span]) -> dict:
 def predict_records(pipe, texts: list[str], batch_size: int = 64, window: int | None = None) -> list[dict]:
     """The `record` of each text, predicted as `nerkit predict` predicts (windows and stitching
     included): what `nerkit serve` answers."""
-    spans = pipe.predict_tokens([list(t) for t in texts], batch_size, window)
+    spans = pipe.predict_tokens(texts, batch_size, window)  # a string is its characters
     return [record(t, s) for t, s in zip(texts, spans)]
 
 
 def predict_chunk(pipe, texts: list[str], fmt: str, batch_size: int, window: int | None = None) -> bytes:
     """The encoded records of one chunk's texts (what a worker process returns, too); `window`:
     the prediction window (None: the model's)."""
-    spans = pipe.predict_tokens([list(t) for t in texts], batch_size, window)
+    spans = pipe.predict_tokens(texts, batch_size, window)  # a string is its characters
     colors = None
     if fmt == "html":
         from nerkit.inference.html import type_colors

@@ -49,7 +49,8 @@ def check_model_dir(directory: Path, files: tuple[str, ...] = MODEL_FILES) -> No
     if not directory.is_dir():
         raise ModelDirError("not a directory", where=str(directory), fix="pass the model directory, not a file in it")
     lm_dir = directory / "lm"  # a language model's config and vocabulary, when the model has one
-    unsafe = sorted(str(p.relative_to(directory)) for d in (directory, lm_dir) if d.is_dir()
+    stacked = [d for d in lm_dir.iterdir() if d.is_dir()] if lm_dir.is_dir() else []  # lm/0/, lm/1/, ...: a stack's
+    unsafe = sorted(str(p.relative_to(directory)) for d in (directory, lm_dir, *stacked) if d.is_dir()
                     for p in d.iterdir() if p.suffix.lower() in PICKLE_SUFFIXES)
     if unsafe:
         raise ModelDirError(f"refusing a model directory that holds pickle-capable files: {', '.join(unsafe)}",

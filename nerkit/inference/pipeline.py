@@ -13,12 +13,13 @@ from pathlib import Path
 import torch
 from safetensors.torch import save as safetensors_bytes
 
-from nerkit.config import Config, config_to_yaml
+from nerkit.config import Config, config_to_yaml, memory_segment
 from nerkit.device import resolve_device
 from nerkit.errors import ModelDirError
 from nerkit.features.batch import bucketed_batches, collate_padded
 from nerkit.features.featurizer import Example, Featurizer
 from nerkit.files import atomic_directory, atomic_write_bytes, atomic_write_text
+from nerkit.data.tags import Span
 from nerkit.inference.model_dir import FORMAT_VERSION
 from nerkit.inference.predictor import (  # noqa: F401 (Evaluation and without_whitespace re-exported)
     Evaluation,
@@ -26,6 +27,7 @@ from nerkit.inference.predictor import (  # noqa: F401 (Evaluation and without_w
     read_model_dir,
     without_whitespace,
 )
+from nerkit.inference.recurrence import DocumentStream, MemoryReader
 from nerkit.model.tagger import Tagger
 from nerkit.version import __version__
 from nerkit.weights import load_checked, read_safetensors
@@ -38,8 +40,9 @@ class Pipeline(Predictor):
     `Tagger`, and the directory itself (`save`, `load`)."""
 
     def __init__(self, config: Config, featurizer: Featurizer, device: str | torch.device = "cpu", lm=None):
-        """`lm`: the `nerkit.pretrained.base.CharFeatures` whose features join the embeddings, or None.
-        It is handed over here alone: the model gets the module and the featuriser its vocabulary."""
+        """`lm`: the `nerkit.pretrained.base.CharFeatures` (or nerkit.pretrained.stacked's `Stacked` of
+        several) whose features join the embeddings, or None. It is handed over here alone: the
+        model gets the module and the featuriser its vocabulary."""
         if lm is not None:
             featurizer = featurizer.with_lm_vocab(lm.vocab)
         super().__init__(config, featurizer)
@@ -57,6 +60,28 @@ class Pipeline(Predictor):
                 for j, tag_ids in zip(idx, self.model.decode(batch)):  # the padding rows' paths are dropped
                     decoded[j] = tag_ids
         return decoded
+
+    def predict_tokens(self, token_lists: list[list[str]], batch_size: int = 64,
+                       window: int | None = None) -> list[list[Span]]:
+        """`Predictor.predict_tokens`; with Transformer-XL memory and no window, a text longer than
+        one segment is read segment by segment in bounded memory (nerkit.inference.recurrence), and
+        the others in batches as before (one segment, no memory: the same computation)."""
+        window = self.check_window(window)
+        segment = memory_segment(self.config)
+        if not segment or window:
+            return super().predict_tokens(token_lists, batch_size, window)
+        long = {i for i, tokens in enumerate(token_lists) if len(tokens) > segment}
+        spans = super().predict_tokens([[] if i in long else t for i, t in enumerate(token_lists)], batch_size, 0)
+        reader = MemoryReader(self)
+        for i in sorted(long):
+            spans[i] = self.spans_of(token_lists[i], reader.read(token_lists[i]))
+        return spans
+
+    def document_stream(self) -> DocumentStream:
+        """`Predictor.document_stream`: this pipeline reading consecutive texts as one stream."""
+        if not memory_segment(self.config):
+            return super().document_stream()  # the error
+        return DocumentStream(self)
 
     # ------------------------------------------------------------------------------ model directory
 
@@ -107,7 +132,7 @@ class Pipeline(Predictor):
         if (directory / "lm").is_dir():
             from nerkit.pretrained.loading import load_saved_lm
 
-            lm = load_saved_lm(directory)
+            lm = load_saved_lm(directory, sources=len(config.embeddings.lm_sources()))
         featurizer = Featurizer.from_json(config, vocab, lexicon, where=str(directory / "vocab.json"))
         pipe = cls(config, featurizer, device=resolve_device(device), lm=lm)
         pipe.train_max_len = found.train_max_len

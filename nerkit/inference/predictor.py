@@ -7,13 +7,14 @@ what both find in a model directory beside the weights: nerkit.json, config.yaml
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Sequence
 
-from nerkit.config import Config, build_config
+from nerkit.config import Config, build_config, memory_segment
 from nerkit.data.records import Sentence
 from nerkit.data.splits import read_gold
 from nerkit.data.tags import Span, split_tag, tags_to_spans
@@ -73,7 +74,10 @@ class Predictor:
     def window(self) -> int:
         """The default prediction window, in characters (0: a text is read whole): the longest
         sentence the model was trained on, never above `data.max_len` when that is set (0 there is
-        no limit); `data.max_len` for a model directory that does not record training lengths."""
+        no limit); `data.max_len` for a model directory that does not record training lengths; 0
+        for a model with Transformer-XL memory (`encoder.memory`), which reads any length."""
+        if memory_segment(self.config):  # it reads any length segment by segment
+            return 0
         limit = self.config.data.max_len
         if self.train_max_len is None:
             return limit
@@ -118,6 +122,16 @@ class Predictor:
         return [without_whitespace(tokens, tags_to_spans(stitch(found, self.scheme))) if found else []
                 for tokens, found in zip(token_lists, by_sentence)]
 
+    def spans_of(self, tokens: Sequence[str], tag_ids: list[int]) -> list[Span]:
+        """The spans of one text decoded whole (no windows to stitch), under the whitespace rule."""
+        return without_whitespace(tokens, tags_to_spans([self.tags[t] for t in tag_ids]))
+
+    def document_stream(self):
+        """This model reading every text it is given as the next line of one stream (its memory
+        running on); only a model with Transformer-XL memory has one."""
+        raise UserError("reading a document as one stream needs a model with encoder.memory (Transformer-XL "
+                        "memory); this one reads each line alone", fix="drop --document")
+
     def predict(self, texts: str | Iterable[str], batch_size: int = 64, window: int | None = None) -> list[list[dict]]:
         """Entities of each text: `{"start", "end", "type", "text"}`, offsets into the text, end
         exclusive. A single string is one text (its entities come back in a list of one). A text
@@ -127,19 +141,22 @@ class Predictor:
         for i, text in enumerate(texts):
             if not isinstance(text, str):
                 raise TypeError(f"predict takes strings; text {i} is {type(text).__name__}: {text!r:.40}")
-        spans = self.predict_tokens([list(t) for t in texts], batch_size, window)
+        spans = self.predict_tokens(texts, batch_size, window)  # a string is its sequence of characters
         return [[s.to_dict(t) for s in ss]
                 for t, ss in zip(texts, spans)]
 
     # ------------------------------------------------------------------------------ evaluation
 
     def evaluation(self, data: str | Path | list[Sentence], batch_size: int = 128, repair: bool | None = None,
-                   with_errors: bool = False, window: int | None = None) -> Evaluation:
+                   with_errors: bool = False, window: int | None = None, document: bool = False) -> Evaluation:
         """Entity-level P/R/F1 of the model on a corpus file or on sentences already read; with
         `with_errors` the metrics also hold `errors` (see `nerkit.inference.evaluate.errors`). A file is read
         as the model's training data was: `repair` None follows the model's `data.repair`, so a file
-        the training repaired is repaired here too (and said so). `window`: as for `predict`."""
+        the training repaired is repaired here too (and said so). `window`: as for `predict`. With
+        `document` (a model with memory), the sentences of each document (`Sentence.document`: a file
+        without `-DOCSTART-` lines is one) are read in order as one stream."""
         window = self.check_window(window)  # before the file is read: a wrong value costs no wait
+        reader = self.document_stream() if document else self  # a model without memory: refused now too
         if isinstance(data, list):
             sentences, scheme = data, self.scheme
         else:
@@ -148,7 +165,13 @@ class Predictor:
             sentences, scheme = corpus.sentences, corpus.scheme
             self.check_types(corpus.types, str(data))
         started = time.perf_counter()
-        predicted = self.predict_tokens([s.tokens for s in sentences], batch_size, window)  # Python lists: GPU work done
+        if document:  # each document of the file one stream, its sentences in order
+            predicted = []
+            for _, group in itertools.groupby(sentences, key=lambda s: s.document):
+                reader.reset()
+                predicted += reader.predict_tokens([s.tokens for s in group], batch_size, window)
+        else:
+            predicted = self.predict_tokens([s.tokens for s in sentences], batch_size, window)  # Python lists: GPU work done
         seconds = time.perf_counter() - started
         gold = [s.spans() for s in sentences]
         metrics = score(gold, predicted)
@@ -176,9 +199,9 @@ class Predictor:
             log.warning(f"{where}: the entity types differ ({listed}): {'; '.join(effects)}")
 
     def evaluate(self, data: str | Path | list[Sentence], batch_size: int = 128, repair: bool | None = None,
-                 with_errors: bool = False, window: int | None = None) -> dict:
+                 with_errors: bool = False, window: int | None = None, document: bool = False) -> dict:
         """The metrics of `evaluation`: {"precision", "recall", "f1", "per_type"[, "errors"]}."""
-        return self.evaluation(data, batch_size, repair, with_errors, window).metrics
+        return self.evaluation(data, batch_size, repair, with_errors, window, document).metrics
 
 
 # ------------------------------------------------------------------------------ model directory
@@ -227,7 +250,7 @@ def read_model_dir(directory: Path, files: tuple[str, ...] = MODEL_FILES) -> Mod
         if meta.get("lexicon_sha256") and lexicon.fingerprint != meta["lexicon_sha256"]:
             raise ModelDirError("lexicon.txt does not match the checksum the model was trained with",
                                 where=str(directory / "lexicon.txt"))
-    if not (directory / "lm").is_dir() and config.embeddings.lm.path:
+    if not (directory / "lm").is_dir() and config.embeddings.lm_sources():
         raise ModelDirError("lm/ is missing: the model was trained with a language model, which lives in lm/",
                             where=str(directory), fix="copy the whole model directory, lm/ included")
     return ModelFiles(meta, config, vocab, lexicon, _train_max_len(meta, directory / "nerkit.json"))

@@ -174,16 +174,23 @@ def sigterm_as_exit() -> Iterator[None]:
 
 
 def predict_file(model: str | Path, source: str, output: str | None, fmt: str = "jsonl", batch_size: int = 64,
-                 device: str = "cpu", threads: int = 0, workers: int = 1, window: int | None = None) -> int:
+                 device: str = "cpu", threads: int = 0, workers: int = 1, window: int | None = None,
+                 document: bool = False) -> int:
     """`nerkit predict`: the paths checked before the model loads (a wrong one costs no wait), then
     `predict_stream` with the model in this process or in `workers` processes. SIGTERM ends it as
-    Ctrl-C does (`sigterm_as_exit`). Returns the number of records written."""
+    Ctrl-C does (`sigterm_as_exit`). With `document` (a model with memory), the lines are read in
+    order as one stream, in this process. Returns the number of records written."""
     check_paths(source, output)
     ranks = Ranks.from_env()  # torchrun's processes, on this machine or several
+    if document and (workers > 1 or ranks is not None):
+        raise UserError("--document reads the input as one stream, in order: one process reads it",
+                        fix="drop --workers (or run without torchrun)")
     if ranks is not None:
         check_ranked(source, output)
         workers = 1  # a rank is one process; add ranks rather than workers
     with sigterm_as_exit(), predictor(model, device, threads, workers, window) as pipe:
+        if document:
+            pipe = pipe.document_stream()
         if ranks is None:
             return predict_stream(pipe, source, output, fmt, batch_size, window=window)
         ranks.start()

@@ -12,6 +12,7 @@ from torch import nn
 from nerkit.features.batch import Batch
 from nerkit.model.crf import CRF
 from nerkit.model.encoders import ENCODERS, LatticeWords
+from nerkit.model.encoders.transformer import forget
 
 UNK_ID = 1  # features.Vocab: 0 is padding, 1 the unknown token
 
@@ -34,9 +35,21 @@ def token_dropout(ids: torch.Tensor, p: float) -> torch.Tensor:
     return ids.masked_fill(drop, UNK_ID)
 
 
+def piece_sequences(emissions: torch.Tensor, tag_ids: torch.Tensor, pieces: torch.Tensor
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The CRF sequences inside a batch of segments: emissions (B, L, K) and tag_ids (B, L) re-sliced
+    into one left-aligned row per piece, with its mask. `pieces` (N, 3): row, start, length."""
+    rows, starts, lengths = pieces.unbind(1)  # (N,) each
+    offsets = torch.arange(int(lengths.max()), device=emissions.device)  # (P,)
+    mask = offsets[None, :] < lengths[:, None]  # (N, P)
+    columns = (starts[:, None] + offsets[None, :]).clamp(max=emissions.size(1) - 1)  # (N, P), padding in range
+    return emissions[rows[:, None], columns], tag_ids[rows[:, None], columns], mask  # (N, P, K), (N, P), (N, P)
+
+
 class Embedder(nn.Module):
     """Concatenated character and bigram embeddings and, with a language model, its features for
-    each character; dropout on the whole. `lm`: a `nerkit.pretrained.base.CharFeatures` (LM or LAC), or None."""
+    each character; dropout on the whole. `lm`: a `nerkit.pretrained.base.CharFeatures` (LM or LAC),
+    a `nerkit.pretrained.stacked.Stacked` of several (their features in order), or None."""
 
     def __init__(self, num_chars: int, num_bichars: int, char_dim: int, bichar_dim: int, dropout: float,
                  init: str = "normal", token_dropout: float = 0.0, lm: nn.Module | None = None):
@@ -57,11 +70,8 @@ class Embedder(nn.Module):
             parts.append(self.chars(char_ids))  # (B, T, Dc)
         if self.bichars is not None:
             parts.append(self.bichars(bichar_ids))  # (B, T, Db)
-        if self.lm is not None:
-            if batch.lm_states is not None:  # a frozen LM's cached states
-                parts.append(self.lm.combine(batch.lm_states))  # (B, T, D_lm)
-            else:
-                parts.append(self.lm(batch.lm_ids, batch.mask))  # (B, T, D_lm)
+        if self.lm is not None:  # a frozen LM's cached states where the batch has them, else the LM run
+            parts.append(self.lm.read(batch.lm_ids, batch.mask, batch.lm_states))  # (B, T, D_lm)
         return self.dropout(torch.cat(parts, dim=-1))  # (B, T, output_dim)
 
 
@@ -86,9 +96,13 @@ class Tagger(nn.Module):
         """The language model's feature module (nerkit.pretrained), or None."""
         return self.embedder.lm
 
+    def lm_sources(self) -> list[nn.Module]:
+        """The language models whose features the model reads, in order (several when stacked)."""
+        return list(self.embedder.lm.sources) if self.embedder.lm is not None else []
+
     def lm_parameters(self) -> list[nn.Parameter]:
-        """The language model's own weights (not the layers above it), for its own learning rate."""
-        return list(self.embedder.lm.lm.parameters()) if self.embedder.lm is not None else []
+        """The language models' own weights (not the layers above them), for their own learning rate."""
+        return [p for source in self.lm_sources() for p in source.lm.parameters()]
 
     @torch.no_grad()
     def load_rows(self, kind: str, ids: list[int], rows: torch.Tensor, freeze: bool) -> None:
@@ -117,6 +131,15 @@ class Tagger(nn.Module):
         stream starts here). Document training and streamed prediction read a stream with it."""
         h, memory = self.encoder.encode(self.embedder(batch), batch.mask, memory)  # (B, L, H)
         return self.emission(self.output_dropout(h)), memory  # (B, L, K)
+
+    def segment_loss(self, batch: Batch, memory: list | None = None) -> tuple[torch.Tensor, list | None]:
+        """Document training's loss (`data.context: document`): one segment of B streams read with
+        the memory of their segments before (dropped in the rows of `batch.resets`, whose document
+        starts here), and the mean negative log-likelihood per sentence piece (`batch.pieces`, each
+        its own CRF sequence, as a sentence is in `loss`); also the memory the next segment reads."""
+        emissions, memory = self.read_segment(batch, forget(memory, batch.resets))  # (B, L, K)
+        emissions, tag_ids, mask = piece_sequences(emissions, batch.tag_ids, batch.pieces)  # (N, P, K), (N, P)
+        return self.crf.neg_log_likelihood(emissions, tag_ids, mask, reduction="mean"), memory
 
     def loss(self, batch: Batch) -> torch.Tensor:
         """Mean negative log-likelihood per sentence."""

@@ -93,6 +93,23 @@ class CharFeatures(nn.Module):
         Returns (B, T, output_dim), zero at padding."""
         return self.combine(self.states(lm_ids, mask))
 
+    def read(self, lm_ids: torch.Tensor | None, mask: torch.Tensor, cached: torch.Tensor | None = None) -> torch.Tensor:
+        """The features (B, T, output_dim): from `cached`, a frozen LM's layer states (B, T, S, D)
+        read from nerkit.pretrained.cache, when given, else by running the LM on lm_ids (B, T)."""
+        if cached is not None:
+            return self.combine(cached)  # (B, T, D)
+        return self(lm_ids, mask)  # (B, T, D)
+
+    @property
+    def sources(self) -> list["CharFeatures"]:
+        """The feature sources this module stands for: itself (nerkit.pretrained.stacked's `Stacked`
+        holds several), so that the optimiser, the cache and the model directory treat both alike."""
+        return [self]
+
+    def example_states(self, per_source: list[torch.Tensor | None]) -> torch.Tensor | None:
+        """What an example's `lm_states` holds, given each source's cached (T, S, D) states: its one."""
+        return per_source[0]
+
     def states(self, lm_ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """(B, T, S, D) float32 layer states, zero at padding: S = 1 for "last", else the embeddings
         and each layer."""

@@ -18,7 +18,6 @@ from nerkit.files import (
     atomic_write_text,
 )
 from nerkit.pretrained.base import (
-    LM_DIR,
     MIX_FILE,
     OPTIONS_FILE,
     _read_optional_json,
@@ -131,10 +130,11 @@ def _load_weights(module: nn.Module, path: Path, prefix: str = "") -> None:
                  "the weights do not fit config.json", where=str(path), fix=EXPORT_FIX, extra_ok=True)
 
 
-def save_lac(embedder: LACEmbedder, model_dir: str | Path, weights: bool = True) -> Path:
-    """`nerkit.pretrained.loading.save_lm` for LAC: MODEL_DIR/lm/ with config.json, word.dic, the embedder's
-    options and, with `weights`, the encoder's (possibly fine-tuned) weights and scalar mix."""
-    target = Path(model_dir) / LM_DIR
+def save_lac(embedder: LACEmbedder, target: str | Path, weights: bool = True) -> Path:
+    """`nerkit.pretrained.loading.save_lm` for LAC: the directory `target` (a model directory's lm/,
+    or one of a stack's lm/0/, lm/1/, ...) with config.json, word.dic, the embedder's options and,
+    with `weights`, the encoder's (possibly fine-tuned) weights and scalar mix."""
+    target = Path(target)
     options = {"layers": embedder.layers, "finetune": embedder.finetune, "bf16": embedder.bf16}
     with atomic_directory(target) as tmp:
         atomic_write_text(tmp / "config.json", json.dumps(embedder.lm.config.to_dict(), indent=2) + "\n")

@@ -33,6 +33,7 @@ from nerkit.pretrained.bert import (
     character_level,
     check_vocab_size,
 )
+from nerkit.pretrained.stacked import Stacked
 from nerkit.pretrained.subword import SubwordEmbedder, read_tokenizer
 from nerkit.weights import load_checked, read_safetensors
 
@@ -67,6 +68,15 @@ def load_lm(path: str | Path, layers: str = "last", finetune: bool = False, bf16
     return LMEmbedder(_build_lm(config, state, weights), vocab, layers=layers, finetune=finetune, bf16=bf16)
 
 
+def load_sources(sources: list) -> CharFeatures | Stacked | None:
+    """The features of `embeddings.lm`'s sources (nerkit.config's LMConfig, `lm_sources()`), each
+    with its own options: None for none, the one LM, or a `Stacked` of them in their order."""
+    loaded = [load_lm(s.path, layers=s.layers, finetune=s.finetune, bf16=s.bf16) for s in sources]
+    if len(loaded) < 2:
+        return loaded[0] if loaded else None
+    return Stacked(loaded)
+
+
 def _is_lac(directory: Path) -> bool:
     from nerkit.pretrained.lac_files import is_lac_directory
 
@@ -75,18 +85,29 @@ def _is_lac(directory: Path) -> bool:
 
 # ------------------------------------------------------------------------------------ save / load
 
-def save_lm(embedder: CharFeatures, model_dir: str | Path, weights: bool = True) -> Path:
+def save_lm(embedder: CharFeatures | Stacked, model_dir: str | Path, weights: bool = True) -> Path:
     """Write the LM into MODEL_DIR/lm/ as a plain Hugging Face directory (config.json, vocab.txt,
     tokenizer_config.json and, with `weights`, model.safetensors with the current, possibly
     fine-tuned, weights) plus the embedder's options and scalar mix, so that `load_saved_lm`
     rebuilds it with nothing else. A nerkit model directory saves it without weights: they are in
     the tagger's own model.safetensors, which then fills the rebuilt LM. A LAC embedder writes
-    its own kind of directory (`nerkit.pretrained.lac_files.save_lac`)."""
+    its own kind of directory (`nerkit.pretrained.lac_files.save_lac`). Stacked sources each
+    write theirs into a numbered subdirectory, lm/0/, lm/1/, ... in their order."""
+    target = Path(model_dir) / LM_DIR
+    if isinstance(embedder, Stacked):
+        with atomic_directory(target) as tmp:
+            for k, source in enumerate(embedder.sources):
+                _save_source(source, tmp / str(k), weights)
+        return target
+    return _save_source(embedder, target, weights)
+
+
+def _save_source(embedder: CharFeatures, target: Path, weights: bool) -> Path:
+    """One language model's directory at `target` (see `save_lm`)."""
     if not isinstance(embedder, (LMEmbedder, SubwordEmbedder)):
         from nerkit.pretrained.lac_files import save_lac
 
-        return save_lac(embedder, model_dir, weights)
-    target = Path(model_dir) / LM_DIR
+        return save_lac(embedder, target, weights)
     if isinstance(embedder, SubwordEmbedder):
         return _save_subword(embedder, target, weights)
     vocab = embedder.vocab
@@ -131,17 +152,35 @@ def _write_weights(tmp: Path, embedder: CharFeatures) -> None:
 SAVED_LM_FIX = "the model directory's lm/ is damaged: copy the whole model directory again, or train the model again"
 
 
-def load_saved_lm(model_dir: str | Path) -> CharFeatures:
-    """The embedder that `save_lm` wrote into MODEL_DIR/lm/; saved without weights, its weights are
-    left as built (the caller loads them, as a nerkit model directory does from model.safetensors).
-    An error about a file in lm/ names `SAVED_LM_FIX`."""
+def load_saved_lm(model_dir: str | Path, sources: int | None = None) -> CharFeatures | Stacked:
+    """The embedder that `save_lm` wrote into MODEL_DIR/lm/ (a `Stacked` of lm/0/, lm/1/, ... when
+    its sources were stacked); saved without weights, its weights are left as built (the caller
+    loads them, as a nerkit model directory does from model.safetensors). `sources`: how many the
+    model's config lists, when known. An error about a file in lm/ names `SAVED_LM_FIX`."""
     directory = Path(model_dir) / LM_DIR
     try:
+        stacked = stacked_directories(directory)
+        found = max(1, len(stacked))
+        if sources is not None and found != sources:
+            raise ModelDirError(f"lm/ holds {found} language model(s) but config.yaml lists {sources}",
+                                where=str(directory), fix=SAVED_LM_FIX)
+        if stacked:
+            return Stacked([_load_saved_lm(source) for source in stacked])
         return _load_saved_lm(directory)
     except UserError as e:
         if not (e.where and Path(re.sub(r":\d+$", "", e.where)).is_relative_to(directory)):
             raise  # not about lm/'s files (a missing `transformers` package)
         raise ModelDirError(e.message, where=e.where, fix=SAVED_LM_FIX) from None
+
+
+def stacked_directories(directory: Path) -> list[Path]:
+    """A saved lm/'s numbered source directories (0, 1, ...) when it holds a stack; [] for one LM."""
+    if (directory / OPTIONS_FILE).is_file():
+        return []
+    found = []
+    while (directory / str(len(found))).is_dir():
+        found.append(directory / str(len(found)))
+    return found
 
 
 def _load_saved_lm(directory: Path) -> CharFeatures:

@@ -35,6 +35,8 @@ class CodepointVocab(CharVocab):
     """Each character's id is its code point: the subword embedder reads the text back from them.
     Its identity, which keys a frozen LM's cache, is the tokenizer's."""
 
+    pad_id = 0  # what fills a batch past a sentence's end (the embedder reads only each sentence's own length)
+
     def __init__(self, tokenizer_identity: str):
         super().__init__()
         self.identity = tokenizer_identity

@@ -37,12 +37,13 @@ def build_pipeline(config: Config, splits: Splits, device: torch.device | str = 
         lc = config.lexicon
         lexicon = Lexicon.from_source(lc.source, lc.min_len, lc.max_len or None, lc.min_freq or None)
     lm = None
-    if emb.lm.path:
-        from nerkit.pretrained.loading import load_lm
+    if emb.lm_sources():
+        from nerkit.pretrained.loading import load_sources
 
-        lm = load_lm(emb.lm.path, layers=emb.lm.layers, finetune=emb.lm.finetune, bf16=emb.lm.bf16)
-        log.info(f"language model {emb.lm.path}: {lm.output_dim} features per character, "
-                 f"{'fine-tuned' if emb.lm.finetune else 'frozen'}, layers {emb.lm.layers}")
+        lm = load_sources(emb.lm_sources())
+        for source, options in zip(lm.sources, emb.lm_sources()):
+            log.info(f"language model {options.path}: {source.output_dim} features per character, "
+                     f"{'fine-tuned' if options.finetune else 'frozen'}, layers {options.layers}")
     extra = {kind: v.words for kind, v in vectors.items()} if emb.vectors_keep == "all" else {}
     featurizer = Featurizer.build(config, splits.train, scheme_tags(splits.types, splits.scheme), lexicon,
                                   extra=extra)
@@ -96,8 +97,8 @@ def check_pretrained_files(config: Config) -> None:
     for kind, path in vector_files(config, lattice).items():
         check_input(path, f"embeddings.{kind}_vectors", "vector file not found",
                     fix="check the path; `make vectors` builds the benchmark configs' vectors/")
-    if config.embeddings.lm.path:
-        check_input(config.embeddings.lm.path, "embeddings.lm.path", "language-model directory not found",
+    for k, source in enumerate(config.embeddings.lm_sources()):
+        check_input(source.path, f"{config.embeddings.lm_label(k)}.path", "language-model directory not found",
                     directory=True, fix=FETCH_FIX)
     if lattice and config.lexicon.source != "jieba":
         check_input(config.lexicon.source, "lexicon.source", "lexicon file not found",

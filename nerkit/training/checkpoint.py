@@ -1,6 +1,7 @@
 """Resumable checkpoints: everything a training run needs to continue exactly where it stopped (model,
-best model so far, optimiser, schedule, random state, and `Progress`), as safetensors + JSON in
-OUT/checkpoint, written as one atomic directory. Never pickle. A run of several processes keeps
+best model so far, optimiser, schedule, random state, `Progress` and, inside an epoch of document
+streams, the memory their next segments read), as safetensors + JSON in OUT/checkpoint, written
+as one atomic directory. Never pickle. A run of several processes keeps
 each rank's random state too, so that its resume on as many processes is exact."""
 
 from __future__ import annotations
@@ -96,9 +97,10 @@ def _unshared(tensors: dict) -> dict:
 
 
 def save_checkpoint(out: Path, model: nn.Module, optimizer, scheduler, progress: Progress,
-                    best_state: dict | None, rank_states: list[torch.Tensor] = ()) -> None:
+                    best_state: dict | None, rank_states: list[torch.Tensor] = (), memory: list | None = None) -> None:
     """Everything needed to continue exactly, in safetensors + JSON, written as one atomic directory.
-    `rank_states`: `rank_rng_state()` of the ranks after the first in a run of several processes."""
+    `rank_states`: `rank_rng_state()` of the ranks after the first in a run of several processes;
+    `memory`: document streams' Transformer-XL memory, a (states, mask) per layer (`load_memory`)."""
     tensors = _unshared({f"model.{k}": v.detach().cpu().contiguous() for k, v in model.state_dict().items()})
     if best_state is not None:
         tensors.update({f"best.{k}": v.detach().cpu().contiguous() for k, v in best_state.items()})
@@ -113,6 +115,9 @@ def save_checkpoint(out: Path, model: nn.Module, optimizer, scheduler, progress:
     rng_tensors, rng_meta = _rng_state()
     tensors.update(rng_tensors)
     tensors.update({f"rng.rank{rank}": state.cpu() for rank, state in enumerate(rank_states, start=1)})
+    for layer, (states, mask) in enumerate(memory or ()):
+        tensors[f"memory.{layer}.states"] = states.detach().cpu().contiguous()  # (B, M, d)
+        tensors[f"memory.{layer}.mask"] = mask.cpu().contiguous()  # (B, M) bool
     meta = {"progress": asdict(progress), "optimizer": {"param_groups": opt["param_groups"], "other": opt_meta},
             "scheduler": scheduler.state_dict(), "rng": rng_meta}
     with atomic_directory(out / CHECKPOINT) as tmp:
@@ -160,3 +165,15 @@ def load_checkpoint(out: Path, model: nn.Module, optimizer, scheduler, checksums
     if f"rng.rank{rank}" in tensors:
         set_rank_rng_state(tensors[f"rng.rank{rank}"])
     return Progress(**meta["progress"]), best
+
+
+def load_memory(out: Path, device: torch.device | str = "cpu") -> list | None:
+    """The memory `save_checkpoint` stored in the checkpoint of the run in `out` (read after
+    `load_checkpoint`), on `device`: a (states, mask) per layer, or None when it has none."""
+    from safetensors import safe_open
+
+    with safe_open(str(out / CHECKPOINT / "state.safetensors"), framework="pt") as f:
+        keys = set(f.keys())
+        layers = sum(1 for key in keys if key.startswith("memory.") and key.endswith(".states"))
+        return [(f.get_tensor(f"memory.{k}.states").to(device), f.get_tensor(f"memory.{k}.mask").to(device))
+                for k in range(layers)] or None

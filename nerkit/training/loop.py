@@ -19,6 +19,7 @@ import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
@@ -36,6 +37,7 @@ from nerkit.training.build import build_pipeline
 from nerkit.training.checkpoint import (
     Progress,
     load_checkpoint,
+    load_memory,
     rank_rng_state,
     save_checkpoint,
 )
@@ -52,6 +54,7 @@ from nerkit.training.schedule import (
     warn_long_run_warmup,
     warn_long_warmup,
 )
+from nerkit.training.streams import Step, Streams, step_batch, step_chars
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +82,13 @@ def train_step(model, batch, optimizer, scheduler=None, params: list = (), clip_
     training loop, the benchmarks and the profiling scripts all call it. `model` may be a
     `distributed.Replica`, whose backward averages the gradients of all ranks before they are
     clipped."""
-    loss = model.loss(batch)
+    return learn(model.loss(batch), optimizer, scheduler, params, clip_norm, clip_value, weight)
+
+
+def learn(loss: torch.Tensor, optimizer, scheduler=None, params: list = (), clip_norm: float = 0.0,
+          clip_value: float = 0.0, weight: float = 1.0) -> float:
+    """`train_step`'s optimiser step, from a loss already computed (document streams compute theirs
+    with the memory, `document_step`); returns the loss, times `weight`."""
     if weight != 1.0:
         loss = loss * weight
     optimizer.zero_grad(set_to_none=True)
@@ -154,8 +163,14 @@ class Run:
     params: list = field(default_factory=list)
     total_steps: int = 0  # the steps train.epochs and train.max_steps allow (a time budget may allow fewer)
     warned_warmup: bool = False  # whether a warm-up too long for the run has been reported
+    # data.context: document: the training streams (then `examples` is empty), the memory the next
+    # segment of each row reads (None at an epoch's start), and the featurised empty text a row
+    # that has run out reads
+    streams: Streams | None = None
+    memory: list | None = None
+    empty: Example | None = None
 
-    @property
+    @cached_property
     def lengths(self) -> list[int]:
         return [len(e) for e in self.examples]
 
@@ -168,7 +183,7 @@ class Run:
         if self.world.main:
             self.progress.elapsed = self.elapsed()
             save_checkpoint(self.out, self.pipe.model, self.optimizer, self.scheduler, self.progress,
-                            self.best_state, rank_states)
+                            self.best_state, rank_states, memory=self.memory if self.progress.batch else None)
 
 
 def set_up(config: Config, out: Path, force: bool, resume: bool, splits: Splits | None, stop: StopRequest,
@@ -185,22 +200,25 @@ def set_up(config: Config, out: Path, force: bool, resume: bool, splits: Splits 
     pipe = build_pipeline(config, splits, device)
     config = pipe.config  # the widths its vector files gave resolved
     world.check_same("the corpora and vocabularies", [splits.checksums, pipe.featurizer.sizes()], config.data.train)
-    examples = [pipe.featurizer.training_example(s) for s in splits.train]
-    attach_lm_cache(config, pipe, splits, examples)
+    streams = document_streams(config, pipe, splits, world)
+    examples = [] if streams else [pipe.featurizer.training_example(s) for s in splits.train]
+    if streams is None:  # document streams run a frozen LM every step (its cache is per sentence)
+        attach_lm_cache(config, pipe, splits, examples)
     n_params = sum(p.numel() for p in pipe.model.parameters())
     ranks = f" x {world.size} processes ({tc.batch_size // world.size} sentences each a step)" if world.size > 1 else ""
     log.info(f"model: {config.encoder.name}, {n_params:,} parameters, tags {splits.scheme.upper()} over "
-             f"{', '.join(splits.types)}; train {len(examples)} sentences, dev {len(splits.dev)}; "
+             f"{', '.join(splits.types)}; train {len(splits.train)} sentences, dev {len(splits.dev)}; "
              f"device {device}{ranks}")
     optimizer = make_optimizer(config, pipe.model)
-    steps_per_epoch, total_steps = run_steps(config, len(examples))
+    steps_per_epoch, total_steps = run_steps(config, len(examples), streams.steps_per_epoch() if streams else 0)
     warned = warn_long_run_warmup(config, steps_per_epoch, total_steps)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: lr_factor(config, step, steps_per_epoch, total_steps))
     run = Run(config, out, splits, pipe, examples, optimizer, scheduler,
               Progress(checksums=splits.checksums, world_size=world.size), None, stop, world, pipe.model,
               progress_bar, params=[p for p in pipe.model.parameters() if p.requires_grad],
-              total_steps=total_steps, warned_warmup=warned)
+              total_steps=total_steps, warned_warmup=warned, streams=streams,
+              empty=pipe.featurizer.example([], []) if streams else None)
     if resume:
         _restore(run)
         if world.main:  # the run's config.yaml: this session's limits, and the widths its vector files gave
@@ -216,23 +234,42 @@ def set_up(config: Config, out: Path, force: bool, resume: bool, splits: Splits 
     return run
 
 
+def document_streams(config: Config, pipe: Pipeline, splits: Splits, world: World) -> Streams | None:
+    """With `data.context: document`, the training documents as streams of segments; else None."""
+    if config.data.context != "document":
+        return None
+    if world.size > 1:
+        raise UserError("data.context: document trains on one process: its streams carry each row's memory "
+                        "from step to step, and the ranks do not share it", fix="train without --nproc or torchrun")
+    streams = Streams.build(pipe.featurizer, splits.train, config.encoder.options.segment, config.train.batch_size)
+    log.info(f"document context: {streams.segments:,} segments of at most {config.encoder.options.segment} "
+             f"characters in {len(streams.parts):,} documents (or parts), read as {streams.rows} streams")
+    return streams
+
+
 def attach_lm_cache(config: Config, pipe: Pipeline, splits: Splits, examples: list[Example]) -> None:
     """A frozen language model runs once over the training text: its states are cached on disk
     (keyed by the LM's and the text's checksums) and each example carries its own, so that the
-    epochs train the layers above it at their usual speed."""
+    epochs train the layers above it at their usual speed. Of stacked sources, each frozen one is
+    cached on its own (in its own `cache`); the fine-tuned ones run every step."""
     lm = pipe.model.lm
-    if lm is None or lm.finetune:
+    if lm is None or all(source.finetune for source in lm.sources):
         return
     from nerkit.pretrained.cache import cached_features
 
-    cache = config.embeddings.lm.cache or str(Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-                                              / "nerkit" / "lm")
-    started = time.perf_counter()
-    states = cached_features(lm, [s.tokens for s in splits.train], cache)
-    for example, state in zip(examples, states):
-        example.lm_states = state
-    log.info(f"frozen LM states of {len(examples):,} training sentences from {cache} "
-             f"({time.perf_counter() - started:.0f} s)")
+    texts = [s.tokens for s in splits.train]
+    per_source = []  # each source's states of every training sentence, or None for a fine-tuned one
+    for source, options in zip(lm.sources, config.embeddings.lm_sources()):
+        if source.finetune:
+            per_source.append(None)
+            continue
+        cache = options.cache or str(Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "nerkit" / "lm")
+        started = time.perf_counter()
+        per_source.append(cached_features(source, texts, cache))
+        log.info(f"frozen LM states of {len(examples):,} training sentences from {cache} "
+                 f"({time.perf_counter() - started:.0f} s)")
+    for i, example in enumerate(examples):
+        example.lm_states = lm.example_states([states[i] if states is not None else None for states in per_source])
 
 
 def _restore(run: Run) -> None:
@@ -257,6 +294,7 @@ def _restore(run: Run) -> None:
     if progress.stopped == "time_budget" and (not tc.time_budget or progress.elapsed < tc.time_budget):
         progress.stopped = ""
     run.progress = progress
+    run.memory = load_memory(run.out, run.pipe.device) if progress.batch else None
     logged = progress.epochs_logged
     if progress.stopped:  # a run that only lacks its final model: a cut epoch's record stays
         run.best_state = adopt_cut_epoch(run)
@@ -286,22 +324,21 @@ def run_epoch(run: Run, epoch: int) -> int:
     or the time budget on any of them), so that they all stop at the same step."""
     from tqdm import tqdm
 
-    tc, progress, lengths, world = run.config.train, run.progress, run.lengths, run.world
+    tc, progress, world = run.config.train, run.progress, run.world
     run.pipe.model.train()
-    batches = bucketed_batches(lengths, tc.batch_size, random.Random(tc.seed * 1000 + epoch))
+    batches = epoch_batches(run, epoch)
+    if not progress.batch:
+        run.memory = None  # each epoch's streams start afresh
     shown = world.main and (sys.stderr.isatty() if run.progress_bar is None else run.progress_bar)
     bar = tqdm(total=len(batches), initial=progress.batch, desc=f"epoch {epoch}", unit="batch", leave=False,
                file=sys.stderr, dynamic_ncols=True, disable=not shown)
     try:
-        for idx in batches[progress.batch:]:
+        for item in batches[progress.batch:]:
             t0 = time.perf_counter()
-            mine, weight = world.slice(idx)
-            batch = collate([run.examples[i] for i in mine]).to(run.pipe.device)
-            loss = train_step(run.learner, batch, run.optimizer, run.scheduler, run.params, tc.clip_norm,
-                              tc.clip_value, weight)
+            loss, chars = document_step(run, item) if run.streams else sentence_step(run, item)
             late = bool(tc.time_budget) and run.elapsed() > tc.time_budget
             loss, stops, lates = world.sum([loss / world.size, run.stop.requested, late])
-            chars, seconds = sum(lengths[i] for i in idx), time.perf_counter() - t0  # the global batch's
+            seconds = time.perf_counter() - t0
             progress.step += 1
             progress.batch += 1
             run.session_steps += 1
@@ -326,6 +363,35 @@ def run_epoch(run: Run, epoch: int) -> int:
     finally:
         bar.close()
     return len(batches)
+
+
+def epoch_batches(run: Run, epoch: int) -> list:
+    """The epoch's batches, in the epoch's seeded order: lists of sentence indices, or with document
+    streams the epoch's steps (`Streams.epoch`). A resume recomputes them from the seed."""
+    rng = random.Random(run.config.train.seed * 1000 + epoch)
+    if run.streams is not None:
+        return run.streams.epoch(rng)
+    return bucketed_batches(run.lengths, run.config.train.batch_size, rng)
+
+
+def sentence_step(run: Run, idx: list[int]) -> tuple[float, int]:
+    """One step on the sentences `idx` of a global batch (this rank's slice of them); returns this
+    rank's weighted loss and the global batch's characters."""
+    tc = run.config.train
+    mine, weight = run.world.slice(idx)
+    batch = collate([run.examples[i] for i in mine]).to(run.pipe.device)
+    loss = train_step(run.learner, batch, run.optimizer, run.scheduler, run.params, tc.clip_norm,
+                      tc.clip_value, weight)
+    return loss, sum(run.lengths[i] for i in idx)
+
+
+def document_step(run: Run, step: Step) -> tuple[float, int]:
+    """One step on the next segment of every stream, read with the memory of the streams' segments
+    before; the memory it leaves is the next step's. Returns the loss and the step's characters."""
+    tc = run.config.train
+    batch = step_batch(step, run.empty).to(run.pipe.device)
+    loss, run.memory = run.pipe.model.segment_loss(batch, run.memory)
+    return learn(loss, run.optimizer, run.scheduler, run.params, tc.clip_norm, tc.clip_value), step_chars(step)
 
 
 def interrupted(run: Run, what: str) -> Interrupted:
@@ -377,11 +443,18 @@ def end_epoch(run: Run, epoch: int, n_batches: int) -> bool:
     return finished
 
 
+def evaluate(run: Run, sentences: list) -> dict:
+    """The model's metrics on dev or test sentences, through the one evaluation path; a model trained
+    in document context reads them as it trained, in order as a stream (`document`)."""
+    document = run.config.data.context == "document"
+    return run.pipe.evaluation(sentences, run.config.train.eval_batch_size, document=document).metrics
+
+
 def log_epoch(run: Run, epoch: int, n_batches: int, partial: bool) -> dict:
     """Rank 0's part of an epoch's end: the dev evaluation, its record in metrics.jsonl and its log
     line; returns the dev metrics."""
     tc, progress = run.config.train, run.progress
-    dev = run.pipe.evaluation(run.splits.dev, tc.eval_batch_size).metrics
+    dev = evaluate(run, run.splits.dev)
     record = {"epoch": epoch, "step": progress.step, "loss": progress.epoch_loss / max(1, progress.batch),
               "lr": run.scheduler.get_last_lr()[0],
               "dev_precision": dev["precision"], "dev_recall": dev["recall"], "dev_f1": dev["f1"],
@@ -409,14 +482,14 @@ def finish(run: Run, epoch: int) -> dict:
     pipe.model.load_state_dict(run.best_state)
     metrics = {"best_epoch": progress.best_epoch, "epochs": min(epoch, tc.epochs), "steps": progress.step,
                "partial_epoch": progress.batch > 0,  # a limit stopped the run inside its last epoch
-               "stopped": run.progress.stopped, "dev": pipe.evaluation(splits.dev, tc.eval_batch_size).metrics,
+               "stopped": run.progress.stopped, "dev": evaluate(run, splits.dev),
                "train_chars_per_s": (progress.train_chars + progress.epoch_chars)
                / max(progress.train_seconds + progress.epoch_seconds, 1e-9),  # with a cut epoch's
                "train_chars_per_s_steady": progress.steady_chars / max(progress.steady_seconds, 1e-9),
                "elapsed_s": run.elapsed(), "parameters": sum(p.numel() for p in pipe.model.parameters()),
                "device": str(pipe.device), "processes": run.world.size, "data_sha256": splits.checksums}
     if splits.test is not None:
-        metrics["test"] = pipe.evaluation(splits.test, tc.eval_batch_size).metrics
+        metrics["test"] = evaluate(run, splits.test)
         log.info(f"test (best dev epoch {progress.best_epoch}): P {100 * metrics['test']['precision']:.2f} "
                  f"R {100 * metrics['test']['recall']:.2f} F1 {100 * metrics['test']['f1']:.2f}")
     pipe.write_weights(run.out, metrics)

@@ -19,13 +19,17 @@ LONG_WARMUP = 0.5
 
 def make_optimizer(config: Config, model: torch.nn.Module) -> torch.optim.Optimizer:
     """The optimiser of the model's trainable parameters; a fine-tuned language model's own
-    learning rate (`embeddings.lm.lr`) makes its parameters a group of their own."""
+    learning rate (`embeddings.lm.lr`; each stacked source's own) makes its parameters a group of
+    their own, after the group of the rest."""
     tc = config.train
     params = [p for p in model.parameters() if p.requires_grad]
-    lm_params = {id(p) for p in model.lm_parameters()} if config.embeddings.lm.lr else set()
-    groups = [{"params": [p for p in params if id(p) not in lm_params]}]
-    if lm_params:
-        groups.append({"params": [p for p in params if id(p) in lm_params], "lr": config.embeddings.lm.lr})
+    own_rates = []  # (the source's parameter ids, its rate), in the sources' order
+    for source, options in zip(model.lm_sources(), config.embeddings.lm_sources()):
+        if options.lr:
+            own_rates.append(({id(p) for p in source.lm.parameters()}, options.lr))
+    claimed = set().union(*(ids for ids, _ in own_rates))
+    groups = [{"params": [p for p in params if id(p) not in claimed]}]
+    groups += [{"params": [p for p in params if id(p) in ids], "lr": lr} for ids, lr in own_rates]
     if tc.optimizer == "sgd":
         return torch.optim.SGD(groups, lr=tc.lr, momentum=tc.momentum, weight_decay=tc.weight_decay)
     # The fused kernels update every parameter in one pass: on CPU they make a BiLSTM step ~20%
@@ -59,11 +63,12 @@ def lr_factor(config: Config, step: int, steps_per_epoch: int, total_steps: int)
     return 1.0
 
 
-def run_steps(config: Config, examples: int) -> tuple[int, int]:
+def run_steps(config: Config, examples: int, steps_per_epoch: int = 0) -> tuple[int, int]:
     """(steps per epoch, total steps) of a run over `examples` training sentences: train.epochs of
-    ceil(examples / train.batch_size) batches, at most train.max_steps."""
+    ceil(examples / train.batch_size) batches, or of `steps_per_epoch` when the caller knows them
+    (document streams), at most train.max_steps."""
     tc = config.train
-    steps_per_epoch = math.ceil(examples / tc.batch_size)
+    steps_per_epoch = steps_per_epoch or math.ceil(examples / tc.batch_size)
     total_steps = steps_per_epoch * tc.epochs
     return steps_per_epoch, min(total_steps, tc.max_steps) if tc.max_steps else total_steps
 

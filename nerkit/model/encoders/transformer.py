@@ -101,6 +101,15 @@ class Transformer(nn.Module):
         return x.masked_fill(~mask[..., None], 0.0), kept  # padding reads as zeros, as from the BiLSTM
 
 
+def forget(memory: list[Memory] | None, rows: torch.Tensor | None) -> list[Memory] | None:
+    """`memory` with the rows where `rows` (B,) bool is True emptied: every position masked, so the
+    next segment of those rows attends to nothing before it, as at the start of a text (a new
+    document starts in that row while the others read on)."""
+    if memory is None or rows is None or not bool(rows.any()):
+        return memory
+    return [(states, state_mask & ~rows[:, None]) for states, state_mask in memory]  # (B, M, d), (B, M)
+
+
 def _remember(state: torch.Tensor | None, state_mask: torch.Tensor | None, x: torch.Tensor, mask: torch.Tensor,
                size: int) -> Memory:
     """The last `size` real positions of [state ; x], without gradient: what the next segment attends

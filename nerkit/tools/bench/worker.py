@@ -36,11 +36,13 @@ def pretrained_inputs(config) -> dict:
         path = getattr(emb, f"{kind}_vectors")
         if path:
             found[f"{kind}_vectors"] = {"path": path, "sha256": sha256_file(path)}
-    if emb.lm.path:
-        weights = [p for p in (Path(emb.lm.path) / "model.safetensors", Path(emb.lm.path) / "pytorch_model.bin")
-                   if p.is_file()]
-        found["lm"] = {"path": emb.lm.path, "finetune": emb.lm.finetune, "layers": emb.lm.layers, "bf16": emb.lm.bf16,
-                       "sha256": sha256_file(weights[0]) if weights else None}
+    sources = []
+    for lm in emb.lm_sources():
+        weights = [p for p in (Path(lm.path) / "model.safetensors", Path(lm.path) / "pytorch_model.bin") if p.is_file()]
+        sources.append({"path": lm.path, "finetune": lm.finetune, "layers": lm.layers, "bf16": lm.bf16,
+                        "sha256": sha256_file(weights[0]) if weights else None})
+    if sources:  # one language model as before; stacked sources as a list, in their order
+        found["lm"] = sources if isinstance(emb.lm, list) else sources[0]
     return found
 
 
@@ -78,7 +80,7 @@ def measure(config_path: str, overrides: list[str], out: str, predict_batch_size
         "predict_on": "dev" if splits.test is None else "test", "predict_batch_size": predict_batch_size,
         "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,  # KiB on Linux
         "peak_cuda_mib": torch.cuda.max_memory_allocated() / 2**20 if on_gpu else None,
-        "pretrained": bool(emb.char_vectors or emb.bichar_vectors or emb.word_vectors or emb.lm.path),
+        "pretrained": bool(emb.char_vectors or emb.bichar_vectors or emb.word_vectors or emb.lm_sources()),
         "pretrained_inputs": pretrained_inputs(config),
         "device": str(pipe.device), "gpu": torch.cuda.get_device_name() if on_gpu else None,
         "torch_version": torch.__version__, "torch_threads": torch.get_num_threads(),

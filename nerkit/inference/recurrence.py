@@ -1,0 +1,132 @@
+"""Reading with Transformer-XL's segment recurrence: a model whose encoder has `encoder.memory`
+reads a text longer than one segment a segment at a time, each segment attending to the memory of
+the ones before, and its CRF settles tags as they become certain (`nerkit.model.viterbi`). Nothing
+held grows with the text's length beyond its own characters and the tag per character that comes
+out: no whole-text features, activations or back-pointers.
+
+With `document`, consecutive texts (the lines of an input) are one stream: whole lines are packed
+into segments of at most `encoder.segment` characters as document training (`data.context:
+document`) packs its sentences (a longer line is cut every `segment` characters), the memory runs
+on from line to line, and each line is still decoded as its own tag sequence.
+
+A segment's features are those of its characters within their own line: each piece is featurised
+with the one character after it, so a character bigram at a cut is the one the whole line has. A
+language model's features (`embeddings.lm`), where a model has one, see one piece at a time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+
+import numpy as np
+import torch
+
+from nerkit.config import memory_segment
+from nerkit.data.documents import pack
+from nerkit.data.records import DOCUMENT_SEPARATOR
+from nerkit.errors import UserError
+from nerkit.features.batch import collate
+from nerkit.features.featurizer import Example
+
+
+def pieces(lengths: Iterable[int], segment: int) -> Iterator[list[tuple[int, int, int]]]:
+    """The segments of a stream of lines of these lengths: each a list of (line, start, end) pieces
+    whose lengths add up to at most `segment`, packed as document training packs its sentences
+    (`nerkit.data.documents.pack`), a line longer than a segment cut every `segment` characters."""
+    return pack(((list(range(0, length, segment)) or [0], length) for length in lengths), segment)
+
+
+class MemoryReader:
+    """A Pipeline's tagger reading streams with its memory: `read(text)` a text alone, `read_lines`
+    consecutive lines as one stream whose memory (`self.memory`) runs on across calls until `reset`."""
+
+    def __init__(self, pipe):
+        self.pipe = pipe
+        self.segment = memory_segment(pipe.config)
+        if not self.segment:
+            raise ValueError("a MemoryReader needs a model with encoder.memory")
+        self.decoder = pipe.model.crf.streaming()
+        self.memory = None
+
+    def reset(self) -> None:
+        self.memory = None
+
+    def read(self, tokens: Sequence[str]) -> list[int]:
+        """The tag ids of one text (a string or a token list), read from a fresh memory."""
+        self.reset()
+        return next(iter(self.read_lines([tokens])))
+
+    def read_lines(self, lines: Sequence[Sequence[str]]) -> list[list[int]]:
+        """The tag ids of each line, the lines read as one stream after whatever this reader read before."""
+        found: list[list[int]] = [[] for _ in lines]
+        model = self.pipe.model
+        model.eval()
+        with torch.inference_mode():
+            for segment in pieces((len(t) for t in lines), self.segment):
+                examples = [self._features(lines[i], a, b) for i, a, b in segment]
+                emissions = self._emissions(examples)  # (L, K), L = the pieces' total length
+                offset = 0
+                for (i, a, b), example in zip(segment, examples):
+                    found[i] += self.decoder.push(emissions[offset:offset + len(example)])
+                    offset += len(example)
+                    if b == len(lines[i]):  # the line ends here: its own tag sequence ends too
+                        found[i] += self.decoder.finish()
+        return found
+
+    def _features(self, tokens: Sequence[str], start: int, end: int) -> Example:
+        """The features of tokens[start:end] as the whole line has them: featurised with the token
+        after (for the last bigram), which is then dropped."""
+        example = self.pipe.featurizer.example(list(tokens[start:end + 1]))
+        if end < len(tokens):
+            for name in ("char_ids", "bichar_ids", "lm_ids"):
+                if getattr(example, name) is not None:
+                    setattr(example, name, getattr(example, name)[: end - start])
+        return example
+
+    def _emissions(self, examples: list[Example]) -> np.ndarray:
+        """The emissions (L, K) of one segment made of these pieces, and the memory moved on past it."""
+        joined = Example([c for e in examples for c in e.char_ids], [c for e in examples for c in e.bichar_ids])
+        if examples[0].lm_ids is not None:
+            joined.lm_ids = [c for e in examples for c in e.lm_ids]
+        batch = collate([joined]).to(self.pipe.device)
+        emissions, self.memory = self.pipe.model.read_segment(batch, self.memory)  # (1, L, K)
+        return emissions[0].float().cpu().numpy()
+
+
+class DocumentStream:
+    """A Pipeline whose `predict_tokens` reads the texts of every call as the next lines of one
+    stream (`nerkit predict --document`, `evaluation(document=True)`); anything else is the pipeline's."""
+
+    def __init__(self, pipe):
+        self.pipe = pipe
+        self.reader = MemoryReader(pipe)
+
+    def __getattr__(self, name: str):
+        return getattr(self.pipe, name)
+
+    def reset(self) -> None:
+        """The next text starts a new document."""
+        self.reader.reset()
+
+    def predict_tokens(self, token_lists: Sequence[Sequence[str]], batch_size: int = 64,
+                       window: int | None = None) -> list:
+        """The spans of each text, read after the texts before it. A text that is a document
+        separator (`-DOCSTART-`, as in CoNLL files) has none and starts a new document."""
+        if window:
+            raise UserError(f"a document is read as one stream, segment by segment: a window of {window} would cut it",
+                            fix="drop --window (or pass --window 0)")
+        spans: list = []
+        start = 0
+        for end in [*(i for i, t in enumerate(token_lists) if _is_separator(t)), len(token_lists)]:
+            lines = token_lists[start:end]
+            found = self.reader.read_lines(lines)
+            spans += [self.pipe.spans_of(tokens, tag_ids) for tokens, tag_ids in zip(lines, found)]
+            if end < len(token_lists):
+                spans.append([])
+                self.reader.reset()
+            start = end + 1
+        return spans
+
+
+def _is_separator(tokens: Sequence[str]) -> bool:
+    return "".join(tokens) == DOCUMENT_SEPARATOR
