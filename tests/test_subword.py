@@ -202,9 +202,9 @@ def test_the_lm_batch_comes_in_a_few_widths(subword_lm):
     embedder = load_lm(subword_lm)
     widths, run = [], embedder._run
 
-    def recording(input_ids, attention):
+    def recording(input_ids, attention, *memory, **options):
         widths.append(input_ids.size(1))
-        return run(input_ids, attention)
+        return run(input_ids, attention, *memory, **options)
 
     texts = [("张三在北京大学读书。" * 3)[:n] for n in range(1, 31)]
     alone = [features(embedder, [t])[0] for t in texts]
@@ -214,3 +214,67 @@ def test_the_lm_batch_comes_in_a_few_widths(subword_lm):
     frame = embedder.window + len(embedder.prefix) + len(embedder.suffix)
     assert all(w == padded_size(w) or w == frame for w in widths), widths
     assert len(set(widths)) < len(set(texts)) // 2, widths
+
+
+def xlnet_lm(directory: Path, mem_len: int | None, attn_type: str = "bi") -> Path:
+    """The tiny XLNet of `build_model`, with a memory of `mem_len` states and `attn_type` attention."""
+    tokenizer = build_tokenizer("xlnet")
+    torch.manual_seed(0)
+    config = transformers.XLNetConfig(vocab_size=len(tokenizer), d_model=16, n_layer=2, n_head=2, d_inner=32,
+                                      pad_token_id=tokenizer.pad_token_id, mem_len=mem_len, attn_type=attn_type)
+    transformers.XLNetModel(config).save_pretrained(str(directory))
+    tokenizer.save_pretrained(str(directory))
+    return directory
+
+
+def test_xlnet_reads_a_long_text_in_segments_with_memory_as_whole(tmp_path):
+    """Issue 32: XLNet reads a text longer than one segment in consecutive segments, each with the
+    states of the ones before as its memory (`mems`). With a memory that holds the whole text and causal
+    attention, that is the text encoded whole in one call (with bidirectional attention an earlier
+    segment never sees a later one, which no segment-level memory changes)."""
+    directory = xlnet_lm(tmp_path / "xlnet", mem_len=1000, attn_type="uni")
+    embedder = load_lm(directory)
+    assert embedder.memory == 1000
+    embedder.window = 7
+    long = "".join(TEXTS[:3]) * 2
+    assert len(embedder.align(long)[0]) > 3 * embedder.window  # several segments
+    (got,) = features(embedder, [long])
+    torch.testing.assert_close(got, expected_features(directory, long), atol=1e-5, rtol=1e-4)
+    embedder.memory = 3  # a memory that forgets: no longer the whole
+    assert not torch.allclose(features(embedder, [long])[0], got, atol=1e-3)
+
+
+def test_xlnet_memory_carries_context_and_stays_bounded(tmp_path):
+    """With a short mem_len (and XLNet's bidirectional attention) each segment is read with the
+    last mem_len states before it, never more, and the features are not the independent windows'."""
+    directory = xlnet_lm(tmp_path / "xlnet", mem_len=5)
+    embedder = load_lm(directory)
+    embedder.window = 7
+    long = "".join(TEXTS[:3]) * 3
+    given, kept, forward = [], [], embedder.lm.forward
+
+    def recording(*args, **options):
+        given.append(None if options.get("mems") is None else [m.size(0) for m in options["mems"]])
+        out = forward(*args, **options)
+        kept.append([m.size(0) for m in out.mems])
+        return out
+
+    embedder.lm.forward = recording
+    (got,) = features(embedder, [long])
+    segments = -(-(len(embedder.align(long)[0]) + 2) // (embedder.window + 2))
+    assert len(given) == segments > 3 and given[0] is None
+    assert all(sizes == [5, 5] for sizes in given[1:]) and all(max(sizes) <= 5 for sizes in kept)
+    del embedder.lm.forward
+    # batched with shorter sentences (which leave the batch early) as alone
+    torch.testing.assert_close(features(embedder, [TEXTS[1], long, "张三"])[1], got, atol=1e-5, rtol=1e-4)
+    embedder.memory = 0
+    windows = features(embedder, [long])[0]
+    assert not torch.allclose(got, windows, atol=1e-3)  # the memory, not windows, carries the context
+
+
+def test_xlnet_without_mem_len_keeps_one_segment(subword_lm):
+    embedder = load_lm(subword_lm)
+    if embedder.lm.config.model_type != "xlnet":
+        assert embedder.memory == 0  # windows, as before
+        return
+    assert embedder.memory == embedder.window + len(embedder.prefix) + len(embedder.suffix)

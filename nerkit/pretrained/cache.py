@@ -21,7 +21,7 @@ from nerkit.files import (
 )
 from nerkit.pretrained.base import CharFeatures
 
-CACHE_FORMAT = 1
+CACHE_FORMAT = 2  # 2: an XLNet reads a long text in segments with its memory (1: windows)
 
 
 # ------------------------------------------------------------------------------------ feature cache

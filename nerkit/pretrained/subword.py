@@ -6,13 +6,15 @@ The featuriser hands a language model one id per character (`CharVocab.ids`); he
 characters themselves (their code points), so the seam between features and pretrained stays as it
 is and a frozen LM's cache is keyed by the text. The embedder rebuilds each sentence's text,
 tokenizes it whole, runs the encoder (in overlapping windows of tokens when the sentence is longer
-than its positions), and gives each character the mean of the states of the tokens whose offsets
-cover it. Mean, because a character is usually covered by one token (then it is that token's state)
-and byte-level BPE may split one character's bytes over several tokens, which should weigh alike;
-every character of a multi-character piece gets the piece's state (where in the piece it sits is
-left to the character and bigram embeddings beside it). A character that no token covers (the
-whitespace a tokenizer drops) gets zeros from the LM: its own character and bigram embeddings still
-tell the model what it is, and offsets never shift.
+than its positions; XLNet, whose positions are relative, reads it in consecutive segments instead,
+each with the states of the segments before as its memory, `mems`), and gives each character the
+mean of the states of the tokens whose offsets cover it. Mean, because a character is usually
+covered by one token (then it is that token's state) and byte-level BPE may split one character's
+bytes over several tokens, which should weigh alike; every character of a multi-character piece
+gets the piece's state (where in the piece it sits is left to the character and bigram embeddings
+beside it). A character that no token covers (the whitespace a tokenizer drops) gets zeros from
+the LM: its own character and bigram embeddings still tell the model what it is, and offsets never
+shift.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from nerkit.shapes import padded_size
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 DEFAULT_WINDOW = 510  # tokens per window for encoders that declare no position limit (XLNet)
+MEMORY_TYPES = ("xlnet",)  # encoders read in segments with a segment-level memory (`mems`) instead of windows
 
 
 class CodepointVocab(CharVocab):
@@ -104,6 +107,10 @@ class SubwordEmbedder(CharFeatures):
         self.prefix, self.suffix = special_frame(tokenizer)
         specials = len(self.prefix) + len(self.suffix)
         self.window = max(1, (token_positions(config) or DEFAULT_WINDOW + specials) - specials)  # content tokens
+        # XLNet: the states kept per layer between segments (its config's mem_len, else one segment's); 0: windows
+        self.memory = 0
+        if getattr(config, "model_type", "") in MEMORY_TYPES:
+            self.memory = getattr(config, "mem_len", None) or self.window + specials
 
     def align(self, text: str) -> tuple[list[int], torch.Tensor]:
         """The token ids of `text` (no special tokens) and the (chars, tokens) float weights that give
@@ -122,40 +129,83 @@ class SubwordEmbedder(CharFeatures):
         device = lm_ids.device
         out = torch.zeros(B, T, self.num_states, self.output_dim, device=device)
         lengths = mask.sum(dim=1).tolist()
-        rows, places, weights = [], [], []  # places: (sentence, row, first content position, take range)
+        tokens, weights = [], []
         for b, n in enumerate(lengths):
-            text = "".join(map(chr, lm_ids[b, :n].tolist()))
-            ids, cover = self.align(text)
+            ids, cover = self.align("".join(map(chr, lm_ids[b, :n].tolist())))
+            tokens.append(ids)
             weights.append(cover)
-            for start, end, take_start, take_end in lm_windows(len(ids), self.window):
-                places.append((b, len(rows), len(self.prefix) - start, take_start, take_end))
-                rows.append(self.prefix + ids[start:end] + self.suffix)
-        if rows:  # the width from a few sizes (nerkit.shapes), never past a window's: bounded native caches
-            longest = max(len(r) for r in rows)
-            width = max(longest, min(padded_size(longest), self.window + len(self.prefix) + len(self.suffix)))
-            pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
-            input_ids = torch.full((len(rows), width), pad, dtype=torch.long)  # (R, W), right-padded
-            attention = torch.zeros(len(rows), width, dtype=torch.long)  # (R, W)
-            for r, row in enumerate(rows):
-                input_ids[r, :len(row)] = torch.tensor(row)
-                attention[r, :len(row)] = 1
-            stack = self._run(input_ids.to(device), attention.to(device))  # (R, W, S, D)
-        token_states = [torch.zeros(cover.size(1), self.num_states, self.output_dim, device=device)
-                        for cover in weights]  # per sentence (tokens, S, D)
-        for b, r, shift, take_start, take_end in places:
-            token_states[b][take_start:take_end] = stack[r, take_start + shift:take_end + shift]
+        read = self._read_with_memory if self.memory else self._read_in_windows
+        token_states = read(tokens, device)  # per sentence (tokens, S, D)
         for b, n in enumerate(lengths):
             if n:  # (chars, tokens) @ (tokens, S*D): each character the mean of its tokens
                 flat = token_states[b].flatten(1)  # (tokens, S * D)
                 out[b, :n] = (weights[b].to(device) @ flat).view(n, self.num_states, self.output_dim)
         return out
 
-    def _run(self, input_ids: torch.Tensor, attention: torch.Tensor) -> torch.Tensor:
-        """input_ids, attention (R, W) -> layer states (R, W, S, D) float32."""
+    def _read_in_windows(self, tokens: list[list[int]], device) -> list[torch.Tensor]:
+        """Each sentence's token states (tokens, S, D), its tokens read in overlapping windows
+        (`lm_windows`), all the sentences' windows in one batch."""
+        rows, places = [], []  # places: (sentence, row, first content position, take range)
+        for b, ids in enumerate(tokens):
+            for start, end, take_start, take_end in lm_windows(len(ids), self.window):
+                places.append((b, len(rows), len(self.prefix) - start, take_start, take_end))
+                rows.append(self.prefix + ids[start:end] + self.suffix)
+        token_states = [torch.zeros(len(ids), self.num_states, self.output_dim, device=device) for ids in tokens]
+        if rows:
+            stack, _ = self._run(*self._batch(rows, device))  # (R, W, S, D)
+            for b, r, shift, take_start, take_end in places:
+                token_states[b][take_start:take_end] = stack[r, take_start + shift:take_end + shift]
+        return token_states
+
+    def _read_with_memory(self, tokens: list[list[int]], device) -> list[torch.Tensor]:
+        """Each sentence's token states (tokens, S, D), its tokens and special tokens cut into
+        consecutive segments of a window's length (the last one shorter) read in order, each with the
+        states of the ones before it as XLNet's memory (`mems`, at most `self.memory` positions a
+        layer, so the memory stays bounded however long the text). The sentences' k-th segments share
+        a batch; only a sentence's last segment is shorter, and a sentence leaves the batch after it,
+        so the memory never holds padding (XLNet attends to every position of its memory)."""
+        frame, P = self.window + len(self.prefix) + len(self.suffix), len(self.prefix)
+        streams = [self.prefix + ids + self.suffix for ids in tokens]
+        token_states = [torch.zeros(len(ids), self.num_states, self.output_dim, device=device) for ids in tokens]
+        active = [b for b, ids in enumerate(tokens) if ids]  # the sentences still being read
+        start, mems = 0, None
+        while active:
+            rows = [streams[b][start:start + frame] for b in active]
+            stack, mems = self._run(*self._batch(rows, device), mems=mems, remember=True)  # (R, W, S, D)
+            for r, b in enumerate(active):  # the content tokens of [start, start + frame)
+                lo, hi = max(start, P), min(start + frame, P + len(tokens[b]))
+                if hi > lo:
+                    token_states[b][lo - P:hi - P] = stack[r, lo - start:hi - start]
+            start += frame
+            going = [r for r, b in enumerate(active) if len(streams[b]) > start]
+            active = [active[r] for r in going]
+            mems = [m[:, going] for m in mems]  # (positions, rows, D) a layer
+        return token_states
+
+    def _batch(self, rows: list[list[int]], device) -> tuple[torch.Tensor, torch.Tensor]:
+        """Token rows as input ids and attention (R, W), right-padded to a width from a few sizes
+        (nerkit.shapes), never past a window's: bounded native caches."""
+        longest = max(len(r) for r in rows)
+        width = max(longest, min(padded_size(longest), self.window + len(self.prefix) + len(self.suffix)))
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        input_ids = torch.full((len(rows), width), pad, dtype=torch.long)  # (R, W)
+        attention = torch.zeros(len(rows), width, dtype=torch.long)  # (R, W)
+        for r, row in enumerate(rows):
+            input_ids[r, :len(row)] = torch.tensor(row)
+            attention[r, :len(row)] = 1
+        return input_ids.to(device), attention.to(device)
+
+    def _run(self, input_ids: torch.Tensor, attention: torch.Tensor, mems: list | None = None,
+             remember: bool = False) -> tuple[torch.Tensor, list | None]:
+        """input_ids, attention (R, W) -> layer states (R, W, S, D) float32, and with `remember`
+        (XLNet) the memory to read the next segment with: a list a layer of (positions, R, D), the
+        last `self.memory` positions of `mems` and this segment (None without)."""
         grad = self.finetune and torch.is_grad_enabled()
+        memory = dict(mems=mems, use_mems=True) if remember else {}
         with torch.set_grad_enabled(grad), torch.autocast(input_ids.device.type, dtype=torch.bfloat16,
                                                           enabled=self.bf16):
             out = self.lm(input_ids=input_ids, attention_mask=attention,
-                          output_hidden_states=self.layers == "mix")
+                          output_hidden_states=self.layers == "mix", **memory)
         states = out.hidden_states if self.layers == "mix" else (out.last_hidden_state,)
-        return torch.stack(states, dim=2).float()  # (R, W, S, D)
+        kept = [m[-self.memory:] for m in out.mems] if remember else None  # detached by the model
+        return torch.stack(states, dim=2).float(), kept  # (R, W, S, D)

@@ -77,13 +77,15 @@ class Transformer(nn.Module):
             outputs.append(out)
         return torch.cat(outputs, dim=1)  # (B, T, d_model)
 
-    def encode(self, x: torch.Tensor, mask: torch.Tensor, memory: list[Memory] | None = None
-               ) -> tuple[torch.Tensor, list[Memory] | None]:
+    def encode(self, x: torch.Tensor, mask: torch.Tensor, memory: list[Memory] | None = None,
+               keep: int | None = None) -> tuple[torch.Tensor, list[Memory] | None]:
         """One segment, Transformer-XL's step (`forward` runs it over a text; document training and
         streamed prediction call it directly): x (B, L, D), mask (B, L), and each layer's memory of
-        what came before (None: the start of every row's text). Returns the segment's output (B, L, d_model), padding as zeros, and the
-        memory for the next segment: per layer, the last `memory` of [its memory ; its input here],
-        detached (the paper's stop-gradient), or None when memory is off."""
+        what came before (None: the start of every row's text). Returns the segment's output
+        (B, L, d_model), padding as zeros, and the memory for the next segment: per layer, the last
+        `memory` of [its memory ; its input here], detached (the paper's stop-gradient), or None
+        when memory is off. With `keep`, only the first `keep` positions are the segment and go
+        into the memory; the rest are a look-ahead that the next segment reads again."""
         x = self.input_projection(x)  # (B, L, d_model)
         if self.positions is not None:
             x = x + self.positions(0, x.size(1), like=x)
@@ -96,7 +98,7 @@ class Transformer(nn.Module):
         for k, layer in enumerate(self.layers):
             state, state_mask = memory[k] if memory else (None, None)
             if kept is not None:
-                kept.append(_remember(state, state_mask, x, mask, self.memory))
+                kept.append(_remember(state, state_mask, x[:, :keep], mask[:, :keep], self.memory))
             x = layer(x, mask, None, state, state_mask)
         return x.masked_fill(~mask[..., None], 0.0), kept  # padding reads as zeros, as from the BiLSTM
 
