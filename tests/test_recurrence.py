@@ -167,3 +167,24 @@ def test_document_on_the_command_line(memory_pipe, tiny_model_dir, tmp_path, ner
     for args, message in refusals:
         result = nerkit(*args, check=False)
         assert result.returncode == 2 and message in result.stderr and len(result.stderr.splitlines()) == 1, args
+
+
+def test_a_look_ahead_margin_is_read_but_neither_emitted_nor_remembered(memory_pipe):
+    """With `margin`, each segment is encoded with the characters after it, emits only its own and
+    remembers only its own inputs: checked against the encoder stepped by hand."""
+    text = TEXTS[0] + TEXTS[2]  # 38 characters: segments of 8, the last one 6
+    model = memory_pipe.model.eval()
+    example = memory_pipe.featurizer.example(list(text))
+    x = model.embedder(collate([example]))  # (1, 38, D): per-character features, the whole text's
+    emissions, memory = [], None
+    with torch.no_grad():
+        for start in range(0, len(text), SEGMENT):
+            end = min(start + SEGMENT, len(text))
+            ahead = min(end + 3, len(text))
+            h, memory = model.encoder.encode(x[:, start:ahead], torch.ones(1, ahead - start, dtype=torch.bool),
+                                             memory, keep=end - start)
+            assert all(state.size(1) == min(MEMORY, end) for state, _ in memory)  # nothing of the look-ahead
+            emissions.append(model.emission(h)[0, : end - start])
+        expected = model.crf.decode(torch.cat(emissions)[None], torch.ones(1, len(text), dtype=torch.bool))[0]
+    assert MemoryReader(memory_pipe, margin=3).read(text) == expected
+    assert MemoryReader(memory_pipe, margin=0).read(text) == whole_text_tags(memory_pipe, text)

@@ -40,8 +40,9 @@ class MemoryReader:
     """A Pipeline's tagger reading streams with its memory: `read(text)` a text alone, `read_lines`
     consecutive lines as one stream whose memory (`self.memory`) runs on across calls until `reset`."""
 
-    def __init__(self, pipe):
+    def __init__(self, pipe, margin: int = 0):
         self.pipe = pipe
+        self.margin = margin  # `read`: characters after each segment encoded with it, emitted by the next
         self.segment = memory_segment(pipe.config)
         if not self.segment:
             raise ValueError("a MemoryReader needs a model with encoder.memory")
@@ -52,9 +53,20 @@ class MemoryReader:
         self.memory = None
 
     def read(self, tokens: Sequence[str]) -> list[int]:
-        """The tag ids of one text (a string or a token list), read from a fresh memory."""
+        """The tag ids of one text (a string or a token list), read from a fresh memory. With a
+        `margin`, each segment is encoded with the `margin` characters after it as a look-ahead that
+        it neither emits nor remembers: the next segment reads them again."""
         self.reset()
-        return next(iter(self.read_lines([tokens])))
+        if not self.margin:
+            return next(iter(self.read_lines([tokens])))
+        found: list[int] = []
+        self.pipe.model.eval()
+        with torch.inference_mode():
+            for start in range(0, len(tokens), self.segment):
+                end = min(start + self.segment, len(tokens))
+                example = self._features(tokens, start, min(end + self.margin, len(tokens)))
+                found += self.decoder.push(self._emissions([example], keep=end - start)[: end - start])
+        return found + self.decoder.finish()
 
     def read_lines(self, lines: Sequence[Sequence[str]]) -> list[list[int]]:
         """The tag ids of each line, the lines read as one stream after whatever this reader read before."""
@@ -83,13 +95,14 @@ class MemoryReader:
                     setattr(example, name, getattr(example, name)[: end - start])
         return example
 
-    def _emissions(self, examples: list[Example]) -> np.ndarray:
-        """The emissions (L, K) of one segment made of these pieces, and the memory moved on past it."""
+    def _emissions(self, examples: list[Example], keep: int | None = None) -> np.ndarray:
+        """The emissions (L, K) of one segment made of these pieces, and the memory moved on past it
+        (past its first `keep` positions)."""
         joined = Example([c for e in examples for c in e.char_ids], [c for e in examples for c in e.bichar_ids])
         if examples[0].lm_ids is not None:
             joined.lm_ids = [c for e in examples for c in e.lm_ids]
         batch = collate([joined]).to(self.pipe.device)
-        emissions, self.memory = self.pipe.model.read_segment(batch, self.memory)  # (1, L, K)
+        emissions, self.memory = self.pipe.model.read_segment(batch, self.memory, keep)  # (1, L, K)
         return emissions[0].float().cpu().numpy()
 
 
@@ -97,8 +110,9 @@ class DocumentStream:
     """A Pipeline whose `predict_tokens` reads the texts of every call as the next lines of one
     stream (`nerkit predict --document`, `evaluation(document=True)`); anything else is the pipeline's."""
 
-    def __init__(self, pipe):
+    def __init__(self, pipe, margin: int = 0):
         self.pipe = pipe
+        self.margin = margin  # `read`: characters after each segment encoded with it, emitted by the next
         self.reader = MemoryReader(pipe)
 
     def __getattr__(self, name: str):

@@ -125,11 +125,13 @@ class Tagger(nn.Module):
         h = self.encoder(x, batch.mask, lattice)  # (B, T, H)
         return self.emission(self.output_dropout(h))  # (B, T, K)
 
-    def read_segment(self, batch: Batch, memory: list | None = None) -> tuple[torch.Tensor, list | None]:
+    def read_segment(self, batch: Batch, memory: list | None = None, keep: int | None = None
+                     ) -> tuple[torch.Tensor, list | None]:
         """Transformer-XL's step (a Transformer with `encoder.memory`): the emissions (B, L, K) of one
         segment of B streams, and the memory the next segment of the same streams reads (None: every
-        stream starts here). Document training and streamed prediction read a stream with it."""
-        h, memory = self.encoder.encode(self.embedder(batch), batch.mask, memory)  # (B, L, H)
+        stream starts here; `keep`: only the first `keep` positions go into it, the rest being a
+        look-ahead). Document training and streamed prediction read a stream with it."""
+        h, memory = self.encoder.encode(self.embedder(batch), batch.mask, memory, keep)  # (B, L, H)
         return self.emission(self.output_dropout(h)), memory  # (B, L, K)
 
     def segment_loss(self, batch: Batch, memory: list | None = None) -> tuple[torch.Tensor, list | None]:
