@@ -609,6 +609,11 @@ def _check_context(config: Config, source: str) -> None:
                           "memory and segment (e.g. memory: 128, segment: 128), or data.context: sentence")
 
 
+# What to do about a YAML syntax error, at the line the message names.
+YAML_FIX = ("correct the YAML at that line: spaces, not tabs, for indentation; a ': ' after each key; "
+            "quotes around a value holding ': ' or ' #'")
+
+
 def read_yaml(path: str | Path, what: str, fix: str | None = None) -> Any:
     """A YAML file's contents; a missing file, bad YAML (with its line) or non-UTF-8 text is a ConfigError."""
     path = Path(path)
@@ -619,9 +624,9 @@ def read_yaml(path: str | Path, what: str, fix: str | None = None) -> Any:
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f"{path}:{mark.line + 1}" if mark else str(path)
-        raise ConfigError(f"not valid YAML ({getattr(e, 'problem', e)})", where=where) from None
+        raise ConfigError(f"not valid YAML ({getattr(e, 'problem', e)})", where=where, fix=YAML_FIX) from None
     except UnicodeDecodeError:
-        raise ConfigError(f"the {what} is not UTF-8 text", where=str(path)) from None
+        raise ConfigError(f"the {what} is not UTF-8 text", where=str(path), fix="save it as UTF-8") from None
 
 
 def load_config(path: str | Path, overrides: list[str] = ()) -> Config:

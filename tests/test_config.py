@@ -204,6 +204,22 @@ def test_malformed_yaml(write_config, text, words):
     assert str(path) in str(info.value)
 
 
+def test_bad_yaml_names_its_line_and_the_fix(write_config):
+    """A syntax error names the file and line and says what to correct (it named no fix before)."""
+    path = write_config("data:\n  train: a.bio\n\tdev: b.bio\n")
+    with pytest.raises(ConfigError, match="not valid YAML") as info:
+        load_config(path)
+    assert info.value.where == f"{path}:3" and "correct the YAML at that line" in info.value.fix
+
+
+def test_a_config_that_is_not_utf8_says_to_save_it_as_utf8(tmp_path):
+    path = tmp_path / "latin1.yaml"
+    path.write_bytes("data: {train: caf\u00e9.bio}\n".encode("latin-1"))
+    with pytest.raises(ConfigError, match="not UTF-8") as info:
+        load_config(path)
+    assert info.value.fix == "save it as UTF-8"
+
+
 def test_missing_file(tmp_path):
     with pytest.raises(ConfigError, match="not found") as info:
         load_config(tmp_path / "missing.yaml")

@@ -364,8 +364,8 @@ def test_two_processes_train_and_rank_0_alone_reports_and_writes(two_process_run
         assert not [k for k in model_tensors(weights) if "module." in k or "_orig_mod" in k]
     checkpoint = model_tensors(out / "checkpoint" / "state.safetensors")
     assert "rng.rank1" in checkpoint and not [k for k in checkpoint if "module." in k]
-    model = load(out)  # the model directory does not know how it was trained
-    assert model.predict(["张三在北京大学读书。"]) is not None
+    pipeline = load(out)  # the model directory does not know how it was trained
+    assert pipeline.predict(["张三在北京大学读书。"]) is not None
     assert not list(out.parent.glob("*/.*.tmp")) and not list(out.glob(".*"))
 
 

@@ -156,7 +156,7 @@ def test_the_lm_gets_its_own_learning_rate(tiny_config, lm_dir):
     pipe = build_pipeline(config, read_splits(config))
     groups = make_optimizer(config, pipe.model).param_groups
     assert [g["lr"] for g in groups] == [config.train.lr, 0.0001]
-    assert {id(p) for p in groups[1]["params"]} == {id(p) for p in pipe.model.embedder.lm.lm.parameters()}
+    assert {id(p) for p in groups[1]["params"]} == {id(p) for p in pipe.model.lm_parameters()[0]}
 
 
 @needs_transformers

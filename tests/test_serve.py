@@ -309,6 +309,21 @@ def test_sixteen_concurrent_clients_get_their_own_records(server, expected):
     assert after["texts"] - before["texts"] == sum(len(want) for _, _, want in results)
 
 
+def test_serve_window_reads_as_predict_window(tiny_model_dir, tmp_path):
+    """Issue 33, item 2: `serve --window N` answers what `nerkit predict --window N` writes, and
+    /info names the window."""
+    source = tmp_path / "texts.txt"
+    source.write_text("\n".join(TEXTS) + "\n", encoding="utf-8")
+    done = subprocess.run([sys.executable, "-m", "nerkit", "predict", "--model", str(tiny_model_dir), "--format",
+                           "jsonl", "--threads", "1", "--window", "7", str(source)],
+                          cwd=REPO, capture_output=True, timeout=STARTUP)
+    assert done.returncode == 0, done.stderr.decode()
+    windowed = [json.loads(line) for line in done.stdout.decode("utf-8").split("\n") if line]
+    with serving(tiny_model_dir, tmp_path, "--window", "7") as running:
+        assert post(running.url, json={"texts": TEXTS}).json() == {"records": windowed}
+        assert httpx.get(f"{running.url}/info", timeout=TIMEOUT).json()["window"] == 7
+
+
 def test_health_info_and_the_api_docs(server, tiny_model_dir):
     import yaml
 

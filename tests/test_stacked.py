@@ -154,7 +154,7 @@ def test_a_stacked_model_trains_saves_and_reloads_without_its_sources(sources, t
     predicted = before.predict(TEXTS)
     groups = make_optimizer(config, before.model).param_groups
     assert [g["lr"] for g in groups] == [config.train.lr, 1e-4]
-    assert {id(p) for p in groups[1]["params"]} == {id(p) for p in before.model.lm_sources()[0].lm.parameters()}
+    assert {id(p) for p in groups[1]["params"]} == {id(p) for p in before.model.lm_parameters()[0]}
     for copy in copies.values():
         shutil.rmtree(copy)
     again = Pipeline.load(model)

@@ -100,9 +100,10 @@ class Tagger(nn.Module):
         """The language models whose features the model reads, in order (several when stacked)."""
         return list(self.embedder.lm.sources) if self.embedder.lm is not None else []
 
-    def lm_parameters(self) -> list[nn.Parameter]:
-        """The language models' own weights (not the layers above them), for their own learning rate."""
-        return [p for source in self.lm_sources() for p in source.lm.parameters()]
+    def lm_parameters(self) -> list[list[nn.Parameter]]:
+        """Each language model's own weights (not the layers above them), one list per source in
+        order, for each source's own learning rate."""
+        return [list(source.lm.parameters()) for source in self.lm_sources()]
 
     @torch.no_grad()
     def load_rows(self, kind: str, ids: list[int], rows: torch.Tensor, freeze: bool) -> None:

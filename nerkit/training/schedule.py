@@ -24,9 +24,9 @@ def make_optimizer(config: Config, model: torch.nn.Module) -> torch.optim.Optimi
     tc = config.train
     params = [p for p in model.parameters() if p.requires_grad]
     own_rates = []  # (the source's parameter ids, its rate), in the sources' order
-    for source, options in zip(model.lm_sources(), config.embeddings.lm_sources()):
+    for weights, options in zip(model.lm_parameters(), config.embeddings.lm_sources()):
         if options.lr:
-            own_rates.append(({id(p) for p in source.lm.parameters()}, options.lr))
+            own_rates.append(({id(p) for p in weights}, options.lr))
     claimed = set().union(*(ids for ids, _ in own_rates))
     groups = [{"params": [p for p in params if id(p) not in claimed]}]
     groups += [{"params": [p for p in params if id(p) in ids], "lr": lr} for ids, lr in own_rates]
