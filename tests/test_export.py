@@ -41,6 +41,11 @@ CASES = {
     "tener": ["encoder.name=tener", "encoder.attention=tener", *TRANSFORMER],
     "xl": ["encoder.name=tener", "encoder.attention=xl", *TRANSFORMER],
     "shaw": ["encoder.name=tener", "encoder.attention=shaw", "encoder.max_relative_distance=4", *TRANSFORMER],
+    "transformer": ["encoder.name=transformer", *TRANSFORMER],  # absolute sinusoids
+    "learned": ["encoder.name=transformer", "encoder.attention=learned", "encoder.max_positions=64",
+                "data.max_len=64", *TRANSFORMER],
+    "rope": ["encoder.name=tener", "encoder.attention=rope", *TRANSFORMER],
+    "alibi": ["encoder.name=tener", "encoder.attention=alibi", *TRANSFORMER],
     "flat": ["encoder.name=flat", "embeddings.word_dim=4", *TRANSFORMER],  # + the lexicon, below
     "lm": ["encoder.name=none", "embeddings.bichar_dim=0"],  # + a tiny BERT, below
 }
