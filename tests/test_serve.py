@@ -281,6 +281,18 @@ def test_an_exported_model_is_served_on_onnx_runtime_with_the_same_records(tiny_
         assert post(running.url, json={"texts": TEXTS}).json() == {"records": expected}
         info = httpx.get(f"{running.url}/info", timeout=TIMEOUT).json()
     assert info["runtime"] == "onnx" and len(info["model_sha256"]) == 64
+    # The server's own module, its app and a prediction through it, in a process that never imports torch.
+    probe = ("import sys, json\n"
+             "from starlette.testclient import TestClient\n"
+             "from nerkit.inference.server import create_app\n"
+             "with TestClient(create_app(sys.argv[1])) as client:\n"
+             "    answer = client.post('/predict', json={'texts': json.loads(sys.argv[2])}).json()\n"
+             "print(json.dumps({'torch': 'torch' in sys.modules, 'answer': answer}))\n")
+    done = subprocess.run([sys.executable, "-c", probe, str(exported), json.dumps(TEXTS)], cwd=REPO,
+                          capture_output=True, text=True, timeout=STARTUP)
+    assert done.returncode == 0, done.stderr
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    assert found == {"torch": False, "answer": {"records": expected}}
 
 
 def test_sixteen_concurrent_clients_get_their_own_records(server, expected):
