@@ -38,6 +38,13 @@ def test_off_or_a_segment_longer_than_the_text_is_todays_encoder(attention):
     x, mask = inputs([12, 7, 3])
     with torch.no_grad():
         assert torch.equal(remembering(x, mask), plain(x, mask))
+        # The segment step itself, over [an empty memory ; the whole text]: the rectangular attention
+        # over masked memory slots reads as the encoder without memory.
+        empty = [(torch.randn(3, 4, 8, dtype=torch.float64), torch.zeros(3, 4, dtype=torch.bool))
+                 for _ in remembering.layers]
+        stepped, kept = remembering.encode(x, mask, empty)
+    torch.testing.assert_close(stepped, plain(x, mask), atol=1e-12, rtol=0)
+    assert len(kept) == len(remembering.layers) and all(state.shape[1] == 4 for state, _ in kept)
 
 
 @pytest.mark.parametrize("attention", RELATIVE)

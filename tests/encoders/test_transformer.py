@@ -118,6 +118,25 @@ def test_encoder_adds_positions_from_zero():
     torch.testing.assert_close(seen[0], sinusoid(torch.arange(6), D_MODEL).expand(2, 6, D_MODEL))
 
 
+def test_learned_positions_add_row_t_of_the_table_to_position_t():
+    """BERT's way, term by term: layer 0 reads input_projection(x)[t] + E[t] at every position t,
+    whatever the batch's padding; a text longer than the table is refused."""
+    encoder = make_encoder(attention="learned", max_positions=9).eval()
+    seen = []
+    encoder.layers[0].register_forward_pre_hook(lambda module, args: seen.append(args[0]))
+    x, mask = make_batch([6, 2], 5)
+    with torch.no_grad():
+        torch.nn.init.normal_(encoder.learned_positions.weight)
+        encoder(x, mask)
+        W, b, E = encoder.input_projection.weight, encoder.input_projection.bias, encoder.learned_positions.weight
+        for row in range(2):
+            for t in range(6):
+                expected = sum(W[:, i] * x[row, t, i] for i in range(5)) + b + E[t]
+                torch.testing.assert_close(seen[0][row, t], expected, atol=1e-12, rtol=0)
+        with pytest.raises(ValueError, match="learned positions end at 9"):
+            encoder(*make_batch([10], 5))
+
+
 def test_batched_equals_one_at_a_time():
     encoder = make_encoder().eval()
     lengths = [7, 3, 1, 5]
