@@ -6,6 +6,7 @@ uninterrupted one, and whole-word masking masks jieba's words together."""
 from __future__ import annotations
 
 import json
+import logging
 import random
 import subprocess
 import sys
@@ -57,13 +58,18 @@ def test_adapting_lowers_the_held_out_perplexity_and_writes_a_usable_directory(l
     assert not torch.equal(adapted["embeddings.word_embeddings.weight"], original["embeddings.word_embeddings.weight"])
 
 
-def test_a_stopped_run_resumes_to_the_uninterrupted_weights(lm_dir, text, tmp_path):
+def test_a_stopped_run_resumes_to_the_uninterrupted_weights(lm_dir, text, tmp_path, caplog):
+    """Each step's batch is drawn from its step number, so a "resume" that started again from step 0
+    would reach the same weights: the log must also show the run going on from the checkpoint's step."""
     adapt(lm_dir, [text], tmp_path / "whole", AdaptOptions(**OPTIONS), progress_bar=False)
     adapt(lm_dir, [text], tmp_path / "cut", AdaptOptions(**{**OPTIONS, "steps": 30, "time_budget": 1e-9}),
           progress_bar=False)  # stops after its first step, with a checkpoint
     first = json.loads((tmp_path / "cut" / "adapt.json").read_text())
     assert first["stopped"] == "time_budget" and first["steps"] == 1
-    adapt(lm_dir, [text], tmp_path / "cut", AdaptOptions(**OPTIONS), resume=True, progress_bar=False)
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="nerkit.tools.lm_adapt"):
+        adapt(lm_dir, [text], tmp_path / "cut", AdaptOptions(**OPTIONS), resume=True, progress_bar=False)
+    assert f"steps 1 to {OPTIONS['steps']}" in caplog.text, caplog.text
     whole = load_file(str(tmp_path / "whole" / "model.safetensors"))
     resumed = load_file(str(tmp_path / "cut" / "model.safetensors"))
     assert whole.keys() == resumed.keys()
