@@ -159,6 +159,38 @@ def test_no_character_is_misaligned_or_dropped_silently(subword_lm):
         assert all(ch.isspace() or unicodedata.category(ch) == "Mn" for ch in dropped), (text, dropped)
 
 
+def test_a_character_no_token_covers_reads_the_learned_slot(subword_lm):
+    """Issue 32: whitespace a tokenizer drops gets a learned vector (not zeros), from the cache as
+    from the LM; covered characters and padding are untouched, and the slot trains with a frozen LM."""
+    embedder = load_lm(subword_lm)  # frozen
+    before = features(embedder, TEXTS)
+    with torch.no_grad():
+        embedder.uncovered.copy_(torch.randn(embedder.output_dim))
+    after = features(embedder, TEXTS)  # also checks zeros at padding
+    dropped = 0
+    for text, old, new in zip(TEXTS, before, after):
+        _, cover = embedder.align(text)
+        for c in range(len(text)):
+            if cover[c].sum() == 0:
+                dropped += 1
+                assert torch.equal(new[c], embedder.uncovered.detach()) and torch.equal(old[c], torch.zeros_like(old[c]))
+            else:
+                assert torch.equal(new[c], old[c])
+    if subword_lm.name.startswith("wordpiece"):
+        assert dropped >= 4  # BERT's tokenizer drops the texts' spaces at least
+    if not dropped:
+        return  # this tokenizer covers every character of the texts (its spaces are in tokens)
+    text = next(t for t in TEXTS if (embedder.align(t)[1].sum(dim=1) == 0).any())
+    ids = torch.tensor([embedder.vocab.ids(list(text))])
+    mask = torch.ones_like(ids, dtype=torch.bool)
+    with torch.no_grad():
+        cached = embedder.states(ids, mask)  # what nerkit.pretrained.cache stores
+        torch.testing.assert_close(embedder.read(None, mask, cached), embedder(ids, mask), atol=0, rtol=0)
+    embedder.read(None, mask, cached).sum().backward()
+    assert embedder.uncovered.grad is not None and embedder.uncovered.grad.abs().sum() > 0
+    assert all(p.grad is None for p in embedder.lm.parameters())
+
+
 def test_long_texts_are_read_in_windows_of_tokens(subword_lm):
     embedder = load_lm(subword_lm)
     embedder.window = 7

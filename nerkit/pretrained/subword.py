@@ -12,9 +12,11 @@ mean of the states of the tokens whose offsets cover it. Mean, because a charact
 covered by one token (then it is that token's state) and byte-level BPE may split one character's
 bytes over several tokens, which should weigh alike; every character of a multi-character piece
 gets the piece's state (where in the piece it sits is left to the character and bigram embeddings
-beside it). A character that no token covers (the whitespace a tokenizer drops) gets zeros from
-the LM: its own character and bigram embeddings still tell the model what it is, and offsets never
-shift.
+beside it). A character that no token covers (the whitespace a tokenizer drops, an accent its
+normaliser strips) reads one learned vector instead, `uncovered` (zeros at first, trained with the
+tagger even when the LM is frozen), as a character-level LM reads whitespace as its trained
+`[unused1]`; offsets never shift. Such a character's layer states are exact zeros (`states`, and the
+cache that stores them), which is how `read` finds it.
 """
 
 from __future__ import annotations
@@ -111,6 +113,18 @@ class SubwordEmbedder(CharFeatures):
         self.memory = 0
         if getattr(config, "model_type", "") in MEMORY_TYPES:
             self.memory = getattr(config, "mem_len", None) or self.window + specials
+        self.uncovered = nn.Parameter(torch.zeros(self.output_dim))  # (D,) what a character no token covers reads
+
+    def forward(self, lm_ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        return self.read(lm_ids, mask)
+
+    def read(self, lm_ids: torch.Tensor | None, mask: torch.Tensor, cached: torch.Tensor | None = None) -> torch.Tensor:
+        """As CharFeatures.read, then the learned `uncovered` vector at every real character whose
+        layer states are all zeros (covered by no token). (B, T, D), zero at padding."""
+        stack = cached if cached is not None else self.states(lm_ids, mask)  # (B, T, S, D)
+        features = self.combine(stack)  # (B, T, D)
+        uncovered = mask & (stack.flatten(2) == 0).all(dim=-1)  # (B, T)
+        return torch.where(uncovered[..., None], self.uncovered.to(features.dtype), features)
 
     def align(self, text: str) -> tuple[list[int], torch.Tensor]:
         """The token ids of `text` (no special tokens) and the (chars, tokens) float weights that give
@@ -124,7 +138,7 @@ class SubwordEmbedder(CharFeatures):
         return ids, cover / counts.clamp(min=1.0)
 
     def states(self, lm_ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """(B, T, S, D) float32, zero at padding and at characters no token covers."""
+        """(B, T, S, D) float32, exact zeros at padding and at characters no token covers."""
         B, T = lm_ids.shape
         device = lm_ids.device
         out = torch.zeros(B, T, self.num_states, self.output_dim, device=device)
