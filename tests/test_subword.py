@@ -191,6 +191,34 @@ def test_a_character_no_token_covers_reads_the_learned_slot(subword_lm):
     assert all(p.grad is None for p in embedder.lm.parameters())
 
 
+def test_an_xlnet_directory_with_only_its_sentencepiece_model_reads_and_saves(tmp_path):
+    """chinese-xlnet ships spiece.model, no tokenizer.json: a SentencePiece model trained here with the
+    sentencepiece library, read through transformers' conversion to a fast tokenizer, aligned by its
+    offsets as the reference says; the model directory keeps a tokenizer that reloads without it."""
+    spm = pytest.importorskip("sentencepiece")
+    (tmp_path / "corpus.txt").write_text("\n".join(corpus_text()), encoding="utf-8")
+    spm.SentencePieceTrainer.train(input=str(tmp_path / "corpus.txt"), model_prefix=str(tmp_path / "spiece"),
+                                   vocab_size=140, model_type="unigram", character_coverage=1.0, pad_id=0,
+                                   unk_id=1, bos_id=-1, eos_id=-1, minloglevel=2)
+    directory = tmp_path / "xlnet"
+    directory.mkdir()
+    shutil.copy(tmp_path / "spiece.model", directory / "spiece.model")
+    transformers.XLNetConfig().save_pretrained(str(directory))  # the model type says which tokenizer it is
+    converted = transformers.AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
+    assert converted.is_fast  # XLNet's special tokens come on top of the SentencePiece vocabulary
+    build_model("xlnet", len(converted), converted.pad_token_id).save_pretrained(str(directory))
+    assert sorted(p.name for p in directory.iterdir()) == ["config.json", "model.safetensors", "spiece.model"]
+    embedder = load_lm(directory)
+    assert isinstance(embedder, SubwordEmbedder) and embedder.memory
+    for text, got in zip(TEXTS, features(embedder, TEXTS)):
+        torch.testing.assert_close(got, expected_features(directory, text), atol=1e-5, rtol=1e-4)
+    save_lm(embedder, tmp_path / "model")
+    shutil.rmtree(directory)
+    again = load_saved_lm(tmp_path / "model")
+    for a, b in zip(features(embedder, TEXTS), features(again, TEXTS)):
+        torch.testing.assert_close(a, b, atol=0, rtol=0)
+
+
 def test_long_texts_are_read_in_windows_of_tokens(subword_lm):
     embedder = load_lm(subword_lm)
     embedder.window = 7

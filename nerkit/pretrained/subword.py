@@ -59,9 +59,12 @@ def read_tokenizer(directory: Path):
 
     try:
         tokenizer = _transformers().AutoTokenizer.from_pretrained(str(directory), local_files_only=True, use_fast=True)
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
-        raise UserError(f"its tokenizer cannot be read ({_gist(e)})", where=str(directory),
-                        fix="give a directory with tokenizer.json (a fast tokenizer), as `save_pretrained` writes") from None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, ImportError) as e:
+        fix = "give a directory with tokenizer.json (a fast tokenizer), as `save_pretrained` writes"
+        if not (directory / "tokenizer.json").is_file() and list(directory.glob("*.model")):
+            fix = ('a SentencePiece model is converted with the sentencepiece and protobuf packages: '
+                   'pip install -e ".[lm]" (or ' + fix + ")")
+        raise UserError(f"its tokenizer cannot be read ({_gist(e)})", where=str(directory), fix=fix) from None
     if not getattr(tokenizer, "is_fast", False):
         raise UserError("the tokenizer is not a fast tokenizer, which offsets need", where=str(directory),
                         fix="save the tokenizer with tokenizer.json (e.g. AutoTokenizer.from_pretrained(..., "
