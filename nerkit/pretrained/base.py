@@ -91,13 +91,13 @@ class CharFeatures(nn.Module):
     def forward(self, lm_ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """lm_ids (B, T) long per character, no [CLS]/[SEP]; mask (B, T) bool, left-aligned.
         Returns (B, T, output_dim), zero at padding."""
-        return self.combine(self.states(lm_ids, mask))
+        return self.combine(self.states(lm_ids, mask), mask)
 
     def read(self, lm_ids: torch.Tensor | None, mask: torch.Tensor, cached: torch.Tensor | None = None) -> torch.Tensor:
         """The features (B, T, output_dim): from `cached`, a frozen LM's layer states (B, T, S, D)
         read from nerkit.pretrained.cache, when given, else by running the LM on lm_ids (B, T)."""
         if cached is not None:
-            return self.combine(cached)  # (B, T, D)
+            return self.combine(cached, mask)  # (B, T, D)
         return self(lm_ids, mask)  # (B, T, D)
 
     @property
@@ -115,8 +115,8 @@ class CharFeatures(nn.Module):
         and each layer."""
         raise NotImplementedError
 
-    def combine(self, stack: torch.Tensor) -> torch.Tensor:
-        """(B, T, S, D) layer states, from `states` or `cached_features` -> (B, T, D)."""
+    def combine(self, stack: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """(B, T, S, D) layer states, from `states` or the cache, and the mask (B, T) -> (B, T, D)."""
         if self.scalar_mix is None:
             return stack[:, :, -1]  # (B, T, D)
         return self.scalar_mix(stack)

@@ -34,15 +34,14 @@ from nerkit.pretrained.bert import (
     check_vocab_size,
 )
 from nerkit.pretrained.stacked import Stacked
-from nerkit.pretrained.subword import SubwordEmbedder, read_tokenizer
+from nerkit.pretrained.subword import SENTENCEPIECE_FILES, SubwordEmbedder, read_tokenizer
 from nerkit.weights import load_checked, read_safetensors
 
 # ------------------------------------------------------------------------------------ loading
 
 # What a Hugging Face directory's tokenizer can be read from: a BERT vocabulary, a fast tokenizer's
-# serialisation, or a SentencePiece model (XLNet's spiece.model, XLM-RoBERTa's sentencepiece.bpe.model),
-# which transformers converts to a fast tokenizer with the sentencepiece package (the `lm` extra).
-VOCABULARY_FILES = ("vocab.txt", "tokenizer.json", "spiece.model", "sentencepiece.bpe.model")
+# serialisation, or a SentencePiece model.
+VOCABULARY_FILES = ("vocab.txt", "tokenizer.json", *SENTENCEPIECE_FILES)
 
 
 def load_lm(path: str | Path, layers: str = "last", finetune: bool = False, bf16: bool = False) -> CharFeatures:
@@ -61,7 +60,8 @@ def load_lm(path: str | Path, layers: str = "last", finetune: bool = False, bf16
     config = _read_config(directory)
     if not character_level(directory):
         if not any((directory / name).is_file() for name in VOCABULARY_FILES):
-            raise UserError(f"no vocabulary: none of {', '.join(VOCABULARY_FILES)}", where=str(directory), fix=FETCH_FIX)
+            raise UserError(f"no vocabulary: none of {', '.join(VOCABULARY_FILES)}", where=str(directory),
+                            fix=FETCH_FIX)
         tokenizer = read_tokenizer(directory)
         state, weights = _read_weights(directory)
         return SubwordEmbedder(_build_lm(config, state, weights), tokenizer, layers=layers, finetune=finetune, bf16=bf16)

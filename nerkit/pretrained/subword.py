@@ -16,7 +16,7 @@ beside it). A character that no token covers (the whitespace a tokenizer drops, 
 normaliser strips) reads one learned vector instead, `uncovered` (zeros at first, trained with the
 tagger even when the LM is frozen), as a character-level LM reads whitespace as its trained
 `[unused1]`; offsets never shift. Such a character's layer states are exact zeros (`states`, and the
-cache that stores them), which is how `read` finds it.
+cache that stores them), which is how `combine` finds it.
 """
 
 from __future__ import annotations
@@ -34,6 +34,9 @@ from nerkit.shapes import padded_size
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 DEFAULT_WINDOW = 510  # tokens per window for encoders that declare no position limit (XLNet)
 MEMORY_TYPES = ("xlnet",)  # encoders read in segments with a segment-level memory (`mems`) instead of windows
+# A SentencePiece model that transformers converts to a fast tokenizer (with the sentencepiece and
+# protobuf packages of the `lm` extra): XLNet's and XLM-RoBERTa's file names.
+SENTENCEPIECE_FILES = ("spiece.model", "sentencepiece.bpe.model")
 
 
 class CodepointVocab(CharVocab):
@@ -61,7 +64,8 @@ def read_tokenizer(directory: Path):
         tokenizer = _transformers().AutoTokenizer.from_pretrained(str(directory), local_files_only=True, use_fast=True)
     except (OSError, ValueError, KeyError, TypeError, AttributeError, ImportError) as e:
         fix = "give a directory with tokenizer.json (a fast tokenizer), as `save_pretrained` writes"
-        if not (directory / "tokenizer.json").is_file() and list(directory.glob("*.model")):
+        sentencepiece = any((directory / name).is_file() for name in SENTENCEPIECE_FILES)
+        if sentencepiece and not (directory / "tokenizer.json").is_file():
             fix = ('a SentencePiece model is converted with the sentencepiece and protobuf packages: '
                    'pip install -e ".[lm]" (or ' + fix + ")")
         raise UserError(f"its tokenizer cannot be read ({_gist(e)})", where=str(directory), fix=fix) from None
@@ -118,14 +122,10 @@ class SubwordEmbedder(CharFeatures):
             self.memory = getattr(config, "mem_len", None) or self.window + specials
         self.uncovered = nn.Parameter(torch.zeros(self.output_dim))  # (D,) what a character no token covers reads
 
-    def forward(self, lm_ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        return self.read(lm_ids, mask)
-
-    def read(self, lm_ids: torch.Tensor | None, mask: torch.Tensor, cached: torch.Tensor | None = None) -> torch.Tensor:
-        """As CharFeatures.read, then the learned `uncovered` vector at every real character whose
+    def combine(self, stack: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """As CharFeatures.combine, then the learned `uncovered` vector at every real character whose
         layer states are all zeros (covered by no token). (B, T, D), zero at padding."""
-        stack = cached if cached is not None else self.states(lm_ids, mask)  # (B, T, S, D)
-        features = self.combine(stack)  # (B, T, D)
+        features = super().combine(stack, mask)  # (B, T, D)
         uncovered = mask & (stack.flatten(2) == 0).all(dim=-1)  # (B, T)
         return torch.where(uncovered[..., None], self.uncovered.to(features.dtype), features)
 
