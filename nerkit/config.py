@@ -661,9 +661,10 @@ RESUMABLE_KEYS = {"train.epochs", "train.patience", "train.max_steps", "train.ti
                   "train.dist_timeout"}
 
 
-def same_run(a: Config, b: Config) -> bool:
-    """Whether two configs train the same model on the same data, differing at most in what a
-    resumed run may change (RESUMABLE_KEYS) and in the output directory."""
+def run_differences(a: Config, b: Config) -> list[str]:
+    """How two configs differ in what trains the model and what it is trained on, one
+    `section.key: A -> B` each (nested keys flattened with dots); what a resumed run may change
+    (RESUMABLE_KEYS) and the output directory do not count."""
 
     def fixed(config: Config) -> dict:
         resolved = config_to_dict(config)
@@ -674,6 +675,27 @@ def same_run(a: Config, b: Config) -> bool:
         for kind in ("char", "bichar", "word"):  # a width the vector file gives: null before training, the file's after
             if resolved["embeddings"].get(f"{kind}_vectors"):
                 resolved["embeddings"].pop(f"{kind}_dim")
-        return resolved
+        for split in ("train", "dev", "test"):  # one file named two ways (NERKIT_DATA relative or absolute) is one file
+            path = resolved["data"][split]
+            if path and Path(path).is_file():
+                resolved["data"][split] = str(Path(path).resolve())
+        return flatten(resolved)
 
-    return fixed(a) == fixed(b)
+    def flatten(tree: dict, prefix: str = "") -> dict:
+        flat = {}
+        for key, value in tree.items():
+            if isinstance(value, dict):
+                flat.update(flatten(value, f"{prefix}{key}."))
+            else:
+                flat[f"{prefix}{key}"] = value
+        return flat
+
+    fa, fb = fixed(a), fixed(b)
+    return [f"{key}: {fa.get(key)!r} -> {fb.get(key)!r}" for key in sorted(fa.keys() | fb.keys())
+            if fa.get(key) != fb.get(key)]
+
+
+def same_run(a: Config, b: Config) -> bool:
+    """Whether two configs train the same model on the same data, differing at most in what a
+    resumed run may change (RESUMABLE_KEYS) and in the output directory."""
+    return not run_differences(a, b)

@@ -199,11 +199,33 @@ def test_resume_continues_a_stopped_run_from_its_checkpoint(tmp_path):
 
     redo = nerkit(*bench, "--set", "train.max_steps=12", "--set", "train.lr=0.01", "--resume")
     assert redo.returncode == 0, redo.stderr
-    assert "running it again" in redo.stderr and "continuing" not in redo.stderr
+    assert "starting over, what it trains changed since its checkpoint: train.lr: " in redo.stderr
+    assert "continuing" not in redo.stderr
     (fresh,) = read_jsonl(results)
     assert (fresh["steps"], fresh["epochs"]) == (12, 1) and "continued" not in fresh
     assert len(sessions.read_text(encoding="utf-8").splitlines()) == 1
     assert (out / "logs" / "tiny.log").read_text(encoding="utf-8").count("model: bilstm") == 1
+    assert (out / "logs" / "tiny.previous.log").read_text(encoding="utf-8") == log  # the run it replaced keeps its log
+
+
+def test_a_run_continues_when_its_data_file_is_named_another_way(tmp_path, monkeypatch):
+    """The same training file, named relative to NERKIT_DATA in one session and absolute in the next
+    (NERKIT_DATA set one way, then another), is the same run: it continues from its checkpoint."""
+    data = tmp_path / "corpora"
+    data.mkdir()
+    shutil.copy(SAMPLE / "train.bio", data / "train.bio")
+    tiny = {**TINY, "data": {**TINY["data"], "train": "${NERKIT_DATA}/train.bio"}, "train": {**TINY["train"], "epochs": 3}}
+    matrix = write_yaml(tmp_path / "matrix.yaml", {"predict_batch_size": 16, "runs": [
+        {"name": "tiny", "dataset": "sample", "config": str(write_yaml(tmp_path / "tiny.yaml", tiny))}]})
+    out = tmp_path / "out"
+    bench = ("bench", "--matrix", matrix, "--out", out, "--device", "cpu")
+    monkeypatch.setenv("NERKIT_DATA", os.path.relpath(data, REPO))  # the commands run in REPO
+    assert nerkit(*bench, "--set", "train.max_steps=5").returncode == 0
+    monkeypatch.setenv("NERKIT_DATA", str(data))
+    again = nerkit(*bench, "--set", "train.max_steps=8", "--resume")
+    assert again.returncode == 0 and "continuing from its checkpoint" in again.stderr, again.stderr
+    (record,) = read_jsonl(out / "results.jsonl")
+    assert record["status"] == "ok" and (record["steps"], record["continued"]) == (8, 1)
 
 
 def test_a_continued_run_with_vectors_keeps_their_width_in_its_model_directory(tmp_path):

@@ -21,6 +21,7 @@ from nerkit.config import (
     config_to_dict,
     config_to_yaml,
     load_config,
+    run_differences,
     same_run,
 )
 from nerkit.errors import ConfigError, UserError
@@ -408,6 +409,17 @@ def test_same_run_ignores_only_what_a_resume_may_change(write_config):
     assert not same_run(base, load_config(path, ["train.lr=0.2"]))
     assert not same_run(base, load_config(path, ["encoder.name=tener"]))
     assert not same_run(base, load_config(path, ["data.max_len=100"]))
+    assert run_differences(base, load_config(path, ["train.lr=0.2", "data.max_len=100"])) == [
+        "data.max_len: 250 -> 100", "train.lr: 0.1 -> 0.2"]
+
+
+def test_same_run_takes_one_file_named_two_ways_for_one_file(write_config, tmp_path, monkeypatch):
+    corpus = tmp_path / "train.bio"
+    corpus.write_text("中 B-LOC\n", encoding="utf-8")
+    path = write_config(f"data:\n  train: {corpus}\n")
+    monkeypatch.chdir(tmp_path)
+    assert same_run(load_config(path), load_config(path, ["data.train=train.bio"]))
+    assert not same_run(load_config(path), load_config(path, ["data.train=missing.bio"]))
 
 
 def test_same_run_takes_a_vector_files_width_for_the_null_dimension_it_replaced(write_config):

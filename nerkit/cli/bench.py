@@ -20,7 +20,8 @@ def bench(
     only: List[str] = typer.Option([], "--only", help="Only the runs with this name or name prefix (repeatable, or a,b)."),
     resume: bool = flag("--resume", help="Skip runs recorded as ok in OUT/results.jsonl; continue a run from its "
                         "checkpoint when only train limits, threads or device changed (e.g. a larger "
-                        "train.time_budget)."),
+                        "train.time_budget); a run whose model or data changed starts over, saying what "
+                        "changed (its old log kept as logs/NAME.previous.log)."),
     device: Optional[Device] = typer.Option(None, "--device", help="train.device of every run."),
     markdown_only: bool = flag("--markdown-only", help="Only rebuild RESULTS.md from results.jsonl."),
     set_: List[str] = typer.Option([], "--set", help="Override a config value of every run: --set train.time_budget=900."),

@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
 from pathlib import Path
 
-from nerkit.config import load_config, same_run
+from nerkit.config import load_config, run_differences
 from nerkit.errors import UserError, killed_by
 from nerkit.files import CHECKPOINT, atomic_write_text, read_json_lines
 from nerkit.tools.bench.matrix import MatrixRun, load_matrix, select_runs
@@ -110,16 +110,19 @@ def worker_env(jobs: int) -> dict:
     return env
 
 
-def continuable(run: MatrixRun, run_dir: Path) -> bool:
+def continuation(run: MatrixRun, run_dir: Path) -> tuple[bool, str]:
     """Whether `run` can go on from the checkpoint in its model directory: there is one, and the
     config the matrix gives the run now differs from the one saved there only in what
-    `nerkit train --resume` may change (train limits, threads, device)."""
+    `nerkit train --resume` may change (train limits, threads, device). With it, why not where
+    there is a checkpoint (the keys that changed), or "" where there is none."""
     if not (run_dir / CHECKPOINT / "state.json").is_file():
-        return False
+        return False, ""
     try:
-        return same_run(load_config(run_dir / "config.yaml"), load_config(run.config, run.overrides))
-    except UserError:  # a missing or broken config on either side: nothing to continue safely
-        return False
+        saved = load_config(run_dir / "config.yaml")
+    except UserError as e:
+        return False, f"the config saved with its checkpoint cannot be read ({e.message})"
+    changed = run_differences(saved, load_config(run.config, run.overrides))  # loads: check_configs ran first
+    return not changed, ("what it trains changed since its checkpoint: " + "; ".join(changed)) if changed else ""
 
 
 def execute(run: MatrixRun, out: Path, predict_batch_size: int, base: dict, previous: dict | None = None) -> dict:
@@ -140,6 +143,8 @@ def execute(run: MatrixRun, out: Path, predict_batch_size: int, base: dict, prev
     spec = {"config": run.config, "overrides": run.overrides, "out": str(run_dir),
             "predict_batch_size": predict_batch_size, "resume": resume}
     commits = record_session(log_path.with_suffix(".sessions.jsonl"), record, previous)
+    if not resume and log_path.is_file():  # the log of the run this one starts over keeps its own file
+        log_path.replace(log_path.with_suffix(".previous.log"))
     started = time.perf_counter()
     with open(log_path, "a" if resume else "w", encoding="utf-8") as log_file:
         if resume:
@@ -232,9 +237,12 @@ def run_bench(matrix_path: str | Path, out: str | Path | None = None, quick: boo
                 log.info(f"{step}: skipped, recorded as ok in {out / RESULTS}")
                 continue
             previous = None
-            if resume and continuable(run, out / "runs" / run.name):
+            go_on, why_not = continuation(run, out / "runs" / run.name) if resume else (False, "")
+            if go_on:
                 previous = done or {}
                 log.info(f"{step}: continuing from its checkpoint")
+            elif why_not:
+                log.info(f"{step}: starting over, {why_not}")
             elif done and done["status"] == "ok":
                 log.info(f"{step}: its config or overrides changed since it was recorded; running it again")
             todo.append((step, run, previous))
