@@ -22,11 +22,13 @@ pytest.importorskip("onnxruntime")
 pytest.importorskip("onnxscript")
 
 from nerkit.cli.export import ExportFormat, Quantize  # noqa: E402
+from nerkit.cli.options import Runtime  # noqa: E402
 from nerkit.config import build_config  # noqa: E402
 from nerkit.data.corpus import read_corpus  # noqa: E402
 from nerkit.data.splits import Splits  # noqa: E402
 from nerkit.errors import UserError  # noqa: E402
 from nerkit.inference.loading import load_pipeline  # noqa: E402
+from nerkit.inference.model_dir import RUNTIMES  # noqa: E402
 from nerkit.inference.onnx_runtime import OnnxPipeline  # noqa: E402
 from nerkit.inference.pipeline import Pipeline  # noqa: E402
 from nerkit.model.crf import CRF  # noqa: E402
@@ -180,7 +182,7 @@ def test_an_exported_model_predicts_without_importing_torch(exported, tmp_path):
     source.write_text("张伟在北京工作。\n清华大学\n", encoding="utf-8")
     check = ("import atexit, sys; atexit.register(lambda: print('torch imported:', 'torch' in sys.modules, "
              "file=sys.stderr)); sys.argv = ['nerkit'] + sys.argv[1:]; from nerkit.cli.app import main; main()")
-    for args in (["predict", "--model", str(onnx_dir), str(source)],
+    for args in (["predict", "--model", str(onnx_dir), str(source), "--runtime", "onnx"],
                  ["eval", "--model", str(onnx_dir), "--data", str(TINY_DEV)]):
         done = subprocess.run([sys.executable, "-c", check, *args], capture_output=True, text=True, cwd=REPO)
         assert done.returncode == 0, done.stderr
@@ -217,3 +219,20 @@ def test_what_cannot_be_exported_is_a_user_error(exported, tmp_path):
 
 def test_the_cli_choices_are_the_exporters():
     assert typing.get_args(ExportFormat) == FORMATS and typing.get_args(Quantize) == QUANTIZE
+    assert typing.get_args(Runtime) == ("auto", *RUNTIMES)
+
+
+def test_runtime_refuses_a_directory_made_for_the_other(exported, nerkit, tmp_path):
+    """`--runtime onnx` on a PyTorch model directory (and `torch` on an export) is a user error that
+    names the directory and the fix, before anything loads."""
+    model_dir, onnx_dir = exported("bilstm")
+    source = tmp_path / "texts.txt"
+    source.write_text("张伟在北京工作。\n", encoding="utf-8")
+    for command in (["predict", str(source)], ["eval", "--data", str(TINY_DEV)], ["serve", "--port", "0"]):
+        wrong = nerkit(*command, "--model", str(model_dir), "--runtime", "onnx", check=False)
+        assert wrong.returncode == 2 and "not an ONNX export" in wrong.stderr and str(model_dir) in wrong.stderr
+        assert f"nerkit export --model {model_dir} --format onnx" in wrong.stderr and "Traceback" not in wrong.stderr
+        wrong = nerkit(*command, "--model", str(onnx_dir), "--runtime", "torch", check=False)
+        assert wrong.returncode == 2 and "runs on onnxruntime only" in wrong.stderr and str(onnx_dir) in wrong.stderr
+    assert nerkit("predict", str(source), "--model", str(model_dir), "--runtime", "torch").stdout == \
+        nerkit("predict", str(source), "--model", str(onnx_dir), "--runtime", "onnx").stdout

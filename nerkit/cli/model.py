@@ -12,10 +12,12 @@ import typer
 from nerkit.cli.options import (
     DEVICE,
     DOCUMENT,
+    RUNTIME,
     THREADS,
     WINDOW,
     Device,
     Format,
+    Runtime,
     flag,
 )
 
@@ -29,6 +31,7 @@ def evaluate(
     repair: Optional[bool] = flag("--repair/--no-repair", default=None, help="Read invalid tag transitions as "
                                   "conlleval does (default: as the model's training data was read)."),
     device: Device = DEVICE,
+    runtime: Runtime = RUNTIME,
     threads: int = THREADS,
     show_errors: bool = flag("--errors", help="Also break the errors down by type: wrong type, "
                              "wrong boundary, both, missed, spurious."),
@@ -39,8 +42,9 @@ def evaluate(
     from nerkit.files import atomic_write_text, check_output
     from nerkit.inference.evaluate import format_errors, format_table
     from nerkit.inference.formats import eval_output
-    from nerkit.inference.loading import load_pipeline
+    from nerkit.inference.loading import load_pipeline, require_runtime
 
+    require_runtime(model, runtime)
     if output:
         check_output(output, data)  # before the evaluation: a wrong path costs no wait
     pipe = load_pipeline(model, device, threads)  # an ONNX export (`nerkit export`) runs without torch
@@ -65,6 +69,7 @@ def predict(
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write here instead of stdout."),
     batch_size: int = typer.Option(64, "--batch-size", min=1, help="Sentences per batch."),
     device: Device = DEVICE,
+    runtime: Runtime = RUNTIME,
     threads: int = typer.Option(0, "--threads", min=0, help="torch threads in all, shared out among the "
                                 "workers (0 = one per core)."),
     workers: int = typer.Option(1, "--workers", min=1, help="Processes that predict at once, each "
@@ -73,8 +78,10 @@ def predict(
     document: bool = DOCUMENT,
 ):
     """Tag every line of a text file (or stdin, a pipe, /dev/stdin)."""
+    from nerkit.inference.loading import require_runtime
     from nerkit.inference.stream import predict_file
 
+    require_runtime(model, runtime)
     predict_file(model, source, str(output) if output else None, fmt, batch_size, device, threads, workers, window,
                  document)
 

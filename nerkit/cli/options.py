@@ -16,6 +16,9 @@ Device = Literal[DEVICES]
 # nerkit.inference.formats.FORMATS (a test keeps them equal)
 Format = Literal["jsonl", "conll", "inline", "html", "doccano", "label-studio"]
 
+# nerkit.inference.model_dir.RUNTIMES and auto (a test keeps them equal)
+Runtime = Literal["auto", "torch", "onnx"]
+
 Target = Literal["bio", "bioes", "bmes", "jsonl", "doccano", "label-studio"]
 
 # nerkit.data.corpus.FORMATS (a test keeps them equal)
@@ -35,6 +38,9 @@ THREADS = typer.Option(0, "--threads", min=0, help="torch threads (0 = the cores
 WINDOW = typer.Option(None, "--window", min=0, help="Read a text longer than N characters in overlapping windows "
                       "of N (default: the longest training sentence, at most data.max_len; 0 = each text whole; "
                       "a model with encoder.memory reads any text whole, segment by segment).")
+RUNTIME = typer.Option("auto", "--runtime", help="What runs the model: auto (what its nerkit.json says: "
+                       "torch as trained, onnx for a `nerkit export` directory); torch or onnx also refuse a "
+                       "directory made for the other.")
 DOCUMENT = flag("--document", help="Read the lines in order as one document (a model with "
                 "encoder.memory): each line's context reaches back into the lines before it.")
 

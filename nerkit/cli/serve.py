@@ -11,7 +11,7 @@ from typing import Optional
 
 import typer
 
-from nerkit.cli.options import DEVICE, WINDOW, Device
+from nerkit.cli.options import DEVICE, RUNTIME, WINDOW, Device, Runtime
 from nerkit.errors import UserError
 
 
@@ -24,6 +24,7 @@ def serve(
     workers: int = typer.Option(1, "--workers", min=1, help="Server processes, each holding a copy of the "
                                 "model and its own queue; the connections are spread over them (1 = this process)."),
     device: Device = DEVICE,
+    runtime: Runtime = RUNTIME,
     threads: int = typer.Option(0, "--threads", min=0, help="torch threads in all, shared out among the "
                                 "workers (0 = the cores free when nerkit starts; with --workers, one per core)."),
     window: Optional[int] = WINDOW,
@@ -43,6 +44,9 @@ def serve(
 ):
     """Serve a model over HTTP: POST /predict, GET /health, GET /info, the API's docs at /docs.
     SIGTERM or Ctrl-C stops it taking connections, answers every request in flight and exits 0."""
+    from nerkit.inference.loading import require_runtime
+
+    require_runtime(model, runtime)
     try:
         from nerkit.inference.server import ServeOptions, run_server
     except ModuleNotFoundError as e:

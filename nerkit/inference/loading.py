@@ -7,7 +7,29 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from nerkit.errors import UserError
 from nerkit.inference.model_dir import _read_json, runtime
+
+
+def require_runtime(directory: str | Path, wanted: str) -> None:
+    """`--runtime`: `auto` runs a directory on what it asks for; `torch` or `onnx` also checks that it
+    asks for that one, so that a script that means to run on onnxruntime (without torch) fails at once
+    on the wrong directory instead of running it on the other runtime."""
+    directory = Path(directory)
+    meta = directory / "nerkit.json"
+    if wanted == "auto" or not meta.is_file():  # no nerkit.json: loading says what is wrong
+        return
+    found = runtime(_read_json(meta))
+    if found == wanted:
+        return
+    if wanted == "onnx":
+        raise UserError(f"--runtime onnx: this is a PyTorch model directory (nerkit.json: runtime {found}), "
+                        "not an ONNX export", where=str(directory),
+                        fix=f"nerkit export --model {directory} --format onnx --out DIR, then --model DIR "
+                            "(or --runtime torch)")
+    raise UserError(f"--runtime {wanted}: this is an ONNX export (nerkit.json: runtime {found}), which runs "
+                    "on onnxruntime only", where=str(directory),
+                    fix="give the model directory it was exported from, or --runtime onnx")
 
 
 def load_pipeline(directory: str | Path, device: str = "cpu", threads: int | None = None):
