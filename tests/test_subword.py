@@ -370,3 +370,41 @@ def test_xlnet_without_mem_len_keeps_one_segment(subword_lm):
         assert embedder.memory == 0  # windows, as before
         return
     assert embedder.memory == embedder.window + len(embedder.prefix) + len(embedder.suffix)
+
+
+def test_a_frozen_subword_lms_cache_file_reads_as_running_it(subword_lm, tmp_path, tiny_config):
+    """Issue 32: a frozen sub-word LM runs once over the training text into its cache file (a real
+    entry on disk, read back on a second build without running the LM); the model's features from the
+    cached states equal running the LM live, covered characters, uncovered slots and padding alike."""
+    from nerkit.data.splits import read_splits
+    from nerkit.features.batch import collate
+    from nerkit.training.build import build_pipeline
+    from nerkit.training.loop import attach_lm_cache
+
+    cache = tmp_path / "cache"
+    config = tiny_config(f"embeddings.lm.path={subword_lm}", f"embeddings.lm.cache={cache}")
+    splits = read_splits(config)
+    pipe = build_pipeline(config, splits)
+    with torch.no_grad():
+        pipe.model.lm.sources[0].uncovered.copy_(torch.randn(pipe.model.lm.output_dim))  # not zeros
+    examples = [pipe.featurizer.training_example(s) for s in splits.train]
+    attach_lm_cache(config, pipe, splits, examples)
+    (entry,) = cache.iterdir()
+    assert (entry / "features.safetensors").is_file() and all(e.lm_states is not None for e in examples)
+
+    again = [pipe.featurizer.training_example(s) for s in splits.train]  # a second run: the file, no LM
+    source = pipe.model.lm.sources[0]
+    run, source.states = source.states, None  # calling it would fail
+    try:
+        attach_lm_cache(config, pipe, splits, again)
+    finally:
+        source.states = run
+    embedder = pipe.model.embedder.eval()
+    for start in range(0, len(examples), 8):  # batches of different widths: padding must not matter
+        cached, read_back = collate(examples[start:start + 8]), collate(again[start:start + 8])
+        live = collate([pipe.featurizer.training_example(s) for s in splits.train[start:start + 8]])
+        assert live.lm_states is None and cached.lm_states is not None
+        with torch.no_grad():
+            from_cache, from_file, from_lm = embedder(cached), embedder(read_back), embedder(live)
+        torch.testing.assert_close(from_file, from_cache, atol=0, rtol=0)
+        torch.testing.assert_close(from_cache, from_lm, atol=5e-3, rtol=5e-3)  # the cache holds float16
