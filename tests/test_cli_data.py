@@ -218,10 +218,24 @@ def test_convert(tmp_path, source, to, marker):
     assert [s.spans() for s in corpus.sentences] == THREE_TYPES_SPANS
 
 
+def test_convert_to_text_writes_the_sentences_alone(write_file, tmp_path):
+    """`--to text`: one sentence a line, spaces kept, labels dropped (for predict and lm adapt --text);
+    a token that would break a line is named with its input line."""
+    source = write_file('{"text": "张三在北京。", "entities": []}\n{"text": "New York 见", "entities": [{"start": 0, '
+                        '"end": 8, "type": "LOC"}]}\n', "en.jsonl")
+    out = tmp_path / "out.txt"
+    assert nerkit("data", "convert", source, out, "--to", "text").returncode == 0
+    assert out.read_text(encoding="utf-8") == "张三在北京。\nNew York 见\n"
+    broken = write_file('{"text": "张三", "entities": []}\n{"text": "甲\u2028乙", "entities": []}\n', "broken.jsonl")
+    assert_user_error(nerkit("data", "convert", broken, tmp_path / "b.txt", "--to", "text"), f"{broken}:2",
+                      "breaks the line")
+    assert not (tmp_path / "b.txt").exists()
+
+
 def test_convert_to_an_unknown_format(tmp_path):
     out = tmp_path / "out.txt"
     assert_user_error(nerkit("data", "convert", FIXTURES / "three_types.bio", out, "--to", "iob"), None,
-                      "'iob' is not one of 'bio', 'bioes', 'bmes', 'jsonl'")
+                      "'iob' is not one of 'bio', 'bioes', 'bmes', 'jsonl', 'text'")
     assert not out.exists()
 
 

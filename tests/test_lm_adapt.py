@@ -105,3 +105,26 @@ def test_the_command_line(lm_dir, text, tmp_path):
     missing = subprocess.run([sys.executable, "-m", "nerkit", "lm", "adapt", "--lm", str(tmp_path / "nope"),
                               "--text", str(text), "--out", str(tmp_path / "x")], capture_output=True, text=True)
     assert missing.returncode == 2 and len(missing.stderr.strip().splitlines()) == 1
+
+
+def test_exclude_takes_out_the_lines_of_a_dev_or_test_set(lm_dir, tmp_path):
+    """`--exclude` a corpus and a config: the lines holding their sentences are not trained on (nor held
+    out), and the result says how many were found and taken out."""
+    from conftest import TINY_DEV
+
+    dev = [s.text for s in read_corpus(TINY_DEV).sentences]
+    train = [s.text for s in read_corpus(FIXTURES / "tiny_train.bio").sentences]
+    text = tmp_path / "text.txt"
+    text.write_text("\n".join(train + ["前言" + line + "后记" for line in dev]) + "\n", encoding="utf-8")
+    config = tmp_path / "run.yaml"
+    config.write_text(f"data:\n  train: {FIXTURES / 'tiny_train.bio'}\n  dev: {TINY_DEV}\n", encoding="utf-8")
+    options = AdaptOptions(**{**OPTIONS, "steps": 2})
+    for exclude, name in (([TINY_DEV], str(TINY_DEV)), ([config], f"{config} dev")):
+        out = tmp_path / f"out-{len(name)}"
+        result = adapt(lm_dir, [text], out, options, progress_bar=False, exclude=exclude)
+        long_dev = {"".join(line.split()) for line in dev if len("".join(line.split())) >= 8}
+        report = next(r for r in result["excluded"] if r["set"] == name)
+        assert report["found_in_text"] == report["sentences"] == len(long_dev) > 0
+        assert report["lines_removed"] >= len(long_dev)
+        assert result["lines"] + result["held_out_lines"] == len(train) + len(dev) - sum(
+            r["lines_removed"] for r in result["excluded"] if r["set"] == name)

@@ -63,8 +63,9 @@ def data_validate(
 def data_convert(
     source: Path = typer.Argument(..., help="Input corpus (CoNLL or .jsonl; others with --from)."),
     target: Path = typer.Argument(..., help="Output file."),
-    to: Target = typer.Option(..., "--to", help="Target tag scheme or format (doccano: its JSONL; label-studio: "
-                              "its JSON, a task with one annotation per sentence)."),
+    to: Target = typer.Option(..., "--to", help="Target tag scheme or format (text: the sentences alone, one a line, "
+                              "for nerkit predict or lm adapt; doccano: its JSONL; label-studio: its JSON, a task "
+                              "with one annotation per sentence)."),
     from_: Source = typer.Option("auto", "--from", help="Input format: auto (.jsonl and .json are JSON lines, "
                                  "anything else CoNLL), CLUENER's JSON (cluener), doccano's JSONL export (doccano) "
                                  "or Label Studio's JSON export (label-studio)."),

@@ -16,6 +16,8 @@ lm_app = typer.Typer(no_args_is_help=True, help="Adapt a pretrained language mod
 def adapt(
     lm: Path = typer.Option(..., "--lm", help="A local Hugging Face encoder directory (as embeddings.lm.path takes)."),
     text: List[Path] = typer.Option(..., "--text", "-t", help="Unlabelled text, one passage a line; repeatable."),
+    exclude: List[Path] = typer.Option([], "--exclude", "-x", help="Take out every line that overlaps this "
+                                       "labelled corpus (or a config's dev and test sets); repeatable."),
     out: Path = typer.Option(..., "--out", "-o", help="Directory for the adapted model (a Hugging Face directory)."),
     steps: int = typer.Option(1000, "--steps", min=1, help="Optimiser steps in all (a --resume may raise it)."),
     batch_size: int = typer.Option(16, "--batch-size", min=1, help="Lines per step."),
@@ -41,6 +43,6 @@ def adapt(
     options = AdaptOptions(steps=steps, batch_size=batch_size, lr=lr, whole_word=whole_word, max_len=max_len,
                            held_out=held_out, time_budget=parse_duration(time_budget, "--time-budget"),
                            checkpoint_every=checkpoint_every, seed=seed)
-    result = run(lm, text, out, options, resume=resume)
+    result = run(lm, text, out, options, resume=resume, exclude=exclude)
     typer.echo(f"held-out perplexity {result['perplexity_before']:.2f} -> {result['perplexity_after']:.2f} after "
                f"{result['steps']:,} steps ({result['stopped']}); wrote {out}")

@@ -19,7 +19,7 @@ Format = Literal["jsonl", "conll", "inline", "html", "doccano", "label-studio"]
 # nerkit.inference.model_dir.RUNTIMES and auto (a test keeps them equal)
 Runtime = Literal["auto", "torch", "onnx"]
 
-Target = Literal["bio", "bioes", "bmes", "jsonl", "doccano", "label-studio"]
+Target = Literal["bio", "bioes", "bmes", "jsonl", "text", "doccano", "label-studio"]
 
 # nerkit.data.corpus.FORMATS (a test keeps them equal)
 Source = Literal["auto", "conll", "jsonl", "cluener", "doccano", "label-studio"]

@@ -398,14 +398,23 @@ def format_jsonl(sentences: list[Sentence]) -> str:
 
 def write_corpus(path: str | Path, sentences: list[Sentence], to: str, source: str | Path | None = None,
                  source_format: str = "auto") -> None:
-    """Write `sentences` as `to` in bio|bioes|bmes (CoNLL), jsonl, or an annotation tool's format
-    (annotation.FORMATS), atomically. `source`, the file they were read from (as `source_format`,
+    """Write `sentences` as `to` in bio|bioes|bmes (CoNLL), jsonl, text (the sentences alone, one a
+    line), or an annotation tool's format (annotation.FORMATS), atomically. `source`, the file they were read from (as `source_format`,
     read_corpus's `fmt`), is never written over, and a token that cannot be written is named with
     its line there."""
     if source is not None and same_file(source, path):
         raise CorpusError("is the input file: the output would replace it", where=str(path), fix="write to another file")
-    if to not in (*SCHEMES, "jsonl", *annotation.FORMATS):
-        raise CorpusError(f"unknown output format {to!r}", fix=f"use {', '.join((*SCHEMES, 'jsonl', *annotation.FORMATS))}")
+    if to not in (*SCHEMES, "jsonl", "text", *annotation.FORMATS):
+        raise CorpusError(f"unknown output format {to!r}",
+                          fix=f"use {', '.join((*SCHEMES, 'jsonl', 'text', *annotation.FORMATS))}")
+    if to == "text":  # one sentence a line, no labels: what `nerkit predict` and `nerkit lm adapt --text` read
+        found = _first_token(sentences, lambda t: "\x00" in t or "".join(t.splitlines()) != t)
+        if found:
+            raise CorpusError(f"the token {found[2]!r} breaks the line: a text file has one sentence a line",
+                              where=_token_where(path, source, source_format, *found[:2]),
+                              fix="remove or replace it in the input, or write jsonl")
+        atomic_write_text(path, "".join("".join(s.tokens) + "\n" for s in sentences))
+        return
     if to in SCHEMES:
         found = _first_token(sentences, lambda t: not t or _UNWRITABLE.search(t))
         if found:

@@ -10,6 +10,10 @@ measured before and after. The run is time-boxed and resumable: it writes nerkit
 (safetensors + JSON) every `checkpoint_every` steps and on a limit, and `resume` continues it
 exactly. The result is an ordinary Hugging Face directory (config.json, model.safetensors, the
 tokenizer's files), read by `embeddings.lm.path`.
+
+`exclude` takes out every line that overlaps an evaluation set (nerkit.data.overlap), before the
+held-out split: a labelled corpus file, or a config, whose dev and test sets (MSRA's dev carved from
+train as training carves it) are excluded; the counts go into the result.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from pathlib import Path
 
 import torch
 
+from nerkit.data.overlap import remove_overlaps
 from nerkit.errors import UserError
 from nerkit.files import CHECKPOINT, atomic_write_bytes, atomic_write_text, check_input
 from nerkit.pretrained.subword import token_positions
@@ -62,6 +67,26 @@ def read_lines(paths: list[str | Path]) -> list[str]:
         raise UserError("fewer than two non-empty lines of text", where=str(paths[0]),
                         fix="give the unlabelled text of your domain, one passage a line")
     return lines
+
+
+def exclusion_sets(paths: list[str | Path]) -> dict[str, list[str]]:
+    """The sentences to keep out of the text, by set: a config (.yaml/.yml) gives its run's dev and
+    test sets, as `nerkit train` would read them; any other path is a labelled corpus."""
+    from nerkit.config import load_config
+    from nerkit.data.corpus import read_corpus
+    from nerkit.data.splits import read_splits
+
+    sets = {}
+    for path in map(str, paths):
+        if path.endswith((".yaml", ".yml")):
+            splits = read_splits(load_config(path))
+            sets[f"{path} dev"] = ["".join(s.tokens) for s in splits.dev]
+            if splits.test:
+                sets[f"{path} test"] = ["".join(s.tokens) for s in splits.test]
+        else:
+            check_input(path, "--exclude", "no such file")
+            sets[path] = ["".join(s.tokens) for s in read_corpus(path, repair=True).sentences]
+    return sets
 
 
 def split_held_out(lines: list[str], share: float, seed: int) -> tuple[list[str], list[str]]:
@@ -144,9 +169,9 @@ def perplexity(model, tokenizer, lines: list[str], options: AdaptOptions) -> flo
 
 
 def adapt(lm: str | Path, texts: list[str | Path], out: str | Path, options: AdaptOptions = AdaptOptions(),
-          resume: bool = False, progress_bar: bool | None = None) -> dict:
-    """Adapt the encoder in `lm` to `texts`, writing a Hugging Face directory to `out`; returns what
-    was measured (also written to OUT/adapt.json)."""
+          resume: bool = False, progress_bar: bool | None = None, exclude: list[str | Path] = ()) -> dict:
+    """Adapt the encoder in `lm` to `texts` less the lines that overlap the sets of `exclude`, writing a
+    Hugging Face directory to `out`; returns what was measured (also written to OUT/adapt.json)."""
     from tqdm import tqdm
 
     out, lm = Path(out), Path(lm)
@@ -155,6 +180,15 @@ def adapt(lm: str | Path, texts: list[str | Path], out: str | Path, options: Ada
         raise UserError("the output directory is not empty", where=str(out),
                         fix="choose a new --out, or --resume the run that wrote it")
     lines = read_lines(texts)
+    excluded = []
+    if exclude:
+        lines, excluded = remove_overlaps(lines, exclusion_sets(exclude))
+        for report in excluded:
+            log.info(f"{report.name}: {report.found:,} of its {report.sentences:,} sentences are in the text; "
+                     f"{report.lines_removed:,} overlapping lines taken out")
+        if len(lines) < 2:
+            raise UserError("fewer than two lines of text are left once the lines overlapping --exclude are out",
+                            where=str(texts[0]), fix="give more text, or check that --exclude names the right sets")
     train_lines, held = split_held_out(lines, options.held_out, options.seed)
     torch.manual_seed(options.seed)
     tokenizer, model = load_mlm(lm)
@@ -205,7 +239,8 @@ def adapt(lm: str | Path, texts: list[str | Path], out: str | Path, options: Ada
     write_model(model, tokenizer, out)
     result = {"lm": str(lm), "steps": progress.step, "stopped": stopped, "lines": len(train_lines),
               "held_out_lines": len(held), "perplexity_before": round(before, 4), "perplexity_after": round(after, 4),
-              "seconds": round(time.perf_counter() - started, 1), "whole_word": options.whole_word}
+              "seconds": round(time.perf_counter() - started, 1), "whole_word": options.whole_word,
+              "excluded": [report.to_dict() for report in excluded]}
     atomic_write_text(out / RESULT, json.dumps(result, indent=2) + "\n")
     log.info(f"held-out perplexity {before:.2f} -> {after:.2f} after {progress.step:,} steps; wrote {out}")
     if stopped == "time_budget":

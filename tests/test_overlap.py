@@ -1,0 +1,58 @@
+"""nerkit.data.overlap: which lines of unlabelled text overlap a labelled set, against a brute-force
+reference that compares every line with every sentence."""
+
+from __future__ import annotations
+
+import random
+
+from nerkit.data.overlap import MIN_CHARS, OverlapIndex, remove_overlaps
+
+
+def reference(lines: list[str], sentences: list[str], min_chars: int) -> tuple[list[bool], set[str]]:
+    """Each line: does it contain a sentence or lie inside one (both at least min_chars, spaces ignored);
+    and the sentences some line contains."""
+    squeeze = lambda text: "".join(text.split())  # noqa: E731
+    long = {squeeze(s) for s in sentences if len(squeeze(s)) >= min_chars}
+    flags, found = [], set()
+    for line in map(squeeze, lines):
+        held = {s for s in long if s in line}
+        found |= held
+        flags.append(bool(held) or (len(line) >= min_chars and any(line in s for s in long)))
+    return flags, found
+
+
+def test_lines_that_hold_or_lie_inside_a_sentence_are_removed_as_brute_force_finds():
+    rng = random.Random(3)
+    alphabet = "甲乙丙丁戊己庚辛"  # few letters: many near misses
+    sentences = ["".join(rng.choice(alphabet) for _ in range(rng.randint(4, 16))) for _ in range(60)]
+    lines = []
+    for _ in range(400):
+        kind = rng.random()
+        if kind < 0.3:  # a sentence inside other text, maybe with spaces in it
+            s = rng.choice(sentences)
+            cut = rng.randint(0, len(s))
+            lines.append("".join(rng.choice(alphabet) for _ in range(rng.randint(0, 6))) + s[:cut] + " " + s[cut:])
+        elif kind < 0.5:  # a piece of a sentence
+            s = rng.choice(sentences)
+            a = rng.randint(0, len(s) - 1)
+            lines.append(s[a:rng.randint(a + 1, len(s))])
+        else:
+            lines.append("".join(rng.choice(alphabet) for _ in range(rng.randint(1, 30))))
+    for min_chars in (MIN_CHARS, 5):
+        flags, found = reference(lines, sentences, min_chars)
+        assert 20 < sum(flags) < len(lines) - 20  # the test holds both kinds
+        kept, (report,) = remove_overlaps(lines, {"dev": sentences}, min_chars)
+        assert kept == [line for line, flag in zip(lines, flags) if not flag]
+        assert report.lines_removed == sum(flags) and report.found == len(found)
+        index = OverlapIndex(sentences, min_chars)
+        assert report.sentences == len(index.sentences) == len({s for s in sentences if len(s) >= min_chars})
+
+
+def test_each_set_is_reported_on_its_own():
+    dev, test = ["北京大学在海淀区的西边", "上海"], ["长江大桥今天正式通车了"]
+    lines = ["昨天北京大学在海淀区的西边举行会议", "长江大桥今天正式通车", "与此无关的一行文字而已", "上海"]
+    kept, reports = remove_overlaps(lines, {"dev": dev, "test": test})
+    assert kept == ["与此无关的一行文字而已", "上海"]  # "上海" is shorter than MIN_CHARS: never compared
+    assert [r.to_dict() for r in reports] == [
+        {"set": "dev", "sentences": 1, "found_in_text": 1, "lines_removed": 1},
+        {"set": "test", "sentences": 1, "found_in_text": 0, "lines_removed": 1}]
