@@ -128,3 +128,44 @@ def test_exclude_takes_out_the_lines_of_a_dev_or_test_set(lm_dir, tmp_path):
         assert report["lines_removed"] >= len(long_dev)
         assert result["lines"] + result["held_out_lines"] == len(train) + len(dev) - sum(
             r["lines_removed"] for r in result["excluded"] if r["set"] == name)
+
+
+@pytest.fixture
+def xlnet_dir(tmp_path):
+    pytest.importorskip("tokenizers")
+    from test_subword import build_model, build_tokenizer
+
+    tokenizer = build_tokenizer("xlnet")
+    build_model("xlnet", len(tokenizer), tokenizer.pad_token_id).save_pretrained(str(tmp_path / "xlnet"))
+    tokenizer.save_pretrained(str(tmp_path / "xlnet"))
+    return tmp_path / "xlnet"
+
+
+def test_xlnet_adapts_by_its_own_objective_and_reads_back_as_features(xlnet_dir, text, tmp_path):
+    """XLNet has no masked-LM form: its targets are hidden from every token by perm_mask and predicted
+    through target_mapping, its input keeps its tokens; the held-out perplexity falls and the adapted
+    directory is read as features."""
+    from nerkit.pretrained.subword import SubwordEmbedder
+    from nerkit.tools.lm_adapt import model_inputs
+
+    tokenizer, model = load_mlm(xlnet_dir)
+    lines = [s.text for s in read_corpus(FIXTURES / "tiny_train.bio").sentences][:6]
+    inputs = model_inputs(model, tokenizer, lines, AdaptOptions(), random.Random(0))
+    plain = tokenizer(lines, truncation=True, max_length=128, padding=True, return_tensors="pt")
+    assert torch.equal(inputs["input_ids"], plain["input_ids"])  # no [MASK] in XLNet's input
+    for b in range(len(lines)):
+        hidden = inputs["perm_mask"][b, 0].bool()  # (T,): the same for every row of the mask
+        assert (inputs["perm_mask"][b] == hidden.float()).all() and hidden.any()
+        mapped = inputs["target_mapping"][b]  # (P, T)
+        count = int(hidden.sum())
+        assert torch.equal(mapped[:count].argmax(1), hidden.nonzero().flatten()) and mapped[count:].sum() == 0
+        assert torch.equal(inputs["labels"][b, :count], plain["input_ids"][b, hidden])
+        assert (inputs["labels"][b, count:] == -100).all()
+
+    out = tmp_path / "adapted"
+    result = adapt(xlnet_dir, [text], out, AdaptOptions(**OPTIONS), progress_bar=False)
+    assert result["perplexity_after"] < result["perplexity_before"], result
+    embedder = load_lm(out)
+    assert isinstance(embedder, SubwordEmbedder)
+    ids = torch.tensor([embedder.vocab.ids(list("张三在北京"))])
+    assert embedder(ids, torch.ones_like(ids, dtype=torch.bool)).shape == (1, 5, 16)

@@ -4,7 +4,11 @@ labels: adapt the encoder to the domain's raw text, then train the tagger on it 
 
 A model without an MLM head (a plain encoder, as `make lm` writes) gets a fresh one. Masking is
 BERT's (15% of the tokens: 80% [MASK], 10% a random token, 10% kept), by token or, with
-`whole_word`, by jieba's words (every token of a chosen word is masked together). A share of the
+`whole_word`, by jieba's words (every token of a chosen word is masked together). XLNet has no
+masked-LM form: it trains on its own objective, permutation language modelling, with the same choice
+of targets: no token may see a target's content (`perm_mask`), each target is predicted by the
+query stream from the rest (`target_mapping`), the input keeps its tokens; this is the orders of
+XLNet's objective in which the targets come last and none sees another (its partial prediction). A share of the
 lines is held out and its perplexity (exp of the mean masked-token loss, with a fixed masking)
 measured before and after. The run is time-boxed and resumable: it writes nerkit's checkpoint
 (safetensors + JSON) every `checkpoint_every` steps and on a limit, and `resume` continues it
@@ -98,19 +102,27 @@ def split_held_out(lines: list[str], share: float, seed: int) -> tuple[list[str]
 
 
 def load_mlm(directory: Path):
-    """The tokenizer and a masked-LM model of a local directory; a fresh MLM head when it has none."""
+    """The tokenizer and a masked-LM model of a local directory (XLNet's LM head for an XLNet); a
+    fresh head when it has none."""
     from nerkit.pretrained.bert import _transformers
 
     transformers = _transformers()
     try:
         tokenizer = transformers.AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
-        model = transformers.AutoModelForMaskedLM.from_pretrained(str(directory), local_files_only=True)
+        config = transformers.AutoConfig.from_pretrained(str(directory), local_files_only=True)
+        head = transformers.XLNetLMHeadModel if permutation_lm(config) else transformers.AutoModelForMaskedLM
+        model = head.from_pretrained(str(directory), local_files_only=True)
     except (OSError, ValueError, KeyError) as e:
         raise UserError(f"cannot read it as a masked language model ({str(e).splitlines()[0]})", where=str(directory),
                         fix="give a local Hugging Face encoder directory (config.json, weights, tokenizer files)") from None
     if tokenizer.mask_token_id is None:
         raise UserError("its tokenizer has no mask token", where=str(directory), fix="use an encoder trained with MLM")
     return tokenizer, model
+
+
+def permutation_lm(config) -> bool:
+    """Whether the model trains by permutation language modelling (XLNet) rather than masking."""
+    return getattr(config, "model_type", "") == "xlnet"
 
 
 def word_ids(tokenizer, text: str, offsets: list[tuple[int, int]], whole_word: bool) -> list[int]:
@@ -127,8 +139,30 @@ def word_ids(tokenizer, text: str, offsets: list[tuple[int, int]], whole_word: b
     return [word_of[s] if s < len(text) else -1 - t for t, (s, _) in enumerate(offsets)]
 
 
-def masked_batch(tokenizer, lines: list[str], options: AdaptOptions, rng: random.Random):
-    """input_ids, attention_mask, labels (-100 where nothing is predicted) for a batch of lines."""
+def model_inputs(model, tokenizer, lines: list[str], options: AdaptOptions, rng: random.Random) -> dict:
+    """The keyword arguments of one training or perplexity step: a masked batch, or for XLNet the
+    same targets as permutation-LM inputs."""
+    input_ids, attention, labels = masked_batch(tokenizer, lines, options, rng, replace_targets=not
+                                                permutation_lm(model.config))
+    if not permutation_lm(model.config):
+        return {"input_ids": input_ids, "attention_mask": attention, "labels": labels}
+    targets = labels != -100  # (B, T)
+    count = int(targets.sum(1).max())  # predictions per row, padded with -100
+    batch, length = input_ids.shape
+    target_mapping = torch.zeros(batch, count, length)  # (B, P, T): one target position a row
+    target_labels = torch.full((batch, count), -100, dtype=torch.long)
+    for b in range(batch):
+        positions = targets[b].nonzero().flatten()
+        target_mapping[b, torch.arange(len(positions)), positions] = 1.0
+        target_labels[b, :len(positions)] = labels[b, positions]
+    perm_mask = targets[:, None, :].expand(batch, length, length).float()  # (B, T, T): nobody sees a target
+    return {"input_ids": input_ids, "attention_mask": attention, "perm_mask": perm_mask,
+            "target_mapping": target_mapping, "labels": target_labels}
+
+
+def masked_batch(tokenizer, lines: list[str], options: AdaptOptions, rng: random.Random, replace_targets: bool = True):
+    """input_ids, attention_mask, labels (-100 where nothing is predicted) for a batch of lines; with
+    `replace_targets` (BERT's masking, not XLNet's) the targets' inputs are replaced as BERT does."""
     encoded = tokenizer(lines, truncation=True, max_length=options.max_len, padding=True,
                         return_offsets_mapping=True, return_special_tokens_mask=True, return_tensors="pt")
     input_ids = encoded["input_ids"].clone()
@@ -147,6 +181,8 @@ def masked_batch(tokenizer, lines: list[str], options: AdaptOptions, rng: random
                 continue
             labels[b, t] = input_ids[b, t]
             roll = rng.random()
+            if not replace_targets:
+                continue
             if roll < 0.8:
                 input_ids[b, t] = tokenizer.mask_token_id
             elif roll < 0.9:
@@ -161,9 +197,9 @@ def perplexity(model, tokenizer, lines: list[str], options: AdaptOptions) -> flo
     total, count = 0.0, 0
     model.eval()
     for start in range(0, len(lines), options.batch_size):
-        input_ids, attention, labels = masked_batch(tokenizer, lines[start:start + options.batch_size], options, rng)
-        out = model(input_ids=input_ids, attention_mask=attention, labels=labels)
-        n = int((labels != -100).sum())
+        inputs = model_inputs(model, tokenizer, lines[start:start + options.batch_size], options, rng)
+        out = model(**inputs)
+        n = int((inputs["labels"] != -100).sum())
         total, count = total + float(out.loss) * n, count + n
     return math.exp(total / max(count, 1))
 
@@ -216,8 +252,7 @@ def adapt(lm: str | Path, texts: list[str | Path], out: str | Path, options: Ada
     while progress.step < options.steps:
         rng.seed(options.seed * 1_000_003 + progress.step)  # the batch a step draws, the same on a resume
         batch = rng.sample(train_lines, min(options.batch_size, len(train_lines)))
-        input_ids, attention, labels = masked_batch(tokenizer, batch, options, rng)
-        loss = model(input_ids=input_ids, attention_mask=attention, labels=labels).loss
+        loss = model(**model_inputs(model, tokenizer, batch, options, rng)).loss
         optimizer.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
