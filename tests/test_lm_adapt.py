@@ -130,15 +130,29 @@ def test_exclude_takes_out_the_lines_of_a_dev_or_test_set(lm_dir, tmp_path):
             r["lines_removed"] for r in result["excluded"] if r["set"] == name)
 
 
-@pytest.fixture
-def xlnet_dir(tmp_path):
+def subword_dir(kind: str, directory):
+    """A tiny model of test_subword's `kind` (its tokenizer trained on the fixtures), without a head."""
     pytest.importorskip("tokenizers")
     from test_subword import build_model, build_tokenizer
 
-    tokenizer = build_tokenizer("xlnet")
-    build_model("xlnet", len(tokenizer), tokenizer.pad_token_id).save_pretrained(str(tmp_path / "xlnet"))
-    tokenizer.save_pretrained(str(tmp_path / "xlnet"))
-    return tmp_path / "xlnet"
+    tokenizer = build_tokenizer(kind)
+    build_model(kind, len(tokenizer), tokenizer.pad_token_id).save_pretrained(str(directory))
+    tokenizer.save_pretrained(str(directory))
+    return directory
+
+
+@pytest.fixture
+def xlnet_dir(tmp_path):
+    return subword_dir("xlnet", tmp_path / "xlnet")
+
+
+@pytest.mark.parametrize("kind", ["wordpiece", "unigram", "bytelevel"])
+def test_sub_word_encoders_adapt_with_a_fresh_head(kind, text, tmp_path):
+    """A word-piece BERT, an XLM-RoBERTa (Unigram) and a byte-level BPE RoBERTa, none with an MLM head."""
+    out = tmp_path / "adapted"
+    result = adapt(subword_dir(kind, tmp_path / kind), [text], out, AdaptOptions(**OPTIONS), progress_bar=False)
+    assert result["perplexity_after"] < result["perplexity_before"], result
+    assert load_lm(out).output_dim == 16
 
 
 def test_xlnet_adapts_by_its_own_objective_and_reads_back_as_features(xlnet_dir, text, tmp_path):
