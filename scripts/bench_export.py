@@ -10,7 +10,9 @@ export, and the largest difference of their emissions.
 
 Missing exports are written first (`nerkit export`, and `--quantize int8`) into DIR-onnx and
 DIR-int8 beside the model. `--bf16` adds the PyTorch model under bf16 autocast (meant for a
-language model's features; the CPU must support bf16 to gain anything). Rows run one after the
+language model's features, which then run as `embeddings.lm.bf16: true` runs them; the other
+PyTorch row runs them in float32 whatever the config says; the CPU must support bf16 to gain
+anything). Rows run one after the
 other; each process predicts the file `--repeat` times and keeps its fastest pass. Prints one JSON
 line per runtime and a Markdown table.
 """
@@ -41,9 +43,12 @@ def measure(model: str, data: str, threads: int, batch_size: int, repeat: int, b
     loaded = time.perf_counter() - started
     sentences = read_gold(data, pipe.config.data.repair, "").sentences
     chars = sum(len(s) for s in sentences)
+    lm = getattr(getattr(pipe, "model", None), "lm", None)
+    for source in (lm.sources if lm is not None else ()):  # the row says the precision, not the config
+        source.bf16 = bf16
     best, metrics = float("inf"), None
     for _ in range(repeat):
-        if bf16:
+        if bf16 and lm is None:
             import torch
 
             with torch.autocast("cpu", dtype=torch.bfloat16):
