@@ -56,12 +56,16 @@ class DataConfig:
 @dataclass
 class LMConfig:
     """A pretrained language model as features (`embeddings.lm.*`). `embeddings.lm` may also be a list
-    of such mappings, stacked sources (each with its own path, finetune, lr, layers, bf16 and cache)
+    of such mappings, stacked sources (each with its own path, finetune, lr, layer_decay, layers, bf16
+    and cache)
     whose features are concatenated per character in list order (nerkit.pretrained.stacked)."""
 
     path: str | None = None  # a local Hugging Face encoder directory (any fast tokenizer) or LAC's; None: no LM
     finetune: bool = False  # train the LM's weights too (else frozen, its features cached per corpus)
     lr: float = 0.0  # the LM's own learning rate when fine-tuned (0: train.lr)
+    # Layer-wise learning-rate decay of a fine-tuned LM, in (0, 1]: its top layer trains at the LM's
+    # rate, each layer below at this times the rate of the layer above, the embeddings lowest (1: one rate)
+    layer_decay: float = 1.0
     layers: str = "last"  # last: the top layer | mix: a learned scalar mix of every layer
     bf16: bool = False  # run the LM under bf16 autocast (about twice as fast on CPUs with AVX512-BF16)
     cache: str | None = None  # where frozen features are cached (None: $XDG_CACHE_HOME/nerkit, else ~/.cache/nerkit)
@@ -573,6 +577,10 @@ def build_config(raw: dict, source: str = "<config>", overrides: list[str] = ())
     if emb.char_dim == 0 and not emb.lm_sources():
         raise ConfigError("embeddings.char_dim is 0 and there is no language model: the model would see nothing",
                           where=source, fix="set embeddings.char_dim, or embeddings.lm.path")
+    for k, lm in enumerate(emb.lm_sources()):
+        if not 0 < lm.layer_decay <= 1:
+            raise ConfigError(f"{emb.lm_label(k)}.layer_decay = {lm.layer_decay:g} must be in (0, 1]", where=source,
+                              fix="e.g. 0.8: each layer down trains at 0.8 times the rate of the one above; 1: one rate")
     if config.data.insert_spaces > 1:
         raise ConfigError(f"data.insert_spaces = {config.data.insert_spaces} must be in [0, 1] (a probability)",
                           where=source, fix="e.g. 0.05")

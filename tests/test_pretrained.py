@@ -210,3 +210,34 @@ def test_a_broken_pretrained_input_is_one_line_and_exit_2(tmp_path, tiny_config,
     assert result.stderr.startswith("nerkit: error: ") and words in result.stderr, result.stderr
     assert "Traceback" not in result.stderr and str(tmp_path) in result.stderr
     assert not (tmp_path / "out" / "model.safetensors").exists()
+
+
+@needs_transformers
+def test_layer_decay_gives_each_depth_of_the_lm_its_rate(tiny_config, lm_dir):
+    """`embeddings.lm.layer_decay`: the top layer at the LM's rate, each layer below at decay times
+    the one above, the embeddings lowest; every LM parameter in exactly one group; 1 keeps one group."""
+    from nerkit.training.schedule import make_optimizer
+
+    config = tiny_config(f"embeddings.lm.path={lm_dir}", "embeddings.lm.finetune=true", "embeddings.lm.lr=0.0008",
+                         "embeddings.lm.layer_decay=0.5")
+    pipe = build_pipeline(config, read_splits(config))
+    groups = make_optimizer(config, pipe.model).param_groups
+    assert [g["lr"] for g in groups] == [config.train.lr, 0.0002, 0.0004, 0.0008]  # rest, embeddings, layer 0, layer 1
+    names = {id(p): n for n, p in pipe.model.lm_sources()[0].lm.named_parameters()}
+    assert all(names[id(p)].startswith("embeddings.") for p in groups[1]["params"])
+    assert all(".layer.0." in names[id(p)] for p in groups[2]["params"])
+    assert all(".layer.1." in names[id(p)] for p in groups[3]["params"])
+    lm_ids = [id(p) for g in groups[1:] for p in g["params"]]
+    assert sorted(lm_ids) == sorted(id(p) for p in pipe.model.lm_parameters()[0])  # each once, none missing
+    assert not set(lm_ids) & {id(p) for p in groups[0]["params"]}
+    one = tiny_config(f"embeddings.lm.path={lm_dir}", "embeddings.lm.finetune=true", "embeddings.lm.lr=0.0008")
+    assert [g["lr"] for g in make_optimizer(one, build_pipeline(one, read_splits(one)).model).param_groups] == \
+        [one.train.lr, 0.0008]
+
+
+@pytest.mark.parametrize("value", ["0", "1.5", "-0.2"])
+def test_layer_decay_outside_its_range_is_a_config_error(tiny_config, value):
+    from nerkit.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="layer_decay"):
+        tiny_config("embeddings.lm.path=lm/x", f"embeddings.lm.layer_decay={value}")

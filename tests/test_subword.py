@@ -408,3 +408,16 @@ def test_a_frozen_subword_lms_cache_file_reads_as_running_it(subword_lm, tmp_pat
             from_cache, from_file, from_lm = embedder(cached), embedder(read_back), embedder(live)
         torch.testing.assert_close(from_file, from_cache, atol=0, rtol=0)
         torch.testing.assert_close(from_cache, from_lm, atol=5e-3, rtol=5e-3)  # the cache holds float16
+
+
+def test_every_parameter_has_a_depth_for_layer_decay(subword_lm):
+    """`embeddings.lm.layer_decay` reads each parameter's depth from its name: BERT's, RoBERTa's and
+    XLNet's two layers are depths 1 and 2, their embeddings (XLNet's mask_emb too) depth 0."""
+    embedder = load_lm(subword_lm, finetune=True)
+    depths = embedder.parameter_depths()
+    assert len(depths) == len(list(embedder.lm.parameters()))
+    names = {id(p): n for n, p in embedder.lm.named_parameters()}
+    assert {depth for _, depth in depths} == {0, 1, 2}
+    for p, depth in depths:  # (XLNet's layers hold a segment embedding of their own: `layer.0.rel_attn.seg_embed`)
+        name = names[id(p)]
+        assert f"layer.{depth - 1}." in name if depth else ("emb" in name and "layer." not in name), (name, depth)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import re
 
 import torch
 from torch import nn
@@ -15,6 +16,9 @@ from nerkit.errors import UserError
 from nerkit.pretrained.vocab import CharVocab, _read_optional_json  # noqa: F401 (re-exported: their home before)
 
 LAYERS = ("last", "mix")
+
+# A parameter of a numbered layer: BERT's and RoBERTa's `encoder.layer.3.`, XLNet's `layer.3.`, LAC's `layers.3.`
+NUMBERED_LAYER = re.compile(r"(?:^|\.)layers?\.(\d+)\.")
 
 
 LM_DIR = "lm"  # the subdirectory of a model directory that holds its language model
@@ -81,6 +85,18 @@ class CharFeatures(nn.Module):
         self.scalar_mix = ScalarMix(self.num_states) if layers == "mix" else None
         self.lm.requires_grad_(finetune)
         self.train(False)  # ready for inference, as Hugging Face's from_pretrained leaves a model
+
+    def parameter_depths(self) -> list[tuple[nn.Parameter, int]]:
+        """Each of the LM's parameters with its depth, what `embeddings.lm.layer_decay` scales its
+        rate by: k for the k-th numbered layer (`layer.3.` or `layers.3.` is the 4th), 0 for the
+        embeddings, the top layer's depth for what sits above the layers (a final norm)."""
+        named = [(p, NUMBERED_LAYER.search(name), name) for name, p in self.lm.named_parameters()]
+        numbered = [int(found.group(1)) + 1 for _, found, _ in named if found]
+        if not numbered:
+            raise UserError("embeddings.lm.layer_decay: this language model has no numbered layers to decay over",
+                            fix="leave layer_decay at 1 for it")
+        top = max(numbered)
+        return [(p, int(found.group(1)) + 1 if found else 0 if "emb" in name else top) for p, found, name in named]
 
     def train(self, mode: bool = True) -> "CharFeatures":
         super().train(mode)

@@ -20,12 +20,19 @@ LONG_WARMUP = 0.5
 def make_optimizer(config: Config, model: torch.nn.Module) -> torch.optim.Optimizer:
     """The optimiser of the model's trainable parameters; a fine-tuned language model's own
     learning rate (`embeddings.lm.lr`; each stacked source's own) makes its parameters a group of
-    their own, after the group of the rest."""
+    their own, after the group of the rest, and its `layer_decay` below 1 a group per depth (the
+    embeddings first, at lr * decay ** top_depth, up to the top layer at lr)."""
     tc = config.train
     params = [p for p in model.parameters() if p.requires_grad]
-    own_rates = []  # (the source's parameter ids, its rate), in the sources' order
-    for weights, options in zip(model.lm_parameters(), config.embeddings.lm_sources()):
-        if options.lr:
+    own_rates = []  # (parameter ids, their rate), in the sources' order
+    for source, weights, options in zip(model.lm_sources(), model.lm_parameters(), config.embeddings.lm_sources()):
+        rate = options.lr or tc.lr
+        if options.layer_decay < 1 and options.finetune:
+            depths = source.parameter_depths()
+            top = max(depth for _, depth in depths)
+            for level in sorted({depth for _, depth in depths}):
+                own_rates.append(({id(p) for p, depth in depths if depth == level}, rate * options.layer_decay ** (top - level)))
+        elif options.lr:
             own_rates.append(({id(p) for p in weights}, options.lr))
     claimed = set().union(*(ids for ids, _ in own_rates))
     groups = [{"params": [p for p in params if id(p) not in claimed]}]
