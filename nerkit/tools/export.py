@@ -248,15 +248,26 @@ def verification_texts(pipe: Pipeline, limit: int | None, seed: int = 0) -> list
 
 def compare(pipe: Pipeline, session, token_lists: list[list[str]]) -> dict:
     """The graph against the PyTorch model on `token_lists`, all in one batch: the share of sentences
-    with identical tags, and the largest emission difference at a real position."""
+    with identical tags, and the largest emission difference at a real position. The graph runs a
+    language model in float32 whatever `embeddings.lm.bf16` says, so the PyTorch model is run so too
+    (a bf16 LM's emissions differ from float32's by about 1e-2, which is bf16's rounding, not the
+    export's)."""
     examples = [pipe.featurizer.example(tokens) for tokens in token_lists]
     arrays = collate_arrays(examples)
     feeds = {i.name: arrays[i.name] for i in session.get_inputs()}
     tag_ids, emissions = session.run(["tag_ids", "emissions"], feeds)
     batch = collate(examples)
-    with torch.inference_mode():
-        expected_emissions = pipe.model.emissions(batch).float().numpy()
-        expected = pipe.model.crf.decode(torch.from_numpy(expected_emissions), batch.mask)
+    sources = pipe.model.lm_sources()
+    precisions = [source.bf16 for source in sources]
+    try:
+        for source in sources:
+            source.bf16 = False
+        with torch.inference_mode():
+            expected_emissions = pipe.model.emissions(batch).float().numpy()
+            expected = pipe.model.crf.decode(torch.from_numpy(expected_emissions), batch.mask)
+    finally:
+        for source, bf16 in zip(sources, precisions):
+            source.bf16 = bf16
     mask = arrays["mask"]
     same = sum(list(row[:len(e)]) == tags for row, e, tags in zip(tag_ids, examples, expected))
     return {"sentences": len(examples), "same_tags": same / len(examples),
