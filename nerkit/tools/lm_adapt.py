@@ -93,6 +93,20 @@ def exclusion_sets(paths: list[str | Path]) -> dict[str, list[str]]:
     return sets
 
 
+def without_overlaps(lines: list[str], exclude: list[str | Path], first_text: str | Path):
+    """`lines` less those that overlap the sets of `exclude`, and a report per set (logged)."""
+    if not exclude:
+        return lines, []
+    lines, reports = remove_overlaps(lines, exclusion_sets(exclude))
+    for report in reports:
+        log.info(f"{report.name}: {report.found:,} of its {report.sentences:,} sentences are in the text; "
+                 f"{report.lines_removed:,} overlapping lines taken out")
+    if len(lines) < 2:
+        raise UserError("fewer than two lines of text are left once the lines overlapping --exclude are out",
+                        where=str(first_text), fix="give more text, or check that --exclude names the right sets")
+    return lines, reports
+
+
 def split_held_out(lines: list[str], share: float, seed: int) -> tuple[list[str], list[str]]:
     order = list(range(len(lines)))
     random.Random(seed).shuffle(order)
@@ -215,16 +229,7 @@ def adapt(lm: str | Path, texts: list[str | Path], out: str | Path, options: Ada
     if out.exists() and not resume and any(out.iterdir()):
         raise UserError("the output directory is not empty", where=str(out),
                         fix="choose a new --out, or --resume the run that wrote it")
-    lines = read_lines(texts)
-    excluded = []
-    if exclude:
-        lines, excluded = remove_overlaps(lines, exclusion_sets(exclude))
-        for report in excluded:
-            log.info(f"{report.name}: {report.found:,} of its {report.sentences:,} sentences are in the text; "
-                     f"{report.lines_removed:,} overlapping lines taken out")
-        if len(lines) < 2:
-            raise UserError("fewer than two lines of text are left once the lines overlapping --exclude are out",
-                            where=str(texts[0]), fix="give more text, or check that --exclude names the right sets")
+    lines, excluded = without_overlaps(read_lines(texts), exclude, texts[0])
     train_lines, held = split_held_out(lines, options.held_out, options.seed)
     torch.manual_seed(options.seed)
     tokenizer, model = load_mlm(lm)
