@@ -1,6 +1,7 @@
 """Throughput and latency of `nerkit serve`: requests per second and p50/p99 latency at 1, 8 and 32
 concurrent clients, with micro-batching on (`on`: the server's defaults; `on-wait-2ms`: the first
-request of a batch waits 2 ms for others) and off (`off`: `--max-batch-chars 0`, each request a
+request of a batch waits 2 ms for others; `on-batch-4`: a micro-batch is predicted in model batches of
+at most 4 texts of similar lengths, `--batch-size 4`) and off (`off`: `--max-batch-chars 0`, each request a
 batch of its own), for each model given.
 
     python scripts/bench_serve.py --model runs/demo [--model DIR2 ...] [--clients 1,8,32]
@@ -36,7 +37,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 DATA = Path(os.environ.get("NERKIT_DATA") or REPO.parent / "shared" / "data")
-MODES = {"on": [], "on-wait-2ms": ["--max-wait-ms", "2"], "off": ["--max-batch-chars", "0", "--max-wait-ms", "0"]}
+MODES = {"on": [], "on-wait-2ms": ["--max-wait-ms", "2"], "on-batch-4": ["--batch-size", "4"],
+         "off": ["--max-batch-chars", "0", "--max-wait-ms", "0"]}
 
 
 def read_texts(path: Path | None) -> tuple[list[str], str]:
