@@ -99,6 +99,11 @@ def test_the_command_line(lm_dir, text, tmp_path):
                            "--out", str(out), "--steps", "3", "--batch-size", "4"], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert "held-out perplexity" in done.stdout and (out / "config.json").is_file()
+    excluded = subprocess.run([sys.executable, "-m", "nerkit", "lm", "adapt", "--lm", str(lm_dir), "--text", str(text),
+                               "--exclude", str(FIXTURES / "tiny_train.bio"), "--out", str(tmp_path / "x1"),
+                               "--steps", "1"], capture_output=True, text=True)
+    assert excluded.returncode == 2 and "fewer than two lines" in excluded.stderr  # the text is that corpus, thrice
+    assert "Traceback" not in excluded.stderr and not (tmp_path / "x1" / "config.json").exists()
     again = subprocess.run([sys.executable, "-m", "nerkit", "lm", "adapt", "--lm", str(lm_dir), "--text", str(text),
                             "--out", str(out), "--steps", "3"], capture_output=True, text=True)
     assert again.returncode == 2 and "not empty" in again.stderr and "Traceback" not in again.stderr
