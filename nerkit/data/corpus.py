@@ -413,7 +413,7 @@ def write_corpus(path: str | Path, sentences: list[Sentence], to: str, source: s
             raise CorpusError(f"the token {found[2]!r} breaks the line: a text file has one sentence a line",
                               where=_token_where(path, source, source_format, *found[:2]),
                               fix="remove or replace it in the input, or write jsonl")
-        atomic_write_text(path, "".join("".join(s.tokens) + "\n" for s in sentences))
+        atomic_write_text(path, "".join(s.text + "\n" for s in sentences))
         return
     if to in SCHEMES:
         found = _first_token(sentences, lambda t: not t or _UNWRITABLE.search(t))

@@ -8,8 +8,8 @@ BERT's (15% of the tokens: 80% [MASK], 10% a random token, 10% kept), by token o
 masked-LM form: it trains on its own objective, permutation language modelling, with the same choice
 of targets: no token may see a target's content (`perm_mask`), each target is predicted by the
 query stream from the rest (`target_mapping`), the input keeps its tokens; this is the orders of
-XLNet's objective in which the targets come last and none sees another (its partial prediction). A share of the
-lines is held out and its perplexity (exp of the mean masked-token loss, with a fixed masking)
+XLNet's objective in which the targets come last and none sees another (its partial prediction).
+A share of the lines is held out and its perplexity (exp of the mean masked-token loss, with a fixed masking)
 measured before and after. The run is time-boxed and resumable: it writes nerkit's checkpoint
 (safetensors + JSON) every `checkpoint_every` steps and on a limit, and `resume` continues it
 exactly. The result is an ordinary Hugging Face directory (config.json, model.safetensors, the
@@ -84,12 +84,12 @@ def exclusion_sets(paths: list[str | Path]) -> dict[str, list[str]]:
     for path in map(str, paths):
         if path.endswith((".yaml", ".yml")):
             splits = read_splits(load_config(path))
-            sets[f"{path} dev"] = ["".join(s.tokens) for s in splits.dev]
+            sets[f"{path} dev"] = [s.text for s in splits.dev]
             if splits.test:
-                sets[f"{path} test"] = ["".join(s.tokens) for s in splits.test]
+                sets[f"{path} test"] = [s.text for s in splits.test]
         else:
             check_input(path, "--exclude", "no such file")
-            sets[path] = ["".join(s.tokens) for s in read_corpus(path, repair=True).sentences]
+            sets[path] = [s.text for s in read_corpus(path, repair=True).sentences]
     return sets
 
 
@@ -156,9 +156,9 @@ def word_ids(tokenizer, text: str, offsets: list[tuple[int, int]], whole_word: b
 def model_inputs(model, tokenizer, lines: list[str], options: AdaptOptions, rng: random.Random) -> dict:
     """The keyword arguments of one training or perplexity step: a masked batch, or for XLNet the
     same targets as permutation-LM inputs."""
-    input_ids, attention, labels = masked_batch(tokenizer, lines, options, rng, replace_targets=not
-                                                permutation_lm(model.config))
-    if not permutation_lm(model.config):
+    permutation = permutation_lm(model.config)
+    input_ids, attention, labels = masked_batch(tokenizer, lines, options, rng, replace_targets=not permutation)
+    if not permutation:
         return {"input_ids": input_ids, "attention_mask": attention, "labels": labels}
     targets = labels != -100  # (B, T)
     count = int(targets.sum(1).max())  # predictions per row, padded with -100
