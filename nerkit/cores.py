@@ -70,3 +70,14 @@ def default_threads() -> int:
         return max(1, int(os.environ.get(FREE_CORES, "0")))
     except ValueError:
         return 0
+
+
+def runtime_threads() -> int:
+    """Threads for a runtime that does not read OMP_NUM_THREADS itself (ONNX Runtime): its first
+    number when it is one, else the cores found free at start (all when none were measured)."""
+    for name in ("OMP_NUM_THREADS", FREE_CORES):
+        try:
+            return max(1, int(os.environ.get(name, "").split(",")[0]))
+        except ValueError:  # unset, or not a number (OpenMP ignores it too)
+            continue
+    return os.cpu_count() or 1

@@ -82,3 +82,14 @@ def test_device_names_and_their_errors():
             resolve_device("cuda", "train.device")
         with pytest.raises(UserError, match="use --device cpu"):
             resolve_device("cuda")
+
+
+def test_runtime_threads_read_omp_num_threads_or_the_free_cores(monkeypatch):
+    """ONNX Runtime does not read OMP_NUM_THREADS itself: nerkit gives it the first number there, else
+    the cores found free."""
+    from nerkit.cores import FREE_CORES, runtime_threads
+
+    monkeypatch.setenv(FREE_CORES, "3")
+    for setting, expected in (("2", 2), ("4,2", 4), (" 1 ", 1), ("0", 1), ("", 3), ("many", 3)):
+        monkeypatch.setenv("OMP_NUM_THREADS", setting)
+        assert runtime_threads() == expected, setting

@@ -192,6 +192,33 @@ def test_predict_and_eval_on_the_export_give_the_originals_output(exported, nerk
     assert json.loads(nerkit("eval", "--data", str(TINY_DEV), "--json", "--model", str(onnx_dir)).stdout)["f1"] >= 0
 
 
+def test_lanes_read_batches_at_once_and_give_what_one_thread_gives(exported, tmp_path, capfdbinary):
+    """An export on two lanes (two batches at once; `nerkit predict`'s chunks on two threads) gives
+    what it gives on one thread: `predict`, a whole file over many chunks, and a file whose last line
+    is not UTF-8 (the records before it, then the error naming the line). A server's load keeps one lane."""
+    from nerkit.errors import CorpusError
+    from nerkit.inference.stream import predict_stream
+
+    onnx_dir = exported("flat")[1]
+    one, two = OnnxPipeline.load(onnx_dir, threads=1), OnnxPipeline.load(onnx_dir, threads=2)
+    assert (one.lanes, two.lanes, OnnxPipeline.load(onnx_dir, threads=2, lanes=False).lanes) == (1, 2, 1)
+    texts = dev_texts() * 6 + ["", "刘洋去天元集团参观了。" * 30]
+    assert two.predict(texts, batch_size=3) == one.predict(texts, batch_size=3)
+    source, bad = tmp_path / "texts.txt", tmp_path / "bad.txt"
+    source.write_text("\n".join(texts) + "\n", encoding="utf-8")
+    bad.write_bytes(source.read_bytes() + b"\xff\n")
+    outputs, partial = [], []
+    for pipe in (one, two):
+        assert predict_stream(pipe, str(source), str(tmp_path / "out.jsonl"), chunk_chars=40) == len(texts)
+        outputs.append((tmp_path / "out.jsonl").read_bytes())
+        capfdbinary.readouterr()
+        with pytest.raises(CorpusError, match=f"bad.txt:{len(texts) + 1}"):
+            predict_stream(pipe, str(bad), None, chunk_chars=40)
+        partial.append(capfdbinary.readouterr().out)
+    assert outputs[0] == outputs[1] and len(outputs[0].splitlines()) == len(texts)
+    assert partial[0] == partial[1] == outputs[0]
+
+
 def test_an_exported_model_predicts_without_importing_torch(exported, tmp_path):
     """`nerkit predict`, `nerkit eval` and `nerkit.load` in a fresh process: torch is never imported."""
     onnx_dir = exported("flat")[1]

@@ -160,6 +160,24 @@ def test_padded_sizes_are_few_and_less_than_half_again_as_large():
         assert n <= padded_size(n) <= 1.5 * n and padded_size(padded_size(n)) == padded_size(n)
 
 
+def test_budgeted_batches_hold_each_example_once_within_both_limits():
+    """Batches in length order, at most `max_rows` rows and `max_chars` once padded to their longest,
+    except an example longer than `max_chars` alone; every index exactly once."""
+    from nerkit.features.padding import budgeted_batches
+
+    rng = random.Random(3)
+    lengths = [rng.randint(1, 299) for _ in range(500)] + [1500, 1]
+    for max_rows, max_chars in ((64, 1024), (4, 1024), (64, 100), (1, 10)):
+        batches = budgeted_batches(lengths, max_rows, max_chars)
+        assert sorted(i for batch in batches for i in batch) == list(range(len(lengths)))
+        in_order = [lengths[i] for batch in batches for i in batch]
+        assert in_order == sorted(lengths)
+        for batch in batches:
+            longest = max(lengths[i] for i in batch)
+            assert len(batch) <= max_rows and (len(batch) * longest <= max_chars or len(batch) == 1)
+        assert len(batches) < len(lengths) or max_rows == 1  # short examples do go together
+
+
 @pytest.mark.parametrize("encoder", LATTICE_FREE + ["flat"])
 def test_padded_batches_predict_as_one_at_a_time(tiny_config, encoder, tmp_path):
     """A prediction batch padded to a bounded shape (rows repeating the last example, positions

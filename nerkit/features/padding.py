@@ -47,6 +47,23 @@ def bucketed_batches(lengths: list[int], batch_size: int, rng: random.Random | N
     return batches
 
 
+def budgeted_batches(lengths: list[int], max_rows: int, max_chars: int) -> list[list[int]]:
+    """Index batches in length order, each of at most `max_rows` examples and, padded to its longest,
+    at most `max_chars` characters (an example longer than that is a batch alone): many short texts
+    go together and long ones few at a time, so a runtime that takes any shape (ONNX Runtime) pads
+    little and reads each batch in few steps."""
+    batches: list[list[int]] = []
+    batch: list[int] = []
+    for i in sorted(range(len(lengths)), key=lambda i: lengths[i]):
+        if batch and (len(batch) >= max_rows or (len(batch) + 1) * lengths[i] > max_chars):
+            batches.append(batch)
+            batch = []
+        batch.append(i)
+    if batch:
+        batches.append(batch)
+    return batches
+
+
 def _pad(rows: list[list[int]], width: int) -> np.ndarray:
     padded = np.zeros((len(rows), width), dtype=np.int64)
     for b, row in enumerate(rows):

@@ -32,16 +32,17 @@ def require_runtime(directory: str | Path, wanted: str) -> None:
                     fix="give the model directory it was exported from, or --runtime onnx")
 
 
-def load_pipeline(directory: str | Path, device: str = "cpu", threads: int | None = None):
+def load_pipeline(directory: str | Path, device: str = "cpu", threads: int | None = None, lanes: bool = True):
     """The directory's pipeline: an `OnnxPipeline` for an export, else a `Pipeline`. `threads`: the
-    intra-op threads of the runtime (0: nerkit's default, the cores found free; None: torch's
-    setting is left as it is)."""
+    threads of the runtime (0: nerkit's default, the cores found free; None: torch's setting is left
+    as it is); an export spends them on batches read at once unless `lanes` is False (then on
+    each batch, as torch does: nerkit.inference.onnx_runtime)."""
     directory = Path(directory)
     meta = directory / "nerkit.json"
     if meta.is_file() and runtime(_read_json(meta)) == "onnx":
         from nerkit.inference.onnx_runtime import OnnxPipeline
 
-        return OnnxPipeline.load(directory, device, threads or 0)
+        return OnnxPipeline.load(directory, device, threads or 0, lanes)
     if threads is not None:
         from nerkit.device import set_threads
 

@@ -3,6 +3,12 @@ without torch: `OnnxPipeline` has the Pipeline's `predict`, `evaluate` and `eval
 `Predictor`'s), featurises with the same `Featurizer` and pads numpy batches by the same rules
 (nerkit.features.padding); the graph gives tag ids, decoded in it by the constrained Viterbi.
 
+Its threads: ONNX Runtime releases Python's lock while it runs, so with `threads` N > 1 the pipeline
+reads N batches at once, each on one thread (its "lanes"), rather than one batch on N threads:
+a recurrent layer reads its time steps one after another, which a second thread within one batch
+barely shortens, and the Viterbi decode is many small steps (docs/export.md, "Prediction speed").
+A server, which wants each request's batch answered soon, loads it with `lanes=False`.
+
 A graph with a language model reads at most the LM's window at once (nerkit.json's
 `onnx.max_length`): longer texts go through prediction windows of that size, where the PyTorch
 model would run the LM in overlapping windows itself."""
@@ -10,15 +16,21 @@ model would run the LM in overlapping windows itself."""
 from __future__ import annotations
 
 import logging
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from nerkit.errors import ModelDirError, UserError
 from nerkit.features.featurizer import Example, Featurizer
-from nerkit.features.padding import bucketed_batches, collate_arrays, padded_examples
+from nerkit.features.padding import budgeted_batches, collate_arrays
 from nerkit.inference.model_dir import ONNX_FILE, ONNX_MODEL_FILES
 from nerkit.inference.predictor import Predictor, read_model_dir
 
 log = logging.getLogger(__name__)
+
+# Characters in one batch (rows x the longest): the MSRA BiLSTM export read its test text fastest
+# around here, against batches of 64 rows padded to the shapes PyTorch's caches need (docs/export.md).
+# ONNX Runtime keeps nothing per shape with memory patterns off, so batches are padded to their longest only.
+BATCH_CHARS = 1024
 
 
 def _onnxruntime():
@@ -32,15 +44,13 @@ def _onnxruntime():
 
 def session(path: Path, device: str = "cpu", threads: int = 0):
     """An ONNX Runtime session of the graph: on the CPU, with `threads` intra-op threads (0: the cores
-    nerkit found free when it started, nerkit/cores.py), or on a GPU through CUDA's provider."""
-    from nerkit.cores import default_threads
+    nerkit found free when it started, or OMP_NUM_THREADS: nerkit/cores.py), or on a GPU through CUDA's provider."""
+    from nerkit.cores import runtime_threads
 
     ort = _onnxruntime()
     options = ort.SessionOptions()
     options.log_severity_level = 3  # errors only
-    threads = threads or default_threads()
-    if threads:
-        options.intra_op_num_threads = threads
+    options.intra_op_num_threads = threads or runtime_threads()
     options.inter_op_num_threads = 1
     # Memory patterns are planned and kept per input shape: with batches of many shapes they held a
     # TENER's peak at 3.4 GB instead of 1.7 GB (docs/export.md), for 1.5% of speed.
@@ -61,11 +71,13 @@ def session(path: Path, device: str = "cpu", threads: int = 0):
 class OnnxPipeline(Predictor):
     """A model exported by `nerkit export`: `Predictor`'s prediction and evaluation, decoded by the graph."""
 
-    def __init__(self, config, featurizer: Featurizer, session, max_length: int | None = None):
+    def __init__(self, config, featurizer: Featurizer, session, max_length: int | None = None, lanes: int = 1):
         super().__init__(config, featurizer)
         self.session = session
         self.inputs = [i.name for i in session.get_inputs()]
         self.max_length = max_length  # the most characters the graph reads at once (None: any)
+        self.lanes = lanes  # batches read at once, each on one thread of its own
+        self._pool: ThreadPoolExecutor | None = None
 
     def check_window(self, window: int | None) -> int:
         """`Predictor.check_window`, within `max_length` when the graph has one (0 and longer
@@ -76,18 +88,35 @@ class OnnxPipeline(Predictor):
         return window
 
     def decode_examples(self, examples: list[Example], batch_size: int, window: int) -> list[list[int]]:
-        """`Predictor.decode_examples` by the graph, on numpy batches padded as the PyTorch model's are."""
+        """`Predictor.decode_examples` by the graph: batches of at most `batch_size` rows and
+        `BATCH_CHARS` characters, on `lanes` threads at once."""
+        batches = budgeted_batches([len(e) for e in examples], batch_size, BATCH_CHARS)
+
+        def tag_ids(idx: list[int]):  # (B, T) for the examples idx
+            arrays = collate_arrays([examples[j] for j in idx])
+            return self.session.run(["tag_ids"], {name: arrays[name] for name in self.inputs})[0]
+
+        if self.lanes > 1 and len(batches) > 1:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(self.lanes, thread_name_prefix="nerkit-onnx")
+            results = self._pool.map(tag_ids, batches)
+        else:
+            results = map(tag_ids, batches)
         decoded: list[list[int]] = [[] for _ in examples]
-        for idx in bucketed_batches([len(e) for e in examples], batch_size):
-            arrays = collate_arrays(*padded_examples([examples[j] for j in idx], batch_size, window))
-            tag_ids = self.session.run(["tag_ids"], {name: arrays[name] for name in self.inputs})[0]  # (B, T)
-            for j, row in zip(idx, tag_ids):  # the padding rows' paths are dropped
+        for idx, rows in zip(batches, results):
+            for j, row in zip(idx, rows):
                 decoded[j] = row[:len(examples[j])].tolist()
         return decoded
 
     @classmethod
-    def load(cls, directory: str | Path, device: str = "cpu", threads: int = 0) -> "OnnxPipeline":
+    def load(cls, directory: str | Path, device: str = "cpu", threads: int = 0, lanes: bool = True) -> "OnnxPipeline":
+        """The export in `directory`, on `threads` threads (0: the cores nerkit found free, nerkit/cores.py):
+        as that many lanes of one thread each, or with `lanes` False as one session's intra-op threads."""
+        from nerkit.cores import runtime_threads
+
         directory = Path(directory)
+        threads = threads or runtime_threads()
+        lane_count = threads if lanes and device != "cuda" else 1
         found = read_model_dir(directory, ONNX_MODEL_FILES)
         lm_vocab = None
         if (directory / "lm").is_dir():
@@ -97,7 +126,9 @@ class OnnxPipeline(Predictor):
         featurizer = Featurizer.from_json(found.config, found.vocab, found.lexicon, where=str(directory / "vocab.json"),
                                           lm_vocab=lm_vocab)
         graph = found.meta.get("onnx") or {}
-        pipe = cls(found.config, featurizer, session(directory / ONNX_FILE, device, threads), graph.get("max_length"))
+        graph_threads = 1 if lane_count > 1 else threads
+        pipe = cls(found.config, featurizer, session(directory / ONNX_FILE, device, graph_threads), graph.get("max_length"),
+                   lane_count)
         pipe.train_max_len = found.train_max_len
         pipe.directory = directory
         return pipe

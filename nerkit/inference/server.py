@@ -205,7 +205,8 @@ def create_app(model_dir: str | Path, options: ServeOptions | None = None) -> Fa
     stopping answers every request already queued."""
     options = options or ServeOptions()
     model_dir = Path(model_dir)
-    pipe = load_pipeline(model_dir, options.device, options.threads)  # an export runs on ONNX Runtime, no torch
+    # An export runs on ONNX Runtime, no torch; each batch on all the threads, so one request is answered soon.
+    pipe = load_pipeline(model_dir, options.device, options.threads, lanes=False)
     window = pipe.check_window(options.window)
     weights = next((model_dir / name for name in ("model.safetensors", "model.onnx") if (model_dir / name).is_file()),
                    model_dir / "model.safetensors")

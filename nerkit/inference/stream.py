@@ -19,6 +19,7 @@ import signal
 import stat
 import sys
 import threading
+from collections import deque
 from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO, Iterable, Iterator
@@ -123,12 +124,50 @@ def _chunks(lines: Iterable[tuple[str, int]], chunk_chars: int) -> Iterator[tupl
 def _predicted(pipe, chunks: Iterable[tuple[list[str], int]], fmt: str, batch_size: int,
                window: int | None) -> Iterator[tuple[bytes, int, int]]:
     """Each chunk's output in input order, with how many records and input bytes it holds: predicted
-    here by a Pipeline, or by the processes of a `Workers`."""
+    here by a Pipeline, by the threads of an ONNX export with lanes (`_in_threads`), or by the
+    processes of a `Workers`."""
     if isinstance(pipe, Workers):
         yield from pipe.predict_chunks(chunks, fmt, batch_size, window)
         return
+    if getattr(pipe, "lanes", 1) > 1:
+        yield from _in_threads(pipe, chunks, fmt, batch_size, window)
+        return
     for texts, size in chunks:
         yield predict_chunk(pipe, texts, fmt, batch_size, window), len(texts), size
+
+
+def _in_threads(pipe, chunks: Iterable[tuple[list[str], int]], fmt: str, batch_size: int,
+                window: int | None) -> Iterator[tuple[bytes, int, int]]:
+    """`_predicted` on `pipe.lanes` threads: while one chunk's batches are in ONNX Runtime (which
+    lets go of Python's lock), another chunk is featurised or written out. At most two chunks per
+    thread are out at once, and they come back in input order; an error reading the input comes
+    after the chunks read before it, as with one thread."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    source = iter(chunks)
+    out: deque = deque()  # (future, records, size), in input order
+    failure: BaseException | None = None
+    with ThreadPoolExecutor(pipe.lanes, thread_name_prefix="nerkit-chunk") as pool:
+        try:
+            while True:
+                while failure is None and len(out) < 2 * pipe.lanes:
+                    try:
+                        texts, size = next(source)
+                    except StopIteration:
+                        break
+                    except Exception as e:  # an invalid input line: after the chunks before it
+                        failure = e
+                        break
+                    out.append((pool.submit(predict_chunk, pipe, texts, fmt, batch_size, window), len(texts), size))
+                if not out:
+                    break
+                future, records, size = out.popleft()
+                yield future.result(), records, size
+        finally:
+            for future, _, _ in out:  # the reader stopped early, or a chunk failed: drop what is queued
+                future.cancel()
+    if failure is not None:
+        raise failure
 
 
 @contextmanager

@@ -1,5 +1,5 @@
 """ONNX graphs written node by node, for what torch's exporter cannot trace: the CRF's constrained
-Viterbi decode (a Loop forward over time, a Loop back over it) and FLAT's lattice scores (a Scan over
+Viterbi decode (a Scan forward over time, a Scan back over it) and FLAT's lattice scores (a Scan over
 the query nodes). `nerkit.tools.export` adds them to the graph it exports, so that any ONNX runtime
 gets tag ids, not scores.
 
@@ -15,9 +15,6 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 OPSET = 18  # ReduceMax/ReduceSum take their axes as an input from 18 on
-
-INT64_MIN = np.iinfo(np.int64).min
-
 
 class _Builder:
     """Nodes and constants of one graph, each name prefixed so that they never meet the host graph's."""
@@ -47,11 +44,6 @@ def _value(name: str, elem_type: int, shape: list | None = None) -> onnx.ValueIn
     return helper.make_tensor_value_info(name, elem_type, shape)  # None: the shape is left to the runtime
 
 
-def _scalar(name: str, elem_type: int) -> onnx.ValueInfoProto:
-    """A Loop body's iteration number or condition: a scalar, as the runtime requires."""
-    return helper.make_tensor_value_info(name, elem_type, [])
-
-
 def viterbi_nodes(start: np.ndarray, trans: np.ndarray, end: np.ndarray, emissions: str, mask: str,
                   output: str, prefix: str = "viterbi/") -> tuple[list[onnx.NodeProto], list[onnx.TensorProto]]:
     """Nodes that read `emissions` (B, T, K) float32 and `mask` (B, T) bool (left-aligned, every row
@@ -59,64 +51,63 @@ def viterbi_nodes(start: np.ndarray, trans: np.ndarray, end: np.ndarray, emissio
     at padding. `start` (K,), `trans` (K, K) and `end` (K,) are the CRF's scores with every forbidden
     entry -inf (`CRF._masked_scores`), so no path breaks the tag scheme.
 
-    The forward Loop runs T steps from a score of zeros: its first step moves through a matrix whose
-    every row is `start`, so no step is special-cased and a one-token batch is a Loop of one."""
+    The first position's scores are `start` plus its emissions; a Scan forward over the other T - 1
+    positions (and one padding step, below) keeps the best score ending in each tag and writes one back pointer per step; a Scan
+    back over the pointers reads the path. A Scan hands each step its slice, so a step is the five
+    operations of the recursion and two Where for padding."""
     b = _Builder(prefix)
-    num_tags = len(start)
-    first = np.tile(np.asarray(start, dtype=np.float32)[None, :], (num_tags, 1))  # (K, K): row i = start
-    c_first, c_trans = b.constant(first, "first"), b.constant(np.asarray(trans, np.float32), "trans")
+    c_trans, c_start = b.constant(np.asarray(trans, np.float32), "trans"), b.constant(np.asarray(start, np.float32), "start")
     c_end = b.constant(np.asarray(end, np.float32), "end")
-    c_identity = b.constant(np.arange(num_tags, dtype=np.int64)[None, :], "identity")  # (1, K)
-    c_zero, c_one = b.constant(0, "zero", np.int64), b.constant(1, "one", np.int64)
-    c_axis1, c_axis2 = b.constant([1], "axis1", np.int64), b.constant([2], "axis2", np.int64)
-    c_true = b.constant(True, "true", np.bool_)
+    c_identity = b.constant(np.arange(len(start), dtype=np.int64)[None, :], "identity")  # (1, K)
+    c_zero, c_one = b.constant([0], "zero", np.int64), b.constant([1], "one", np.int64)
+    c_axis0, c_axis1, c_axis2 = (b.constant([i], f"axis{i}", np.int64) for i in (0, 1, 2))
+    c_int64_max = b.constant([np.iinfo(np.int64).max], "int64_max", np.int64)
 
-    steps = b.op("Transpose", [emissions], "steps", perm=[1, 0, 2])  # (T, B, K)
-    step_mask = b.op("Transpose", [mask], "step_mask", perm=[1, 0])  # (T, B)
-    shape = b.op("Shape", [emissions])
-    length = b.op("Gather", [shape, c_one], "length", axis=0)  # T, a scalar
-    rows_tags = b.op("Gather", [shape, b.constant([0, 2], "bk", np.int64)], axis=0)  # [B, K]
-    zeros = b.op("ConstantOfShape", [rows_tags], "zeros", value=numpy_helper.from_array(np.zeros(1, np.float32)))
+    # One padding step is added at the end, so that the forward Scan always has a step to read
+    # (onnxruntime refuses a Scan over nothing); it changes no path and is dropped at the end.
+    steps = b.op("Transpose", [emissions], perm=[1, 0, 2])  # (T, B, K)
+    steps = b.op("Concat", [steps, b.op("Slice", [steps, c_zero, c_one, c_axis0])], "steps", axis=0)  # (T+1, B, K)
+    real = b.op("Unsqueeze", [b.op("Transpose", [mask], perm=[1, 0]), c_axis2])  # (T, B, 1)
+    real = b.op("Concat", [real, b.op("Not", [b.op("Slice", [real, c_zero, c_one, c_axis0])])], "real",
+                axis=0)  # (T+1, B, 1): the first position is real in every row, so the added one is not
+    first = b.op("Add", [b.op("Squeeze", [b.op("Slice", [steps, c_zero, c_one, c_axis0]), c_axis0]), c_start],
+                 "first")  # (B, K)
+    later_steps = b.op("Slice", [steps, c_one, c_int64_max, c_axis0], "later_steps")  # (T, B, K)
+    later_real = b.op("Slice", [real, c_one, c_int64_max, c_axis0], "later_real")  # (T, B, 1)
 
     # Forward: score (B, K) = best path score ending in each tag; one back pointer (B, K) per step.
     body = _Builder(prefix + "forward/")
-    t, keep, score = body.name("t"), body.name("keep"), body.name("score")
-    emitted = body.op("Gather", [steps, t], "emitted", axis=0)  # (B, K)
-    real = body.op("Gather", [step_mask, t], "real", axis=0)  # (B,)
-    is_first = body.op("Equal", [t, c_zero], "is_first")
-    moves = body.op("Where", [is_first, c_first, c_trans], "moves")  # (K, K)
-    candidates = body.op("Add", [body.op("Unsqueeze", [score, c_axis2]), moves], "candidates")  # (B, K_prev, K)
+    score, emitted, is_real = body.name("score"), body.name("emitted"), body.name("is_real")
+    candidates = body.op("Add", [body.op("Unsqueeze", [score, c_axis2]), c_trans], "candidates")  # (B, K_prev, K)
     best = body.op("ReduceMax", [candidates, c_axis1], "best", keepdims=0)  # (B, K)
     pointer = body.op("ArgMax", [candidates], "pointer", axis=1, keepdims=0)  # (B, K): the first best, as torch
-    real = body.op("Unsqueeze", [body.op("Or", [real, is_first]), c_axis1], "real_column")  # (B, 1)
-    next_score = body.op("Where", [real, body.op("Add", [best, emitted]), score], "next_score")  # padding keeps it
-    back = body.op("Where", [real, pointer, c_identity], "back")  # padding points to the same tag
-    keep_out = body.op("Identity", [keep], "keep_out")
+    next_score = body.op("Where", [is_real, body.op("Add", [best, emitted]), score], "next_score")  # padding keeps it
+    back = body.op("Where", [is_real, pointer, c_identity], "back")  # padding points to the same tag
     forward_graph = helper.make_graph(
         body.nodes, "viterbi_forward",
-        [_scalar(t, TensorProto.INT64), _scalar(keep, TensorProto.BOOL), _value(score, TensorProto.FLOAT)],
-        [_scalar(keep_out, TensorProto.BOOL), _value(next_score, TensorProto.FLOAT), _value(back, TensorProto.INT64)])
-    final, pointers = b.op("Loop", [length, c_true, zeros], "forward", outputs=2, body=forward_graph)  # (B, K), (T, B, K)
+        [_value(score, TensorProto.FLOAT), _value(emitted, TensorProto.FLOAT), _value(is_real, TensorProto.BOOL)],
+        [_value(next_score, TensorProto.FLOAT), _value(back, TensorProto.INT64)])
+    final, pointers = b.op("Scan", [first, later_steps, later_real], "forward", outputs=2, body=forward_graph,
+                           num_scan_inputs=2)  # (B, K), (T, B, K)
     last = b.op("ArgMax", [b.op("Add", [final, c_end])], "last", axis=1, keepdims=0)  # (B,)
 
-    # Backward: from the last tag, each step's pointer gives the tag before; out come the tags T-1..0.
+    # Backward: the pointers of step t give each tag at t the tag at t - 1; read from the last step
+    # to the first, each step writes the tag it starts from at its own position.
     back_body = _Builder(prefix + "backward/")
-    k, keep, tag = back_body.name("k"), back_body.name("keep"), back_body.name("tag")
-    step = back_body.op("Sub", [b.op("Sub", [length, c_one], "last_step"), k], "step")  # T - 1 - k
-    pointer = back_body.op("Gather", [pointers, step], "pointer", axis=0)  # (B, K)
-    previous = back_body.op("GatherElements", [pointer, back_body.op("Unsqueeze", [tag, c_axis1])], axis=1)  # (B, 1)
+    tag, step_pointer = back_body.name("tag"), back_body.name("step_pointer")  # (B,), (B, K)
+    previous = back_body.op("GatherElements", [step_pointer, back_body.op("Unsqueeze", [tag, c_axis1])], axis=1)
     previous = back_body.op("Squeeze", [previous, c_axis1], "previous")  # (B,)
     tag_out = back_body.op("Identity", [tag], "tag_out")
-    keep_out = back_body.op("Identity", [keep], "keep_out")
     backward_graph = helper.make_graph(
         back_body.nodes, "viterbi_backward",
-        [_scalar(k, TensorProto.INT64), _scalar(keep, TensorProto.BOOL), _value(tag, TensorProto.INT64)],
-        [_scalar(keep_out, TensorProto.BOOL), _value(previous, TensorProto.INT64), _value(tag_out, TensorProto.INT64)])
-    _, reversed_tags = b.op("Loop", [length, c_true, last], "backward", outputs=2, body=backward_graph)  # (T, B)
-    in_order = b.op("Slice", [reversed_tags, b.constant([-1], "minus_one", np.int64),
-                              b.constant([INT64_MIN], "int64_min", np.int64), b.constant([0], "axis0", np.int64),
-                              b.constant([-1], "step_back", np.int64)], "in_order")  # (T, B)
-    tags = b.op("Transpose", [in_order], "tags", perm=[1, 0])  # (B, T)
+        [_value(tag, TensorProto.INT64), _value(step_pointer, TensorProto.INT64)],
+        [_value(previous, TensorProto.INT64), _value(tag_out, TensorProto.INT64)])
+    first_tag, later_tags = b.op("Scan", [last, pointers], "backward", outputs=2, body=backward_graph,
+                                 num_scan_inputs=1, scan_input_directions=[1],
+                                 scan_output_directions=[1])  # (B,), (T, B): the tags of positions 1..T
+    tags = b.op("Concat", [b.op("Unsqueeze", [first_tag, c_axis0]), later_tags], axis=0)  # (T+1, B)
+    tags = b.op("Slice", [tags, c_zero, b.constant([-1], "minus_one", np.int64), c_axis0], "tags_by_step")  # (T, B)
+    tags = b.op("Transpose", [tags], "tags", perm=[1, 0])  # (B, T)
     b.nodes.append(helper.make_node("Where", [mask, tags, b.constant(-1, "padding", np.int64)], [output],
                                     name=b.name("Where")))
     return b.nodes, b.constants
@@ -193,7 +184,7 @@ def _needs(node: onnx.NodeProto) -> set[str]:
 
 def sort_nodes(graph: onnx.GraphProto) -> None:
     """Order the nodes so that each comes after whatever it reads, including what its subgraphs read
-    from outside them, which onnxruntime's quantiser overlooks when it reorders a graph (a Loop can
+    from outside them, which onnxruntime's quantiser overlooks when it reorders a graph (a Scan can
     end up before the node whose output its body uses). Ties keep the present order."""
     available = {v.name for v in graph.input} | {t.name for t in graph.initializer}
     pending = list(graph.node)
