@@ -209,6 +209,9 @@ def build_graph(pipe: Pipeline):
 
     check_exportable(pipe)
     proto = trace_emissions(pipe, max_length(pipe))
+    # The trace annotates some intermediate values with the example input's length (a fixed 3 where
+    # the length is dynamic): runtimes infer shapes themselves, so no annotation is kept to mislead them.
+    del proto.graph.value_info[:]
     _lower_lattice_scores(proto)
     _add_decode(proto, pipe)
     proto.producer_name = "nerkit"
