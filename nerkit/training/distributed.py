@@ -22,6 +22,8 @@ from torch.nn.parallel import DistributedDataParallel
 
 from nerkit.errors import JobError, UserError
 
+log = logging.getLogger(__name__)
+
 # Set by `nerkit train --nproc N` for the processes it starts: their resume command says --nproc N.
 LAUNCHED_WITH = "NERKIT_NPROC"
 
@@ -79,8 +81,17 @@ class World:
             logging.getLogger("nerkit").setLevel(logging.ERROR)
         return device
 
-    def leave(self) -> None:
+    def leave(self, finished: bool = False) -> None:
+        """End the process group this rank started. After a finished run the ranks first wait for
+        each other (rank 0 comes last, from writing the model): a rank that tore its group down
+        while rank 0 still held its connections was seen to abort in gloo's teardown (SIGABRT,
+        "terminate called without an active exception"). A rank that fails leaves at once."""
         if self.owns_group and dist.is_initialized():
+            if finished and self.size > 1:
+                try:
+                    dist.barrier()
+                except RuntimeError as e:  # another rank is gone: nothing to wait for
+                    log.debug("leaving without the other ranks: %s", e)
             dist.destroy_process_group()
         self.owns_group = False
 

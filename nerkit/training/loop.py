@@ -522,6 +522,7 @@ def train(config: Config, out: str | Path | None = None, force: bool = False, re
     out = Path(out or config.output_dir)
     config = replace(config, output_dir=str(out))  # the caller's config stays as it is
     stop, world = StopRequest(), World.from_env()
+    finished = False
     try:
         with stop.on_signals():
             run = set_up(config, out, force, resume, splits, stop, progress_bar, world)
@@ -534,7 +535,9 @@ def train(config: Config, out: str | Path | None = None, force: bool = False, re
                 if end_epoch(run, epoch, n_batches):
                     break
                 epoch += 1
-            return finish(run, epoch) if world.main else None
+            metrics = finish(run, epoch) if world.main else None
+            finished = True
+            return metrics
     except OSError as e:
         if e.errno not in WRITE_ERRNOS:
             raise
@@ -548,4 +551,4 @@ def train(config: Config, out: str | Path | None = None, force: bool = False, re
             raise
         raise lost from None
     finally:
-        world.leave()
+        world.leave(finished)
