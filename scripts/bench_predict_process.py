@@ -4,7 +4,8 @@ test text: characters per second for each model and option, alone and beside a b
 Each model directory (a PyTorch one, an ONNX export) runs with each option set in turn, the sets
 interleaved round by round so that a slow minute of a shared VM does not land on one of them. A
 run's figure is the characters of the texts (line ends not counted) over the wall seconds of the
-process; its peak RSS comes from the kernel (wait4). `--beside-busy` runs each again one second after
+process; its peak RSS comes from the kernel (wait4). `--model DIR::TREE` runs DIR with the nerkit of
+another checkout TREE (a `git worktree` of an older commit), to compare code in the same run. `--beside-busy` runs each again one second after
 a busy process (a Python loop on one core, as scripts/bench_auto_policy.py's) and reports what that
 process kept of its own rate. `--startup` adds a run over one line (start-up and loading alone).
 
@@ -44,12 +45,13 @@ def msra_test_text(data: str, out: Path) -> int:
 
 
 def run_once(model: str, options: str, text: Path) -> tuple[float, float]:
-    """Wall seconds and peak RSS (MiB) of one `nerkit predict` process."""
+    """Wall seconds and peak RSS (MiB) of one `nerkit predict` process (`DIR::TREE`: TREE's nerkit)."""
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "NERKIT_FREE_CORES", "OMP_NUM_THREADS")}
-    cmd = [sys.executable, "-m", "nerkit", "--quiet", "predict", "--model", model, str(text), "--output",
-           os.devnull, *shlex.split(options)]
+    model, _, tree = model.partition("::")
+    cmd = [sys.executable, "-m", "nerkit", "--quiet", "predict", "--model", str(Path(model).resolve()), str(text),
+           "--output", os.devnull, *shlex.split(options)]
     started = time.perf_counter()
-    process = subprocess.Popen(cmd, env=env)
+    process = subprocess.Popen(cmd, env=env, cwd=tree or None)
     _, status, usage = os.wait4(process.pid, 0)
     seconds = time.perf_counter() - started
     process.returncode = os.waitstatus_to_exitcode(status)
@@ -107,7 +109,7 @@ def main() -> None:
     for (model, options, where), runs in seen.items():
         median = statistics.median(s for s, _, _ in runs)
         keeps = [k for _, _, k in runs if k is not None]
-        print(f"| {Path(model).name} | {options or 'default'} | {where} | {', '.join(f'{s:.2f}' for s, _, _ in runs)} | "
+        print(f"| {model} | {options or 'default'} | {where} | {', '.join(f'{s:.2f}' for s, _, _ in runs)} | "
               f"{chars / median:,.0f} | {max(r for _, r, _ in runs):.0f} | "
               f"{', '.join(f'{k:.2f}' for k in keeps) if keeps else ''} |")
 

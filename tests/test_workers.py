@@ -359,8 +359,11 @@ def test_a_run_with_workers_ends_at_once_and_leaves_no_worker(tiny_model_dir, tm
     command = [sys.executable, "-m", "nerkit", "predict", "--model", str(tiny_model_dir), str(source), "--workers", "2"]
     if stop != "close the pipe":
         command += ["--output", str(output)]
+    # As at a terminal, SIGINT is not ignored: a suite started in the background (`make test &`) passes
+    # its shell's SIG_IGN on, and a Python started so keeps Ctrl-C ignored.
     with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO, start_new_session=True,
-                          env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "error"}) as process:
+                          env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "error"},
+                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)) as process:
         deadline = time.monotonic() + 120
         if stop == "close the pipe":
             assert parse_jsonl(process.stdout.readline().decode())[0]["text"] == "张伟在北京的清华大学工作。"
