@@ -1,6 +1,6 @@
 """An exported model directory (`nerkit export`, nerkit.json's `runtime: onnx`) run on ONNX Runtime,
 without torch: `OnnxPipeline` has the Pipeline's `predict`, `evaluate` and `evaluation` (they are
-`Predictor`'s), featurises with the same `Featurizer` and pads numpy batches by the same rules
+`Predictor`'s), featurises with the same `Featurizer` and batches with numpy
 (nerkit.features.padding); the graph gives tag ids, decoded in it by the constrained Viterbi.
 
 Its threads: ONNX Runtime releases Python's lock while it runs, so with `threads` N > 1 the pipeline
@@ -76,8 +76,8 @@ class OnnxPipeline(Predictor):
         self.session = session
         self.inputs = [i.name for i in session.get_inputs()]
         self.max_length = max_length  # the most characters the graph reads at once (None: any)
-        self.lanes = lanes  # batches read at once, each on one thread of its own
-        self._pool: ThreadPoolExecutor | None = None
+        self.lanes = lanes  # batches read at once, each on one thread of its own (started as needed)
+        self._pool = ThreadPoolExecutor(lanes, thread_name_prefix="nerkit-onnx") if lanes > 1 else None
 
     def check_window(self, window: int | None) -> int:
         """`Predictor.check_window`, within `max_length` when the graph has one (0 and longer
@@ -96,9 +96,7 @@ class OnnxPipeline(Predictor):
             arrays = collate_arrays([examples[j] for j in idx])
             return self.session.run(["tag_ids"], {name: arrays[name] for name in self.inputs})[0]
 
-        if self.lanes > 1 and len(batches) > 1:
-            if self._pool is None:
-                self._pool = ThreadPoolExecutor(self.lanes, thread_name_prefix="nerkit-onnx")
+        if self._pool is not None and len(batches) > 1:
             results = self._pool.map(tag_ids, batches)
         else:
             results = map(tag_ids, batches)
