@@ -188,3 +188,26 @@ def test_xlnet_adapts_by_its_own_objective_and_reads_back_as_features(xlnet_dir,
     assert isinstance(embedder, SubwordEmbedder)
     ids = torch.tensor([embedder.vocab.ids(list("张三在北京"))])
     assert embedder(ids, torch.ones_like(ids, dtype=torch.bool)).shape == (1, 5, 16)
+
+
+@pytest.mark.parametrize("kind", ["bert", "wordpiece", "unigram", "bytelevel", "xlnet"])
+def test_the_loss_on_the_predicted_tokens_alone_is_the_models_own(kind, lm_dir, tmp_path):
+    """`mlm_loss` runs a BERT's or RoBERTa's head on the predicted positions only; its loss and its
+    gradients are those of the model's own forward over every position (XLNet computes its own)."""
+    from nerkit.tools.lm_adapt import mlm_loss, model_inputs
+
+    directory = lm_dir if kind == "bert" else subword_dir(kind, tmp_path / kind)
+    tokenizer, model = load_mlm(directory)
+    model.eval()  # no dropout: the two forwards see the same network
+    lines = [s.text for s in read_corpus(FIXTURES / "tiny_train.bio").sentences][:6]
+    inputs = model_inputs(model, tokenizer, lines, AdaptOptions(**OPTIONS), random.Random(3))
+    ours = mlm_loss(model, inputs)
+    our_grads = torch.autograd.grad(ours, [p for p in model.parameters() if p.requires_grad], allow_unused=True)
+    theirs = model(**inputs).loss
+    their_grads = torch.autograd.grad(theirs, [p for p in model.parameters() if p.requires_grad], allow_unused=True)
+    torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=1e-5)
+    for a, b in zip(our_grads, their_grads):
+        if a is None or b is None:
+            assert a is None and b is None or float((a if a is not None else b).abs().max()) == 0.0
+        else:
+            torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)

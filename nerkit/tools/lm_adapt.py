@@ -174,6 +174,21 @@ def model_inputs(model, tokenizer, lines: list[str], options: AdaptOptions, rng:
             "target_mapping": target_mapping, "labels": target_labels}
 
 
+def mlm_loss(model, inputs: dict) -> torch.Tensor:
+    """The step's loss: the mean cross-entropy over the predicted tokens, as the model's own `loss`
+    is. A masked LM whose head is one module beside its encoder (BERT's `cls`, RoBERTa's `lm_head`)
+    runs the head on the predicted positions only: about one token in seven, where the vocabulary-
+    sized output layer was half of a step's arithmetic. Any other model (XLNet) computes its own."""
+    heads = [module for name, module in model.named_children() if name != model.base_model_prefix]
+    if permutation_lm(model.config) or len(heads) != 1 or model.base_model is model:
+        return model(**inputs).loss
+    labels = inputs["labels"]
+    states = model.base_model(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"])[0]  # (B, T, H)
+    targets = labels != -100
+    logits = heads[0](states[targets])  # (N, V): the N predicted tokens
+    return torch.nn.functional.cross_entropy(logits.float(), labels[targets])
+
+
 def masked_batch(tokenizer, lines: list[str], options: AdaptOptions, rng: random.Random, replace_targets: bool = True):
     """input_ids, attention_mask, labels (-100 where nothing is predicted) for a batch of lines; with
     `replace_targets` (BERT's masking, not XLNet's) the targets' inputs are replaced as BERT does."""
@@ -212,9 +227,8 @@ def perplexity(model, tokenizer, lines: list[str], options: AdaptOptions) -> flo
     model.eval()
     for start in range(0, len(lines), options.batch_size):
         inputs = model_inputs(model, tokenizer, lines[start:start + options.batch_size], options, rng)
-        out = model(**inputs)
         n = int((inputs["labels"] != -100).sum())
-        total, count = total + float(out.loss) * n, count + n
+        total, count = total + float(mlm_loss(model, inputs)) * n, count + n
     return math.exp(total / max(count, 1))
 
 
@@ -257,7 +271,7 @@ def adapt(lm: str | Path, texts: list[str | Path], out: str | Path, options: Ada
     while progress.step < options.steps:
         rng.seed(options.seed * 1_000_003 + progress.step)  # the batch a step draws, the same on a resume
         batch = rng.sample(train_lines, min(options.batch_size, len(train_lines)))
-        loss = model(**model_inputs(model, tokenizer, batch, options, rng)).loss
+        loss = mlm_loss(model, model_inputs(model, tokenizer, batch, options, rng))
         optimizer.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
