@@ -70,8 +70,8 @@ def predict(
     batch_size: int = typer.Option(64, "--batch-size", min=1, help="Sentences per batch."),
     device: Device = DEVICE,
     runtime: Runtime = RUNTIME,
-    threads: int = typer.Option(0, "--threads", min=0, help="torch threads in all, shared out among the "
-                                "workers (0 = one per core)."),
+    threads: int = typer.Option(0, "--threads", min=0, help="torch threads (an ONNX export: batches read "
+                                "at once) in all, shared out among the workers (0 = one per core)."),
     workers: int = typer.Option(1, "--workers", min=1, help="Processes that predict at once, each "
                                 "holding a copy of the model (1 = this process)."),
     window: Optional[int] = WINDOW,

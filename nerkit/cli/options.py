@@ -33,7 +33,8 @@ def flag(*names: str, help: str, default: bool | None = False, **kwargs):
 
 DEVICE = typer.Option("cpu", "--device", help="Where the model runs.")
 
-THREADS = typer.Option(0, "--threads", min=0, help="torch threads (0 = the cores free when nerkit starts).")
+THREADS = typer.Option(0, "--threads", min=0, help="torch threads, or an ONNX export's batches read at once "
+                       "(0 = the cores free when nerkit starts).")
 
 WINDOW = typer.Option(None, "--window", min=0, help="Read a text longer than N characters in overlapping windows "
                       "of N (default: the longest training sentence, at most data.max_len; 0 = each text whole; "
