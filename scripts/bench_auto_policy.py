@@ -70,13 +70,8 @@ def hog_alone(seconds: float = 5.0) -> float:
     return float(subprocess.run([sys.executable, "-c", HOG, str(seconds)], capture_output=True, text=True).stdout)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--model", required=True, help="A model directory for the prediction runs.")
-    ap.add_argument("--rounds", type=int, default=2)
-    args = ap.parse_args()
-    data = os.environ.get("NERKIT_DATA") or str(Path(__file__).resolve().parents[2] / "shared" / "data")
-    text = Path(tempfile.mkdtemp()) / "msra_test.txt"
+def msra_test_text(data: str, out: Path) -> int:
+    """The MSRA test sentences one per line in `out`; returns their characters."""
     sentences, current = [], []
     for line in (Path(data) / "msra" / "test.char.bmes").read_text(encoding="utf-8").splitlines():
         if line.strip():
@@ -84,7 +79,20 @@ def main() -> None:
         elif current:
             sentences.append("".join(current))
             current = []
-    text.write_text("\n".join(sentences) + "\n", encoding="utf-8")
+    if current:
+        sentences.append("".join(current))
+    out.write_text("\n".join(sentences) + "\n", encoding="utf-8")
+    return sum(map(len, sentences))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--model", required=True, help="A model directory for the prediction runs.")
+    ap.add_argument("--rounds", type=int, default=2)
+    args = ap.parse_args()
+    data = os.environ.get("NERKIT_DATA") or str(Path(__file__).resolve().parents[2] / "shared" / "data")
+    text = Path(tempfile.mkdtemp()) / "msra_test.txt"
+    msra_test_text(data, text)
     solo_hog = hog_alone()
     print(f"busy process alone: {solo_hog:,.0f} iterations/s")
     print("| task | policy | alone | beside a busy process | ratio | busy process keeps |\n|---|---|---:|---:|---:|---:|")

@@ -26,22 +26,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_auto_policy import HOG, hog_alone  # noqa: E402
-
-
-def msra_test_text(data: str, out: Path) -> int:
-    """The MSRA test sentences one per line in `out`; returns their characters."""
-    sentences, current = [], []
-    for line in (Path(data) / "msra" / "test.char.bmes").read_text(encoding="utf-8").splitlines():
-        if line.strip():
-            current.append(line.split()[0])
-        elif current:
-            sentences.append("".join(current))
-            current = []
-    if current:
-        sentences.append("".join(current))
-    out.write_text("\n".join(sentences) + "\n", encoding="utf-8")
-    return sum(map(len, sentences))
+from bench_auto_policy import HOG, hog_alone, msra_test_text  # noqa: E402
 
 
 def run_once(model: str, options: str, text: Path) -> tuple[float, float]:
