@@ -102,6 +102,6 @@ def _all_cached(states) -> bool:
 
 
 def collate_padded(examples: list[Example], max_rows: int, max_width: int = 0) -> Batch:
-    """A prediction batch whose shape comes from a bounded set (`padded_examples`, whose rule the
-    ONNX runtime's numpy batches follow too). The mask keeps every padding position out of the results."""
+    """A prediction batch whose shape comes from a bounded set (`padded_examples`: torch's native
+    caches keep one entry per shape). The mask keeps every padding position out of the results."""
     return collate(*padded_examples(examples, max_rows, max_width))

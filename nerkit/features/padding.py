@@ -1,7 +1,7 @@
-"""Batching without torch: which examples go together (`bucketed_batches`), the few shapes a
-prediction batch is padded to (`padded_examples`), and a batch as padded numpy arrays
-(`collate_arrays`) for a runtime that does not load torch (the ONNX runtime). nerkit.features.batch
-builds torch tensors by the same rules."""
+"""Batching without torch: which examples go together (`bucketed_batches` for torch's batches,
+`budgeted_batches` for ONNX Runtime's), the few shapes a torch prediction batch is padded to
+(`padded_examples`), and a batch as padded numpy arrays (`collate_arrays`) for a runtime that does
+not load torch (the ONNX runtime). nerkit.features.batch builds torch tensors by the same rules."""
 
 from __future__ import annotations
 
