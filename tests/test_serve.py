@@ -336,6 +336,24 @@ def test_serve_window_reads_as_predict_window(tiny_model_dir, tmp_path):
         assert httpx.get(f"{running.url}/info", timeout=TIMEOUT).json()["window"] == 7
 
 
+def test_a_language_model_is_served_in_small_model_batches(tmp_path):
+    """Without --batch-size a model with a language model (one, or a stack) is served in model batches
+    of 4 texts, any other in batches of 64; an explicit --batch-size wins."""
+    pytest.importorskip("transformers")
+    from conftest import tiny_raw_config
+    from test_lm import write_lm
+
+    from nerkit.config import build_config
+    from nerkit.inference.server import ServeOptions, default_batch_size
+
+    lm, other = write_lm(tmp_path / "tiny-lm"), write_lm(tmp_path / "other-lm")
+    plain = build_config(tiny_raw_config(), "<tiny>", [])
+    one = build_config(tiny_raw_config(), "<tiny>", [f"embeddings.lm.path={lm}"])
+    stacked = build_config(tiny_raw_config(), "<tiny>", [f"embeddings.lm=[{{path: {lm}}}, {{path: {other}}}]"])
+    assert [default_batch_size(c) for c in (plain, one, stacked)] == [64, 4, 4]
+    assert ServeOptions().batch_size is None and ServeOptions(batch_size=16).batch_size == 16
+
+
 def test_health_info_and_the_api_docs(server, tiny_model_dir):
     import yaml
 
@@ -350,6 +368,7 @@ def test_health_info_and_the_api_docs(server, tiny_model_dir):
     assert info["config"] == yaml.safe_load((tiny_model_dir / "config.yaml").read_text(encoding="utf-8"))
     assert info["model_sha256"] == hashlib.sha256((tiny_model_dir / "model.safetensors").read_bytes()).hexdigest()
     assert info["serve"]["max_body"] == 20000
+    assert info["serve"]["batch_size"] == 64  # no --batch-size, no language model
     api = httpx.get(f"{server.url}/openapi.json", timeout=TIMEOUT).json()
     assert {"/predict", "/health", "/info"} <= set(api["paths"])
     assert {"200", "400", "413", "422", "503"} <= set(api["paths"]["/predict"]["post"]["responses"])

@@ -28,7 +28,8 @@ def serve(
     threads: int = typer.Option(0, "--threads", min=0, help="torch threads in all, shared out among the "
                                 "workers (0 = the cores free when nerkit starts; with --workers, one per core)."),
     window: Optional[int] = WINDOW,
-    batch_size: int = typer.Option(64, "--batch-size", min=1, help="Sentences per model batch."),
+    batch_size: Optional[int] = typer.Option(None, "--batch-size", min=1, help="Sentences per model batch "
+                                             "(default: 4 for a model with a language model, else 64)."),
     max_batch_chars: int = typer.Option(8192, "--max-batch-chars", min=0, help="Micro-batching: requests "
                                         "that wait together are predicted as one batch of up to N characters "
                                         "(a larger request is a batch of its own; 0 = each request alone)."),
