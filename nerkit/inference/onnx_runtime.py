@@ -42,15 +42,13 @@ def _onnxruntime():
     return onnxruntime
 
 
-def session(path: Path, device: str = "cpu", threads: int = 0):
-    """An ONNX Runtime session of the graph: on the CPU, with `threads` intra-op threads (0: the cores
-    nerkit found free when it started, or OMP_NUM_THREADS: nerkit/cores.py), or on a GPU through CUDA's provider."""
-    from nerkit.cores import runtime_threads
-
+def session(path: Path, device: str, threads: int):
+    """An ONNX Runtime session of the graph: on the CPU, with `threads` intra-op threads, or on a GPU
+    through CUDA's provider."""
     ort = _onnxruntime()
     options = ort.SessionOptions()
     options.log_severity_level = 3  # errors only
-    options.intra_op_num_threads = threads or runtime_threads()
+    options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
     # Memory patterns are planned and kept per input shape: with batches of many shapes they held a
     # TENER's peak at 3.4 GB instead of 1.7 GB (docs/export.md), for 1.5% of speed.
@@ -108,8 +106,9 @@ class OnnxPipeline(Predictor):
 
     @classmethod
     def load(cls, directory: str | Path, device: str = "cpu", threads: int = 0, lanes: bool = True) -> "OnnxPipeline":
-        """The export in `directory`, on `threads` threads (0: the cores nerkit found free, nerkit/cores.py):
-        as that many lanes of one thread each, or with `lanes` False as one session's intra-op threads."""
+        """The export in `directory`, on `threads` threads (0: the cores nerkit found free when it
+        started, or OMP_NUM_THREADS: nerkit/cores.py): as that many lanes of one thread each, or with
+        `lanes` False as one session's intra-op threads."""
         from nerkit.cores import runtime_threads
 
         directory = Path(directory)
