@@ -5,9 +5,9 @@ Each model directory (a PyTorch one, an ONNX export) runs with each option set i
 interleaved round by round so that a slow minute of a shared VM does not land on one of them. A
 run's figure is the characters of the texts (line ends not counted) over the wall seconds of the
 process; its peak RSS comes from the kernel (wait4). `--model DIR::TREE` runs DIR with the nerkit of
-another checkout TREE (a `git worktree` of an older commit), to compare code in the same run. `--beside-busy` runs each again one second after
-a busy process (a Python loop on one core, as scripts/bench_auto_policy.py's) and reports what that
-process kept of its own rate. `--startup` adds a run over one line (start-up and loading alone).
+another checkout TREE (a `git worktree` of an older commit), to compare code in the same run.
+`--beside-busy` runs each again one second after a busy process (a Python loop on one core, as
+scripts/bench_auto_policy.py's) and reports what that process kept of its own rate. `--startup` adds a run over one line (start-up and loading alone).
 
     python scripts/bench_predict_process.py --model runs/msra_bilstm --model runs/msra_bilstm-onnx \\
         --options "" --options "--threads 1" --options "--workers 2" --rounds 3 --beside-busy --startup
@@ -26,32 +26,22 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_auto_policy import HOG, hog_alone, msra_test_text  # noqa: E402
+from bench_auto_policy import beside_a_hog, environment, hog_alone, msra_test_text  # noqa: E402
 
 
 def run_once(model: str, options: str, text: Path) -> tuple[float, float]:
     """Wall seconds and peak RSS (MiB) of one `nerkit predict` process (`DIR::TREE`: TREE's nerkit)."""
-    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "NERKIT_FREE_CORES", "OMP_NUM_THREADS")}
     model, _, tree = model.partition("::")
     cmd = [sys.executable, "-m", "nerkit", "--quiet", "predict", "--model", str(Path(model).resolve()), str(text),
            "--output", os.devnull, *shlex.split(options)]
     started = time.perf_counter()
-    process = subprocess.Popen(cmd, env=env, cwd=tree or None)
+    process = subprocess.Popen(cmd, env=environment("auto"), cwd=tree or None)
     _, status, usage = os.wait4(process.pid, 0)
     seconds = time.perf_counter() - started
     process.returncode = os.waitstatus_to_exitcode(status)
     if process.returncode:
         raise SystemExit(f"{shlex.join(cmd)} exited with {process.returncode}")
     return seconds, usage.ru_maxrss / 1024
-
-
-def beside_busy(run) -> tuple[tuple[float, float], float]:
-    hog = subprocess.Popen([sys.executable, "-c", HOG, "600"], stdout=subprocess.PIPE, text=True)
-    time.sleep(1.0)
-    figure = run()
-    hog.terminate()
-    out, _ = hog.communicate()
-    return figure, float(out) if out.strip() else float("nan")
 
 
 def main() -> None:
@@ -67,10 +57,11 @@ def main() -> None:
     work = Path(tempfile.mkdtemp())
     text, one_line = work / "msra_test.txt", work / "one_line.txt"
     chars = msra_test_text(data, text)
-    one_line.write_text(text.read_text(encoding="utf-8").splitlines()[0] + "\n", encoding="utf-8")
+    lines = text.read_text(encoding="utf-8").splitlines()
+    one_line.write_text(lines[0] + "\n", encoding="utf-8")
     option_sets = args.options or [""]
     solo_hog = hog_alone() if args.beside_busy else None
-    print(f"{chars:,} characters in {len(text.read_text(encoding='utf-8').splitlines()):,} lines; "
+    print(f"{chars:,} characters in {len(lines):,} lines; "
           f"{os.cpu_count()} cores" + (f"; busy process alone {solo_hog:,.0f} iterations/s" if solo_hog else ""))
     seen: dict[tuple, list] = {}
     for round_ in range(args.rounds):
@@ -81,7 +72,7 @@ def main() -> None:
                 print(f"round {round_ + 1} | {model} | {options or 'default'} | alone | {seconds:.2f} s | "
                       f"{chars / seconds:,.0f} chars/s | {rss:.0f} MiB", flush=True)
                 if args.beside_busy:
-                    (seconds, rss), hog = beside_busy(lambda: run_once(model, options, text))
+                    (seconds, rss), hog = beside_a_hog(lambda: run_once(model, options, text), seconds=600.0)
                     seen.setdefault((model, options, "beside a busy process"), []).append((seconds, rss, hog / solo_hog))
                     print(f"round {round_ + 1} | {model} | {options or 'default'} | beside busy | {seconds:.2f} s | "
                           f"{chars / seconds:,.0f} chars/s | {rss:.0f} MiB | busy keeps {hog / solo_hog:.2f}", flush=True)
