@@ -10,7 +10,9 @@ of targets: no token may see a target's content (`perm_mask`), each target is pr
 query stream from the rest (`target_mapping`), the input keeps its tokens; this is the orders of
 XLNet's objective in which the targets come last and none sees another (its partial prediction).
 A share of the lines is held out and its perplexity (exp of the mean masked-token loss, with a fixed masking)
-measured before and after. The run is time-boxed and resumable: it writes nerkit's checkpoint
+measured before and after, in float32 whatever the training's precision (`bf16`: the training
+steps under bf16 autocast, about 1.7 times as fast a step of m3e-small on a CPU with AVX512-BF16,
+as the features' `embeddings.lm.bf16`). The run is time-boxed and resumable: it writes nerkit's checkpoint
 (safetensors + JSON) every `checkpoint_every` steps and on a limit, and `resume` continues it
 exactly. The result is an ordinary Hugging Face directory (config.json, model.safetensors, the
 tokenizer's files), read by `embeddings.lm.path`.
@@ -56,6 +58,7 @@ class AdaptOptions:
     time_budget: float = 0.0  # seconds (0: none)
     checkpoint_every: int = 200
     seed: int = 0
+    bf16: bool = False  # the training steps under bf16 autocast (the perplexity stays float32)
 
 
 def read_lines(paths: list[str | Path]) -> list[str]:
@@ -271,7 +274,9 @@ def adapt(lm: str | Path, texts: list[str | Path], out: str | Path, options: Ada
     while progress.step < options.steps:
         rng.seed(options.seed * 1_000_003 + progress.step)  # the batch a step draws, the same on a resume
         batch = rng.sample(train_lines, min(options.batch_size, len(train_lines)))
-        loss = mlm_loss(model, model_inputs(model, tokenizer, batch, options, rng))
+        inputs = model_inputs(model, tokenizer, batch, options, rng)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=options.bf16):
+            loss = mlm_loss(model, inputs)
         optimizer.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -293,7 +298,7 @@ def adapt(lm: str | Path, texts: list[str | Path], out: str | Path, options: Ada
     write_model(model, tokenizer, out)
     result = {"lm": str(lm), "steps": progress.step, "stopped": stopped, "lines": len(train_lines),
               "held_out_lines": len(held), "perplexity_before": round(before, 4), "perplexity_after": round(after, 4),
-              "seconds": round(time.perf_counter() - started, 1), "whole_word": options.whole_word,
+              "seconds": round(time.perf_counter() - started, 1), "whole_word": options.whole_word, "bf16": options.bf16,
               "excluded": [report.to_dict() for report in excluded]}
     atomic_write_text(out / RESULT, json.dumps(result, indent=2) + "\n")
     log.info(f"held-out perplexity {before:.2f} -> {after:.2f} after {progress.step:,} steps; wrote {out}")
