@@ -468,7 +468,7 @@ def test_every_option_a_message_names_exists():
     for path in (REPO / "nerkit").rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.Constant) and isinstance(node.value, str):
-                for option in re.findall(r"(?<![\w-])--[a-z][a-z-]*", node.value):
+                for option in re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", node.value):
                     named.setdefault(option, path.name)
     unknown = {o: where for o, where in named.items() if o not in command_options() | NOT_NERKIT_OPTIONS}
     assert not unknown
