@@ -77,7 +77,6 @@ def test_a_stopped_run_resumes_to_the_uninterrupted_weights(lm_dir, text, tmp_pa
         torch.testing.assert_close(resumed[name], whole[name], atol=1e-6, rtol=1e-5)
 
 
-
 def test_bf16_trains_under_autocast_and_measures_the_perplexity_in_float32(lm_dir, text, tmp_path, monkeypatch):
     """What the encoder's first layer outputs, by mode: bf16 in the training steps, float32 in the
     perplexity runs (model.eval()) before and after."""
@@ -96,6 +95,7 @@ def test_bf16_trains_under_autocast_and_measures_the_perplexity_in_float32(lm_di
     result = adapt(lm_dir, [text], tmp_path / "bf16", AdaptOptions(**OPTIONS, bf16=True), progress_bar=False)
     assert seen == {(True, torch.bfloat16), (False, torch.float32)}, seen
     assert result["bf16"] is True and result["perplexity_after"] < result["perplexity_before"], result
+
 
 def test_whole_word_masking_masks_a_words_characters_together(lm_dir):
     tokenizer, _ = load_mlm(lm_dir)
