@@ -33,7 +33,7 @@ from nerkit.inference.onnx_runtime import OnnxPipeline  # noqa: E402
 from nerkit.inference.pipeline import Pipeline  # noqa: E402
 from nerkit.model.crf import CRF  # noqa: E402
 from nerkit.tools.export import FORMATS, QUANTIZE, compare, export_model  # noqa: E402
-from nerkit.tools.onnx_graphs import viterbi_model  # noqa: E402
+from nerkit.tools.onnx_graphs import fold_weights, viterbi_model  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 FIXTURES = REPO / "tests" / "fixtures"
@@ -51,6 +51,9 @@ CASES = {
     "flat": ["encoder.name=flat", "embeddings.word_dim=4", *TRANSFORMER],  # + the lexicon, below
     "lm": ["encoder.name=none", "embeddings.bichar_dim=0"],  # + a tiny BERT, below
 }
+# Weights past the exporter's own folding limit (8,192 values), so that they reach the LSTM through
+# slices and concatenations, as in every real model (the tiny ones come folded already).
+WIDE_LSTM = ["encoder.name=bilstm", "encoder.hidden_size=128", "embeddings.char_dim=64"]
 WORDS = "北京\n上海\n武汉\n张伟\n王芳\n赵磊\n高铁\n清华大学\n大学\n"
 
 
@@ -85,7 +88,7 @@ def exported(tmp_path_factory):
     def get(case: str) -> tuple[Path, Path]:
         if case not in made:
             root = tmp_path_factory.mktemp(case)
-            overrides = list(CASES[case])
+            overrides = list(CASES[case] if case in CASES else WIDE_LSTM)
             if case == "flat":
                 (root / "words.txt").write_text(WORDS, encoding="utf-8")
                 overrides.append(f"lexicon.source={root / 'words.txt'}")
@@ -263,6 +266,63 @@ def test_int8_export_runs_and_keeps_most_tags(exported, nerkit, tmp_path):
     texts = dev_texts()
     same = sum(a == b for a, b in zip(quantized.predict(texts), pipe.predict(texts)))
     assert same >= len(texts) // 2  # mostly, not always, the same
+
+
+def test_folding_the_lstm_weights_is_exact(exported, tmp_path):
+    """The exporter computes each LSTM's W and R from the parameters (slices and concatenations into
+    ONNX's gate order); `fold_weights` makes them initializers, drops the nodes that computed them, and
+    the graph's outputs stay bit for bit the same."""
+    import onnx
+    import onnxruntime
+
+    from nerkit.features.padding import collate_arrays
+
+    _, onnx_dir = exported("wide_lstm")
+    proto = onnx.load(str(onnx_dir / "model.onnx"))
+    lstms = [n for n in proto.graph.node if n.op_type == "LSTM"]
+    constants = {t.name for t in proto.graph.initializer}
+    assert lstms and any(n.input[1] not in constants for n in lstms)  # what there is to fold
+    before = len(proto.graph.node)
+    assert fold_weights(proto, "LSTM", (1, 2, 3)) >= 2 * len(lstms)
+    constants = {t.name for t in proto.graph.initializer}
+    assert all(n.input[k] in constants for n in proto.graph.node if n.op_type == "LSTM" for k in (1, 2, 3))
+    assert len(proto.graph.node) < before
+    onnx.checker.check_model(proto, full_check=True)
+    assert fold_weights(proto, "LSTM", (1, 2, 3)) == 0  # nothing left to fold
+    pipe = load_pipeline(onnx_dir)
+    arrays = collate_arrays([pipe.featurizer.example(list(t)) for t in dev_texts()])
+    runs = []
+    for model in (onnx.load(str(onnx_dir / "model.onnx")), proto):
+        session = onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+        runs.append(session.run(None, {i.name: arrays[i.name] for i in session.get_inputs()}))
+    for original, folded in zip(*runs):
+        assert np.array_equal(original, folded)
+
+
+def test_a_second_export_in_one_process_keeps_the_length_dynamic(exported, tmp_path):
+    """torch leaves a dispatch entry behind after an export that made the next LSTM export in the
+    same process fix the length to the example's 3 (`trace_emissions` clears it)."""
+    import onnx
+
+    model_dir, _ = exported("bilstm")  # at least the second export of this module
+    export_model(model_dir, tmp_path / "again")
+    dims = onnx.load(str(tmp_path / "again" / "model.onnx")).graph.input[0].type.tensor_type.shape.dim
+    assert [d.dim_param for d in dims] == ["batch", "length"]
+
+
+def test_int8_quantises_the_lstm(exported, tmp_path):
+    """A BiLSTM's int8 export holds ONNX Runtime's quantised LSTM, not the float one, and tags mostly
+    as the float model does."""
+    import onnx
+
+    model_dir, _ = exported("wide_lstm")
+    summary = export_model(model_dir, tmp_path / "int8", quantize="int8")
+    ops = {n.op_type for n in onnx.load(str(tmp_path / "int8" / "model.onnx")).graph.node}
+    assert "DynamicQuantizeLSTM" in ops and "LSTM" not in ops, ops
+    assert summary["same_tags"] >= 0.5, summary
+    texts = dev_texts()
+    same = sum(a == b for a, b in zip(load_pipeline(tmp_path / "int8").predict(texts), Pipeline.load(model_dir).predict(texts)))
+    assert same >= len(texts) // 2
 
 
 def test_what_cannot_be_exported_is_a_user_error(exported, tmp_path):

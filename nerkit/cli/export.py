@@ -24,7 +24,7 @@ def export(
     model: Path = typer.Option(..., "--model", "-m", help="Model directory written by `nerkit train`."),
     out: Path = typer.Option(..., "--out", "-o", help="The model directory to write (replaced if it exists)."),
     fmt: ExportFormat = typer.Option("onnx", "--format", "-f", help="Export format."),
-    quantize: Optional[Quantize] = typer.Option(None, "--quantize", help="Store the linear layers' weights as "
+    quantize: Optional[Quantize] = typer.Option(None, "--quantize", help="Store the linear and LSTM layers' weights as "
                                                 "int8 (dynamic quantisation): smaller and faster on a CPU, "
                                                 "tags mostly but not always the same."),
 ):

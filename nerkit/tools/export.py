@@ -35,6 +35,7 @@ from nerkit.inference.pipeline import Pipeline
 from nerkit.model.tagger import Tagger
 from nerkit.tools.onnx_graphs import (
     OPSET,
+    fold_weights,
     lattice_score_nodes,
     sort_nodes,
     viterbi_nodes,
@@ -150,6 +151,11 @@ def trace_emissions(pipe: Pipeline, limit: int | None):
     import nerkit.model.encoders.flat  # noqa: F401 (registers nerkit::lattice_scores)
 
     model = pipe.model.eval()
+    # torch 2.13 leaves a dispatch entry behind after an export (aten.lstm on AutogradCPU -> its
+    # decomposition), and the next export in the same process then unrolls the LSTM over the example's
+    # three steps, fixing the graph's length at 3. The entries are a cache: clearing them is safe.
+    for overload in torch.ops.aten.lstm.overloads():
+        getattr(torch.ops.aten.lstm, overload)._dispatch_cache.clear()
     names = input_names(model)
     inputs = _example_inputs(model, names)
     batch, length = torch.export.Dim("batch"), torch.export.Dim("length", max=limit) if limit else torch.export.Dim("length")
@@ -221,18 +227,25 @@ def build_graph(pipe: Pipeline):
 
 def quantize_int8(source: Path, target: Path) -> None:
     """ONNX Runtime's dynamic int8 quantisation of the linear layers (MatMul and Gemm with constant
-    weights): weights stored as int8, activations quantised per batch as they come."""
+    weights) and of the LSTMs: weights stored as int8, activations quantised per batch as they come.
+    The exporter computes an LSTM's weights from the parameters (PyTorch's gate order sliced into
+    ONNX's), so they are folded into initializers first: the quantiser takes only those."""
     import onnx
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
+    proto = onnx.load(str(source))
+    fold_weights(proto, "LSTM", (1, 2, 3))  # W, R, B
+    folded = target.with_suffix(".folded.onnx")
+    onnx.save(proto, str(folded))
     root = logging.getLogger()
     level = root.level
     root.setLevel(logging.ERROR)  # the quantiser's advice to pre-process (shape inference, fusions) on the root logger
     try:
-        quantize_dynamic(str(source), str(target), op_types_to_quantize=["MatMul", "Gemm"],
+        quantize_dynamic(str(folded), str(target), op_types_to_quantize=["MatMul", "Gemm", "LSTM"],
                          weight_type=QuantType.QInt8)
     finally:
         root.setLevel(level)
+        folded.unlink(missing_ok=True)
     proto = onnx.load(str(target))
     sort_nodes(proto.graph)
     onnx.save(proto, str(target))

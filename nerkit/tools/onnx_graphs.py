@@ -6,6 +6,8 @@ gets tag ids, not scores.
 Every piece is batched over sentences of different lengths with the mask, as `nerkit.model.crf.CRF.decode`
 is: a padding step keeps each sentence's scores and points back to the same tag, so all rows are
 traced back in lockstep.
+
+`fold_weights` and `sort_nodes` are the graph surgery the int8 quantiser needs before and after it.
 """
 
 from __future__ import annotations
@@ -201,3 +203,64 @@ def sort_nodes(graph: onnx.GraphProto) -> None:
         available.update(node.output)
     del graph.node[:]
     graph.node.extend(ordered)
+
+
+def _constant_nodes(name: str, producer: dict, constants: set[str], chain: dict) -> bool:
+    """Whether `name` is computed from initializers alone; the nodes that compute it go into `chain`."""
+    if name in constants or name in chain:
+        return True
+    node = producer.get(name)
+    if node is None or any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute):
+        return False  # a graph input, or a node with a body (a Loop's or Scan's)
+    if not all(_constant_nodes(i, producer, constants, chain) for i in node.input if i):
+        return False
+    for output in node.output:
+        chain[output] = node
+    return True
+
+
+def fold_weights(model: onnx.ModelProto, op_type: str, positions: tuple[int, ...]) -> int:
+    """Each input of the `op_type` nodes at `positions` that is computed from initializers alone (the
+    exporter's slices, concatenations and reshapes of a parameter) turned into an initializer itself,
+    and the nodes then read by nothing dropped. ONNX Runtime's quantiser takes only weights held as
+    initializers. The values are computed by onnx's reference runtime, so they are exact. Returns
+    how many inputs were folded."""
+    from onnx.reference import ReferenceEvaluator
+
+    graph = model.graph
+    constants = {t.name for t in graph.initializer}
+    producer = {output: node for node in graph.node for output in node.output}
+    folded = 0
+    for node in graph.node:
+        for k in positions:
+            name = node.input[k] if node.op_type == op_type and k < len(node.input) else ""
+            chain: dict = {}
+            if not name or name in constants or not _constant_nodes(name, producer, constants, chain):
+                continue
+            nodes = [n for n in graph.node if any(o in chain for o in n.output)]  # in the graph's order
+            read = {i for n in nodes for i in n.input}
+            sub = helper.make_graph(nodes, "fold", [], [helper.make_tensor_value_info(name, TensorProto.UNDEFINED, None)],
+                                    [t for t in graph.initializer if t.name in read])
+            value = ReferenceEvaluator(helper.make_model(sub, opset_imports=model.opset_import)).run(None, {})[0]
+            node.input[k] = f"{name}_folded"  # the nodes that computed it are read by nothing now
+            graph.initializer.append(numpy_helper.from_array(np.asarray(value), node.input[k]))
+            constants.add(node.input[k])
+            folded += 1
+    _drop_unread(graph)
+    return folded
+
+
+def _drop_unread(graph: onnx.GraphProto) -> None:
+    """The nodes and initializers whose values nothing reads (nor the graph's outputs) removed."""
+    while True:
+        read = {v.name for v in graph.output}
+        for node in graph.node:
+            read |= _needs(node)
+        kept = [n for n in graph.node if any(o in read for o in n.output)]
+        if len(kept) == len(graph.node):
+            break
+        del graph.node[:]
+        graph.node.extend(kept)
+    unread = [t for t in graph.initializer if t.name not in read]
+    for tensor in unread:
+        graph.initializer.remove(tensor)
