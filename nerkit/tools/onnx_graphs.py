@@ -235,6 +235,9 @@ def fold_weights(model: onnx.ModelProto, op_type: str, positions: tuple[int, ...
         for k in positions:
             name = node.input[k] if node.op_type == op_type and k < len(node.input) else ""
             chain: dict = {}
+            if f"{name}_folded" in constants:  # a weight two nodes share, folded for the first
+                node.input[k] = f"{name}_folded"
+                continue
             if not name or name in constants or not _constant_nodes(name, producer, constants, chain):
                 continue
             nodes = [n for n in graph.node if any(o in chain for o in n.output)]  # in the graph's order
@@ -261,6 +264,7 @@ def _drop_unread(graph: onnx.GraphProto) -> None:
             break
         del graph.node[:]
         graph.node.extend(kept)
+    read |= {v.name for v in graph.input}  # an initializer an older opset also lists as an input stays
     unread = [t for t in graph.initializer if t.name not in read]
     for tensor in unread:
         graph.initializer.remove(tensor)
