@@ -50,6 +50,7 @@ def test_adapting_lowers_the_held_out_perplexity_and_writes_a_usable_directory(l
     assert result["steps"] == 30 and result["stopped"] == "steps"
     assert result["perplexity_after"] < result["perplexity_before"], result
     assert json.loads((out / "adapt.json").read_text()) == result
+    assert result["fresh_head"] is True and load_mlm(out)[2] is False  # the adapted directory keeps its head
     embedder = load_lm(out)  # the encoder part, as a tagger's features
     ids = torch.tensor([embedder.vocab.ids(list("张三在北京"))])
     assert embedder(ids, torch.ones_like(ids, dtype=torch.bool)).shape == (1, 5, 16)
@@ -86,10 +87,10 @@ def test_bf16_trains_under_autocast_and_measures_the_perplexity_in_float32(lm_di
     load = lm_adapt.load_mlm
 
     def watched(directory):
-        tokenizer, model = load(directory)
+        tokenizer, model, fresh = load(directory)
         first = next(m for m in model.modules() if isinstance(m, torch.nn.Linear))
         first.register_forward_hook(lambda module, args, output: seen.add((module.training, output.dtype)))
-        return tokenizer, model
+        return tokenizer, model, fresh
 
     monkeypatch.setattr(lm_adapt, "load_mlm", watched)
     result = adapt(lm_dir, [text], tmp_path / "bf16", AdaptOptions(**OPTIONS, bf16=True), progress_bar=False)
@@ -98,7 +99,7 @@ def test_bf16_trains_under_autocast_and_measures_the_perplexity_in_float32(lm_di
 
 
 def test_whole_word_masking_masks_a_words_characters_together(lm_dir):
-    tokenizer, _ = load_mlm(lm_dir)
+    tokenizer, _, _ = load_mlm(lm_dir)
     options = AdaptOptions(mask_prob=0.5, whole_word=True)
     line = "北京大学的张三在上海读书"
     import jieba
@@ -187,7 +188,7 @@ def test_xlnet_adapts_by_its_own_objective_and_reads_back_as_features(xlnet_dir,
     from nerkit.pretrained.subword import SubwordEmbedder
     from nerkit.tools.lm_adapt import model_inputs
 
-    tokenizer, model = load_mlm(xlnet_dir)
+    tokenizer, model, _ = load_mlm(xlnet_dir)
     lines = [s.text for s in read_corpus(FIXTURES / "tiny_train.bio").sentences][:6]
     inputs = model_inputs(model, tokenizer, lines, AdaptOptions(), random.Random(0))
     plain = tokenizer(lines, truncation=True, max_length=128, padding=True, return_tensors="pt")
@@ -217,7 +218,7 @@ def test_the_loss_on_the_predicted_tokens_alone_is_the_models_own(kind, lm_dir, 
     from nerkit.tools.lm_adapt import mlm_loss, model_inputs
 
     directory = lm_dir if kind == "bert" else subword_dir(kind, tmp_path / kind)
-    tokenizer, model = load_mlm(directory)
+    tokenizer, model, _ = load_mlm(directory)
     model.eval()  # no dropout: the two forwards see the same network
     lines = [s.text for s in read_corpus(FIXTURES / "tiny_train.bio").sentences][:6]
     inputs = model_inputs(model, tokenizer, lines, AdaptOptions(**OPTIONS), random.Random(3))

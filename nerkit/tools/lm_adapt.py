@@ -119,8 +119,8 @@ def split_held_out(lines: list[str], share: float, seed: int) -> tuple[list[str]
 
 
 def load_mlm(directory: Path):
-    """The tokenizer and a masked-LM model of a local directory (XLNet's LM head for an XLNet); a
-    fresh head when it has none."""
+    """The tokenizer, a masked-LM model of a local directory (XLNet's LM head for an XLNet), and
+    whether its head is fresh (the directory has none, or part of one)."""
     from nerkit.pretrained.bert import _transformers
 
     transformers = _transformers()
@@ -128,13 +128,13 @@ def load_mlm(directory: Path):
         tokenizer = transformers.AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
         config = transformers.AutoConfig.from_pretrained(str(directory), local_files_only=True)
         head = transformers.XLNetLMHeadModel if permutation_lm(config) else transformers.AutoModelForMaskedLM
-        model = head.from_pretrained(str(directory), local_files_only=True)
+        model, loading = head.from_pretrained(str(directory), local_files_only=True, output_loading_info=True)
     except (OSError, ValueError, KeyError) as e:
         raise UserError(f"cannot read it as a masked language model ({str(e).splitlines()[0]})", where=str(directory),
                         fix="give a local Hugging Face encoder directory (config.json, weights, tokenizer files)") from None
     if tokenizer.mask_token_id is None:
         raise UserError("its tokenizer has no mask token", where=str(directory), fix="use an encoder trained with MLM")
-    return tokenizer, model
+    return tokenizer, model, bool(loading["missing_keys"])
 
 
 def permutation_lm(config) -> bool:
@@ -249,7 +249,7 @@ def adapt(lm: str | Path, texts: list[str | Path], out: str | Path, options: Ada
     lines, excluded = without_overlaps(read_lines(texts), exclude, texts[0])
     train_lines, held = split_held_out(lines, options.held_out, options.seed)
     torch.manual_seed(options.seed)
-    tokenizer, model = load_mlm(lm)
+    tokenizer, model, fresh = load_mlm(lm)
     positions = token_positions(model.config)
     if positions:
         options = replace(options, max_len=min(options.max_len, positions))
@@ -264,7 +264,9 @@ def adapt(lm: str | Path, texts: list[str | Path], out: str | Path, options: Ada
         before = perplexity(model, tokenizer, held, options)
         out.mkdir(parents=True, exist_ok=True)
         random.seed(options.seed)
-    log.info(f"{len(train_lines):,} lines to train on, {len(held):,} held out (perplexity {before:.2f}); "
+    # A fresh head's perplexity says how untrained the head is, not how well the encoder knows the text.
+    head = "; the model has no MLM head, so a fresh one, and that figure is the untrained head's" if fresh else ""
+    log.info(f"{len(train_lines):,} lines to train on, {len(held):,} held out (perplexity {before:.2f}{head}); "
              f"steps {progress.step:,} to {options.steps:,}")
     rng = random.Random()
     started = time.perf_counter() - progress.elapsed
@@ -297,7 +299,7 @@ def adapt(lm: str | Path, texts: list[str | Path], out: str | Path, options: Ada
     after = perplexity(model, tokenizer, held, options)
     write_model(model, tokenizer, out)
     result = {"lm": str(lm), "steps": progress.step, "stopped": stopped, "lines": len(train_lines),
-              "held_out_lines": len(held), "perplexity_before": round(before, 4), "perplexity_after": round(after, 4),
+              "held_out_lines": len(held), "perplexity_before": round(before, 4), "perplexity_after": round(after, 4), "fresh_head": fresh,
               "seconds": round(time.perf_counter() - started, 1), "whole_word": options.whole_word, "bf16": options.bf16,
               "excluded": [report.to_dict() for report in excluded]}
     atomic_write_text(out / RESULT, json.dumps(result, indent=2) + "\n")
