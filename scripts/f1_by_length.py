@@ -5,7 +5,10 @@ overlapping windows (`Pipeline.predict_tokens`), and MSRA's test set has far lon
 training split, so the scores are split by length: each bucket is scored on its own sentences with
 nerkit's one scoring function.
 
-    python scripts/f1_by_length.py runs/bench_lmcrf5/runs/msra_lm_crf_s1 [--threads 1] [--bounds 50,100,250]
+    python scripts/f1_by_length.py runs/bench_lmcrf5/runs/msra_lm_crf_s1 [--threads 1] [--bounds 50,100,250] [--train N]
+
+`--train N` also scores the first N sentences of the training split (as the model was trained, dev
+carved off): how closely the model fits what it learned from, beside dev and test.
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("model", help="a model directory (nerkit train's --out, or a bench run's runs/NAME)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--bounds", default="50,100,250", help="bucket upper bounds in characters")
+    ap.add_argument("--train", type=int, default=0, help="also score the first N training sentences")
     args = ap.parse_args(argv)
     set_threads(args.threads)
     bounds = [int(b) for b in args.bounds.split(",")]
@@ -56,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"model {args.model}; data.max_len {pipe.config.data.max_len}")
     print("| split | length (chars) | sentences | chars | gold entities | F1 |")
     print("|---|---|---:|---:|---:|---:|")
-    for name, sentences in (("dev", splits.dev), ("test", splits.test)):
+    for name, sentences in (("train", splits.train[:args.train]), ("dev", splits.dev), ("test", splits.test)):
         if sentences:
             predicted = pipe.predict_tokens([s.tokens for s in sentences])
             print("\n".join(table(name, sentences, predicted, bounds)), flush=True)
