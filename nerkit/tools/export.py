@@ -235,17 +235,14 @@ def quantize_int8(source: Path, target: Path) -> None:
 
     proto = onnx.load(str(source))
     fold_weights(proto, "LSTM", (1, 2, 3))  # W, R, B
-    folded = target.with_suffix(".folded.onnx")
-    onnx.save(proto, str(folded))
     root = logging.getLogger()
     level = root.level
     root.setLevel(logging.ERROR)  # the quantiser's advice to pre-process (shape inference, fusions) on the root logger
     try:
-        quantize_dynamic(str(folded), str(target), op_types_to_quantize=["MatMul", "Gemm", "LSTM"],
+        quantize_dynamic(proto, str(target), op_types_to_quantize=["MatMul", "Gemm", "LSTM"],
                          weight_type=QuantType.QInt8)
     finally:
         root.setLevel(level)
-        folded.unlink(missing_ok=True)
     proto = onnx.load(str(target))
     sort_nodes(proto.graph)
     onnx.save(proto, str(target))

@@ -299,7 +299,8 @@ def adapt(lm: str | Path, texts: list[str | Path], out: str | Path, options: Ada
     after = perplexity(model, tokenizer, held, options)
     write_model(model, tokenizer, out)
     result = {"lm": str(lm), "steps": progress.step, "stopped": stopped, "lines": len(train_lines),
-              "held_out_lines": len(held), "perplexity_before": round(before, 4), "perplexity_after": round(after, 4), "fresh_head": fresh,
+              "held_out_lines": len(held), "perplexity_before": round(before, 4), "perplexity_after": round(after, 4),
+              "fresh_head": fresh,
               "seconds": round(time.perf_counter() - started, 1), "whole_word": options.whole_word, "bf16": options.bf16,
               "excluded": [report.to_dict() for report in excluded]}
     atomic_write_text(out / RESULT, json.dumps(result, indent=2) + "\n")

@@ -234,11 +234,13 @@ def fold_weights(model: onnx.ModelProto, op_type: str, positions: tuple[int, ...
     for node in graph.node:
         for k in positions:
             name = node.input[k] if node.op_type == op_type and k < len(node.input) else ""
-            chain: dict = {}
+            if not name or name in constants:
+                continue
             if f"{name}_folded" in constants:  # a weight two nodes share, folded for the first
                 node.input[k] = f"{name}_folded"
                 continue
-            if not name or name in constants or not _constant_nodes(name, producer, constants, chain):
+            chain: dict = {}
+            if not _constant_nodes(name, producer, constants, chain):
                 continue
             nodes = [n for n in graph.node if any(o in chain for o in n.output)]  # in the graph's order
             read = {i for n in nodes for i in n.input}
