@@ -106,15 +106,27 @@ def build_lm(kind: str, directory: Path) -> Path:
     return directory
 
 
+@pytest.fixture(scope="module")
+def lm_directory(tmp_path_factory):
+    """Each kind's directory, built once for every fixture that asks for it."""
+    made: dict[str, Path] = {}
+
+    def get(kind: str) -> Path:
+        if kind not in made:
+            made[kind] = build_lm(kind, tmp_path_factory.mktemp(kind))
+        return made[kind]
+    return get
+
+
 @pytest.fixture(scope="module", params=KINDS)
-def subword_lm(request, tmp_path_factory) -> Path:
-    return build_lm(request.param, tmp_path_factory.mktemp(request.param))
+def subword_lm(request, lm_directory) -> Path:
+    return lm_directory(request.param)
 
 
 @pytest.fixture(scope="module", params=[kind for kind in KINDS if kind != "xlnet"])
-def windowed_lm(request, tmp_path_factory) -> Path:
+def windowed_lm(request, lm_directory) -> Path:
     """The encoders with absolute positions, which read a long text in windows (XLNet carries memory)."""
-    return build_lm(request.param, tmp_path_factory.mktemp(request.param))
+    return lm_directory(request.param)
 
 
 def expected_features(directory: Path, text: str) -> torch.Tensor:
