@@ -12,7 +12,7 @@ import secrets
 import shutil
 from contextlib import contextmanager
 from pathlib import Path
-from typing import BinaryIO, Callable, Iterator
+from typing import BinaryIO, Callable, Iterable, Iterator
 
 from nerkit.errors import UserError
 
@@ -123,6 +123,46 @@ def check_output(output: str | Path, *inputs: str | Path) -> None:
                             fix="write to another file")
 
 
+def _inside(path: Path, directory: Path) -> bool:
+    """Whether `path` is `directory` or lies somewhere under it (both resolved)."""
+    return path == directory or directory in path.parents
+
+
+def check_output_directory(out: str | Path, force: bool = False, own: Callable[[Path], bool] | None = None,
+                           inputs: Iterable[str | Path] = (), option: str = "--out",
+                           what: str = "an output of this command") -> Path:
+    """Raise a UserError now unless a command may write the directory `out`; return it resolved.
+
+    A directory that holds anything is written only with `force`, and then only if it is the
+    command's own earlier output (`own` says so from its files; None: never). Whatever the flags,
+    `out` is never a file, the current directory or one above it, nor one that holds (or is) an
+    input the command reads: replacing it would delete the input. `inputs` may name files or
+    directories; `what` says in a message what `own` recognises."""
+    given, out = str(out), Path(out).resolve()
+    if out.exists() and not out.is_dir():
+        raise UserError(f"{option} is a file, not a directory", where=given, fix=f"choose a directory for {option}")
+    if _inside(Path.cwd().resolve(), out):
+        raise UserError(f"{option} is the current directory or holds it: writing it would replace everything there",
+                        where=given, fix=f"name a new directory for {option}, e.g. {option} {Path(given) / 'out'}")
+    for source in inputs:
+        if _inside(Path(source).resolve(), out):
+            raise UserError(f"{option} holds the input {source}: writing it would delete that input", where=given,
+                            fix=f"choose a {option} outside {source}")
+    if out.is_dir() and any(out.iterdir()):
+        if not force:
+            raise UserError(f"{option} is a directory that is not empty", where=given,
+                            fix=f"choose a new {option}, or pass --force to replace {what}")
+        if own is None or not own(out):
+            raise UserError(f"{option} is not empty and is not {what}: nerkit replaces only its own output",
+                            where=given, fix=f"choose a new {option}, or empty that directory yourself")
+    existing = next(p for p in (out, *out.parents) if p.exists())  # where the command creates what is missing
+    if not existing.is_dir():
+        raise UserError(f"{existing} is not a directory", where=given, fix=f"choose another {option}")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise UserError(f"cannot write in {existing} (permission denied)", where=given, fix=f"choose another {option}")
+    return out
+
+
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:
     """Write `data` to a temporary file beside `path`, fsync it, then rename it over `path`."""
     with atomic_file(path) as f:
@@ -142,7 +182,7 @@ def atomic_directory(path: str | Path) -> Iterator[Path]:
     left only as the `.old` sibling, which `recover_directory` (run first here, and by readers
     that can afford to write) renames back. Stray `.tmp` siblings of crashed writes are removed.
     """
-    path = Path(path)
+    path = Path(path).resolve()  # `.` or `..` has no name to put a sibling beside
     path.parent.mkdir(parents=True, exist_ok=True)
     recover_directory(path)
     for stray in path.parent.glob(f".{glob.escape(path.name)}.*.tmp"):

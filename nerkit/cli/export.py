@@ -13,6 +13,8 @@ from typing import Literal, Optional
 
 import typer
 
+from nerkit.cli.options import flag
+
 # nerkit.tools.export.FORMATS and QUANTIZE (a test keeps them equal).
 ExportFormat = Literal["onnx"]
 
@@ -22,15 +24,17 @@ Quantize = Literal["int8"]
 
 def export(
     model: Path = typer.Option(..., "--model", "-m", help="Model directory written by `nerkit train`."),
-    out: Path = typer.Option(..., "--out", "-o", help="The model directory to write (replaced if it exists)."),
+    out: Path = typer.Option(..., "--out", "-o", help="The model directory to write: a new or empty one, or "
+                             "an earlier export with --force."),
     fmt: ExportFormat = typer.Option("onnx", "--format", "-f", help="Export format."),
     quantize: Optional[Quantize] = typer.Option(None, "--quantize", help="Store the linear and LSTM layers' weights as "
                                                 "int8 (dynamic quantisation): smaller and faster on a CPU, "
                                                 "tags mostly but not always the same."),
+    force: bool = flag("--force", help="Replace --out if it holds an earlier ONNX export (never anything else)."),
 ):
     """Export a model to ONNX: the network, the constrained CRF decoding and all, in one graph that
     gives tag ids; the directory written runs with `nerkit predict` and `nerkit eval`, without torch."""
     from nerkit.tools.export import export_model
 
-    summary = export_model(model, out, fmt, quantize)
+    summary = export_model(model, out, fmt, quantize, force)
     typer.echo(json.dumps(summary))

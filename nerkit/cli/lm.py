@@ -31,6 +31,8 @@ def adapt(
     checkpoint_every: int = typer.Option(200, "--checkpoint-every", min=1, help="Steps between checkpoints."),
     seed: int = typer.Option(0, "--seed", help="Random seed of the held-out split, the batches and the masks."),
     resume: bool = typer.Option(False, "--resume", metavar="", help="Continue the run in --out from its checkpoint."),
+    force: bool = typer.Option(False, "--force", metavar="", help="Start over in --out if it holds an earlier "
+                               "adaptation (never anything else)."),
     threads: int = typer.Option(0, "--threads", min=0, help="torch threads (0 = the cores free when nerkit starts)."),
     bf16: bool = typer.Option(False, "--bf16", metavar="", help="Train under bf16 autocast (faster on CPUs with "
                               "AVX512-BF16; the perplexity is measured in float32)."),
@@ -45,6 +47,6 @@ def adapt(
     options = AdaptOptions(steps=steps, batch_size=batch_size, lr=lr, whole_word=whole_word, max_len=max_len,
                            held_out=held_out, time_budget=parse_duration(time_budget, "--time-budget"),
                            checkpoint_every=checkpoint_every, seed=seed, bf16=bf16)
-    result = run(lm, text, out, options, resume=resume, exclude=exclude)
+    result = run(lm, text, out, options, resume=resume, exclude=exclude, force=force)
     typer.echo(f"held-out perplexity {result['perplexity_before']:.2f} -> {result['perplexity_after']:.2f} after "
                f"{result['steps']:,} steps ({result['stopped']}); wrote {out}")

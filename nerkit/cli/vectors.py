@@ -11,6 +11,8 @@ from typing import List
 
 import typer
 
+from nerkit.cli.options import flag
+
 vectors_app = typer.Typer(no_args_is_help=True, help="Train or export static character, bigram and word vectors; "
                           "export jieba's LAC-small model.")
 
@@ -19,7 +21,8 @@ vectors_app = typer.Typer(no_args_is_help=True, help="Train or export static cha
 def train(
     text: List[Path] = typer.Option(..., "--text", "-t", help="A plain text file (one text per line) or a "
                                     "nerkit corpus (CoNLL or .jsonl); repeat for more files."),
-    out: Path = typer.Option(..., "--out", "-o", help="Directory for char.vec, bichar.vec and word.vec."),
+    out: Path = typer.Option(..., "--out", "-o", help="Directory for char.vec, bichar.vec and word.vec: a new "
+                             "or empty one, or one of earlier vectors with --force."),
     dim: int = typer.Option(50, "--dim", help="Dimension of the character and bigram vectors."),
     word_dim: int = typer.Option(0, "--word-dim", help="Dimension of the word vectors (0: the same as --dim)."),
     window: int = typer.Option(5, "--window", help="Context characters (or words) on each side."),
@@ -32,6 +35,7 @@ def train(
     normalize: bool = typer.Option(False, "--normalize", metavar="", help="NFKC-fold characters, as data.normalize does."),
     exclude: List[Path] = typer.Option([], "--exclude", help="A dev or test corpus whose sentences the "
                                        "training text must not contain (repeatable)."),
+    force: bool = flag("--force", help="Write into --out even if it holds earlier vectors (.vec files only)."),
 ):
     """Train word2vec character, character-bigram and jieba-word vectors on your text."""
     from nerkit.tools.vectors import HeldOut, train_vectors
@@ -40,7 +44,7 @@ def train(
     report = train_vectors(text, out, dim=dim, word_dim=word_dim or None, window=window, min_count=min_count,
                            epochs=epochs, seed=seed, workers=workers, sg=not cbow,
                            kinds=[k.strip() for k in kinds.split(",") if k.strip()], normalize=normalize,
-                           held_out=held_out)
+                           held_out=held_out, force=force)
     texts = sum(f["texts"] - f["rejected"] for f in report["files"])
     rejected = sum(f["rejected"] for f in report["files"])
     trained = ", ".join(f"{kind} {r['vectors']:,} x {r['dim']}" for kind, r in report["kinds"].items())
@@ -64,12 +68,13 @@ def export_jieba(
 def export_lac(
     out: Path = typer.Option(..., "--out", "-o", help="The directory to write (e.g. lm/lac-small); "
                              "then set embeddings.lm.path to it."),
+    force: bool = flag("--force", help="Replace --out if it holds an earlier LAC export (never anything else)."),
 ):
     """Convert jieba's bundled Baidu LAC-small model (character embeddings, bi-GRU layers, CRF) into
     a directory that embeddings.lm.path reads as a language model."""
     from nerkit.pretrained.lac_files import export_lac as export
 
-    report = export(out)
+    report = export(out, force=force)
     typer.echo(f"wrote LAC-small to {out}: {report['characters']:,} characters (embeddings "
                f"{report['embedding'][0]:,} x {report['embedding'][1]}), {report['tags']} tags, "
                f"{report['parameters']:,} parameters")

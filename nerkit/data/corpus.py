@@ -40,7 +40,7 @@ from nerkit.data.tags import (
     transition_problems,
 )
 from nerkit.errors import CorpusError, did_you_mean
-from nerkit.files import atomic_write_text, same_file
+from nerkit.files import atomic_write_text, check_output
 
 RECORD_KEYS = ("text", "entities")
 
@@ -402,8 +402,7 @@ def write_corpus(path: str | Path, sentences: list[Sentence], to: str, source: s
     line), or an annotation tool's format (annotation.FORMATS), atomically. `source`, the file they were read from (as `source_format`,
     read_corpus's `fmt`), is never written over, and a token that cannot be written is named with
     its line there."""
-    if source is not None and same_file(source, path):
-        raise CorpusError("is the input file: the output would replace it", where=str(path), fix="write to another file")
+    check_output(path, *([source] if source is not None else []))  # not a directory, not the input
     if to not in (*SCHEMES, "jsonl", "text", *annotation.FORMATS):
         raise CorpusError(f"unknown output format {to!r}",
                           fix=f"use {', '.join((*SCHEMES, 'jsonl', 'text', *annotation.FORMATS))}")

@@ -16,6 +16,7 @@ from nerkit.files import (
     atomic_directory,
     atomic_write_bytes,
     atomic_write_text,
+    check_output_directory,
 )
 from nerkit.pretrained.base import (
     MIX_FILE,
@@ -39,8 +40,10 @@ from nerkit.weights import load_checked, read_safetensors
 
 # ------------------------------------------------------------------------------------ directories
 
-def export_lac(out_dir: str | Path, fold: bool = True) -> dict:
-    """Write jieba's LAC-small as a nerkit directory (`write_directory`)."""
+def export_lac(out_dir: str | Path, fold: bool = True, force: bool = False) -> dict:
+    """Write jieba's LAC-small as a nerkit directory (`write_directory`): into a new or empty
+    directory, or, with `force`, over an earlier LAC directory."""
+    check_output_directory(out_dir, force, own=is_lac_directory, what="an earlier LAC export")
     tagger, vocab, tags = read_jieba_lac(fold)
     return write_directory(out_dir, tagger, vocab, tags, source="jieba's lac_small (Baidu LAC, Apache-2.0)")
 

@@ -29,7 +29,7 @@ from torch import nn
 from nerkit.errors import UserError
 from nerkit.features.batch import Batch, collate
 from nerkit.features.padding import collate_arrays
-from nerkit.files import atomic_directory, atomic_write_text
+from nerkit.files import atomic_directory, atomic_write_text, check_output_directory
 from nerkit.inference.model_dir import ONNX_FILE, _read_json, runtime
 from nerkit.inference.pipeline import Pipeline
 from nerkit.model.tagger import Tagger
@@ -295,16 +295,26 @@ def _session(path: Path):
     return onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
 
-def export_model(model_dir: str | Path, out: str | Path, fmt: str = "onnx", quantize: str | None = None) -> dict:
+def is_export(directory: Path) -> bool:
+    """Whether `directory` is an ONNX export that `nerkit export --force` may replace."""
+    meta = directory / "nerkit.json"
+    try:
+        return meta.is_file() and runtime(_read_json(meta)) == "onnx"
+    except UserError:
+        return False
+
+
+def export_model(model_dir: str | Path, out: str | Path, fmt: str = "onnx", quantize: str | None = None,
+                 force: bool = False) -> dict:
     """Export MODEL_DIR to OUT (a nerkit model directory for ONNX Runtime); returns what was written
-    and how the graph compares with the PyTorch model."""
+    and how the graph compares with the PyTorch model. OUT may be replaced only with `force`, and
+    only if it is an earlier export."""
     model_dir, out = Path(model_dir), Path(out)
     if fmt not in FORMATS:
         raise UserError(f"unknown export format {fmt!r}", fix=f"use one of {', '.join(FORMATS)}")
     if quantize is not None and quantize not in QUANTIZE:
         raise UserError(f"unknown quantisation {quantize!r}", fix=f"use one of {', '.join(QUANTIZE)}")
-    if out.resolve() == model_dir.resolve():
-        raise UserError("--out is the model directory itself", fix="export into a new directory")
+    check_output_directory(out, force, own=is_export, inputs=[model_dir], what="an earlier ONNX export")
     if model_dir.is_dir() and (model_dir / "nerkit.json").is_file() and \
             runtime(_read_json(model_dir / "nerkit.json")) == "onnx":
         raise UserError("this model directory is already an ONNX export", where=str(model_dir),

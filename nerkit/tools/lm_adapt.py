@@ -29,6 +29,7 @@ import json
 import logging
 import math
 import random
+import shutil
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -37,7 +38,7 @@ import torch
 
 from nerkit.data.overlap import remove_overlaps
 from nerkit.errors import UserError
-from nerkit.files import CHECKPOINT, atomic_write_bytes, atomic_write_text, check_input
+from nerkit.files import CHECKPOINT, atomic_write_bytes, atomic_write_text, check_input, check_output_directory
 from nerkit.pretrained.subword import token_positions
 from nerkit.training.checkpoint import Progress, load_checkpoint, save_checkpoint
 
@@ -236,16 +237,19 @@ def perplexity(model, tokenizer, lines: list[str], options: AdaptOptions) -> flo
 
 
 def adapt(lm: str | Path, texts: list[str | Path], out: str | Path, options: AdaptOptions = AdaptOptions(),
-          resume: bool = False, progress_bar: bool | None = None, exclude: list[str | Path] = ()) -> dict:
+          resume: bool = False, progress_bar: bool | None = None, exclude: list[str | Path] = (),
+          force: bool = False) -> dict:
     """Adapt the encoder in `lm` to `texts` less the lines that overlap the sets of `exclude`, writing a
-    Hugging Face directory to `out`; returns what was measured (also written to OUT/adapt.json)."""
+    Hugging Face directory to `out`; returns what was measured (also written to OUT/adapt.json). A
+    non-empty `out` is continued with `resume`, or started over with `force` if an earlier
+    adaptation wrote it."""
     from tqdm import tqdm
 
     out, lm = Path(out), Path(lm)
     check_input(str(lm), "--lm", "no such directory", directory=True)
-    if out.exists() and not resume and any(out.iterdir()):
-        raise UserError("the output directory is not empty", where=str(out),
-                        fix="choose a new --out, or --resume the run that wrote it")
+    if not resume:
+        check_output_directory(out, force, own=is_adapt_dir, inputs=[lm, *texts, *exclude],
+                               what="an earlier adaptation (or --resume it)")
     lines, excluded = without_overlaps(read_lines(texts), exclude, texts[0])
     train_lines, held = split_held_out(lines, options.held_out, options.seed)
     torch.manual_seed(options.seed)
@@ -262,6 +266,8 @@ def adapt(lm: str | Path, texts: list[str | Path], out: str | Path, options: Ada
         before = json.loads((out / CHECKPOINT / "before.json").read_text())["perplexity"]  # measured by the first run
     else:
         before = perplexity(model, tokenizer, held, options)
+        if out.is_dir() and force:  # an earlier adaptation, as check_output_directory made sure
+            shutil.rmtree(out)
         out.mkdir(parents=True, exist_ok=True)
         random.seed(options.seed)
     # A fresh head's perplexity says how untrained the head is, not how well the encoder knows the text.
@@ -309,6 +315,11 @@ def adapt(lm: str | Path, texts: list[str | Path], out: str | Path, options: Ada
         log.warning(f"the time budget stopped the run at step {progress.step:,} of {options.steps:,}; "
                     f"continue with: nerkit lm adapt ... --out {out} --resume")
     return result
+
+
+def is_adapt_dir(directory: Path) -> bool:
+    """Whether `directory` was written by `nerkit lm adapt` (its result or its checkpoint)."""
+    return (directory / RESULT).is_file() or (directory / CHECKPOINT).is_dir()
 
 
 def write_model(model, tokenizer, out: Path) -> None:

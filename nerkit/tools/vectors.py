@@ -12,6 +12,7 @@ import numpy as np
 
 from nerkit.data.text import bigrams
 from nerkit.errors import UserError
+from nerkit.files import check_output, check_output_directory
 from nerkit.pretrained.paddle import jieba_lac_files, read_paddle_tensor
 from nerkit.pretrained.vectors import _WHITESPACE, write_word2vec_text
 
@@ -158,6 +159,7 @@ def train_vectors(
     kinds: Iterable[str] = KINDS,
     normalize: bool = False,
     held_out: HeldOut | None = None,
+    force: bool = False,
 ) -> dict:
     """Train word2vec (gensim; skip-gram with negative sampling unless `sg` is False) character,
     character-bigram and jieba-word vectors on the texts of `text_files` (see `read_texts`) and
@@ -167,7 +169,8 @@ def train_vectors(
     the last character of a text also gets `c + "</s>"`). `word_dim` defaults to `dim`. Texts that
     `held_out` rejects are left out. With one worker a seed gives identical files on every run.
     Returns what was trained: per file the texts read and rejected, per kind its vocabulary size,
-    dimension, tokens and path.
+    dimension, tokens and path. A non-empty `out_dir` is written into only with `force`, and only
+    if it holds nothing but vector files.
     """
     kinds = list(kinds)
     unknown = [k for k in kinds if k not in KINDS]
@@ -180,6 +183,8 @@ def train_vectors(
             raise UserError(f"{name} must be a positive integer, not {value!r}")
     if not text_files:
         raise UserError("no text files given", fix="pass at least one plain text file or corpus")
+    check_output_directory(out_dir, force, own=holds_only_vectors, inputs=text_files,
+                           what="a directory of vector files")
     try:
         from gensim.models import Word2Vec
     except ImportError:
@@ -222,10 +227,16 @@ def train_vectors(
     return report
 
 
+def holds_only_vectors(directory: Path) -> bool:
+    """Whether `directory` holds nothing but word2vec files, as `train_vectors` writes."""
+    return all(path.is_file() and path.suffix == ".vec" for path in directory.iterdir())
+
+
 def export_jieba(out_path: str | Path) -> dict:
     """Write the character embeddings of Baidu's LAC-small model (jieba's `paddle` mode) as
     word2vec text: one line per character of its `word.dic` (`id<TAB>char`); the pseudo-tokens OOV,
     OOV_NUM, OOV_ALPHA, OOV_ALNUM and OOV_HANZ and rows no character names are left out."""
+    check_output(out_path)
     tensor_path, dict_path = jieba_lac_files()
     table = read_paddle_tensor(tensor_path)
     if table.ndim != 2:

@@ -5,7 +5,6 @@ beside the model and read back on a resume."""
 from __future__ import annotations
 
 import logging
-import os
 import shutil
 from dataclasses import replace
 from pathlib import Path
@@ -13,7 +12,7 @@ from pathlib import Path
 from nerkit.config import RESUMABLE_KEYS, Config, config_to_yaml, load_config
 from nerkit.data.splits import check_data_files
 from nerkit.errors import UserError
-from nerkit.files import atomic_write_text
+from nerkit.files import CHECKPOINT, atomic_write_text, check_output_directory
 from nerkit.training.build import check_pretrained_files
 from nerkit.training.distributed import (
     check_batch_size,
@@ -22,19 +21,29 @@ from nerkit.training.distributed import (
 log = logging.getLogger(__name__)
 
 
-def check_output_dir(out: Path, force: bool) -> None:
+# What a training run writes in its directory first; any of them marks an earlier run that --force may replace.
+RUN_MARKERS = ("config.yaml", "nerkit.json", "metrics.jsonl", CHECKPOINT)
+
+
+def is_run_dir(directory: Path) -> bool:
+    return any((directory / name).exists() for name in RUN_MARKERS)
+
+
+def input_files(config: Config) -> list[str]:
+    """Every file or directory a run reads (corpora, vectors, language models, a lexicon): its
+    output directory must hold none of them."""
+    paths = [config.data.train, config.data.dev, config.data.test, config.lexicon.source,
+             config.embeddings.char_vectors, config.embeddings.bichar_vectors, config.embeddings.word_vectors,
+             *(source.path for source in config.embeddings.lm_sources())]
+    return [p for p in paths if p and p != "jieba"]
+
+
+def check_output_dir(out: Path, force: bool, config: Config | None = None) -> None:
     """Raise a UserError if a new run could not write its model directory `out`: a file there, a
-    directory that is not empty (unless `force` replaces it), or a place it cannot create or write."""
-    if out.exists() and not out.is_dir():
-        raise UserError("the output path is a file", where=str(out), fix="choose a directory for --out")
-    if out.exists() and any(out.iterdir()) and not force:
-        raise UserError("the output directory is not empty", where=str(out),
-                        fix="choose another --out, resume with --resume, or pass --force to replace it")
-    existing = next(p for p in (out, *out.parents) if p.exists())  # where the run creates what is missing
-    if not existing.is_dir():
-        raise UserError(f"{existing} is not a directory", where=str(out), fix="choose another --out")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise UserError(f"cannot write in {existing} (permission denied)", where=str(out), fix="choose another --out")
+    directory that is not empty (unless `force` replaces an earlier run's), one that holds what the
+    run reads, or a place it cannot create or write."""
+    check_output_directory(out, force, own=is_run_dir, inputs=input_files(config) if config else (),
+                           what="an earlier run's directory")
 
 
 def check_run(config: Config, out: Path, force: bool, resume: bool, world_size: int = 1,
@@ -47,7 +56,7 @@ def check_run(config: Config, out: Path, force: bool, resume: bool, world_size: 
     check_pretrained_files(config)
     check_batch_size(config.train.batch_size, world_size)
     if writes and not resume:
-        check_output_dir(out, force)
+        check_output_dir(out, force, config)
 
 
 def read_for_dry_run(config: Config) -> None:

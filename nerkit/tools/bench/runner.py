@@ -20,7 +20,7 @@ from pathlib import Path
 
 from nerkit.config import load_config, run_differences
 from nerkit.errors import UserError, killed_by
-from nerkit.files import CHECKPOINT, atomic_write_text, read_json_lines
+from nerkit.files import CHECKPOINT, atomic_write_text, check_output_directory, read_json_lines
 from nerkit.tools.bench.matrix import MatrixRun, load_matrix, select_runs
 from nerkit.tools.bench.report import render_markdown, short_error
 from nerkit.version import __version__
@@ -38,6 +38,12 @@ ERROR_LINES = 20  # of a failed run's log, kept in its record
 
 
 log = logging.getLogger(__name__)
+
+
+def is_bench_dir(directory: Path) -> bool:
+    """Whether `directory` holds nothing but what `nerkit bench` writes (a session killed before
+    its first record leaves only logs/ and runs/)."""
+    return all(path.name in (RESULTS, TABLE, "logs", "runs") for path in directory.iterdir())
 
 
 def read_results(out: Path) -> dict[str, dict]:
@@ -227,6 +233,8 @@ def run_bench(matrix_path: str | Path, out: str | Path | None = None, quick: boo
             raise UserError(f"no {RESULTS} to build the table from", where=str(out),
                             fix="run the matrix first, or pass the --out of an earlier run")
     else:
+        # bench adds to its own directory (a record per run name), and to no other
+        check_output_directory(out, True, own=is_bench_dir, inputs=[matrix.path], what="a benchmark's directory")
         out.mkdir(parents=True, exist_ok=True)
         base = {**host_info(), "quick": quick, "jobs": jobs}
         todo = []
