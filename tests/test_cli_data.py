@@ -347,12 +347,12 @@ def test_train_dry_run_checks_the_data_files_and_the_output_directory(tmp_path):
     train_file = tmp_path / "train.bio"
     train_file.write_bytes((FIXTURES / "three_types.bio").read_bytes())
     (tmp_path / "used").mkdir()
-    (tmp_path / "used" / "x").write_text("x")
+    (tmp_path / "used" / "config.yaml").write_text("x")  # an earlier run's, which --force may replace
     config = tmp_path / "c.yaml"
     config.write_text(f"data:\n  train: {train_file}\n  dev: {tmp_path / 'dev.bio'}\n", encoding="utf-8")
     cases = [([], tmp_path / "dev.bio", "data.dev: no such file"),
              (["--set", f"data.dev={tmp_path}"], tmp_path, "data.dev: not a file"),
-             (["--set", "data.dev=null", "--out", str(tmp_path / "used")], tmp_path / "used", "the output directory is not empty")]
+             (["--set", "data.dev=null", "--out", str(tmp_path / "used")], tmp_path / "used", "--out is a directory that is not empty")]
     for args, where, words in cases:
         result = nerkit("train", "--config", config, "--dry-run", *args)
         assert yaml.safe_load(result.stdout)["data"]["train"] == str(train_file)  # printed all the same

@@ -128,6 +128,9 @@ def test_the_command_line(lm_dir, text, tmp_path):
     again = subprocess.run([sys.executable, "-m", "nerkit", "lm", "adapt", "--lm", str(lm_dir), "--text", str(text),
                             "--out", str(out), "--steps", "3"], capture_output=True, text=True)
     assert again.returncode == 2 and "not empty" in again.stderr and "Traceback" not in again.stderr
+    forced = subprocess.run([sys.executable, "-m", "nerkit", "lm", "adapt", "--lm", str(lm_dir), "--text", str(text),
+                             "--out", str(out), "--steps", "1", "--force"], capture_output=True, text=True)
+    assert forced.returncode == 0 and json.loads((out / "adapt.json").read_text())["steps"] == 1, forced.stderr
     missing = subprocess.run([sys.executable, "-m", "nerkit", "lm", "adapt", "--lm", str(tmp_path / "nope"),
                               "--text", str(text), "--out", str(tmp_path / "x")], capture_output=True, text=True)
     assert missing.returncode == 2 and len(missing.stderr.strip().splitlines()) == 1

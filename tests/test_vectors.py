@@ -196,7 +196,7 @@ def test_user_errors_reach_the_cli_as_user_errors(tmp_path):
 
     from nerkit.cli.vectors import vectors_app
 
-    result = CliRunner().invoke(vectors_app, ["train", "--text", str(tmp_path / "none.txt"), "--out", str(tmp_path)])
+    result = CliRunner().invoke(vectors_app, ["train", "--text", str(tmp_path / "none.txt"), "--out", str(tmp_path / "out")])
     assert isinstance(result.exception, UserError) and "no such file" in str(result.exception)
 
 
