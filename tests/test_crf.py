@@ -455,3 +455,100 @@ def test_a_tail_whose_paths_never_meet_is_settled_at_the_limit():
     tags += decoder.finish()
     assert decoder.forced > 0 and longest <= 16 + 8 and len(tags) == 200
     assert is_valid_path(BIO, [BIO[i] for i in tags])
+
+
+# ---------------------------------------------------------------- marginals and entity probabilities
+
+
+def reference_entities(path: list[str]) -> set[tuple[int, int, str]]:
+    """(start, end exclusive, type) of a valid path, read from the schemes' definition: B- or S-
+    opens an entity, which runs on over the I-, M- and E- tags of its type that follow."""
+    found, i = set(), 0
+    while i < len(path):
+        prefix, _, kind = path[i].partition("-")
+        if prefix in ("B", "S"):
+            j = i + 1
+            while prefix != "S" and j < len(path) and path[j][0] in "IME" and path[j][2:] == kind:
+                j += 1
+                if path[j - 1][0] == "E":
+                    break
+            found.add((i, j, kind))
+            i = j
+        else:
+            i += 1
+    return found
+
+
+def brute_force(crf: CRF, emissions: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
+    """Every valid path of one sentence (N, L) and its probability (N,)."""
+    paths, scores = all_path_scores(crf, emissions.numpy(), valid_only=True)
+    return paths, np.exp(scores - logsumexp(scores))
+
+
+@pytest.mark.parametrize("tags", [BIO, BIOES, BMES, BIOES_MIXED], ids=["BIO", "BIOES", "BMES", "BIOES-mixed"])
+def test_marginals_and_entity_probabilities_match_brute_force(tags):
+    generator = torch.Generator().manual_seed(len(tags))
+    crf = randomize(CRF(tags).double(), generator)
+    lengths = [4, 1, 3] if len(tags) < 9 else [3, 1, 2]
+    seq_len = max(lengths)
+    emissions = torch.randn(len(lengths), seq_len, len(tags), generator=generator, dtype=torch.float64) * 2
+    mask = lengths_to_mask(lengths, seq_len)
+    marginals = crf.marginals(emissions, mask)
+    paths = crf.decode(emissions, mask)
+    scores = crf.entity_probabilities(emissions, mask, paths)
+    for row, length in enumerate(lengths):
+        every, probs = brute_force(crf, emissions[row, :length])
+        expected = np.zeros((length, len(tags)))
+        for path, p in zip(every, probs):
+            expected[np.arange(length), path] += p
+        np.testing.assert_allclose(marginals[row, :length].numpy(), expected, atol=1e-9)
+        assert marginals[row, length:].abs().sum() == 0  # padding
+        decoded = [tags[i] for i in paths[row]]
+        entities = sorted(reference_entities(decoded))
+        assert len(scores[row]) == len(entities)
+        by_start = dict(zip([(s, e, k) for s, e, k in entities], scores[row]))
+        for entity, score in by_start.items():
+            mass = sum(p for path, p in zip(every, probs) if entity in reference_entities([tags[i] for i in path]))
+            assert score == pytest.approx(mass, abs=1e-9), (decoded, entity)
+
+
+def test_marginals_sum_to_one_and_forbid_what_decoding_forbids():
+    generator = torch.Generator().manual_seed(5)
+    crf = randomize(CRF(BIO), generator, scale=3.0)
+    emissions = torch.randn(3, 7, len(BIO), generator=generator) * 5
+    mask = lengths_to_mask([7, 4, 1], 7)
+    marginals = crf.marginals(emissions, mask)
+    sums = marginals.sum(2)
+    torch.testing.assert_close(sums[mask], torch.ones(int(mask.sum()), dtype=sums.dtype))
+    assert (marginals[:, 0, [BIO.index("I-PER"), BIO.index("I-LOC")]] == 0).all()  # no I- can open a sentence
+
+
+def test_entity_probabilities_batched_equal_one_at_a_time_and_the_path_probability():
+    generator = torch.Generator().manual_seed(11)
+    crf = randomize(CRF(BIOES_MIXED), generator)
+    lengths = [9, 3, 6, 1]
+    emissions = torch.randn(len(lengths), 9, len(BIOES_MIXED), generator=generator) * 3
+    mask = lengths_to_mask(lengths, 9)
+    paths = crf.decode(emissions, mask)
+    batched = crf.entity_probabilities(emissions, mask, paths)
+    for row, length in enumerate(lengths):
+        alone = crf.entity_probabilities(emissions[row:row + 1, :length], mask[row:row + 1, :length], [paths[row]])
+        assert alone[0] == pytest.approx(batched[row], abs=1e-9)
+        # the best path's own probability bounds each of its entities from below
+        path_prob = crf.path_probabilities(emissions[row:row + 1, :length], mask[row:row + 1, :length], [paths[row]])
+        assert all(path_prob[0] - 1e-6 <= p <= 1 for p in batched[row])
+
+
+def test_path_probability_is_exp_score_minus_log_z():
+    generator = torch.Generator().manual_seed(2)
+    crf = randomize(CRF(BIOES).double(), generator)
+    lengths = [4, 2]
+    emissions = torch.randn(2, 4, len(BIOES), generator=generator, dtype=torch.float64)
+    mask = lengths_to_mask(lengths, 4)
+    paths = crf.decode(emissions, mask)
+    found = crf.path_probabilities(emissions, mask, paths)
+    for row, length in enumerate(lengths):
+        every, probs = brute_force(crf, emissions[row, :length])
+        index = next(i for i, p in enumerate(every) if list(p) == paths[row])
+        assert found[row] == pytest.approx(probs[index], abs=1e-9)
+        assert probs[index] == pytest.approx(probs.max())  # the decoded path is the most probable

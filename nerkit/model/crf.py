@@ -10,7 +10,7 @@ import torch
 from torch import nn
 from torchcrf import CRF as TorchCRF
 
-from nerkit.data.tags import transition_table
+from nerkit.data.tags import continues, split_tag, tags_to_spans, transition_table
 from nerkit.model.viterbi import StreamingViterbi
 
 # Score given to a forbidden transition in the log-likelihood. Finite on purpose: with -inf, a tag that
@@ -187,7 +187,96 @@ class CRF(nn.Module):
             alpha = torch.logsumexp(alpha.unsqueeze(2) + steps[:, 0], dim=1)  # (B, K)
         return torch.logsumexp(alpha + end, dim=1)
 
+    def _forward_backward(self, emissions: torch.Tensor, mask: torch.Tensor):
+        """Under decoding's constraints (forbidden steps at a score whose exp is exactly 0):
+        log alpha (B, T, K), the log-sum over paths up to t ending in each tag (emission at t
+        included); log beta (B, T, K), over what follows t from each tag (the end score at the
+        last real position); log Z (B,). Padding rows of alpha and beta are meaningless."""
+        start, trans, end = self._masked_scores(_FORBIDDEN_IN_LIKELIHOOD)
+        start, trans, end = (x.to(emissions.dtype) for x in (start, trans, end))
+        seq_len = emissions.size(1)
+        alphas = [start + emissions[:, 0]]  # (B, K) each
+        for t in range(1, seq_len):
+            stepped = torch.logsumexp(alphas[-1].unsqueeze(2) + trans, dim=1) + emissions[:, t]
+            alphas.append(torch.where(mask[:, t].unsqueeze(1), stepped, alphas[-1]))
+        betas = [end.expand_as(alphas[0])]
+        for t in range(seq_len - 2, -1, -1):
+            # (B, 1, K_next) + (K, K_next) -> reduce over the next tag -> (B, K)
+            stepped = torch.logsumexp((emissions[:, t + 1] + betas[-1]).unsqueeze(1) + trans, dim=2)
+            betas.append(torch.where(mask[:, t + 1].unsqueeze(1), stepped, end))
+        betas.reverse()
+        log_z = torch.logsumexp(alphas[-1] + end, dim=1)  # the last alpha is the last real position's
+        return torch.stack(alphas, 1), torch.stack(betas, 1), log_z
+
     @torch.no_grad()
+    def marginals(self, emissions: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """P(tag k at position t) over every valid path, (B, T, K) (forward-backward, in float64);
+        each real position sums to 1, forbidden tags get exactly 0, padding gets 0."""
+        self._check_shapes(emissions, mask)
+        mask = mask.bool()
+        alpha, beta, log_z = self._forward_backward(emissions.double(), mask)
+        probs = torch.exp(alpha + beta - log_z[:, None, None])  # (B, T, K)
+        return probs.masked_fill(~mask.unsqueeze(2), 0.0)
+
+    @torch.no_grad()
+    def path_probabilities(self, emissions: torch.Tensor, mask: torch.Tensor, paths: list[list[int]]) -> list[float]:
+        """exp(score(path) - log Z) of each path (as `decode` gives them) among the valid paths."""
+        self._check_shapes(emissions, mask)
+        mask = mask.bool()
+        emissions = emissions.double()
+        start, trans, end = (x.double() for x in self._masked_scores(_FORBIDDEN_IN_LIKELIHOOD))
+        tag_ids = torch.zeros(mask.shape, dtype=torch.long, device=emissions.device)
+        for row, path in enumerate(paths):
+            tag_ids[row, :len(path)] = torch.tensor(path, dtype=torch.long)
+        score = self._gold_score(emissions, tag_ids, mask, start, trans, end)
+        log_z = self._log_partition(emissions, mask, start, trans, end)
+        return (score - log_z).exp().clamp(max=1.0).tolist()
+
+    @torch.no_grad()
+    def entity_probabilities(self, emissions: torch.Tensor, mask: torch.Tensor,
+                             paths: list[list[int]]) -> list[list[float]]:
+        """For each path (as `decode` gives them) the probability of each of its entities, in the
+        order of `tags_to_spans`: the probability that exactly that span carries exactly that type,
+        the mass of the paths holding that tag segment and not continuing it (the next tag is not an
+        inside tag of the type; in BIOES and BMES, E- and S- close it by themselves). Forward score
+        into its first tag + the segment's own score + backward score out of its last tag - log Z."""
+        self._check_shapes(emissions, mask)
+        mask = mask.bool()
+        emissions = emissions.double()
+        alpha, beta, log_z = self._forward_backward(emissions, mask)
+        _, trans, end = (x.double() for x in self._masked_scores(_FORBIDDEN_IN_LIKELIHOOD))
+        batch_size, seq_len, _ = emissions.shape
+        tag_ids = torch.zeros(batch_size, seq_len, dtype=torch.long, device=emissions.device)
+        rows, starts, stops, kinds = [], [], [], []
+        for row, path in enumerate(paths):
+            tag_ids[row, :len(path)] = torch.tensor(path, dtype=torch.long)
+            for span in tags_to_spans([self.tags[i] for i in path]):
+                rows.append(row), starts.append(span.start), stops.append(span.end), kinds.append(span.type)
+        if not rows:
+            return [[] for _ in paths]
+        # the path's own score, summed from its start: (B, T)
+        step = emissions.gather(2, tag_ids.unsqueeze(2)).squeeze(2)
+        step[:, 1:] += trans[tag_ids[:, :-1], tag_ids[:, 1:]]
+        running = step.cumsum(1)
+        device = emissions.device
+        b, s, e = (torch.tensor(x, device=device) for x in (rows, starts, stops))  # (N,) each, e exclusive
+        first, last = tag_ids[b, s], tag_ids[b, e - 1]
+        inside = alpha[b, s, first] + running[b, e - 1] - running[b, s]  # (N,)
+        types = sorted(set(kinds))
+        goes_on = torch.tensor([[continues(t) and split_tag(t)[1] == kind for t in self.tags] for kind in types],
+                               device=device)  # (types, K): the tags that would continue an entity of a type
+        carried = goes_on[torch.tensor([types.index(k) for k in kinds], device=device)]  # (N, K)
+        after = e.clamp(max=seq_len - 1)
+        onward = trans[last] + emissions[b, after] + beta[b, after]  # (N, K): the next tag and what follows
+        onward = torch.logsumexp(onward.masked_fill(carried, float("-inf")), dim=1)
+        at_end = e == mask.sum(1)[b]
+        out = inside + torch.where(at_end, end[last], onward) - log_z[b]
+        values = out.exp().clamp(max=1.0).tolist()
+        grouped: list[list[float]] = [[] for _ in paths]
+        for row, value in zip(rows, values):
+            grouped[row].append(value)
+        return grouped
+
     @torch.no_grad()
     def streaming(self, limit: int = 4096) -> StreamingViterbi:
         """A decoder for sequences that arrive a piece at a time (nerkit.model.viterbi), giving the
