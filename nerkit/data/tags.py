@@ -5,7 +5,7 @@ inserted spaces, LAC's tags and the tests. Spans are token offsets, end exclusiv
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 SCHEMES = ("bio", "bioes", "bmes")
 
@@ -18,14 +18,23 @@ class Span:
     start: int
     end: int  # exclusive
     type: str
+    # A prediction's probability (the CRF's: exactly this span with exactly this type); None for
+    # gold spans. Not part of equality: a predicted span matches a gold one by offsets and type.
+    score: float | None = field(default=None, compare=False)
 
     def to_dict(self, text: str | None = None) -> dict:
         """The entity as nerkit writes it everywhere (`nerkit predict`, JSON-lines corpora, the API):
-        {"start", "end", "type"} and, given the sentence's text, the entity's "text"."""
+        {"start", "end", "type"}, given the sentence's text the entity's "text", and its "score"
+        when it has one."""
         record = {"start": self.start, "end": self.end, "type": self.type}
         if text is not None:
             record["text"] = text[self.start:self.end]
+        if self.score is not None:
+            record["score"] = round(self.score, SCORE_DIGITS)
         return record
+
+
+SCORE_DIGITS = 6  # decimals of a written score: finer than any threshold, and than float32 agrees
 
 
 def split_tag(tag: str) -> tuple[str, str | None]:

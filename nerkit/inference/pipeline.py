@@ -50,28 +50,31 @@ class Pipeline(Predictor):
         self.device = torch.device(device)
         self.model.to(self.device)
 
-    def decode_examples(self, examples: list[Example], batch_size: int, window: int) -> list[list[int]]:
+    def decode_examples(self, examples: list[Example], batch_size: int, window: int,
+                        scores: bool = False) -> list:
         """`Predictor.decode_examples` by the Tagger, with batches padded by `collate_padded`."""
-        decoded: list[list[int]] = [[] for _ in examples]
+        decoded: list = [[] for _ in examples]
         self.model.eval()
         with torch.inference_mode():
             for idx in bucketed_batches([len(e) for e in examples], batch_size):
                 batch = collate_padded([examples[j] for j in idx], batch_size, window).to(self.device)
-                for j, tag_ids in zip(idx, self.model.decode(batch)):  # the padding rows' paths are dropped
-                    decoded[j] = tag_ids
+                found = zip(*self.model.decode_scored(batch)) if scores else self.model.decode(batch)
+                for j, result in zip(idx, found):  # the padding rows' paths are dropped
+                    decoded[j] = result
         return decoded
 
     def predict_tokens(self, token_lists: list[list[str]], batch_size: int = 64,
-                       window: int | None = None) -> list[list[Span]]:
+                       window: int | None = None, scores: bool = False) -> list[list[Span]]:
         """`Predictor.predict_tokens`; with Transformer-XL memory and no window, a text longer than
         one segment is read segment by segment in bounded memory (nerkit.inference.recurrence), and
         the others in batches as before (one segment, no memory: the same computation)."""
         window = self.check_window(window)
         segment = memory_segment(self.config)
         if not segment or window:
-            return super().predict_tokens(token_lists, batch_size, window)
+            return super().predict_tokens(token_lists, batch_size, window, scores)
         long = {i for i, tokens in enumerate(token_lists) if len(tokens) > segment}
-        spans = super().predict_tokens([[] if i in long else t for i, t in enumerate(token_lists)], batch_size, 0)
+        spans = super().predict_tokens([[] if i in long else t for i, t in enumerate(token_lists)], batch_size, 0,
+                                       scores)
         reader = MemoryReader(self)
         for i in sorted(long):
             spans[i] = self.spans_of(token_lists[i], reader.read(token_lists[i]))

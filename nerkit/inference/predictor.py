@@ -97,30 +97,40 @@ class Predictor:
                             fix=f"use a window of 1 to {options.max_positions}")
         return window
 
-    def decode_examples(self, examples: list[Example], batch_size: int, window: int) -> list[list[int]]:
+    def decode_examples(self, examples: list[Example], batch_size: int, window: int,
+                        scores: bool = False) -> list:
         """The tag ids of each example (as long as it), decoded in batches of at most `batch_size`
         padded to a few shapes (`nerkit.features.padding.padded_examples`, never past `window` unless
-        an example is longer), so that native caches keyed by the shape stop growing with the input."""
+        an example is longer), so that native caches keyed by the shape stop growing with the input.
+        With `scores`, each is (tag ids, the probability of each entity of them in order)."""
         raise NotImplementedError
 
     def predict_tokens(self, token_lists: list[list[str]], batch_size: int = 64,
-                       window: int | None = None) -> list[list[Span]]:
+                       window: int | None = None, scores: bool = False) -> list[list[Span]]:
         """Spans for each token list. A list longer than the window (`window`, default the model's:
         `Predictor.window`) is read in overlapping windows of that length (`text_windows`) whose tag
         sequences are stitched into one (`stitch`), so that no entity is cut where a window ends.
         Whitespace never starts, ends or makes up an entity (`without_whitespace`): every
-        prediction and evaluation passes here."""
+        prediction and evaluation passes here. With `scores`, each span carries its probability,
+        from the window that decided it (`scored_spans`)."""
         window = self.check_window(window)
         pieces: list[tuple[int, int, int]] = []  # (sentence index, window start, window end)
         for i, tokens in enumerate(token_lists):
             pieces.extend((i, a, b) for a, b in text_windows(len(tokens), window))
         examples = [self.featurizer.example(token_lists[i][a:b]) for i, a, b in pieces]
-        decoded = self.decode_examples(examples, batch_size, window) if examples else []
+        decoded = self.decode_examples(examples, batch_size, window, scores) if examples else []
         by_sentence: list[list[tuple[int, list[str]]]] = [[] for _ in token_lists]  # (window start, tags)
-        for (i, a, _), tag_ids in zip(pieces, decoded):
-            by_sentence[i].append((a, [self.tags[t] for t in tag_ids]))
-        return [without_whitespace(tokens, tags_to_spans(stitch(found, self.scheme))) if found else []
-                for tokens, found in zip(token_lists, by_sentence)]
+        window_spans: list[list[tuple[int, list[Span]]]] = [[] for _ in token_lists]  # (window start, scored)
+        for (i, a, _), result in zip(pieces, decoded):
+            tags = [self.tags[t] for t in (result[0] if scores else result)]
+            by_sentence[i].append((a, tags))
+            if scores:
+                window_spans[i].append((a, [Span(s.start, s.end, s.type, p)
+                                            for s, p in zip(tags_to_spans(tags), result[1])]))
+        spans = [tags_to_spans(stitch(found, self.scheme)) if found else [] for found in by_sentence]
+        if scores:
+            spans = [scored_spans(found, windows) for found, windows in zip(spans, window_spans)]
+        return [without_whitespace(tokens, found) for tokens, found in zip(token_lists, spans)]
 
     def spans_of(self, tokens: Sequence[str], tag_ids: list[int]) -> list[Span]:
         """The spans of one text decoded whole (no windows to stitch), under the whitespace rule."""
@@ -132,17 +142,21 @@ class Predictor:
         raise UserError("reading a document as one stream needs a model with encoder.memory (Transformer-XL "
                         "memory); this one reads each line alone", fix="drop --document")
 
-    def predict(self, texts: str | Iterable[str], batch_size: int = 64, window: int | None = None) -> list[list[dict]]:
+    def predict(self, texts: str | Iterable[str], batch_size: int = 64, window: int | None = None,
+                scores: bool = False, min_score: float | None = None) -> list[list[dict]]:
         """Entities of each text: `{"start", "end", "type", "text"}`, offsets into the text, end
-        exclusive. A single string is one text (its entities come back in a list of one). A text
-        longer than `window` characters (default: the model's, `Predictor.window`) is read in
-        overlapping windows."""
+        exclusive, and with `scores` the entity's probability `"score"`; `min_score` (which implies
+        `scores`) drops the entities below it. A single string is one text (its entities come back
+        in a list of one). A text longer than `window` characters (default: the model's,
+        `Predictor.window`) is read in overlapping windows."""
         texts = [texts] if isinstance(texts, str) else list(texts)
         for i, text in enumerate(texts):
             if not isinstance(text, str):
                 raise TypeError(f"predict takes strings; text {i} is {type(text).__name__}: {text!r:.40}")
-        spans = self.predict_tokens(texts, batch_size, window)  # a string is its sequence of characters
-        return [[s.to_dict(t) for s in ss]
+        check_min_score(min_score)
+        scores = scores or min_score is not None
+        spans = self.predict_tokens(texts, batch_size, window, scores)  # a string is its sequence of characters
+        return [[s.to_dict(t) for s in above(ss, min_score)]
                 for t, ss in zip(texts, spans)]
 
     # ------------------------------------------------------------------------------ evaluation
@@ -268,6 +282,45 @@ def _train_max_len(meta: dict, where: Path) -> int | None:
     return found
 
 
+def check_min_score(min_score) -> None:
+    """A threshold someone chose (`--min-score`, `min_score=`): a probability from 0 to 1, or None."""
+    if min_score is not None and (isinstance(min_score, bool) or not isinstance(min_score, (int, float))
+                                  or not 0 <= min_score <= 1):
+        raise UserError(f"the minimum score is a probability from 0 to 1, not {min_score!r}",
+                        fix="use a value such as 0.5")
+
+
+def above(spans: list[Span], min_score: float | None) -> list[Span]:
+    """The spans whose score is at least `min_score` (all of them when it is None)."""
+    return spans if min_score is None else [s for s in spans if s.score is not None and s.score >= min_score]
+
+
+def scored_spans(spans: list[Span], windows: list[tuple[int, list[Span]]]) -> list[Span]:
+    """Each of a text's stitched `spans` with the score it has in the window that holds it most
+    centrally among those that found it whole (`windows`: (start, scored spans) of each window,
+    offsets in the window). Where stitching joined an entity from two windows' parts (one longer
+    than their overlap), no window found it whole: it takes the lowest score of the parts."""
+    found: dict[tuple[int, int, str], tuple[int, float]] = {}  # span -> (margin in its window, score)
+    parts: list[Span] = []
+    for start, scored in windows:
+        size = max((s.end for s in scored), default=0)
+        for s in scored:
+            key, margin = (start + s.start, start + s.end, s.type), min(s.start, size - s.end)
+            if key not in found or margin > found[key][0]:
+                found[key] = (margin, s.score)
+            parts.append(Span(start + s.start, start + s.end, s.type, s.score))
+    out = []
+    for span in spans:
+        key = (span.start, span.end, span.type)
+        if key in found:
+            score = found[key][1]
+        else:
+            score = min((p.score for p in parts if p.type == span.type and p.start < span.end and span.start < p.end),
+                        default=0.0)
+        out.append(Span(span.start, span.end, span.type, score))
+    return out
+
+
 def without_whitespace(tokens: list[str], spans: list[Span]) -> list[Span]:
     """The decoding rule for whitespace: each entity without the whitespace tokens at its start and
     end, and none that is whitespace alone. A model that never saw a space in training (a
@@ -281,5 +334,5 @@ def without_whitespace(tokens: list[str], spans: list[Span]) -> list[Span]:
         while end > start and tokens[end - 1].isspace():
             end -= 1
         if start < end:
-            trimmed.append(Span(start, end, span.type))
+            trimmed.append(Span(start, end, span.type, span.score))
     return trimmed

@@ -151,3 +151,10 @@ class Tagger(nn.Module):
     @torch.no_grad()
     def decode(self, batch: Batch) -> list[list[int]]:
         return self.crf.decode(self.emissions(batch), batch.mask)
+
+    @torch.no_grad()
+    def decode_scored(self, batch: Batch) -> tuple[list[list[int]], list[list[float]]]:
+        """`decode`'s paths and the probability of each of their entities (`CRF.entity_probabilities`)."""
+        emissions = self.emissions(batch)
+        paths = self.crf.decode(emissions, batch.mask)
+        return paths, self.crf.entity_probabilities(emissions, batch.mask, paths)

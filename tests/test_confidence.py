@@ -1,0 +1,74 @@
+"""Entity scores end to end (the CRF's own probabilities are tested against brute force in
+test_crf.py): every predicted entity of `predict(..., scores=True)` carries the probability the CRF
+gives exactly its span and type, the same in a batch as alone, the same whether a short text is read
+in one window or stitched from several, and `min_score` keeps exactly the entities at or above it."""
+
+from __future__ import annotations
+
+import pytest
+
+from nerkit.features.batch import collate_padded
+from nerkit.inference.pipeline import Pipeline
+
+TEXTS = ["张三在北京大学读书。", "李四去了上海", "王五和赵六在武汉的华中科技大学见面，然后去了北京。", "。"]
+
+
+@pytest.fixture(scope="module")
+def pipe(tiny_model_dir) -> Pipeline:
+    return Pipeline.load(tiny_model_dir)
+
+
+def test_scores_are_the_crf_probabilities_of_the_entities(pipe):
+    found = pipe.predict(TEXTS, scores=True, window=0)  # each text whole, as the reference reads it
+    assert any(found), "the tiny model finds no entity: the test would check nothing"
+    for text, entities in zip(TEXTS, found):
+        example = pipe.featurizer.example(list(text))
+        batch = collate_padded([example], 1, len(text))
+        emissions = pipe.model.emissions(batch)
+        paths = pipe.model.crf.decode(emissions, batch.mask)
+        expected = pipe.model.crf.entity_probabilities(emissions, batch.mask, paths)[0]
+        assert [e["score"] for e in entities] == pytest.approx(expected, abs=1e-6)
+        assert all(0 < e["score"] <= 1 for e in entities)
+    plain = pipe.predict(TEXTS, window=0)
+    assert [[{k: v for k, v in e.items() if k != "score"} for e in es] for es in found] == plain
+    assert all("score" not in e for es in plain for e in es)
+
+
+def test_scores_batched_equal_one_at_a_time(pipe):
+    together = pipe.predict(TEXTS, scores=True, batch_size=4)
+    alone = [pipe.predict(t, scores=True, batch_size=1)[0] for t in TEXTS]
+    for a, b in zip(together, alone):
+        assert [(e["start"], e["end"], e["type"]) for e in a] == [(e["start"], e["end"], e["type"]) for e in b]
+        assert [e["score"] for e in a] == pytest.approx([e["score"] for e in b], abs=1e-5)
+
+
+def test_a_long_text_takes_each_score_from_the_window_that_holds_the_entity(pipe):
+    """A text repeated so that windows cut it: every entity found whole keeps the score its copy has
+    in a text of its own when the window holds the copy with the same context."""
+    text = TEXTS[2]
+    whole = pipe.predict(text * 6, scores=True, window=0)[0]
+    windowed = pipe.predict(text * 6, scores=True, window=2 * len(text))[0]
+    assert [(e["start"], e["end"], e["type"]) for e in windowed] == [(e["start"], e["end"], e["type"]) for e in whole]
+    assert all(0 < e["score"] <= 1 for e in windowed)
+    # far from any window's edge the context is the same, and so is the probability, nearly
+    middle = [e for e in windowed if 2 * len(text) <= e["start"] < 4 * len(text)]
+    by_place = {(e["start"], e["end"]): e["score"] for e in whole}
+    assert middle and all(abs(e["score"] - by_place[(e["start"], e["end"])]) < 0.05 for e in middle)
+
+
+def test_min_score_keeps_what_is_at_or_above_it(pipe):
+    scored = pipe.predict(TEXTS, scores=True)
+    values = sorted(e["score"] for es in scored for e in es)
+    threshold = values[len(values) // 2]
+    kept = pipe.predict(TEXTS, min_score=threshold)
+    assert kept == [[e for e in es if e["score"] >= threshold] for es in scored]
+    assert pipe.predict(TEXTS, min_score=0.0) == scored
+    for bad in (-0.1, 1.5, "0.5", True):
+        with pytest.raises(Exception, match="probability from 0 to 1"):
+            pipe.predict(TEXTS, min_score=bad)
+
+
+def test_gold_spans_ignore_scores_when_compared():
+    from nerkit.data.tags import Span
+
+    assert Span(0, 2, "PER", 0.3) == Span(0, 2, "PER") and len({Span(0, 2, "PER", 0.3), Span(0, 2, "PER")}) == 1
