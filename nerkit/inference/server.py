@@ -7,7 +7,8 @@ so the event loop never waits on the model. `GET /health`, `GET /info`, and Fast
 `/openapi.json` are there too. A request is checked before it costs any model work: its size (413),
 its UTF-8 (400), its JSON and types (422), room in the queue (503 with Retry-After). `run_server`
 serves in this process or in `--workers` uvicorn processes that each load the model. SIGTERM stops
-it accepting, every request in flight is answered, and it exits 0. docs/serving.md has the API.
+it accepting, every request in flight is answered, and it exits 0; a kept-alive connection loses no
+request on the way (`draining`). docs/serving.md has the API.
 """
 
 from __future__ import annotations
@@ -354,6 +355,7 @@ def run_server(model_dir: str | Path, host: str = "127.0.0.1", port: int = 8000,
     (0: one per core in all), and the OS spreads the connections over them."""
     import uvicorn
 
+    from nerkit.inference.draining import DrainingHTTPProtocol, DrainingSupervisor
     from nerkit.inference.workers import threads_per_worker
 
     if workers < 1:
@@ -367,15 +369,13 @@ def run_server(model_dir: str | Path, host: str = "127.0.0.1", port: int = 8000,
         sock = listen(host, port)
         _announce(model_dir, host, sock, workers)
         config = uvicorn.Config(app, host=host, port=sock.getsockname()[1], log_level=uvicorn_level,
-                                access_log=access_log, timeout_graceful_shutdown=None)
+                                access_log=access_log, timeout_graceful_shutdown=None, http=DrainingHTTPProtocol)
         server = uvicorn.Server(config)
         with _graceful_exit(server):
             server.run(sockets=[sock])
         if not server.started:
             raise UserError("the server did not start; its log above says why")
         return
-    from uvicorn.supervisors import Multiprocess
-
     options.threads = threads_per_worker(threads, workers)
     load_pipeline(model_dir, options.device).check_window(options.window)  # fail here, not in N workers
     os.environ[ENVIRONMENT] = json.dumps({"model": str(model_dir), "options": dataclasses.asdict(options),
@@ -384,5 +384,5 @@ def run_server(model_dir: str | Path, host: str = "127.0.0.1", port: int = 8000,
     _announce(model_dir, host, sock, workers)
     config = uvicorn.Config(f"{__name__}:app_from_environment", factory=True, host=host, port=sock.getsockname()[1],
                             workers=workers, log_level=uvicorn_level, access_log=access_log,
-                            timeout_graceful_shutdown=None)
-    Multiprocess(config, sockets=[sock]).run()
+                            timeout_graceful_shutdown=None, http=DrainingHTTPProtocol)
+    DrainingSupervisor(config, sockets=[sock]).run()
