@@ -84,12 +84,20 @@ class ServeOptions:
 
 # ------------------------------------------------------------------------------ the API's shapes (for /docs)
 
-class PredictBody(BaseModel):
-    """Exactly one of `texts` and `text`."""
+def _one_key(title: str, key: str, schema: dict, description: str) -> dict:
+    """A closed object that holds `key` and nothing else: one shape of a /predict body."""
+    return {"title": title, "type": "object", "required": [key], "additionalProperties": False,
+            "properties": {key: {**schema, "description": description}}}
 
-    texts: list[str] | None = Field(None, description="The texts to tag; the answer is `{\"records\": [...]}`, "
-                                    "one record per text, in order.")
-    text: str | None = Field(None, description="One text to tag; the answer is its record.")
+
+# The body of POST /predict, exactly what `parse_texts` accepts: one of the two keys, nothing else (a
+# client generated from the schema sends nothing the server refuses; tests/test_serve.py holds them
+# together with schemathesis).
+PREDICT_BODY = {"description": "Exactly one of `texts` and `text`.", "oneOf": [
+    _one_key("Texts", "texts", {"type": "array", "items": {"type": "string"}},
+             "The texts to tag; the answer is `{\"records\": [...]}`, one record per text, in order."),
+    _one_key("Text", "text", {"type": "string"}, "One text to tag; the answer is its record."),
+]}
 
 
 class Entity(BaseModel):
@@ -121,7 +129,7 @@ _EXAMPLES = {
 
 _PREDICT_DOC = {
     "requestBody": {"required": True, "content": {"application/json": {
-        "schema": PredictBody.model_json_schema(), "examples": _EXAMPLES}}},
+        "schema": PREDICT_BODY, "examples": _EXAMPLES}}},
 }
 
 _ERRORS = {
