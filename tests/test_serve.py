@@ -6,7 +6,9 @@ batch fails only its bad request. Then the real server, started as `python -m ne
 free port of 127.0.0.1 and spoken to over HTTP: its records are `nerkit predict --format jsonl`'s,
 one client or sixteen at once; every bad request gets its status and a one-line reason without
 disturbing the others; a full queue is 503 with Retry-After; SIGTERM answers every request in
-flight and exits 0, with one process or with `--workers 2`. Every wait is bounded.
+flight and exits 0, with one process or with `--workers 2`, and loses no request sent on a
+kept-alive connection; the OpenAPI schema describes exactly what it accepts (schemathesis). Every
+wait is bounded.
 """
 
 from __future__ import annotations
@@ -377,6 +379,30 @@ def test_health_info_and_the_api_docs(server, tiny_model_dir):
     assert docs.status_code == 200 and "swagger" in docs.text.lower()
 
 
+@pytest.mark.slow
+def test_the_api_schema_says_exactly_what_the_server_accepts(tiny_model_dir, tmp_path):
+    """schemathesis sends requests made from /openapi.json (its examples, its edge cases, then 100
+    generated per operation, schema-valid and not) with every check on: no 5xx, every answer as the
+    schema says, every schema-valid request accepted (`{"texts": [...], "text": null}` was refused
+    with 422 while the schema allowed it), every invalid one refused. Its command line, in a process
+    of its own: a stable interface, and no pytest plugin or Hypothesis settings shared with this run."""
+    pytest.importorskip("schemathesis")
+    report = tmp_path / "schemathesis.json"
+    with serving(tiny_model_dir, tmp_path) as server:
+        done = subprocess.run(
+            [sys.executable, "-c", "from schemathesis.cli import schemathesis; schemathesis()", "run",
+             f"{server.url}/openapi.json", "--checks", "all", "--phases", "examples,coverage,fuzzing",
+             "--max-examples", "100", "--seed", "41", "--workers", "1", "--continue-on-failure",
+             "--generation-database", "none", "--request-timeout", str(TIMEOUT), "--no-color",
+             "--report", "json", "--report-json-path", str(report)],
+            cwd=tmp_path, capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-2000:]
+    summary = json.loads(report.read_text(encoding="utf-8"))
+    assert summary["operations"]["tested"] == 3  # POST /predict, GET /health, GET /info
+    assert summary["test_cases"]["generated"] >= 100
+    assert summary["failures"] == [] and summary["errors"] == []
+
+
 def chunks(size: int) -> Iterator[bytes]:
     """A body sent in pieces, without Content-Length (chunked)."""
     body = json.dumps({"text": "x" * size}).encode()
@@ -463,6 +489,53 @@ def test_sigterm_answers_every_request_in_flight_and_exits_0(tiny_model_dir, tmp
         assert [a.json() for a in answers] == [{"records": expected[i:i + 2]} for i in range(6)]
         assert server.process.wait(30) == 0, server.output()
         assert "Traceback" not in server.output()
+
+
+class ClientEnd(NamedTuple):
+    answered: int  # requests answered 200
+    how: str  # "refused": a new connection was refused (no request sent); else the error of a request lost
+    closing: bool  # whether the last answer said `Connection: close`
+
+
+def keep_alive_client(url: str, text: str, until: float, most: int = 5000) -> ClientEnd:
+    """Request after request on one kept-alive connection (httpx keeps it) until a connection is
+    refused, `until` passes or `most` are answered."""
+    answered, closing = 0, False
+    with httpx.Client(timeout=TIMEOUT) as client:
+        while answered < most and time.monotonic() < until:
+            try:
+                answer = client.post(f"{url}/predict", json={"text": text})
+            except httpx.ConnectError:  # before the request was written: the client knows it was not served
+                return ClientEnd(answered, "refused", closing)
+            except httpx.TransportError as e:  # written, and no answer: lost
+                return ClientEnd(answered, repr(e), closing)
+            assert answer.status_code == 200, answer.text
+            answered, closing = answered + 1, answer.headers.get("connection", "").lower() == "close"
+    return ClientEnd(answered, "unfinished", closing)
+
+
+def stop_under_keep_alive_load(server: Server, clients: int = 16, after: float = 1.0) -> list[ClientEnd]:
+    """`clients` keep-alive clients, SIGTERM `after` seconds into their requests; how each ended."""
+    until = time.monotonic() + after + 60
+    with ThreadPoolExecutor(clients) as pool:
+        futures = [pool.submit(keep_alive_client, server.url, TEXTS[i % 4], until) for i in range(clients)]
+        time.sleep(after)
+        server.process.send_signal(signal.SIGTERM)
+        return [f.result(timeout=after + 90) for f in futures]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("workers", [1, 2])
+def test_sigterm_loses_no_request_of_a_kept_alive_connection(tiny_model_dir, tmp_path, workers):
+    """Sixteen clients send request after request, each on its kept-alive connection, and SIGTERM
+    comes meanwhile. Each request sent is answered: the answers of the shutdown say `Connection:
+    close`, so the next request goes on a new connection, which is refused before it is written."""
+    with serving(tiny_model_dir, tmp_path, "--workers", str(workers)) as server:
+        ends = stop_under_keep_alive_load(server)
+        assert server.process.wait(30) == 0, server.output()
+    assert all(end.answered > 0 for end in ends), ends
+    assert [end.how for end in ends] == ["refused"] * len(ends), ends
+    assert all(end.closing for end in ends), ends
 
 
 @pytest.mark.slow

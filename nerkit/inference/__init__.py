@@ -4,4 +4,4 @@ exported model on ONNX Runtime without torch (`onnx_runtime`), the choice betwee
 the model directory (`model_dir`), long texts in windows stitched into one valid tag sequence
 (`windows`), streaming prediction over files (`stream`) with worker processes (`workers`), the output
 formats (`formats`, `html`), and the web service of `nerkit serve` (`server`, with its micro-batching
-in `batcher`). Never imports training."""
+in `batcher` and its shutdown that loses no kept-alive request in `draining`). Never imports training."""

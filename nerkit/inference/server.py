@@ -7,7 +7,8 @@ so the event loop never waits on the model. `GET /health`, `GET /info`, and Fast
 `/openapi.json` are there too. A request is checked before it costs any model work: its size (413),
 its UTF-8 (400), its JSON and types (422), room in the queue (503 with Retry-After). `run_server`
 serves in this process or in `--workers` uvicorn processes that each load the model. SIGTERM stops
-it accepting, every request in flight is answered, and it exits 0. docs/serving.md has the API.
+it accepting, every request in flight is answered, and it exits 0; a kept-alive connection loses no
+request on the way (`draining`). docs/serving.md has the API.
 """
 
 from __future__ import annotations
@@ -83,12 +84,20 @@ class ServeOptions:
 
 # ------------------------------------------------------------------------------ the API's shapes (for /docs)
 
-class PredictBody(BaseModel):
-    """Exactly one of `texts` and `text`."""
+def _one_key(title: str, key: str, schema: dict, description: str) -> dict:
+    """A closed object that holds `key` and nothing else: one shape of a /predict body."""
+    return {"title": title, "type": "object", "required": [key], "additionalProperties": False,
+            "properties": {key: {**schema, "description": description}}}
 
-    texts: list[str] | None = Field(None, description="The texts to tag; the answer is `{\"records\": [...]}`, "
-                                    "one record per text, in order.")
-    text: str | None = Field(None, description="One text to tag; the answer is its record.")
+
+# The body of POST /predict, exactly what `parse_texts` accepts: one of the two keys, nothing else (a
+# client generated from the schema sends nothing the server refuses; tests/test_serve.py holds them
+# together with schemathesis).
+PREDICT_BODY = {"description": "Exactly one of `texts` and `text`.", "oneOf": [
+    _one_key("Texts", "texts", {"type": "array", "items": {"type": "string"}},
+             "The texts to tag; the answer is `{\"records\": [...]}`, one record per text, in order."),
+    _one_key("Text", "text", {"type": "string"}, "One text to tag; the answer is its record."),
+]}
 
 
 class Entity(BaseModel):
@@ -120,7 +129,7 @@ _EXAMPLES = {
 
 _PREDICT_DOC = {
     "requestBody": {"required": True, "content": {"application/json": {
-        "schema": PredictBody.model_json_schema(), "examples": _EXAMPLES}}},
+        "schema": PREDICT_BODY, "examples": _EXAMPLES}}},
 }
 
 _ERRORS = {
@@ -354,6 +363,7 @@ def run_server(model_dir: str | Path, host: str = "127.0.0.1", port: int = 8000,
     (0: one per core in all), and the OS spreads the connections over them."""
     import uvicorn
 
+    from nerkit.inference.draining import DrainingHTTPProtocol, DrainingSupervisor
     from nerkit.inference.workers import threads_per_worker
 
     if workers < 1:
@@ -367,15 +377,13 @@ def run_server(model_dir: str | Path, host: str = "127.0.0.1", port: int = 8000,
         sock = listen(host, port)
         _announce(model_dir, host, sock, workers)
         config = uvicorn.Config(app, host=host, port=sock.getsockname()[1], log_level=uvicorn_level,
-                                access_log=access_log, timeout_graceful_shutdown=None)
+                                access_log=access_log, timeout_graceful_shutdown=None, http=DrainingHTTPProtocol)
         server = uvicorn.Server(config)
         with _graceful_exit(server):
             server.run(sockets=[sock])
         if not server.started:
             raise UserError("the server did not start; its log above says why")
         return
-    from uvicorn.supervisors import Multiprocess
-
     options.threads = threads_per_worker(threads, workers)
     load_pipeline(model_dir, options.device).check_window(options.window)  # fail here, not in N workers
     os.environ[ENVIRONMENT] = json.dumps({"model": str(model_dir), "options": dataclasses.asdict(options),
@@ -384,5 +392,5 @@ def run_server(model_dir: str | Path, host: str = "127.0.0.1", port: int = 8000,
     _announce(model_dir, host, sock, workers)
     config = uvicorn.Config(f"{__name__}:app_from_environment", factory=True, host=host, port=sock.getsockname()[1],
                             workers=workers, log_level=uvicorn_level, access_log=access_log,
-                            timeout_graceful_shutdown=None)
-    Multiprocess(config, sockets=[sock]).run()
+                            timeout_graceful_shutdown=None, http=DrainingHTTPProtocol)
+    DrainingSupervisor(config, sockets=[sock]).run()
