@@ -672,6 +672,38 @@ def test_predict_batch_size_must_be_positive(tiny_model_dir, texts_file, monkeyp
     assert "--batch-size" in stderr and "Traceback" not in stderr and stdout == ""
 
 
+def test_progress_is_written_as_lines_when_stderr_is_not_a_terminal(tmp_path, tiny_model_dir, monkeypatch, capfd,
+                                                                     tiny_config):
+    """Under `nohup ... > log` (stderr a file) a bar is never drawn, and a long run still says how far
+    it is: a progress line every NERKIT_PROGRESS_SECONDS (here 0: at every update), for training and
+    for `predict`; without a bar's carriage returns."""
+    from nerkit.config import config_to_yaml
+
+    source = tmp_path / "many.txt"
+    source.write_text("张伟在北京的清华大学工作。\n" * 3000, encoding="utf-8")  # several chunks
+    with (tmp_path / "log").open("wb") as log:
+        result = subprocess.run([sys.executable, "-m", "nerkit", "predict", "--model", str(tiny_model_dir),
+                                 str(source), "--output", str(tmp_path / "out.jsonl")],
+                                stderr=log, stdout=subprocess.DEVNULL, cwd=REPO, timeout=120,
+                                env={**os.environ, "OMP_NUM_THREADS": "1", "NERKIT_PROGRESS_SECONDS": "0"})
+    stderr = (tmp_path / "log").read_text(encoding="utf-8")
+    assert result.returncode == 0, stderr
+    lines = [line for line in stderr.splitlines() if line.startswith("predict: ")]
+    assert len(lines) >= 2 and "\r" not in stderr, stderr
+    assert "%)" in lines[-1] and "/s" in lines[-1] and "lines 3,000" in lines[-1] and "eta" in lines[0], lines
+
+    monkeypatch.setenv("NERKIT_PROGRESS_SECONDS", "0")
+    config = tmp_path / "tiny.yaml"
+    config.write_text(config_to_yaml(tiny_config("train.epochs=1")), encoding="utf-8")
+    code, _, stderr = run_cli(monkeypatch, capfd, "train", "--config", str(config), "--out", str(tmp_path / "m"))
+    assert code == 0 and "\r" not in stderr, stderr
+    assert any(line.startswith("epoch 1: ") and "batches (" in line and "loss " in line
+               for line in stderr.splitlines()), stderr
+    monkeypatch.setenv("NERKIT_PROGRESS_SECONDS", "soon")
+    code, _, stderr = run_cli(monkeypatch, capfd, "train", "--config", str(config), "--out", str(tmp_path / "n"))
+    assert code == 2 and "NERKIT_PROGRESS_SECONDS" in stderr, stderr
+
+
 def test_version_and_how_much_the_commands_say(tmp_path, monkeypatch, capfd, tiny_config):
     """`--version`; diagnostics (here training's progress lines) go to stderr through logging,
     silenced by --quiet, while the result stays on stdout."""

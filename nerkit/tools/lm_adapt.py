@@ -38,6 +38,7 @@ import torch
 from nerkit.data.overlap import remove_overlaps
 from nerkit.errors import UserError
 from nerkit.files import CHECKPOINT, atomic_write_bytes, atomic_write_text, check_input
+from nerkit.log import progress_display
 from nerkit.pretrained.subword import token_positions
 from nerkit.training.checkpoint import Progress, load_checkpoint, save_checkpoint
 
@@ -239,8 +240,6 @@ def adapt(lm: str | Path, texts: list[str | Path], out: str | Path, options: Ada
           resume: bool = False, progress_bar: bool | None = None, exclude: list[str | Path] = ()) -> dict:
     """Adapt the encoder in `lm` to `texts` less the lines that overlap the sets of `exclude`, writing a
     Hugging Face directory to `out`; returns what was measured (also written to OUT/adapt.json)."""
-    from tqdm import tqdm
-
     out, lm = Path(out), Path(lm)
     check_input(str(lm), "--lm", "no such directory", directory=True)
     if out.exists() and not resume and any(out.iterdir()):
@@ -271,7 +270,7 @@ def adapt(lm: str | Path, texts: list[str | Path], out: str | Path, options: Ada
     rng = random.Random()
     started = time.perf_counter() - progress.elapsed
     stopped = "steps"
-    bar = tqdm(total=options.steps, initial=progress.step, disable=progress_bar is False, unit="step", leave=False)
+    bar = progress_display("lm adapt", options.steps, "step", initial=progress.step, shown=progress_bar)
     model.train()
     while progress.step < options.steps:
         rng.seed(options.seed * 1_000_003 + progress.step)  # the batch a step draws, the same on a resume
