@@ -39,7 +39,9 @@ from nerkit.data.overlap import remove_overlaps
 from nerkit.errors import UserError
 from nerkit.files import CHECKPOINT, atomic_write_bytes, atomic_write_text, check_input
 from nerkit.log import progress_display
+from nerkit.pretrained.hub_cache import lm_directory
 from nerkit.pretrained.subword import token_positions
+from nerkit.pretrained.vocab import FETCH_FIX
 from nerkit.training.checkpoint import Progress, load_checkpoint, save_checkpoint
 
 log = logging.getLogger(__name__)
@@ -240,8 +242,7 @@ def adapt(lm: str | Path, texts: list[str | Path], out: str | Path, options: Ada
           resume: bool = False, progress_bar: bool | None = None, exclude: list[str | Path] = ()) -> dict:
     """Adapt the encoder in `lm` to `texts` less the lines that overlap the sets of `exclude`, writing a
     Hugging Face directory to `out`; returns what was measured (also written to OUT/adapt.json)."""
-    out, lm = Path(out), Path(lm)
-    check_input(str(lm), "--lm", "no such directory", directory=True)
+    out, lm = Path(out), lm_directory(lm, "--lm", FETCH_FIX)
     if out.exists() and not resume and any(out.iterdir()):
         raise UserError("the output directory is not empty", where=str(out),
                         fix="choose a new --out, or --resume the run that wrote it")
