@@ -512,6 +512,37 @@ def test_every_option_has_help_and_flags_show_as_flags():
     assert seen > 50
 
 
+def test_the_lists_of_commands_wrap_only_where_a_line_is_full():
+    """A group's list of commands at 80 columns breaks a summary only where the next word would
+    not fit (issue 41: typer kept the docstrings' own line breaks there, e.g. "in one graph that" /
+    "gives tag ids"), and shows each summary whole."""
+    import inspect
+
+    from typer.testing import CliRunner
+
+    from nerkit.cli.app import app
+
+    for group in ([], ["data"], ["vectors"], ["plot"], ["lm"]):
+        output = CliRunner().invoke(app, [*group, "--help"], env={"COLUMNS": "80"}, prog_name="nerkit").output
+        panel = output[output.index("─ Commands ─"):].splitlines()[1:]
+        rows = [line[2:-1] for line in panel if line.startswith("│ ")]
+        column = len(rows[0]) - len(rows[0].split(maxsplit=1)[1])  # where the summaries start
+        width = len(rows[0]) - column
+        summaries: dict[str, list[str]] = {}
+        for row in rows:
+            name = row[:column].strip() or name
+            summaries.setdefault(name, []).append(row[column:].rstrip())
+        for name, lines in summaries.items():
+            for line, following in zip(lines, lines[1:]):
+                assert len(line) + 1 + len(following.split()[0]) > width - 2, (group, name, lines)
+        commands = {c.name or c.callback.__name__: c for c in
+                    (app.registered_commands if not group else next(
+                        g.typer_instance for g in app.registered_groups if g.name == group[0]).registered_commands)}
+        for name, command in commands.items():
+            first = " ".join(inspect.cleandoc(command.callback.__doc__).split("\n\n")[0].split())
+            assert " ".join(" ".join(summaries[name]).split()) == first, (group, name)
+
+
 def test_an_invalid_transition_names_how_each_command_repairs(tmp_path, tiny_model_dir, monkeypatch, capfd):
     """The fix of an invalid tag transition names an option of the command that read the file:
     `nerkit train` has no --repair (the config's data.repair, or --set data.repair=true), eval and
