@@ -506,6 +506,25 @@ def test_a_hub_name_is_read_from_the_local_hugging_face_cache(tmp_path, monkeypa
 
 
 @needs_transformers
+def test_a_fine_tuned_lm_at_its_own_rate_records_both_rates(tmp_path, lm_dir):
+    """metrics.jsonl's record of each epoch: `lr` the rate of the rest, `lm_lr` the LM's own group's
+    (issue 41: the report's rate panel showed only the first)."""
+    import json
+
+    from conftest import tiny_raw_config
+
+    from nerkit.config import build_config
+    from nerkit.training.loop import train
+
+    config = build_config(tiny_raw_config(), "<tiny>", [f"embeddings.lm.path={lm_dir}", "embeddings.lm.finetune=true",
+                                                        "embeddings.lm.lr=0.0003", "train.epochs=2"])
+    train(config, out=tmp_path / "m", progress_bar=False)
+    records = [json.loads(line) for line in (tmp_path / "m" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["lr"] for r in records] == pytest.approx([0.02, 0.02])
+    assert [r["lm_lr"] for r in records] == pytest.approx([0.0003, 0.0003])
+
+
+@needs_transformers
 def test_a_vocabulary_a_little_short_of_vocab_size_is_accepted(tmp_path):
     """Some models round vocab_size up past their vocab.txt: 90% of it or more is accepted."""
     lm = load_lm(write_lm(tmp_path / "lm", config=tiny_config(vocab_size=len(VOCAB) + 5)))

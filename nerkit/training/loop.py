@@ -453,8 +453,9 @@ def log_epoch(run: Run, epoch: int, n_batches: int, partial: bool) -> dict:
     line; returns the dev metrics."""
     tc, progress = run.config.train, run.progress
     dev = evaluate(run, run.splits.dev)
+    rates = run.scheduler.get_last_lr()  # the rest's, then a fine-tuned LM's own groups (make_optimizer)
     record = {"epoch": epoch, "step": progress.step, "loss": progress.epoch_loss / max(1, progress.batch),
-              "lr": run.scheduler.get_last_lr()[0],
+              "lr": rates[0], **({"lm_lr": max(rates[1:])} if len(rates) > 1 else {}),
               "dev_precision": dev["precision"], "dev_recall": dev["recall"], "dev_f1": dev["f1"],
               "chars_per_s": progress.epoch_chars / max(progress.epoch_seconds, 1e-9), "elapsed_s": run.elapsed()}
     if partial:
