@@ -177,7 +177,7 @@ def curves_figure(run_dirs: list[str | Path], labels: list[str] | None = None):
                         markeredgecolor=color, markeredgewidth=1.5)
             if key == "lr" and any("lm_lr" in r for r in records):
                 own = sorted((epoch_position(r), r["lm_lr"]) for r in records if "lm_lr" in r)
-                ax.plot([p[0] for p in own], [p[1] for p in own], "--o", color=color, markersize=3,
+                ax.plot([p[0] for p in own], [p[1] for p in own], linestyle="--", marker="o", color=color, markersize=3,
                         label=f"{name}: language model")
                 any_lm_rate = True
         ax.set_title(title)
