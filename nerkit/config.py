@@ -394,10 +394,23 @@ def parse_duration(text: str, where: str) -> float:
     return seconds
 
 
-def _fill(cls, values: dict, section: str, source: str, label: str | None = None):
+def _origin(set_by: dict[str, str], dotted: str, source: str) -> str:
+    """Where the value of key `dotted` (`train.lr`, `embeddings.lm[1].path`) was given: the `--set`
+    that gave it or a section above it (`set_by`: dotted key -> override), else the config `source`."""
+    parts = re.sub(r"\[\d+\]", "", dotted).split(".")
+    for n in range(len(parts), 0, -1):
+        text = set_by.get(".".join(parts[:n]))
+        if text is not None:
+            return f"--set {text}"
+    return source
+
+
+def _fill(cls, values: dict, section: str, source: str, label: str | None = None,
+          set_by: dict[str, str] | None = None):
     """Build dataclass `cls` from `values`, naming `label.key` (`label`: `section`, or e.g.
-    `embeddings.lm[1]` for one item of a list) and `source` in every error."""
-    label = label or section
+    `embeddings.lm[1]` for one item of a list) and where its value was given (`_origin`: a `--set`
+    of `set_by`, else `source`) in every error."""
+    label, set_by = label or section, set_by or {}
     if values is None:
         values = {}
     if not isinstance(values, dict):
@@ -405,36 +418,37 @@ def _fill(cls, values: dict, section: str, source: str, label: str | None = None
     known = {f.name: f for f in fields(cls)}
     kwargs = {}
     for key, value in values.items():
+        where = _origin(set_by, f"{label}.{key}", source)
         if key not in known:
             if (section, key) in RETIRED_KEYS:
                 continue
-            raise ConfigError(f"unknown key {label}.{key}", where=source, fix=_suggest(key, known))
+            raise ConfigError(f"unknown key {label}.{key}", where=where, fix=_suggest(key, known))
         nested = NESTED.get((section, key))
         if nested is not None:  # a section inside a section, e.g. embeddings.lm
             if (section, key) in STACKABLE and isinstance(value, list):
-                kwargs[key] = _stacked(nested, value, f"{section}.{key}", source)
+                kwargs[key] = _stacked(nested, value, f"{section}.{key}", source, set_by)
             else:
-                kwargs[key] = _fill(nested, value, f"{section}.{key}", source)
+                kwargs[key] = _fill(nested, value, f"{section}.{key}", source, set_by=set_by)
             continue
         if (section, key) in DURATIONS:
-            value = _duration(value, f"{source}: {label}.{key}")
-        kwargs[key] = _coerce(value, known[key].type, f"{source}: {label}.{key}")
+            value = _duration(value, f"{where}: {label}.{key}")
+        kwargs[key] = _coerce(value, known[key].type, f"{where}: {label}.{key}")
         choices = CHOICES.get((section, key))
         if choices and kwargs[key] not in choices:
-            raise ConfigError(f"{label}.{key} = {kwargs[key]!r} is not one of {', '.join(choices)}", where=source,
+            raise ConfigError(f"{label}.{key} = {kwargs[key]!r} is not one of {', '.join(choices)}", where=where,
                               fix=did_you_mean(kwargs[key], choices))
         if isinstance(kwargs[key], (int, float)) and not isinstance(kwargs[key], bool) and kwargs[key] < 0:
-            raise ConfigError(f"{label}.{key} = {kwargs[key]} must not be negative", where=source)
+            raise ConfigError(f"{label}.{key} = {kwargs[key]} must not be negative", where=where)
         if isinstance(kwargs[key], float) and not math.isfinite(kwargs[key]):
-            raise ConfigError(f"{label}.{key} = {kwargs[key]} must be a finite number", where=source)
+            raise ConfigError(f"{label}.{key} = {kwargs[key]} must be a finite number", where=where)
         if key in AT_LEAST_ONE and kwargs[key] < 1:
-            raise ConfigError(f"{label}.{key} = {kwargs[key]} must be at least 1", where=source)
+            raise ConfigError(f"{label}.{key} = {kwargs[key]} must be at least 1", where=where)
         if key.endswith("dropout") and kwargs[key] >= 1:
-            raise ConfigError(f"{label}.{key} = {kwargs[key]} must be below 1 (a probability)", where=source)
+            raise ConfigError(f"{label}.{key} = {kwargs[key]} must be below 1 (a probability)", where=where)
     return cls(**kwargs)
 
 
-def _stacked(cls, values: list, section: str, source: str):
+def _stacked(cls, values: list, section: str, source: str, set_by: dict[str, str]):
     """A nested section given as a list (stacked language models): each item a full mapping of
     `cls` with a path, no path twice. A list of one is that one mapping."""
     if not values:
@@ -446,7 +460,7 @@ def _stacked(cls, values: list, section: str, source: str):
         if not isinstance(value, dict):
             raise ConfigError(f"{label} is {type(value).__name__} {value!r}, not a mapping", where=source,
                               fix="write each source as a mapping, e.g. - {path: lm/m3e-small, finetune: true}")
-        item = _fill(cls, value, section, source, label)
+        item = _fill(cls, value, section, source, label, set_by)
         if not item.path:
             raise ConfigError(f"{label} has no path", where=source,
                               fix="give each listed source its directory, or remove the item")
@@ -458,12 +472,14 @@ def _stacked(cls, values: list, section: str, source: str):
     return items[0] if len(items) == 1 else items
 
 
-def _encoder_config(values: dict, source: str, file_keys: set[str], file_name: str) -> EncoderConfig:
+def _encoder_config(values: dict, source: str, file_keys: set[str], file_name: str,
+                    set_by: dict[str, str]) -> EncoderConfig:
     values = dict(values or {})
-    name = _coerce(values.pop("name", "bilstm"), str, f"{source}: encoder.name")
+    where = _origin(set_by, "encoder.name", source)
+    name = _coerce(values.pop("name", "bilstm"), str, f"{where}: encoder.name")
     if name not in ENCODER_OPTIONS:
         hint = did_you_mean(name, ENCODER_OPTIONS)
-        raise ConfigError(f"unknown encoder {name!r}", where=f"{source}: encoder.name",
+        raise ConfigError(f"unknown encoder {name!r}", where=f"{where}: encoder.name",
                           fix=(f"{hint} " if hint else "") + f"(encoders: {', '.join(sorted(ENCODER_OPTIONS))})")
     option_cls = ENCODER_OPTIONS[name]
     known = {f.name for f in fields(option_cls)}
@@ -473,7 +489,7 @@ def _encoder_config(values: dict, source: str, file_keys: set[str], file_name: s
     carried_over = file_keys & {f.name for f in fields(file_cls)} if file_cls else set()
     for k in [k for k in values if k not in known and k in carried_over]:
         values.pop(k)
-    options = _fill(option_cls, values, "encoder", source)
+    options = _fill(option_cls, values, "encoder", source, set_by=set_by)
     _check_encoder(options, f"{source}: encoder")
     return EncoderConfig(name, options)
 
@@ -541,8 +557,10 @@ def build_config(raw: dict, source: str = "<config>", overrides: list[str] = ())
     file_encoder = raw.get("encoder") if isinstance(raw.get("encoder"), dict) else {}
     file_encoder_keys = set(file_encoder)
     file_encoder_name = str(file_encoder.get("name", "bilstm"))
+    set_by: dict[str, str] = {}  # dotted key -> the override that gave it, named in errors about its value
     for text in overrides:
         path, value = parse_override(text)
+        set_by[".".join(path)] = text
         if path[0] not in _SECTIONS:
             raise ConfigError(f"unknown key {path[0]!r} in --set {text}", fix=_suggest(path[0], _SECTIONS))
         if len(path) == 1:
@@ -563,13 +581,13 @@ def build_config(raw: dict, source: str = "<config>", overrides: list[str] = ())
         if key not in _SECTIONS:
             raise ConfigError(f"unknown section {key!r}", where=source, fix=_suggest(key, _SECTIONS))
     config = Config(
-        data=_fill(DataConfig, raw.get("data"), "data", source),
-        embeddings=_fill(EmbeddingsConfig, raw.get("embeddings"), "embeddings", source),
-        lexicon=_fill(LexiconConfig, raw.get("lexicon"), "lexicon", source),
-        encoder=_encoder_config(raw.get("encoder"), source, file_encoder_keys, file_encoder_name),
-        crf=_fill(CRFConfig, raw.get("crf"), "crf", source),
-        train=_fill(TrainConfig, raw.get("train"), "train", source),
-        output_dir=_coerce(raw.get("output_dir", "runs/model"), str, f"{source}: output_dir"),
+        data=_fill(DataConfig, raw.get("data"), "data", source, set_by=set_by),
+        embeddings=_fill(EmbeddingsConfig, raw.get("embeddings"), "embeddings", source, set_by=set_by),
+        lexicon=_fill(LexiconConfig, raw.get("lexicon"), "lexicon", source, set_by=set_by),
+        encoder=_encoder_config(raw.get("encoder"), source, file_encoder_keys, file_encoder_name, set_by),
+        crf=_fill(CRFConfig, raw.get("crf"), "crf", source, set_by=set_by),
+        train=_fill(TrainConfig, raw.get("train"), "train", source, set_by=set_by),
+        output_dir=_coerce(raw.get("output_dir", "runs/model"), str, f"{_origin(set_by, 'output_dir', source)}: output_dir"),
     )
     if not 0 <= config.data.dev_split < 1:
         raise ConfigError(f"data.dev_split = {config.data.dev_split} must be in [0, 1)", where=source)

@@ -512,6 +512,37 @@ def test_every_option_has_help_and_flags_show_as_flags():
     assert seen > 50
 
 
+def test_the_lists_of_commands_wrap_only_where_a_line_is_full():
+    """A group's list of commands at 80 columns breaks a summary only where the next word would
+    not fit (issue 41: typer kept the docstrings' own line breaks there, e.g. "in one graph that" /
+    "gives tag ids"), and shows each summary whole."""
+    import inspect
+
+    from typer.testing import CliRunner
+
+    from nerkit.cli.app import app
+
+    for group in ([], ["data"], ["vectors"], ["plot"], ["lm"]):
+        output = CliRunner().invoke(app, [*group, "--help"], env={"COLUMNS": "80"}, prog_name="nerkit").output
+        panel = output[output.index("─ Commands ─"):].splitlines()[1:]
+        rows = [line[2:-1] for line in panel if line.startswith("│ ")]
+        column = len(rows[0]) - len(rows[0].split(maxsplit=1)[1])  # where the summaries start
+        width = len(rows[0]) - column
+        summaries: dict[str, list[str]] = {}
+        for row in rows:
+            name = row[:column].strip() or name
+            summaries.setdefault(name, []).append(row[column:].rstrip())
+        for name, lines in summaries.items():
+            for line, following in zip(lines, lines[1:]):
+                assert len(line) + 1 + len(following.split()[0]) > width - 2, (group, name, lines)
+        commands = {c.name or c.callback.__name__: c for c in
+                    (app.registered_commands if not group else next(
+                        g.typer_instance for g in app.registered_groups if g.name == group[0]).registered_commands)}
+        for name, command in commands.items():
+            first = " ".join(inspect.cleandoc(command.callback.__doc__).split("\n\n")[0].split())
+            assert " ".join(" ".join(summaries[name]).split()) == first, (group, name)
+
+
 def test_an_invalid_transition_names_how_each_command_repairs(tmp_path, tiny_model_dir, monkeypatch, capfd):
     """The fix of an invalid tag transition names an option of the command that read the file:
     `nerkit train` has no --repair (the config's data.repair, or --set data.repair=true), eval and
@@ -670,6 +701,38 @@ def test_predict_batch_size_must_be_positive(tiny_model_dir, texts_file, monkeyp
                                    "--batch-size", size)
     assert code == 2, stderr
     assert "--batch-size" in stderr and "Traceback" not in stderr and stdout == ""
+
+
+def test_progress_is_written_as_lines_when_stderr_is_not_a_terminal(tmp_path, tiny_model_dir, monkeypatch, capfd,
+                                                                     tiny_config):
+    """Under `nohup ... > log` (stderr a file) a bar is never drawn, and a long run still says how far
+    it is: a progress line every NERKIT_PROGRESS_SECONDS (here 0: at every update), for training and
+    for `predict`; without a bar's carriage returns."""
+    from nerkit.config import config_to_yaml
+
+    source = tmp_path / "many.txt"
+    source.write_text("张伟在北京的清华大学工作。\n" * 3000, encoding="utf-8")  # several chunks
+    with (tmp_path / "log").open("wb") as log:
+        result = subprocess.run([sys.executable, "-m", "nerkit", "predict", "--model", str(tiny_model_dir),
+                                 str(source), "--output", str(tmp_path / "out.jsonl")],
+                                stderr=log, stdout=subprocess.DEVNULL, cwd=REPO, timeout=120,
+                                env={**os.environ, "OMP_NUM_THREADS": "1", "NERKIT_PROGRESS_SECONDS": "0"})
+    stderr = (tmp_path / "log").read_text(encoding="utf-8")
+    assert result.returncode == 0, stderr
+    lines = [line for line in stderr.splitlines() if line.startswith("predict: ")]
+    assert len(lines) >= 2 and "\r" not in stderr, stderr
+    assert "%)" in lines[-1] and "/s" in lines[-1] and "lines 3,000" in lines[-1] and "eta" in lines[0], lines
+
+    monkeypatch.setenv("NERKIT_PROGRESS_SECONDS", "0")
+    config = tmp_path / "tiny.yaml"
+    config.write_text(config_to_yaml(tiny_config("train.epochs=1")), encoding="utf-8")
+    code, _, stderr = run_cli(monkeypatch, capfd, "train", "--config", str(config), "--out", str(tmp_path / "m"))
+    assert code == 0 and "\r" not in stderr, stderr
+    assert any(line.startswith("epoch 1: ") and "batches (" in line and "loss " in line
+               for line in stderr.splitlines()), stderr
+    monkeypatch.setenv("NERKIT_PROGRESS_SECONDS", "soon")
+    code, _, stderr = run_cli(monkeypatch, capfd, "train", "--config", str(config), "--out", str(tmp_path / "n"))
+    assert code == 2 and "NERKIT_PROGRESS_SECONDS" in stderr, stderr
 
 
 def test_version_and_how_much_the_commands_say(tmp_path, monkeypatch, capfd, tiny_config):

@@ -300,6 +300,23 @@ def test_bad_overrides(override, words):
     assert words in str(config_error({}, [override]))
 
 
+@pytest.mark.parametrize("override, key", [
+    ("train.epochs=abc", "train.epochs"), ("train.time_budget=soon", "train.time_budget"),
+    ("encoder.name=lstm", "encoder.name"), ("embeddings.lm.layers=first", "embeddings.lm.layers"),
+    ("train={epochs: x}", "train.epochs"), ("crf.scheme=bad", "crf.scheme"), ("train.lrr=1", "train.lrr"),
+])
+def test_a_bad_value_given_by_set_names_the_set_not_the_file(write_config, override, key):
+    """Issue 41: `--set train.epochs=abc` was reported against the config file, which says nothing of it."""
+    path = write_config("train:\n  epochs: 3\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(path, [override])
+    assert str(info.value).startswith(f"--set {override}"), str(info.value)
+    assert key in str(info.value) and str(path) not in str(info.value)
+    with pytest.raises(ConfigError) as info:  # a bad value in the file is still the file's
+        load_config(write_config("train:\n  epochs: abc\n"), ["train.lr=0.1"])
+    assert str(info.value).startswith(str(path)), str(info.value)
+
+
 def test_switching_the_encoder_drops_the_file_keys_it_lacks(write_config):
     path = write_config("encoder:\n  name: bilstm\n  hidden_size: 64\n  num_layers: 3\n  dropout: 0.2\n")
     cfg = load_config(path, ["encoder.name=transformer", "encoder.n_heads=2"])

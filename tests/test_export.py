@@ -260,13 +260,18 @@ def test_an_exported_model_predicts_without_importing_torch(exported, tmp_path):
 @pytest.mark.parametrize("case", ["tener", "wide_lstm"])
 def test_int8_export_runs_and_keeps_most_tags(case, exported, nerkit, tmp_path):
     """`nerkit export --quantize int8`, through the command line: the LSTMs become ONNX Runtime's
-    quantised LSTM (none is left in float), and the tags are mostly those of the float model."""
+    quantised LSTM (none is left in float), and the tags are mostly those of the float model; a
+    warning when fewer than 95% of the verification sentences keep their tags."""
     import onnx
 
     model_dir, _ = exported(case)
-    summary = json.loads(nerkit("--quiet", "export", "--model", str(model_dir), "--out", str(tmp_path / "int8"),
-                                "--quantize", "int8").stdout)
+    result = nerkit("export", "--model", str(model_dir), "--out", str(tmp_path / "int8"), "--quantize", "int8")
+    summary = json.loads(result.stdout)
     assert summary["quantize"] == "int8" and summary["same_tags"] >= 0.5, summary
+    # below 95% identical a warning says so (issue 41: an LM model's 82% went unremarked); the tiny
+    # TENER keeps 10 of 11 sentences, the LSTM all
+    warned = "int8 changed the tags of" in result.stderr and "below 95% identical" in result.stderr
+    assert warned == (summary["same_tags"] < 0.95), result.stderr
     ops = {n.op_type for n in onnx.load(str(tmp_path / "int8" / "model.onnx")).graph.node}
     assert ("DynamicQuantizeLSTM" in ops) == (case == "wide_lstm") and "LSTM" not in ops, ops
     pipe, quantized = Pipeline.load(model_dir), load_pipeline(tmp_path / "int8")

@@ -467,6 +467,63 @@ def test_each_broken_lm_directory_is_a_user_error(lm_dir, damage, match):
     assert info.value.where and info.value.fix
 
 
+def fake_hub_cache(root, name: str, commit: str = "0123abcd"):
+    """The layout `huggingface-cli download NAME` leaves: hub/models--ORG--NAME/{refs/main,snapshots/COMMIT/}
+    with the tiny LM in the snapshot (and an older snapshot beside it, which refs/main does not name)."""
+    repo = root / "hub" / f"models--{name.replace('/', '--')}"
+    write_lm(repo / "snapshots" / commit)
+    (repo / "snapshots" / "older").mkdir()
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(commit, encoding="utf-8")
+    return repo / "snapshots" / commit
+
+
+@needs_transformers
+@pytest.mark.parametrize("variable", ["HF_HUB_CACHE", "HF_HOME"])
+def test_a_hub_name_is_read_from_the_local_hugging_face_cache(tmp_path, monkeypatch, nerkit, variable):
+    """Issue 41: `embeddings.lm.path: org/name` was refused although the model was in the offline
+    cache, with a fix that said "character-level encoder" (a sub-word encoder is read as well)."""
+    from conftest import tiny_raw_config
+
+    from nerkit.config import build_config, config_to_yaml
+
+    snapshot = fake_hub_cache(tmp_path / "hf", "tiny-org/tiny-bert")
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    monkeypatch.delenv("HUGGINGFACE_HUB_CACHE", raising=False)
+    monkeypatch.setenv(variable, str(tmp_path / "hf" / ("hub" if variable == "HF_HUB_CACHE" else "")))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.chdir(tmp_path)
+    assert load_lm("tiny-org/tiny-bert").output_dim == load_lm(snapshot).output_dim == 16
+    config = tmp_path / "lm.yaml"
+    for name, code in [("tiny-org/tiny-bert", 0), ("tiny-org/absent-bert", 2)]:
+        raw = build_config(tiny_raw_config(), "<tiny>", [f"embeddings.lm.path={name}"])
+        config.write_text(config_to_yaml(raw), encoding="utf-8")
+        result = nerkit("train", "--config", str(config), "--dry-run", check=False)
+        assert result.returncode == code, result.stderr
+    assert "Traceback" not in result.stderr and "character-level" not in result.stderr
+    assert "no Hugging Face model tiny-org/absent-bert in the local cache" in result.stderr, result.stderr
+    assert "models--tiny-org--absent-bert/snapshots/<commit>" in result.stderr and "never downloads" in result.stderr
+
+
+@needs_transformers
+def test_a_fine_tuned_lm_at_its_own_rate_records_both_rates(tmp_path, lm_dir):
+    """metrics.jsonl's record of each epoch: `lr` the rate of the rest, `lm_lr` the LM's own group's
+    (issue 41: the report's rate panel showed only the first)."""
+    import json
+
+    from conftest import tiny_raw_config
+
+    from nerkit.config import build_config
+    from nerkit.training.loop import train
+
+    config = build_config(tiny_raw_config(), "<tiny>", [f"embeddings.lm.path={lm_dir}", "embeddings.lm.finetune=true",
+                                                        "embeddings.lm.lr=0.0003", "train.epochs=2"])
+    train(config, out=tmp_path / "m", progress_bar=False)
+    records = [json.loads(line) for line in (tmp_path / "m" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["lr"] for r in records] == pytest.approx([0.02, 0.02])
+    assert [r["lm_lr"] for r in records] == pytest.approx([0.0003, 0.0003])
+
+
 @needs_transformers
 def test_a_vocabulary_a_little_short_of_vocab_size_is_accepted(tmp_path):
     """Some models round vocab_size up past their vocab.txt: 90% of it or more is accepted."""

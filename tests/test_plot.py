@@ -72,6 +72,24 @@ def test_every_run_is_in_the_legend_and_partial_epochs_are_hollow(tmp_path):
     assert list(f1.get_ydata()) == pytest.approx([30.0, 40.0, 50.0])
 
 
+def test_the_rate_panel_shows_both_rates_of_a_fine_tuned_lm_and_whole_epochs(tmp_path):
+    """Issue 41: with a fine-tuned LM at its own rate the panel showed one rate of two, and the
+    epoch axis of a short run read 1.0, 1.5, 2.0."""
+    from nerkit.tools.plot import curves_figure
+
+    run = write_history(tmp_path / "lm", [record(1, 9.0, 0.2, lm_lr=2e-4), record(2, 5.0, 0.5, lm_lr=1e-4)])
+    plain = write_history(tmp_path / "plain", [record(1, 9.0, 0.2), record(2, 5.0, 0.5)])
+    figure = curves_figure([run, plain])
+    rates = {line.get_label(): list(line.get_ydata()) for line in figure.axes[1].get_lines()}
+    assert rates == {str(run.name): [0.01, 0.005], f"{run.name}: language model": [2e-4, 1e-4],
+                     str(plain.name): [0.01, 0.005]}
+    assert any("language model" in t.get_text() for t in figure.legends[0].get_texts())
+    figure.canvas.draw()
+    for ax in figure.axes:
+        ticks = [t for t in ax.get_xticks() if ax.get_xlim()[0] <= t <= ax.get_xlim()[1]]
+        assert ticks and all(float(t).is_integer() for t in ticks), ticks
+
+
 def test_a_partial_epoch_sits_at_its_fraction_of_batches():
     assert epoch_position(record(3, 1.0, 0.5, partial=True, batches=30, of_batches=40)) == 2.75
     assert epoch_position(record(3, 1.0, 0.5)) == 3.0

@@ -140,6 +140,20 @@ def test_a_full_queue_refuses_and_a_freed_place_takes_the_next():
         assert b.submit(["d"]).result(10) == [1]
 
 
+def test_a_full_queue_of_one_says_so_in_the_singular():
+    """The 503's reason reads "1 request waits", not "1 requests wait" (issue 41)."""
+    model = Model(hold=True)
+    with batcher(model, max_batch_chars=100, max_wait=0, max_queue=1) as b:
+        b.submit(["x"])
+        assert model.started.wait(10)
+        queued = b.submit(["a"])
+        with pytest.raises(QueueFull) as info:
+            b.submit(["b"])
+        assert str(info.value) == "1 request waits for the model already (--max-queue 1)"
+        model.released.set()
+        assert queued.result(10) == [1]
+
+
 def test_stop_answers_every_queued_request_then_refuses():
     model = Model(hold=True)
     b = Batcher(model, max_batch_chars=100, max_wait=5.0).start()

@@ -106,7 +106,8 @@ def test_dimension_comes_from_the_file(write_file):
     check_dim(vectors, None, "embeddings.char_dim")
     with pytest.raises(UserError) as error:
         check_dim(vectors, 50, "embeddings.char_dim")
-    assert "dimension 5" in str(error.value) and "embeddings.char_dim is 50" in str(error.value)
+    # which width is the file's and which the config's (issue 41: the message did not say)
+    assert "the vector file has dimension 5, but the config's embeddings.char_dim is 50" in str(error.value)
     assert str(error.value).startswith(str(vectors.path))
 
 

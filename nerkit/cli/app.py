@@ -8,6 +8,7 @@ declared so, and the config is checked where it loads (config.py), so no command
 
 from __future__ import annotations
 
+import inspect
 import logging
 import sys
 
@@ -46,6 +47,21 @@ app.add_typer(data_app, name="data")  # nerkit/cli/data.py
 app.add_typer(vectors_app, name="vectors")  # nerkit/cli/vectors.py
 app.add_typer(plot_app, name="plot")  # nerkit/cli/plot.py
 app.add_typer(lm_app, name="lm")  # nerkit/cli/lm.py
+
+
+def _one_line_summaries(group: typer.Typer) -> None:
+    """Give each command of `group` (and of the groups under it) its docstring's first paragraph
+    as one line for the list of commands: in its default (rich) markup mode typer keeps the
+    docstring's line breaks there, though not in the command's own --help, so a summary wrapped in
+    the source broke mid-sentence at every width."""
+    for info in group.registered_commands:
+        if info.short_help is None and info.callback is not None and info.callback.__doc__:
+            info.short_help = " ".join(inspect.cleandoc(info.callback.__doc__).split("\n\n")[0].split())
+    for sub_group in group.registered_groups:
+        _one_line_summaries(sub_group.typer_instance)
+
+
+_one_line_summaries(app)
 
 
 def _version(value: bool) -> None:

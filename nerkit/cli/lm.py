@@ -14,7 +14,8 @@ lm_app = typer.Typer(no_args_is_help=True, help="Adapt a pretrained language mod
 
 @lm_app.command()
 def adapt(
-    lm: Path = typer.Option(..., "--lm", help="A local Hugging Face encoder directory (as embeddings.lm.path takes)."),
+    lm: Path = typer.Option(..., "--lm", help="A Hugging Face encoder: its directory, or its hub name in the "
+                                              "local cache (as embeddings.lm.path takes)."),
     text: List[Path] = typer.Option(..., "--text", "-t", help="Unlabelled text, one passage a line; repeatable."),
     exclude: List[Path] = typer.Option([], "--exclude", "-x", help="Take out every line that overlaps this "
                                        "labelled corpus (or a config's dev and test sets); repeatable."),

@@ -73,7 +73,8 @@ class Batcher:
             if self._stopping:
                 raise QueueFull("the server is stopping")
             if len(self._queue) >= self.max_queue:
-                raise QueueFull(f"{len(self._queue)} requests wait for the model already (--max-queue {self.max_queue})")
+                waiting = "1 request waits" if len(self._queue) == 1 else f"{len(self._queue)} requests wait"
+                raise QueueFull(f"{waiting} for the model already (--max-queue {self.max_queue})")
             self._queue.append(job)
             self._cond.notify()
         return job.future

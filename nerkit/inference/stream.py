@@ -31,6 +31,7 @@ from nerkit.inference.formats import FORMATS, output_frame, predict_chunk
 from nerkit.inference.ranks import Ranks, check_ranked, predicted_by_ranks
 from nerkit.inference.windows import check_window
 from nerkit.inference.workers import Workers, predictor
+from nerkit.log import progress_display
 
 STDIN = "-"
 
@@ -255,10 +256,9 @@ def predict_stream(pipe, source: str, output: str | None, fmt: str = "jsonl", ba
         check_window(window)
     check_paths(source, output)
     stream, total = _open_source(source)
-    from tqdm import tqdm
-
-    bar = tqdm(total=total, unit="B", unit_scale=True, desc="predict", file=sys.stderr, leave=False,
-               disable=(source == STDIN or not sys.stderr.isatty()) if progress is None else not progress)
+    if progress is None and source == STDIN and sys.stderr.isatty():
+        progress = False  # someone may be typing the input: no bar under it
+    bar = progress_display("predict", total, "B", unit_scale=True, shown=progress)
     written = 0
     try:
         if ranks is not None and not ranks.main:  # its chunks go to rank 0, which writes
@@ -278,6 +278,7 @@ def predict_stream(pipe, source: str, output: str | None, fmt: str = "jsonl", ba
                     sink.write(separator)
                 sink.write(data)
                 written += records
+                bar.set_postfix(lines=f"{written:,}")
                 bar.update(size)
             sink.write(end)
     except BrokenPipeError:

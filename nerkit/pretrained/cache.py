@@ -19,6 +19,7 @@ from nerkit.files import (
     atomic_directory,
     atomic_write_text,
 )
+from nerkit.log import progress_display
 from nerkit.pretrained.base import CharFeatures
 
 CACHE_FORMAT = 2  # 2: an XLNet reads a long text in segments with its memory (1: windows)
@@ -27,7 +28,7 @@ CACHE_FORMAT = 2  # 2: an XLNet reads a long text in segments with its memory (1
 # ------------------------------------------------------------------------------------ feature cache
 
 def cached_features(embedder: CharFeatures, token_lists: list[list[str]], cache_dir: str | Path,
-                    batch_size: int = 32, progress: bool = False) -> list[torch.Tensor]:
+                    batch_size: int = 32, progress: bool | None = None) -> list[torch.Tensor]:
     """The frozen LM's layer states of each sentence, (T_i, S, D) float16, computed once per corpus.
 
     The features live in CACHE_DIR/<key>/features.safetensors, memory-mapped (pages are read when
@@ -87,7 +88,7 @@ def corpus_checksum(token_lists: list[list[str]]) -> str:
 
 
 def _write_cache(path: Path, embedder: CharFeatures, token_lists: list[list[str]], batch_size: int,
-                 progress: bool) -> None:
+                 progress: bool | None) -> None:
     """Stream a safetensors file: header, sentence offsets, then the features of chunks of
     sentences (length-sorted within a chunk for little padding, written in corpus order)."""
     lengths = [len(t) for t in token_lists]
@@ -99,11 +100,7 @@ def _write_cache(path: Path, embedder: CharFeatures, token_lists: list[list[str]
     text = json.dumps(header).encode("utf-8")
     text += b" " * (-len(text) % 8)
     chunk = batch_size * 16
-    bar = None
-    if progress:
-        from tqdm import tqdm
-
-        bar = tqdm(total=len(token_lists), desc="LM features", unit="sent")
+    bar = progress_display("LM features", len(token_lists), "sentence", shown=progress)
     with open(path, "wb") as f:
         f.write(struct.pack("<Q", len(text)) + text)
         f.write(offsets.tobytes())
@@ -115,10 +112,8 @@ def _write_cache(path: Path, embedder: CharFeatures, token_lists: list[list[str]
                     found[i] = states
             for i in indices:
                 f.write(found[i].to(torch.float16).numpy().tobytes())
-            if bar is not None:
-                bar.update(len(indices))
-    if bar is not None:
-        bar.close()
+            bar.update(len(indices))
+    bar.close()
 
 
 def _length_batches(indices: range, lengths: list[int], batch_size: int) -> list[list[int]]:

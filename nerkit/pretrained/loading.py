@@ -33,6 +33,7 @@ from nerkit.pretrained.bert import (
     character_level,
     check_vocab_size,
 )
+from nerkit.pretrained.hub_cache import lm_directory
 from nerkit.pretrained.stacked import Stacked
 from nerkit.pretrained.subword import SENTENCEPIECE_FILES, SubwordEmbedder, read_tokenizer
 from nerkit.weights import load_checked, read_safetensors
@@ -45,14 +46,13 @@ VOCABULARY_FILES = ("vocab.txt", "tokenizer.json", *SENTENCEPIECE_FILES)
 
 
 def load_lm(path: str | Path, layers: str = "last", finetune: bool = False, bf16: bool = False) -> CharFeatures:
-    """The per-character features of a local Hugging Face directory: config.json, weights as
+    """The per-character features of a local Hugging Face directory (or a hub name in the local
+    Hugging Face cache, `hub_cache.lm_directory`): config.json, weights as
     model.safetensors or pytorch_model.bin (read with weights_only), and a vocabulary: one token per
     character in vocab.txt gives an `LMEmbedder`, any other tokenizer (tokenizer.json: word pieces,
     SentencePiece, byte-level BPE) a `SubwordEmbedder` aligned by offsets. Never touches a hub. A LAC
     directory (`nerkit vectors export-lac`) gives nerkit.pretrained.lac's `LACEmbedder`."""
-    directory = Path(path)
-    if not directory.is_dir():
-        raise UserError("language-model directory not found", where=str(directory), fix=FETCH_FIX)
+    directory = lm_directory(path, "embeddings.lm.path", FETCH_FIX)
     if _is_lac(directory):
         from nerkit.pretrained.lac_files import load_lac
 

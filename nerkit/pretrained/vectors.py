@@ -83,7 +83,7 @@ def check_dim(vectors: Vectors, expected: int | None, setting: str) -> None:
     """Refuse a configured dimension (`setting`, e.g. `embeddings.char_dim`) that is not the file's."""
     if expected is not None and expected != vectors.dim:
         raise UserError(
-            f"the vectors have dimension {vectors.dim}, but {setting} is {expected}",
+            f"the vector file has dimension {vectors.dim}, but the config's {setting} is {expected}",
             where=vectors.path,
             fix=f"set {setting} to {vectors.dim} (or leave it out: the dimension is read from the file)",
         )

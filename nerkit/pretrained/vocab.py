@@ -63,8 +63,8 @@ SPACE_TOKEN = "[unused1]"
 MIN_CHAR_SHARE = 0.5
 
 
-FETCH_FIX = ("run `make lm` for lm/m3e-small (or `make lac` for lm/lac-small), or give a local Hugging Face "
-             "directory of a character-level encoder")
+FETCH_FIX = ("run `make lm` for lm/m3e-small (or `make lac` for lm/lac-small), or give a Hugging Face encoder: "
+             "its local directory, or its hub name (org/name) once it is in the local Hugging Face cache")
 
 
 class LMVocab(CharVocab):

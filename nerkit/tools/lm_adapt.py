@@ -39,7 +39,10 @@ import torch
 from nerkit.data.overlap import remove_overlaps
 from nerkit.errors import UserError
 from nerkit.files import CHECKPOINT, atomic_write_bytes, atomic_write_text, check_input, check_output_directory
+from nerkit.log import progress_display
+from nerkit.pretrained.hub_cache import lm_directory
 from nerkit.pretrained.subword import token_positions
+from nerkit.pretrained.vocab import FETCH_FIX
 from nerkit.training.checkpoint import Progress, load_checkpoint, save_checkpoint
 
 log = logging.getLogger(__name__)
@@ -243,10 +246,7 @@ def adapt(lm: str | Path, texts: list[str | Path], out: str | Path, options: Ada
     Hugging Face directory to `out`; returns what was measured (also written to OUT/adapt.json). A
     non-empty `out` is continued with `resume`, or started over with `force` if an earlier
     adaptation wrote it."""
-    from tqdm import tqdm
-
-    out, lm = Path(out), Path(lm)
-    check_input(str(lm), "--lm", "no such directory", directory=True)
+    out, lm = Path(out), lm_directory(lm, "--lm", FETCH_FIX)
     if not resume:
         check_output_directory(out, force, own=is_adapt_dir, inputs=[lm, *texts, *exclude],
                                what="an earlier adaptation (or --resume it)")
@@ -277,7 +277,7 @@ def adapt(lm: str | Path, texts: list[str | Path], out: str | Path, options: Ada
     rng = random.Random()
     started = time.perf_counter() - progress.elapsed
     stopped = "steps"
-    bar = tqdm(total=options.steps, initial=progress.step, disable=progress_bar is False, unit="step", leave=False)
+    bar = progress_display("lm adapt", options.steps, "step", initial=progress.step, shown=progress_bar)
     model.train()
     while progress.step < options.steps:
         rng.seed(options.seed * 1_000_003 + progress.step)  # the batch a step draws, the same on a resume

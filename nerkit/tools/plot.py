@@ -152,16 +152,19 @@ def epoch_position(record: dict) -> float:
 
 
 def curves_figure(run_dirs: list[str | Path], labels: list[str] | None = None):
-    """Loss, learning rate and dev F1 per epoch, one line per run; partial epochs are hollow points."""
+    """Loss, learning rate and dev F1 per epoch, one line per run; partial epochs are hollow points.
+    A fine-tuned language model's own rate (`lm_lr`, its own parameter group) is a dashed line of
+    the run's colour beside the rate of the rest; epochs are whole numbers on the axis."""
     from matplotlib.figure import Figure
     from matplotlib.lines import Line2D
+    from matplotlib.ticker import MaxNLocator
 
     histories = [read_history(d) for d in run_dirs]
     names = labels or _run_labels(run_dirs)
     figure = Figure(figsize=(13, 3.6))
     axes = figure.subplots(1, 3)
     panels = (("loss", "training loss", 1.0), ("lr", "learning rate", 1.0), ("dev_f1", "dev F1 (%)", 100.0))
-    any_partial = False
+    any_partial = any_lm_rate = False
     for (key, title, factor), ax in zip(panels, axes):
         for index, (name, records) in enumerate(zip(names, histories)):
             color = f"C{index % 10}"
@@ -172,11 +175,19 @@ def curves_figure(run_dirs: list[str | Path], labels: list[str] | None = None):
                 any_partial = True
                 ax.plot([p[0] for p in cut], [p[1] for p in cut], "o", markersize=8, markerfacecolor="white",
                         markeredgecolor=color, markeredgewidth=1.5)
+            if key == "lr" and any("lm_lr" in r for r in records):
+                own = sorted((epoch_position(r), r["lm_lr"]) for r in records if "lm_lr" in r)
+                ax.plot([p[0] for p in own], [p[1] for p in own], linestyle="--", marker="o", color=color, markersize=3,
+                        label=f"{name}: language model")
+                any_lm_rate = True
         ax.set_title(title)
         ax.set_xlabel("epoch")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # no epoch 1.5 between epochs 1 and 2
         ax.grid(alpha=0.3)
     axes[1].ticklabel_format(axis="y", style="sci", scilimits=(-3, 3))
     handles, _ = axes[0].get_legend_handles_labels()
+    if any_lm_rate:
+        handles.append(Line2D([], [], linestyle="--", color="gray", label="learning rate: the language model's"))
     if any_partial:
         handles.append(Line2D([], [], linestyle="", marker="o", markersize=8, markerfacecolor="white",
                               markeredgecolor="gray", label="partial epoch (a limit cut it short)"))

@@ -92,14 +92,14 @@ def check_pretrained_files(config: Config) -> None:
     reads its data, and `nerkit train --dry-run` looks too."""
     from nerkit.files import check_input
     from nerkit.pretrained.bert import FETCH_FIX
+    from nerkit.pretrained.hub_cache import lm_directory
 
     lattice = ENCODERS[config.encoder.name].uses_lattice
     for kind, path in vector_files(config, lattice).items():
         check_input(path, f"embeddings.{kind}_vectors", "vector file not found",
                     fix="check the path; `make vectors` builds the benchmark configs' vectors/")
     for k, source in enumerate(config.embeddings.lm_sources()):
-        check_input(source.path, f"{config.embeddings.lm_label(k)}.path", "language-model directory not found",
-                    directory=True, fix=FETCH_FIX)
+        lm_directory(source.path, f"{config.embeddings.lm_label(k)}.path", FETCH_FIX)
     if lattice and config.lexicon.source != "jieba":
         check_input(config.lexicon.source, "lexicon.source", "lexicon file not found",
                     fix="set lexicon.source to jieba, a word list, or a word2vec vector file")

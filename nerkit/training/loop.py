@@ -14,7 +14,6 @@ import logging
 import os
 import random
 import signal
-import sys
 import threading
 import time
 from contextlib import contextmanager
@@ -33,6 +32,7 @@ from nerkit.features.batch import bucketed_batches, collate
 from nerkit.features.featurizer import Example
 from nerkit.files import CHECKPOINT, WRITE_ERRNOS
 from nerkit.inference.pipeline import Pipeline
+from nerkit.log import progress_display
 from nerkit.training.build import build_pipeline
 from nerkit.training.checkpoint import (
     Progress,
@@ -322,16 +322,13 @@ def run_epoch(run: Run, epoch: int) -> int:
     number of batches the epoch has. The batches are global: each rank trains on its slice of
     each, and after each step the ranks agree on the batch's loss and on whether to stop (Ctrl-C
     or the time budget on any of them), so that they all stop at the same step."""
-    from tqdm import tqdm
-
     tc, progress, world = run.config.train, run.progress, run.world
     run.pipe.model.train()
     batches = epoch_batches(run, epoch)
     if not progress.batch:
         run.memory = None  # each epoch's streams start afresh
-    shown = world.main and (sys.stderr.isatty() if run.progress_bar is None else run.progress_bar)
-    bar = tqdm(total=len(batches), initial=progress.batch, desc=f"epoch {epoch}", unit="batch", leave=False,
-               file=sys.stderr, dynamic_ncols=True, disable=not shown)
+    bar = progress_display(f"epoch {epoch}", len(batches), "batch", initial=progress.batch,
+                           shown=run.progress_bar if world.main else False)
     try:
         for item in batches[progress.batch:]:
             t0 = time.perf_counter()
@@ -349,7 +346,8 @@ def run_epoch(run: Run, epoch: int) -> int:
                 progress.steady_chars += chars
                 progress.steady_seconds += seconds
             bar.update(1)
-            bar.set_postfix(loss=f"{loss:.3f}", chars_s=f"{progress.epoch_chars / max(progress.epoch_seconds, 1e-9):,.0f}")
+            bar.set_postfix(**{"loss": f"{loss:.3f}",
+                               "chars/s": f"{progress.epoch_chars / max(progress.epoch_seconds, 1e-9):,.0f}"})
             if stops or (tc.checkpoint_every and progress.step % tc.checkpoint_every == 0):
                 run.checkpoint()
             if stops:
@@ -455,8 +453,9 @@ def log_epoch(run: Run, epoch: int, n_batches: int, partial: bool) -> dict:
     line; returns the dev metrics."""
     tc, progress = run.config.train, run.progress
     dev = evaluate(run, run.splits.dev)
+    rates = run.scheduler.get_last_lr()  # the rest's, then a fine-tuned LM's own groups (make_optimizer)
     record = {"epoch": epoch, "step": progress.step, "loss": progress.epoch_loss / max(1, progress.batch),
-              "lr": run.scheduler.get_last_lr()[0],
+              "lr": rates[0], **({"lm_lr": max(rates[1:])} if len(rates) > 1 else {}),
               "dev_precision": dev["precision"], "dev_recall": dev["recall"], "dev_f1": dev["f1"],
               "chars_per_s": progress.epoch_chars / max(progress.epoch_seconds, 1e-9), "elapsed_s": run.elapsed()}
     if partial:

@@ -14,6 +14,8 @@ import yaml
 from nerkit.config import load_config
 from nerkit.errors import UserError
 from nerkit.files import atomic_write_text
+from nerkit.pretrained.hub_cache import lm_directory
+from nerkit.pretrained.vocab import FETCH_FIX
 from nerkit.tools.bench.runner import WORKER_RESULT
 
 
@@ -38,7 +40,8 @@ def pretrained_inputs(config) -> dict:
             found[f"{kind}_vectors"] = {"path": path, "sha256": sha256_file(path)}
     sources = []
     for lm in emb.lm_sources():
-        weights = [p for p in (Path(lm.path) / "model.safetensors", Path(lm.path) / "pytorch_model.bin") if p.is_file()]
+        directory = lm_directory(lm.path, "embeddings.lm.path", FETCH_FIX)
+        weights = [p for p in (directory / "model.safetensors", directory / "pytorch_model.bin") if p.is_file()]
         sources.append({"path": lm.path, "finetune": lm.finetune, "layers": lm.layers, "bf16": lm.bf16,
                         "sha256": sha256_file(weights[0]) if weights else None})
     if sources:  # one language model as before; stacked sources as a list, in their order
