@@ -72,3 +72,38 @@ def test_gold_spans_ignore_scores_when_compared():
     from nerkit.data.tags import Span
 
     assert Span(0, 2, "PER", 0.3) == Span(0, 2, "PER") and len({Span(0, 2, "PER", 0.3), Span(0, 2, "PER")}) == 1
+
+
+def test_calibration_by_hand():
+    """Four predictions, two right: ECE and the bins worked out on paper."""
+    from nerkit.data.tags import Span
+    from nerkit.inference.evaluate import calibration
+
+    gold = [[Span(0, 2, "PER"), Span(3, 5, "LOC")], [Span(1, 3, "ORG")]]
+    predicted = [[Span(0, 2, "PER", 0.95), Span(3, 5, "ORG", 0.85)], [Span(1, 3, "ORG", 0.45), Span(4, 5, "LOC", 0.05)]]
+    found = calibration(gold, predicted)
+    assert found["entities"] == 4
+    by_bin = {b["low"]: b for b in found["bins"] if b["count"]}
+    assert set(by_bin) == {0.0, 0.4, 0.8, 0.9}
+    assert by_bin[0.9]["accuracy"] == 1.0 and by_bin[0.8]["accuracy"] == 0.0
+    # |1 - .95| + |0 - .85| + |1 - .45| + |0 - .05| over 4
+    assert found["ece"] == pytest.approx((0.05 + 0.85 + 0.55 + 0.05) / 4)
+    assert found["brier"] == pytest.approx((0.05 ** 2 + 0.85 ** 2 + 0.55 ** 2 + 0.05 ** 2) / 4)
+    at_half = next(t for t in found["thresholds"] if t["threshold"] == 0.5)
+    assert at_half["precision"] == pytest.approx(1 / 2) and at_half["recall"] == pytest.approx(1 / 3)
+    with pytest.raises(ValueError, match="scored predictions"):
+        calibration(gold, [[Span(0, 2, "PER")], []])
+
+
+def test_eval_calibration_through_the_command_line(tiny_model_dir, nerkit):
+    import json
+
+    from conftest import TINY_DEV
+
+    result = nerkit("eval", "--model", str(tiny_model_dir), "--data", str(TINY_DEV), "--json", "--calibration")
+    metrics = json.loads(result.stdout)
+    found = metrics["calibration"]
+    assert found["entities"] == metrics["counts"]["predicted"] and 0 <= found["ece"] <= 1
+    assert found["thresholds"][0]["f1"] == pytest.approx(metrics["f1"])  # threshold 0 keeps every entity
+    assert "calibration" not in json.loads(nerkit("eval", "--model", str(tiny_model_dir), "--data", str(TINY_DEV),
+                                                  "--json").stdout)

@@ -37,10 +37,13 @@ def evaluate(
                              "wrong boundary, both, missed, spurious."),
     window: Optional[int] = WINDOW,
     document: bool = DOCUMENT,
+    show_calibration: bool = flag("--calibration", help="Also score each entity (the CRF's probability) and say "
+                                  "how honest the scores are: a reliability table, the expected calibration "
+                                  "error, and precision, recall and F1 by minimum score."),
 ):
     """Entity-level precision, recall and F1 of a model on a gold corpus."""
     from nerkit.files import atomic_write_text, check_output
-    from nerkit.inference.evaluate import format_errors, format_table
+    from nerkit.inference.evaluate import format_calibration, format_errors, format_table
     from nerkit.inference.formats import eval_output
     from nerkit.inference.loading import load_pipeline, require_runtime
 
@@ -49,7 +52,7 @@ def evaluate(
         check_output(output, data)  # before the evaluation: a wrong path costs no wait
     pipe = load_pipeline(model, device, threads)  # an ONNX export (`nerkit export`) runs without torch
     result = pipe.evaluation(data, batch_size, repair=repair, with_errors=show_errors, window=window,
-                             document=document)
+                             document=document, with_calibration=show_calibration)
     if output:
         atomic_write_text(output, eval_output(result.sentences, result.predicted, result.scheme))
     metrics = result.metrics
@@ -59,6 +62,8 @@ def evaluate(
         typer.echo(format_table(metrics))
         if show_errors:
             typer.echo("\n" + format_errors(metrics["errors"]))
+        if show_calibration:
+            typer.echo("\n" + format_calibration(metrics["calibration"]))
 
 
 def predict(

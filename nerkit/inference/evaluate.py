@@ -38,6 +38,66 @@ def score(gold: list[list[Span]], predicted: list[list[Span]]) -> dict:
     return result
 
 
+CALIBRATION_BINS = 10  # equal-width bins of the score in a reliability table
+THRESHOLDS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99)
+
+
+def calibration(gold: list[list[Span]], predicted: list[list[Span]], bins: int = CALIBRATION_BINS) -> dict:
+    """How honest the predicted spans' scores are, a prediction being right when its span and type
+    match a gold entity exactly: `bins`, the reliability table (per equal-width score bin: count,
+    mean score, share right); `ece`, the expected calibration error (the bins' |share right - mean
+    score| weighted by their counts); `brier`, the mean squared gap between score and rightness;
+    and `thresholds`, precision, recall and F1 of the spans kept at each score threshold."""
+    if len(gold) != len(predicted):
+        raise ValueError(f"{len(gold)} gold sentences but {len(predicted)} predicted")
+    pairs = []  # (score, right)
+    for g_spans, p_spans in zip(gold, predicted):
+        g_set = set(g_spans)
+        for s in set(p_spans):
+            if s.score is None:
+                raise ValueError("calibration needs scored predictions (predict_tokens(..., scores=True))")
+            pairs.append((s.score, s in g_set))
+    table = [[0, 0.0, 0] for _ in range(bins)]  # count, summed score, right
+    for value, right in pairs:
+        row = table[min(int(value * bins), bins - 1)]
+        row[0] += 1
+        row[1] += value
+        row[2] += right
+    total = len(pairs)
+    gold_count = sum(len(set(g)) for g in gold)
+    return {
+        "entities": total,
+        "ece": sum(abs(right - summed) for _, summed, right in table) / total if total else 0.0,
+        "brier": sum((value - right) ** 2 for value, right in pairs) / total if total else 0.0,
+        "bins": [{"low": k / bins, "high": (k + 1) / bins, "count": n, "mean_score": summed / n if n else None,
+                  "accuracy": right / n if n else None} for k, (n, summed, right) in enumerate(table)],
+        "thresholds": [{"threshold": t, **_prf(sum(r for v, r in pairs if v >= t), sum(1 for v, _ in pairs if v >= t),
+                                               gold_count)} for t in THRESHOLDS],
+    }
+
+
+def format_calibration(found: dict) -> str:
+    """`calibration` as two tables: the reliability bins, then P/R/F1 by threshold."""
+    rows = [("score", "entities", "mean score", "right")]
+    for b in found["bins"]:
+        rows.append((f"{b['low']:.1f}-{b['high']:.1f}", str(b["count"]),
+                     "" if b["mean_score"] is None else f"{b['mean_score']:.3f}",
+                     "" if b["accuracy"] is None else f"{b['accuracy']:.3f}"))
+    rows.append(("all", str(found["entities"]), f"ECE {found['ece']:.4f}", f"Brier {found['brier']:.4f}"))
+    by_threshold = [("min score", "precision", "recall", "f1")]
+    by_threshold += [(f"{t['threshold']:.2f}", f"{100 * t['precision']:.2f}", f"{100 * t['recall']:.2f}",
+                      f"{100 * t['f1']:.2f}") for t in found["thresholds"]]
+    return _rule_table(rows) + "\n\n" + _plain_table(by_threshold)
+
+
+def _plain_table(rows: list[tuple[str, ...]]) -> str:
+    """Rows as aligned columns, ruled under the header only."""
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))) for r in rows]
+    lines.insert(1, "-" * len(lines[0]))
+    return "\n".join(lines)
+
+
 ERROR_KINDS = ("correct", "wrong_type", "wrong_boundary", "wrong_both", "missed", "spurious")
 
 

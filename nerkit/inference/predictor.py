@@ -20,7 +20,7 @@ from nerkit.data.splits import read_gold
 from nerkit.data.tags import Span, split_tag, tags_to_spans
 from nerkit.errors import ModelDirError, UserError
 from nerkit.features.featurizer import Example, Featurizer
-from nerkit.inference.evaluate import errors, score
+from nerkit.inference.evaluate import calibration, errors, score
 from nerkit.inference.model_dir import (
     FORMAT_VERSION,
     MODEL_FILES,
@@ -162,14 +162,18 @@ class Predictor:
     # ------------------------------------------------------------------------------ evaluation
 
     def evaluation(self, data: str | Path | list[Sentence], batch_size: int = 128, repair: bool | None = None,
-                   with_errors: bool = False, window: int | None = None, document: bool = False) -> Evaluation:
+                   with_errors: bool = False, window: int | None = None, document: bool = False,
+                   with_calibration: bool = False) -> Evaluation:
         """Entity-level P/R/F1 of the model on a corpus file or on sentences already read; with
         `with_errors` the metrics also hold `errors` (see `nerkit.inference.evaluate.errors`). A file is read
         as the model's training data was: `repair` None follows the model's `data.repair`, so a file
         the training repaired is repaired here too (and said so). `window`: as for `predict`. With
         `document` (a model with memory), the sentences of each document (`Sentence.document`: a file
-        without `-DOCSTART-` lines is one) are read in order as one stream."""
+        without `-DOCSTART-` lines is one) are read in order as one stream. With `with_calibration`
+        the predictions carry scores and the metrics hold `calibration` (`nerkit.inference.evaluate.calibration`)."""
         window = self.check_window(window)  # before the file is read: a wrong value costs no wait
+        if with_calibration and document:
+            raise UserError("scores are not given for documents read as one stream yet", fix="drop --document")
         reader = self.document_stream() if document else self  # a model without memory: refused now too
         if isinstance(data, list):
             sentences, scheme = data, self.scheme
@@ -185,12 +189,15 @@ class Predictor:
                 reader.reset()
                 predicted += reader.predict_tokens([s.tokens for s in group], batch_size, window)
         else:
-            predicted = self.predict_tokens([s.tokens for s in sentences], batch_size, window)  # Python lists: GPU work done
+            predicted = self.predict_tokens([s.tokens for s in sentences], batch_size, window,  # Python lists: GPU work done
+                                            with_calibration)
         seconds = time.perf_counter() - started
         gold = [s.spans() for s in sentences]
         metrics = score(gold, predicted)
         if with_errors:
             metrics["errors"] = errors(gold, predicted)
+        if with_calibration:
+            metrics["calibration"] = calibration(gold, predicted)
         return Evaluation(sentences, predicted, metrics, seconds, scheme)
 
     def check_types(self, gold_types: list[str], where: str) -> None:
