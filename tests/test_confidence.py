@@ -107,3 +107,44 @@ def test_eval_calibration_through_the_command_line(tiny_model_dir, nerkit):
     assert found["thresholds"][0]["f1"] == pytest.approx(metrics["f1"])  # threshold 0 keeps every entity
     assert "calibration" not in json.loads(nerkit("eval", "--model", str(tiny_model_dir), "--data", str(TINY_DEV),
                                                   "--json").stdout)
+
+
+def test_calibrate_fits_a_temperature_that_changes_scores_not_tags(tiny_model_dir, tmp_path, nerkit):
+    import json
+    import shutil
+
+    from conftest import TINY_DEV
+
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, model)
+    before = Pipeline.load(model)
+    assert before.score_temperature == 1.0
+    result = json.loads(nerkit("calibrate", "--model", str(model), "--data", str(TINY_DEV)).stdout)
+    assert 0.1 <= result["temperature"] <= 10 and result["entities"] > 0
+    assert result["after"]["log_loss"] <= result["before"]["log_loss"] + 1e-12
+    assert json.loads((model / "nerkit.json").read_text())["score_temperature"] == result["temperature"]
+    after = Pipeline.load(model)
+    assert after.score_temperature == result["temperature"]
+    old, new = before.predict(TEXTS, scores=True, window=0), after.predict(TEXTS, scores=True, window=0)
+    strip = lambda found: [[(e["start"], e["end"], e["type"]) for e in es] for es in found]  # noqa: E731
+    assert strip(old) == strip(new)  # the tags do not move
+    example = after.featurizer.example(list(TEXTS[0]))
+    batch = collate_padded([example], 1, len(TEXTS[0]))
+    emissions = after.model.emissions(batch)
+    paths = after.model.crf.decode(emissions, batch.mask)
+    expected = after.model.crf.entity_probabilities(emissions, batch.mask, paths, result["temperature"])[0]
+    assert [e["score"] for e in new[0]] == pytest.approx(expected, abs=1e-6)
+    if result["temperature"] != 1.0 and new[0]:
+        assert [e["score"] for e in new[0]] != pytest.approx([e["score"] for e in old[0]], abs=1e-6)
+
+
+def test_a_damaged_temperature_is_refused_when_the_model_loads(tiny_model_dir, tmp_path, nerkit):
+    import json
+    import shutil
+
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, model)
+    meta = json.loads((model / "nerkit.json").read_text())
+    (model / "nerkit.json").write_text(json.dumps({**meta, "score_temperature": -1}))
+    result = nerkit("predict", "--model", str(model), "-", check=False)
+    assert result.returncode == 2 and "score_temperature is -1" in result.stderr and "Traceback" not in result.stderr

@@ -552,3 +552,22 @@ def test_path_probability_is_exp_score_minus_log_z():
         index = next(i for i, p in enumerate(every) if list(p) == paths[row])
         assert found[row] == pytest.approx(probs[index], abs=1e-9)
         assert probs[index] == pytest.approx(probs.max())  # the decoded path is the most probable
+
+
+def test_a_temperature_divides_every_score():
+    """At temperature 2 the probabilities are those of a CRF whose every score is halved."""
+    generator = torch.Generator().manual_seed(4)
+    crf = randomize(CRF(BIOES), generator, scale=2.0)
+    halved = CRF(BIOES)
+    halved.load_state_dict({k: v / 2 for k, v in crf.state_dict().items()})
+    emissions = torch.randn(2, 6, len(BIOES), generator=generator) * 4
+    mask = lengths_to_mask([6, 3], 6)
+    paths = crf.decode(emissions, mask)
+    assert paths == halved.decode(emissions / 2, mask)  # the best path does not move
+    warm, cool = crf.entity_probabilities(emissions, mask, paths, 2.0), halved.entity_probabilities(emissions / 2, mask, paths)
+    assert [len(row) for row in warm] == [len(row) for row in cool] and any(warm)
+    for a, b in zip(warm, cool):
+        assert a == pytest.approx(b, abs=1e-6)
+    torch.testing.assert_close(crf.marginals(emissions, mask, temperature=2.0), halved.marginals(emissions / 2, mask))
+    assert crf.path_probabilities(emissions, mask, paths, 2.0) == pytest.approx(
+        halved.path_probabilities(emissions / 2, mask, paths), abs=1e-9)

@@ -23,7 +23,7 @@ from nerkit.cli.bench import bench
 from nerkit.cli.data import data_app
 from nerkit.cli.export import export
 from nerkit.cli.lm import lm_app
-from nerkit.cli.model import evaluate, predict, report
+from nerkit.cli.model import calibrate, evaluate, predict, report
 from nerkit.cli.options import flag
 from nerkit.cli.plot import plot_app
 from nerkit.cli.serve import serve
@@ -42,6 +42,7 @@ app.command()(predict)
 app.command()(serve)  # nerkit/cli/serve.py
 app.command()(export)  # nerkit/cli/export.py
 app.command()(report)  # nerkit/cli/model.py
+app.command()(calibrate)  # nerkit/cli/model.py
 app.command()(bench)  # nerkit/cli/bench.py
 app.add_typer(data_app, name="data")  # nerkit/cli/data.py
 app.add_typer(vectors_app, name="vectors")  # nerkit/cli/vectors.py

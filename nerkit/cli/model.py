@@ -91,6 +91,20 @@ def predict(
                  document)
 
 
+def calibrate(
+    model: Path = typer.Option(..., "--model", "-m", help="Model directory written by `nerkit train`."),
+    data: Path = typer.Option(..., "--data", "-d", help="A gold dev corpus (never the test set)."),
+    batch_size: int = typer.Option(128, "--batch-size", min=1, help="Sentences per batch."),
+    window: Optional[int] = WINDOW,
+):
+    """Fit the temperature that makes the entity scores honest on a dev set and keep it in the model
+    directory: scores change, tags and F1 do not."""
+    from nerkit.tools.calibrate import calibrate as fit
+
+    result = fit(model, data, batch_size, window)
+    typer.echo(json.dumps(result))
+
+
 def report(
     model: Path = typer.Option(..., "--model", "-m", help="Model directory."),
     data: Path = typer.Option(..., "--data", "-d", help="Gold corpus (CoNLL or .jsonl)."),

@@ -24,6 +24,11 @@ ONNX_MODEL_FILES = ("nerkit.json", "config.yaml", "vocab.json", ONNX_FILE)
 RUNTIMES = ("torch", "onnx")
 
 
+# nerkit.json's key for the temperature that divides the CRF's scores when entities are scored
+# (written by `nerkit calibrate`; absent: 1).
+SCORE_TEMPERATURE = "score_temperature"
+
+
 def runtime(meta: dict) -> str:
     """What runs a model directory, from its nerkit.json: `torch` (as trained) or `onnx` (exported)."""
     return meta.get("runtime", "torch")

@@ -58,7 +58,8 @@ class Pipeline(Predictor):
         with torch.inference_mode():
             for idx in bucketed_batches([len(e) for e in examples], batch_size):
                 batch = collate_padded([examples[j] for j in idx], batch_size, window).to(self.device)
-                found = zip(*self.model.decode_scored(batch)) if scores else self.model.decode(batch)
+                found = zip(*self.model.decode_scored(batch, self.score_temperature)) if scores \
+                    else self.model.decode(batch)
                 for j, result in zip(idx, found):  # the padding rows' paths are dropped
                     decoded[j] = result
         return decoded
@@ -139,6 +140,7 @@ class Pipeline(Predictor):
         featurizer = Featurizer.from_json(config, vocab, lexicon, where=str(directory / "vocab.json"))
         pipe = cls(config, featurizer, device=resolve_device(device), lm=lm)
         pipe.train_max_len = found.train_max_len
+        pipe.score_temperature = found.score_temperature
         pipe.directory = directory
         weights = directory / "model.safetensors"
         state = read_safetensors(weights, fix="the file is damaged or not a safetensors file; retrain or copy it again",

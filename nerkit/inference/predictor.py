@@ -24,6 +24,7 @@ from nerkit.inference.evaluate import calibration, errors, score
 from nerkit.inference.model_dir import (
     FORMAT_VERSION,
     MODEL_FILES,
+    SCORE_TEMPERATURE,
     _read_json,
     check_model_dir,
 )
@@ -54,6 +55,8 @@ class Predictor:
         # training, saved in nerkit.json; None for a model directory written before it was saved.
         self.train_max_len: int | None = None
         self.directory: Path | None = None  # where `load` read it from (None: built in memory)
+        # Divides the CRF's scores when entities are scored: 1, or what `nerkit calibrate` fitted on a dev set.
+        self.score_temperature = 1.0
 
     @property
     def tags(self) -> list[str]:
@@ -236,6 +239,7 @@ class ModelFiles:
     vocab: dict  # vocab.json
     lexicon: object | None  # nerkit.features.lexicon.Lexicon, for a lattice encoder
     train_max_len: int | None
+    score_temperature: float = 1.0
 
 
 def read_model_dir(directory: Path, files: tuple[str, ...] = MODEL_FILES) -> ModelFiles:
@@ -274,7 +278,17 @@ def read_model_dir(directory: Path, files: tuple[str, ...] = MODEL_FILES) -> Mod
     if not (directory / "lm").is_dir() and config.embeddings.lm_sources():
         raise ModelDirError("lm/ is missing: the model was trained with a language model, which lives in lm/",
                             where=str(directory), fix="copy the whole model directory, lm/ included")
-    return ModelFiles(meta, config, vocab, lexicon, _train_max_len(meta, directory / "nerkit.json"))
+    return ModelFiles(meta, config, vocab, lexicon, _train_max_len(meta, directory / "nerkit.json"),
+                      _score_temperature(meta, directory / "nerkit.json"))
+
+
+def _score_temperature(meta: dict, where: Path) -> float:
+    """nerkit.json's `score_temperature` (written by `nerkit calibrate`), 1 when absent."""
+    found = meta.get(SCORE_TEMPERATURE, 1.0)
+    if isinstance(found, bool) or not isinstance(found, (int, float)) or not 0 < found < float("inf"):
+        raise ModelDirError(f"{SCORE_TEMPERATURE} is {found!r}, not a positive number", where=str(where),
+                            fix="run `nerkit calibrate` again, or remove the key to score at temperature 1")
+    return float(found)
 
 
 def _train_max_len(meta: dict, where: Path) -> int | None:

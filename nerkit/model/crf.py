@@ -187,13 +187,18 @@ class CRF(nn.Module):
             alpha = torch.logsumexp(alpha.unsqueeze(2) + steps[:, 0], dim=1)  # (B, K)
         return torch.logsumexp(alpha + end, dim=1)
 
-    def _forward_backward(self, emissions: torch.Tensor, mask: torch.Tensor):
-        """Under decoding's constraints (forbidden steps at a score whose exp is exactly 0):
-        log alpha (B, T, K), the log-sum over paths up to t ending in each tag (emission at t
-        included); log beta (B, T, K), over what follows t from each tag (the end score at the
-        last real position); log Z (B,). Padding rows of alpha and beta are meaningless."""
-        start, trans, end = self._masked_scores(_FORBIDDEN_IN_LIKELIHOOD)
-        start, trans, end = (x.to(emissions.dtype) for x in (start, trans, end))
+    def _scaled_scores(self, dtype: torch.dtype, temperature: float):
+        """Start, transition and end scores under decoding's constraints (forbidden steps at a score
+        whose exp is exactly 0), divided by `temperature`, in `dtype`."""
+        return tuple(x.to(dtype) / temperature for x in self._masked_scores(_FORBIDDEN_IN_LIKELIHOOD))
+
+    def _forward_backward(self, emissions: torch.Tensor, mask: torch.Tensor, temperature: float = 1.0):
+        """log alpha (B, T, K), the log-sum over valid paths up to t ending in each tag (emission
+        at t included); log beta (B, T, K), over what follows t from each tag (the end score at the
+        last real position); log Z (B,); every score divided by `temperature` (the path that
+        decoding picks stays the best at any temperature). Padding rows are meaningless."""
+        start, trans, end = self._scaled_scores(emissions.dtype, temperature)
+        emissions = emissions / temperature
         seq_len = emissions.size(1)
         alphas = [start + emissions[:, 0]]  # (B, K) each
         for t in range(1, seq_len):
@@ -209,22 +214,23 @@ class CRF(nn.Module):
         return torch.stack(alphas, 1), torch.stack(betas, 1), log_z
 
     @torch.no_grad()
-    def marginals(self, emissions: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    def marginals(self, emissions: torch.Tensor, mask: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
         """P(tag k at position t) over every valid path, (B, T, K) (forward-backward, in float64);
         each real position sums to 1, forbidden tags get exactly 0, padding gets 0."""
         self._check_shapes(emissions, mask)
         mask = mask.bool()
-        alpha, beta, log_z = self._forward_backward(emissions.double(), mask)
+        alpha, beta, log_z = self._forward_backward(emissions.double(), mask, temperature)
         probs = torch.exp(alpha + beta - log_z[:, None, None])  # (B, T, K)
         return probs.masked_fill(~mask.unsqueeze(2), 0.0)
 
     @torch.no_grad()
-    def path_probabilities(self, emissions: torch.Tensor, mask: torch.Tensor, paths: list[list[int]]) -> list[float]:
+    def path_probabilities(self, emissions: torch.Tensor, mask: torch.Tensor, paths: list[list[int]],
+                           temperature: float = 1.0) -> list[float]:
         """exp(score(path) - log Z) of each path (as `decode` gives them) among the valid paths."""
         self._check_shapes(emissions, mask)
         mask = mask.bool()
-        emissions = emissions.double()
-        start, trans, end = (x.double() for x in self._masked_scores(_FORBIDDEN_IN_LIKELIHOOD))
+        emissions = emissions.double() / temperature
+        start, trans, end = self._scaled_scores(emissions.dtype, temperature)
         tag_ids = torch.zeros(mask.shape, dtype=torch.long, device=emissions.device)
         for row, path in enumerate(paths):
             tag_ids[row, :len(path)] = torch.tensor(path, dtype=torch.long)
@@ -234,17 +240,18 @@ class CRF(nn.Module):
 
     @torch.no_grad()
     def entity_probabilities(self, emissions: torch.Tensor, mask: torch.Tensor,
-                             paths: list[list[int]]) -> list[list[float]]:
+                             paths: list[list[int]], temperature: float = 1.0) -> list[list[float]]:
         """For each path (as `decode` gives them) the probability of each of its entities, in the
         order of `tags_to_spans`: the probability that exactly that span carries exactly that type,
         the mass of the paths holding that tag segment and not continuing it (the next tag is not an
         inside tag of the type; in BIOES and BMES, E- and S- close it by themselves). Forward score
-        into its first tag + the segment's own score + backward score out of its last tag - log Z."""
+        into its first tag + the segment's own score + backward score out of its last tag - log Z.
+        Every score divided by `temperature` (a fitted one calibrates the probabilities)."""
         self._check_shapes(emissions, mask)
         mask = mask.bool()
-        emissions = emissions.double()
-        alpha, beta, log_z = self._forward_backward(emissions, mask)
-        _, trans, end = (x.double() for x in self._masked_scores(_FORBIDDEN_IN_LIKELIHOOD))
+        alpha, beta, log_z = self._forward_backward(emissions.double(), mask, temperature)
+        emissions = emissions.double() / temperature
+        _, trans, end = self._scaled_scores(emissions.dtype, temperature)
         batch_size, seq_len, _ = emissions.shape
         tag_ids = torch.zeros(batch_size, seq_len, dtype=torch.long, device=emissions.device)
         rows, starts, stops, kinds = [], [], [], []

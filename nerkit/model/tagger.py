@@ -153,8 +153,8 @@ class Tagger(nn.Module):
         return self.crf.decode(self.emissions(batch), batch.mask)
 
     @torch.no_grad()
-    def decode_scored(self, batch: Batch) -> tuple[list[list[int]], list[list[float]]]:
+    def decode_scored(self, batch: Batch, temperature: float = 1.0) -> tuple[list[list[int]], list[list[float]]]:
         """`decode`'s paths and the probability of each of their entities (`CRF.entity_probabilities`)."""
         emissions = self.emissions(batch)
         paths = self.crf.decode(emissions, batch.mask)
-        return paths, self.crf.entity_probabilities(emissions, batch.mask, paths)
+        return paths, self.crf.entity_probabilities(emissions, batch.mask, paths, temperature)

@@ -1,0 +1,123 @@
+"""`nerkit calibrate`: fit the temperature that makes a model's entity scores honest on a dev set,
+and keep it in the model directory (nerkit.json's `score_temperature`), where prediction, the
+server and an export made afterwards read it.
+
+Temperature scaling (Guo et al. 2017) applied to the CRF: every score, emissions and transitions
+alike, is divided by one number T before the entity probabilities are computed. The decoded path
+does not move (the best path is the best at any T), so tags and F1 stay exactly as they were; only
+the scores change. T is the one that minimises the log loss of "this entity is right" (span and
+type exactly as in the gold file) over the dev set's predicted entities, found on a grid of log T
+and refined around its best point. The emissions are computed once and kept for every T tried.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from nerkit.data.splits import read_gold
+from nerkit.data.tags import tags_to_spans
+from nerkit.errors import UserError
+from nerkit.features.batch import bucketed_batches, collate_padded
+from nerkit.files import atomic_write_text
+from nerkit.inference.pipeline import Pipeline
+from nerkit.inference.model_dir import SCORE_TEMPERATURE, _read_json, runtime
+from nerkit.inference.windows import text_windows
+
+log = logging.getLogger(__name__)
+
+GRID = [math.exp(math.log(0.1) + k * (math.log(10.0) - math.log(0.1)) / 40) for k in range(41)]  # 0.1 .. 10
+
+
+@dataclass
+class Scored:
+    """One batch of windows, decoded: what every temperature tried needs."""
+
+    emissions: torch.Tensor  # (B, T, K) float64, on the model's device
+    mask: torch.Tensor  # (B, T)
+    paths: list[list[int]]
+    right: list[bool]  # per entity of the paths, in order: span and type as in the gold file
+
+
+def decoded_batches(pipe: Pipeline, data: str | Path, batch_size: int, window: int | None) -> list[Scored]:
+    """The gold file's sentences read in the model's windows, decoded once, each entity marked right
+    or wrong against the gold spans of its sentence."""
+    corpus = read_gold(data, pipe.config.data.repair, "pass --repair")
+    pipe.check_types(corpus.types, str(data))
+    window = pipe.check_window(window)
+    pieces = [(s, a, b) for s in corpus.sentences for a, b in text_windows(len(s.tokens), window)]
+    examples = [pipe.featurizer.example(s.tokens[a:b]) for s, a, b in pieces]
+    found = []
+    pipe.model.eval()
+    with torch.inference_mode():
+        for idx in bucketed_batches([len(e) for e in examples], batch_size):
+            batch = collate_padded([examples[j] for j in idx], batch_size, window).to(pipe.device)
+            emissions = pipe.model.emissions(batch)
+            paths = pipe.model.crf.decode(emissions, batch.mask)
+            right = []
+            for j, path in zip(idx, paths):
+                sentence, start, _ = pieces[j]
+                gold = {(g.start, g.end, g.type) for g in sentence.spans()}
+                right += [(start + s.start, start + s.end, s.type) in gold
+                          for s in tags_to_spans([pipe.tags[t] for t in path])]
+            found.append(Scored(emissions.double(), batch.mask, paths, right))
+    return found
+
+
+def log_loss(pipe: Pipeline, batches: list[Scored], temperature: float) -> float:
+    """Mean log loss of the entities' scores at `temperature` against whether they are right."""
+    crf = pipe.model.crf
+    total, count = 0.0, 0
+    for b in batches:
+        probs = [p for row in crf.entity_probabilities(b.emissions, b.mask, b.paths, temperature) for p in row]
+        for p, right in zip(probs, b.right):
+            p = min(max(p, 1e-12), 1 - 1e-12)
+            total -= math.log(p if right else 1 - p)
+            count += 1
+    return total / count if count else 0.0
+
+
+def fit_temperature(pipe: Pipeline, batches: list[Scored]) -> float:
+    """The temperature of least log loss: the best of `GRID`, then of a finer grid between its neighbours."""
+    losses = {t: log_loss(pipe, batches, t) for t in GRID}
+    best = min(losses, key=losses.get)
+    k = GRID.index(best)
+    low, high = GRID[max(k - 1, 0)], GRID[min(k + 1, len(GRID) - 1)]
+    finer = [math.exp(math.log(low) + i * (math.log(high) - math.log(low)) / 20) for i in range(21)]
+    losses.update({t: log_loss(pipe, batches, t) for t in finer})
+    return min(losses, key=losses.get)
+
+
+def calibrate(model_dir: str | Path, data: str | Path, batch_size: int = 128, window: int | None = None) -> dict:
+    """Fit the temperature of MODEL_DIR's scores on the gold file DATA (a dev set: never the test
+    set, whose scores would then be fitted to it), write it into MODEL_DIR/nerkit.json, and return
+    it with the expected calibration error and log loss before and after."""
+    model_dir = Path(model_dir)
+    meta_path = model_dir / "nerkit.json"
+    if meta_path.is_file() and runtime(_read_json(meta_path)) == "onnx":
+        raise UserError("this is an ONNX export, which has no torch model to fit", where=str(model_dir),
+                        fix="calibrate the model directory that `nerkit train` wrote, then export it again")
+    pipe = Pipeline.load(model_dir)
+    batches = decoded_batches(pipe, data, batch_size, window)
+    entities = sum(len(b.right) for b in batches)
+    if entities == 0:
+        raise UserError("the model predicts no entity in this file: nothing to calibrate on", where=str(data),
+                        fix="calibrate on a larger dev set")
+    temperature = fit_temperature(pipe, batches)
+    result = {"temperature": round(temperature, 4), "entities": entities, "data": str(data)}
+    for name, t in (("before", 1.0), ("after", temperature)):
+        pipe.score_temperature = t
+        metrics = pipe.evaluation(data, batch_size, window=window, with_calibration=True).metrics
+        result[name] = {"ece": metrics["calibration"]["ece"], "brier": metrics["calibration"]["brier"],
+                        "log_loss": log_loss(pipe, batches, t)}
+    meta = json.loads(meta_path.read_text(encoding="utf-8"))
+    meta[SCORE_TEMPERATURE] = result["temperature"]
+    atomic_write_text(meta_path, json.dumps(meta, indent=2) + "\n")
+    log.info(f"score temperature {temperature:.3f} on {entities:,} entities of {data}: ECE "
+             f"{result['before']['ece']:.4f} -> {result['after']['ece']:.4f}; wrote {meta_path}")
+    return result
