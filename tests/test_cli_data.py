@@ -390,6 +390,33 @@ def test_train_dry_run_checks_every_path_the_config_names_and_where_relative_one
     assert result.stderr.startswith("nerkit: error: w.vec: embeddings.word_vectors: vector file not found"), result.stderr
 
 
+def test_train_dry_run_checks_the_format_of_the_lexicon_and_the_vector_files(tmp_path):
+    """Issue 41: binary junk as a lexicon or a vector file passed --dry-run, and the real run failed
+    on it after reading the corpora. Each file's first lines are read as the run reads them."""
+    import random
+
+    import numpy as np
+
+    (tmp_path / "train.bio").write_bytes((FIXTURES / "three_types.bio").read_bytes())
+    (tmp_path / "c.yaml").write_text("data: {train: train.bio}\nencoder: {name: flat, n_heads: 2, head_dim: 4}\n"
+                                     "embeddings: {char_dim: null, bichar_dim: 0, word_dim: null}\n",
+                                     encoding="utf-8")
+    (tmp_path / "junk.bin").write_bytes(random.Random(41).randbytes(8192))
+    words = ["张三", "北京", "中国", "张", "三", "在", "京", "城"]
+    (tmp_path / "w2v.bin").write_bytes(b"8 4\n" + b"".join(w.encode() + b" " + np.ones(4, "<f4").tobytes()
+                                                             for w in words))
+    good = ["--set", "lexicon.source=w2v.bin", "--set", "embeddings.char_vectors=w2v.bin",
+            "--set", "embeddings.word_vectors=w2v.bin"]
+    result = nerkit("train", "--config", "c.yaml", *good, "--dry-run", "--out", "out", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    for key in ("lexicon.source", "embeddings.char_vectors", "embeddings.word_vectors"):
+        result = nerkit("train", "--config", "c.yaml", *good, "--set", f"{key}=junk.bin", "--dry-run", "--out", "out",
+                        cwd=tmp_path)
+        assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
+        assert result.stderr.startswith(f"nerkit: error: junk.bin:1: {key}: "), result.stderr
+        assert "read 2 sentences" not in result.stderr and "train:" not in result.stderr  # before the corpora
+
+
 def test_train_dry_run_reads_the_corpora_and_warns_of_a_long_warmup_as_the_run_does(tmp_path):
     (tmp_path / "bad.bio").write_text(ISSUE_33, encoding="utf-8")
     train_file = FIXTURES / "three_types.bio"  # 2 sentences: with batch_size 1 and 3 epochs, 6 steps
