@@ -33,6 +33,7 @@ from nerkit.pretrained.bert import (
     character_level,
     check_vocab_size,
 )
+from nerkit.pretrained.licences import LAC_LICENCE, read_terms, write_terms
 from nerkit.pretrained.stacked import Stacked
 from nerkit.pretrained.subword import SENTENCEPIECE_FILES, SubwordEmbedder, read_tokenizer
 from nerkit.weights import load_checked, read_safetensors
@@ -45,6 +46,14 @@ VOCABULARY_FILES = ("vocab.txt", "tokenizer.json", *SENTENCEPIECE_FILES)
 
 
 def load_lm(path: str | Path, layers: str = "last", finetune: bool = False, bf16: bool = False) -> CharFeatures:
+    """`_load_lm` with the terms of the directory (nerkit.pretrained.licences) attached, for the
+    model directories made with it to carry."""
+    embedder = _load_lm(path, layers, finetune, bf16)
+    embedder.terms = read_terms(path, LAC_LICENCE if _is_lac(Path(path)) else None)
+    return embedder
+
+
+def _load_lm(path: str | Path, layers: str = "last", finetune: bool = False, bf16: bool = False) -> CharFeatures:
     """The per-character features of a local Hugging Face directory: config.json, weights as
     model.safetensors or pytorch_model.bin (read with weights_only), and a vocabulary: one token per
     character in vocab.txt gives an `LMEmbedder`, any other tokenizer (tokenizer.json: word pieces,
@@ -109,7 +118,13 @@ def save_lm(embedder: CharFeatures | Stacked, model_dir: str | Path, weights: bo
 
 
 def _save_source(embedder: CharFeatures, target: Path, weights: bool) -> Path:
-    """One language model's directory at `target` (see `save_lm`)."""
+    """One language model's directory at `target` (see `save_lm`), with its terms carried."""
+    _save_kind(embedder, target, weights)
+    write_terms(target, embedder.terms)
+    return target
+
+
+def _save_kind(embedder: CharFeatures, target: Path, weights: bool) -> Path:
     if not isinstance(embedder, (LMEmbedder, SubwordEmbedder)):
         from nerkit.pretrained.lac_files import save_lac
 
@@ -212,6 +227,7 @@ def _load_saved_lm(directory: Path) -> CharFeatures:
     else:
         config = _read_config(directory)
         embedder = LMEmbedder(_build_lm(config), LMVocab.read(directory), layers=layers, finetune=finetune, bf16=bf16)
+    embedder.terms = read_terms(directory)
     if not weights:
         return embedder
     if embedder.scalar_mix is not None:
