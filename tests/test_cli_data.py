@@ -172,6 +172,27 @@ def test_validate_repair_writes_a_file_that_validates(tmp_path):
     ]
 
 
+def test_validate_names_every_overlap_and_repair_keeps_the_longest_saying_so(write_file, tmp_path):
+    """Issue 41: validate named the first overlap of a line alone, and --repair had no rule for them."""
+    record = ('{"text": "中华人民共和国", "entities": [{"start": 0, "end": 7, "type": "LOC"}, '
+              '{"start": 0, "end": 2, "type": "LOC"}, {"start": 5, "end": 7, "type": "LOC"}]}\n')
+    path = write_file(record * 2, "two.jsonl")
+    result = nerkit("data", "validate", path)
+    lines = result.stderr.splitlines()
+    assert result.returncode == 2 and len(lines) == 3, result.stderr
+    for number, line in zip((1, 2), lines):
+        assert line.startswith(f"nerkit: error: {path}:{number}: 2 pairs of entities overlap: LOC '中华' at 0:2 "
+                               f"and LOC '中华人民共和国' at 0:7; LOC '中华人民共和国' at 0:7 and LOC '和国' at 5:7;"), line
+        assert "pass --repair OUT for a repaired copy, which keeps the longest entity of each overlap" in line
+    out = tmp_path / "fixed.jsonl"
+    result = nerkit("data", "validate", path, "--repair", out)
+    assert result.returncode == 0, result.stderr
+    assert ("dropped 4 overlapping entities (--repair keeps the longest entity of each overlap, the earliest of equal "
+            "ones, as spaCy's filter_spans does); wrote") in result.stdout
+    assert [s.spans() for s in read_corpus(out).sentences] == [[Span(0, 7, "LOC")]] * 2
+    assert nerkit("data", "validate", out).returncode == 0
+
+
 ISSUE_33 = "张 B-PER\n三 I-PER\n在 O\nab O\n北 B-LOC\n京 I-LOC\n"  # `ab`: a token of two characters
 
 
@@ -388,6 +409,33 @@ def test_train_dry_run_checks_every_path_the_config_names_and_where_relative_one
     assert result.stderr.startswith("nerkit: error: words.txt: lexicon.source: lexicon file not found in"), result.stderr
     result = nerkit("train", "--config", "c.yaml", *flat, "--set", "embeddings.word_vectors=w.vec", "--dry-run", cwd=tmp_path)
     assert result.stderr.startswith("nerkit: error: w.vec: embeddings.word_vectors: vector file not found"), result.stderr
+
+
+def test_train_dry_run_checks_the_format_of_the_lexicon_and_the_vector_files(tmp_path):
+    """Issue 41: binary junk as a lexicon or a vector file passed --dry-run, and the real run failed
+    on it after reading the corpora. Each file's first lines are read as the run reads them."""
+    import random
+
+    import numpy as np
+
+    (tmp_path / "train.bio").write_bytes((FIXTURES / "three_types.bio").read_bytes())
+    (tmp_path / "c.yaml").write_text("data: {train: train.bio}\nencoder: {name: flat, n_heads: 2, head_dim: 4}\n"
+                                     "embeddings: {char_dim: null, bichar_dim: 0, word_dim: null}\n",
+                                     encoding="utf-8")
+    (tmp_path / "junk.bin").write_bytes(random.Random(41).randbytes(8192))
+    words = ["张三", "北京", "中国", "张", "三", "在", "京", "城"]
+    (tmp_path / "w2v.bin").write_bytes(b"8 4\n" + b"".join(w.encode() + b" " + np.ones(4, "<f4").tobytes()
+                                                             for w in words))
+    good = ["--set", "lexicon.source=w2v.bin", "--set", "embeddings.char_vectors=w2v.bin",
+            "--set", "embeddings.word_vectors=w2v.bin"]
+    result = nerkit("train", "--config", "c.yaml", *good, "--dry-run", "--out", "out", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    for key in ("lexicon.source", "embeddings.char_vectors", "embeddings.word_vectors"):
+        result = nerkit("train", "--config", "c.yaml", *good, "--set", f"{key}=junk.bin", "--dry-run", "--out", "out",
+                        cwd=tmp_path)
+        assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
+        assert result.stderr.startswith(f"nerkit: error: junk.bin:1: {key}: "), result.stderr
+        assert "read 2 sentences" not in result.stderr and "train:" not in result.stderr  # before the corpora
 
 
 def test_train_dry_run_reads_the_corpora_and_warns_of_a_long_warmup_as_the_run_does(tmp_path):

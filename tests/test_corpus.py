@@ -464,7 +464,40 @@ def test_malformed_jsonl_names_the_line(case, write_file):
 
 def test_overlapping_jsonl_entities_name_the_fix(write_file):
     err = read_error(write_file(JSONL_ERRORS["overlap"][0], "bad.jsonl"))
-    assert err.fix == 'flat NER gives a character one entity at most: keep one of the two and delete the other from "entities"'
+    assert err.fix == ('flat NER gives a character one entity at most: delete all but one of each overlap from "entities", '
+                       "or pass --repair, which keeps the longest entity of each overlap, the earliest of equal ones, "
+                       "as spaCy's filter_spans does")
+
+
+def entities(*spans: tuple[int, int, str]) -> str:
+    return ", ".join(f'{{"start": {s}, "end": {e}, "type": "{t}"}}' for s, e, t in spans)
+
+
+# Issue 41: a record with several overlaps named its first alone. 0:6 holds 1:3 and 4:6 (nested),
+# 4:6 and 5:8 overlap, and 9:10 overlaps nothing.
+SEVERAL_OVERLAPS = ('{"text": "中华人民共和国国务院总理", "entities": [' +
+                    entities((0, 6, "ORG"), (1, 3, "LOC"), (4, 6, "LOC"), (5, 8, "ORG"), (9, 10, "PER")) + "]}\n")
+
+
+def test_every_overlap_of_a_record_is_named(write_file):
+    err = read_error(write_file(SEVERAL_OVERLAPS, "bad.jsonl"))
+    assert err.message == ("4 pairs of entities overlap: ORG '中华人民共和' at 0:6 and LOC '华人' at 1:3; "
+                           "ORG '中华人民共和' at 0:6 and LOC '共和' at 4:6; ORG '中华人民共和' at 0:6 and ORG '和国国' at 5:8; "
+                           "LOC '共和' at 4:6 and ORG '和国国' at 5:8")
+
+
+def test_repair_keeps_the_longest_of_each_overlap_and_the_earliest_of_equal_ones(write_file):
+    corpus = read_corpus(write_file(SEVERAL_OVERLAPS, "bad.jsonl"), repair=True)
+    assert corpus.sentences[0].spans() == [Span(0, 6, "ORG"), Span(9, 10, "PER")]
+    assert corpus.dropped_overlaps == 3
+    # Of equal lengths the earliest: 0:2 before 1:3, whose character 1 it took; 2:4 is then free, 3:5 not.
+    ties = '{"text": "张三丰李四王", "entities": [' + entities((1, 3, "B"), (0, 2, "A"), (2, 4, "C"), (3, 5, "D")) + "]}\n"
+    corpus = read_corpus(write_file(ties, "ties.jsonl"), repair=True)
+    assert corpus.sentences[0].spans() == [Span(0, 2, "A"), Span(2, 4, "C")] and corpus.dropped_overlaps == 2
+    # The same rule in every format of offsets (CLUENER's ends are inclusive).
+    cluener = '{"text": "叶老桂博士", "label": {"name": {"叶老桂": [[0, 2]]}, "title": {"桂博士": [[2, 4]], "博士": [[3, 4]]}}}\n'
+    corpus = read_corpus(write_file(cluener, "c.json"), fmt="cluener", repair=True)
+    assert corpus.sentences[0].spans() == [Span(0, 3, "name"), Span(3, 5, "title")] and corpus.dropped_overlaps == 1
 
 
 def test_cluener_label_in_jsonl_names_the_converter(write_file):

@@ -353,3 +353,42 @@ def test_runtime_refuses_a_directory_made_for_the_other(exported, nerkit, tmp_pa
         assert wrong.returncode == 2 and "runs on onnxruntime only" in wrong.stderr and str(onnx_dir) in wrong.stderr
     assert nerkit("predict", str(source), "--model", str(model_dir), "--runtime", "torch").stdout == \
         nerkit("predict", str(source), "--model", str(onnx_dir), "--runtime", "onnx").stdout
+
+
+# ------------------------------------------------------------------------------------ licences
+
+def test_a_language_models_licence_reaches_the_model_directory_its_card_its_export_and_info(tmp_path):
+    """Issue 41: lm/ kept a language model's config, tokenizer and weights but not its terms. Here the
+    LM directory's model card says `license: apache-2.0` and a LICENSE file goes with it: a trained
+    model carries both in lm/, names the licence in its README.md (with its scores), and its export
+    and the server's /info say it too."""
+    pytest.importorskip("transformers")
+    import httpx
+    from test_lm import write_lm
+    from test_serve import serving
+
+    from nerkit.training.loop import train
+
+    lm = write_lm(tmp_path / "tiny-lm")
+    (lm / "README.md").write_text("---\nlicense: apache-2.0\nlanguage: zh\n---\n# tiny-lm\nA card.\n", encoding="utf-8")
+    (lm / "LICENSE").write_text("Apache License, Version 2.0\n", encoding="utf-8")
+    config = build_config(tiny_raw_config(), "<tiny config>", [*CASES["lm"], f"embeddings.lm.path={lm}",
+                                                               "train.epochs=1"])
+    metrics = train(config, out=tmp_path / "model")
+    model_dir = tmp_path / "model"
+    record = json.loads((model_dir / "lm" / "nerkit_licence.json").read_text(encoding="utf-8"))
+    assert record == {"model": "tiny-lm", "licence": "apache-2.0", "terms": None, "files": ["LICENSE", "README.md"]}
+    assert (model_dir / "lm" / "LICENSE").read_text(encoding="utf-8") == "Apache License, Version 2.0\n"
+    card = (model_dir / "README.md").read_text(encoding="utf-8")
+    assert f"| dev | {100 * metrics['dev']['precision']:.2f} | {100 * metrics['dev']['recall']:.2f} | " \
+           f"{100 * metrics['dev']['f1']:.2f} |" in card
+    assert "| language model | `tiny-lm` | apache-2.0 |" in card
+    assert f"| train | `tiny_train.bio` | {(FIXTURES / 'tiny_train.bio').stat().st_size:,} |" in card
+    export_model(model_dir, tmp_path / "onnx")
+    assert json.loads((tmp_path / "onnx" / "lm" / "nerkit_licence.json").read_text(encoding="utf-8")) == record
+    assert (tmp_path / "onnx" / "lm" / "LICENSE").is_file() and (tmp_path / "onnx" / "README.md").read_text(
+        encoding="utf-8") == card
+    for served in (model_dir, tmp_path / "onnx"):
+        with serving(served, tmp_path) as running:
+            info = httpx.get(f"{running.url}/info", timeout=30).json()
+        assert info["licences"] == [record]

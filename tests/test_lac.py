@@ -298,8 +298,10 @@ def test_a_tiny_training_run_on_the_real_lac_reloads_without_jieba(jieba_lac, tm
     shutil.rmtree(tmp_path / "lac-small")
     monkeypatch.setitem(sys.modules, "jieba", None)
     monkeypatch.setattr(nerkit.pretrained.paddle, "jieba_lac_folder", lambda: pytest.fail("jieba was needed"))
-    assert sorted(p.name for p in (tmp_path / "model" / "lm").iterdir()) == ["config.json", "nerkit_lm.json",
-                                                                             "word.dic"]
+    assert sorted(p.name for p in (tmp_path / "model" / "lm").iterdir()) == ["config.json", "nerkit_licence.json",
+                                                                             "nerkit_lm.json", "word.dic"]
+    licence = json.loads((tmp_path / "model" / "lm" / "nerkit_licence.json").read_text(encoding="utf-8"))["licence"]
+    assert licence.startswith("Apache-2.0") and "Apache-2.0" in (tmp_path / "model" / "README.md").read_text("utf-8")
     loaded = Pipeline.load(tmp_path / "model")
     assert loaded.evaluate(TINY_DEV)["counts"] == metrics["dev"]["counts"]
     texts = [s.text for s in read_corpus(TINY_DEV).sentences] + ["张三在北京大学读书" * 30]

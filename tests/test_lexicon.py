@@ -142,6 +142,30 @@ def test_vector_vocabulary(tmp_path, header, gzipped):
     assert not lexicon.has_frequencies
 
 
+@pytest.mark.parametrize("gzipped", [True, False])
+def test_a_binary_word2vec_file_is_a_lexicon_source(tmp_path, gzipped):
+    """Issue 41: the file that worked as embeddings.word_vectors was told to "convert to UTF-8" as
+    lexicon.source; both now go through one reader (nerkit.data.word2vec)."""
+    import numpy as np
+
+    words = ["北京", "中国", "北京", "的"]  # a repeated word keeps its first record
+    records = b"".join(w.encode() + b" " + np.arange(3, dtype="<f4").tobytes() + b"\n" for w in words)
+    data = f"{len(words)} 3\n".encode() + records
+    path = tmp_path / "w2v.bin"
+    path.write_bytes(gzip.compress(data) if gzipped else data)
+    for lexicon in (Lexicon.from_source(str(path)), Lexicon.from_vectors(path)):
+        assert list(lexicon) == sorted(["北京", "中国"])
+    path.write_bytes(data[: len(data) - 8])  # cut inside the last record
+    with pytest.raises(UserError, match="the file ends at record 4"):
+        Lexicon.from_source(str(path))
+
+
+def test_the_lexicon_reads_vectors_with_the_vectors_reader():
+    source = Path(lexicon_module.__file__).read_text(encoding="utf-8")
+    assert "from nerkit.data.word2vec import" in source
+    assert "def _read_vector" not in source and "_looks_like_vectors" not in source
+
+
 @pytest.mark.parametrize(
     ("content", "where"),
     [

@@ -280,10 +280,41 @@ def test_save_then_load_elsewhere_gives_identical_outputs(tmp_path, monkeypatch,
     again = load_saved_lm(moved)
     assert (again.layers, again.finetune) == (layers, finetune)
     assert sorted(p.name for p in (moved / "lm").iterdir()) == sorted(
-        ["config.json", "vocab.txt", "tokenizer_config.json", "model.safetensors", "nerkit_lm.json"]
-        + (["mix.safetensors"] if layers == "mix" else []))
+        ["config.json", "vocab.txt", "tokenizer_config.json", "model.safetensors", "nerkit_lm.json",
+         "nerkit_licence.json"] + (["mix.safetensors"] if layers == "mix" else []))
+    assert again.terms.licence == "unknown: see the source"  # the tiny LM's directory says nothing of it
     ids, mask = batch_of(embedder, [TEXT, (TEXT * 3)[:40]])
     torch.testing.assert_close(again(ids, mask), embedder(ids, mask), atol=0, rtol=0)
+
+
+M3E_TERMS = "m3e-small by MokaAI; its model card says M3E models are for research use only."
+
+
+@pytest.mark.parametrize("files, licence, terms", [
+    ({}, "unknown: see the source", None),
+    ({"LICENSE": "MIT License\n"}, "see LICENSE", None),
+    ({"README.md": "---\nlicense: other\nlicense_name: tiny-terms\n---\n# card\n", "LICENSE": "x"},
+     "other (tiny-terms)", None),
+    ({"README.md": "# a card without front matter\n"}, "unknown: see the source", None),
+    # as scripts/fetch_lm.py writes m3e-small, the terms alone (before it wrote a `licence` too) or both
+    ({"README.md": "---\nlanguage: [zh]\n---\n", "SOURCE.json": json.dumps({"terms": M3E_TERMS})}, M3E_TERMS, M3E_TERMS),
+    ({"SOURCE.json": json.dumps({"licence": "research use only", "terms": M3E_TERMS})}, "research use only", M3E_TERMS),
+])
+def test_a_language_models_terms_are_read_from_its_directory_and_carried_into_lm(tmp_path, files, licence, terms):
+    """Issue 41: the terms a directory states (a model card's front matter, a LICENSE file, fetch_lm's
+    SOURCE.json) go with the LM into a model directory's lm/, and come back from there unchanged."""
+    from nerkit.pretrained.licences import model_terms, read_terms
+
+    source = write_lm(tmp_path / "tiny-lm")
+    for name, text in files.items():
+        (source / name).write_text(text, encoding="utf-8")
+    found = read_terms(source)
+    assert (found.model, found.licence, found.terms) == ("tiny-lm", licence, terms)
+    save_lm(load_lm(source), tmp_path / "model", weights=False)
+    for name, text in files.items():
+        assert (tmp_path / "model" / "lm" / name).read_text(encoding="utf-8") == text
+    assert model_terms(tmp_path / "model") == [found.to_dict()]
+    assert load_saved_lm(tmp_path / "model").terms.to_dict() == found.to_dict()
 
 
 # ------------------------------------------------------------------------------------ feature cache

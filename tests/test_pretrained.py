@@ -188,7 +188,7 @@ def test_a_frozen_lm_runs_once_per_corpus_and_its_cache_equals_running_it(tmp_pa
 
 @pytest.mark.parametrize("override, words", [
     ("embeddings.char_vectors={tmp}/absent.vec", "vector file not found"),
-    ("embeddings.char_vectors={tmp}/bad.vec", "bad.vec:2: the value 'x' is not a finite number"),
+    ("embeddings.char_vectors={tmp}/bad.vec", "bad.vec:2: embeddings.char_vectors: the value 'x' is not a finite number"),
     ("embeddings.lm.path={tmp}/absent-lm", "language-model directory not found"),
     ("embeddings.lm.path={tmp}", "config.json not found"),
 ])

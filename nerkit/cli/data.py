@@ -44,14 +44,18 @@ def data_validate(
     repair: Optional[Path] = typer.Option(None, "--repair", help="Write a repaired copy here."),
 ):
     """Check a corpus strictly and list its errors (the first 20, and how many); with --repair OUT,
-    fix invalid transitions, split tokens of several characters, and write the result."""
+    fix invalid transitions, split tokens of several characters, keep the longest of overlapping
+    entities (the earliest of equal ones), and write the result."""
     from nerkit.data.corpus import read_corpus, scheme_label, write_corpus
+    from nerkit.data.records import OVERLAP_RULE
 
     corpus = read_corpus(file, repair=repair is not None, max_errors=20,
                          repair_option="pass --repair OUT for a repaired copy")
     if repair is not None:
         write_corpus(repair, corpus.sentences, "jsonl" if repair.suffix in (".jsonl", ".json") else corpus.scheme, file)
         split = f", split {corpus.split_tokens} tokens of several characters" if corpus.split_tokens else ""
+        if corpus.dropped_overlaps:
+            split += f", dropped {corpus.dropped_overlaps} overlapping entities (--repair {OVERLAP_RULE})"
         typer.echo(f"{file}: repaired {corpus.repaired} tags ({corpus.invalid_transitions} invalid transitions){split}; "
                    f"wrote {repair}")
     else:
@@ -69,12 +73,16 @@ def data_convert(
     from_: Source = typer.Option("auto", "--from", help="Input format: auto (.jsonl and .json are JSON lines, "
                                  "anything else CoNLL), CLUENER's JSON (cluener), doccano's JSONL export (doccano) "
                                  "or Label Studio's JSON export (label-studio)."),
-    repair: bool = flag("--repair", help="Fix invalid transitions and split tokens of several characters "
-                        "while reading."),
+    repair: bool = flag("--repair", help="Fix invalid transitions, split tokens of several characters and "
+                        "keep the longest of overlapping entities while reading."),
 ):
     """Convert between tag schemes and formats."""
     from nerkit.data.corpus import read_corpus, write_corpus
 
+    from nerkit.data.records import OVERLAP_RULE
+
     corpus = read_corpus(source, repair=repair, fmt=from_)
     write_corpus(target, corpus.sentences, to, source, from_)
-    typer.echo(f"{source} ({corpus.labels}) -> {target} ({to}), {len(corpus.sentences)} sentences")
+    dropped = f", dropped {corpus.dropped_overlaps} overlapping entities (--repair {OVERLAP_RULE})" \
+        if corpus.dropped_overlaps else ""
+    typer.echo(f"{source} ({corpus.labels}) -> {target} ({to}), {len(corpus.sentences)} sentences{dropped}")

@@ -16,8 +16,8 @@ from pathlib import Path
 
 from nerkit.data.records import (
     Corpus,
+    Overlaps,
     Sentence,
-    _check_flat,
     _decode,
     _json_record,
     _Problems,
@@ -88,15 +88,15 @@ _DOCCANO_UNITS = ("doccano's offsets count UTF-16 code units from 0, end exclusi
                   "outside the BMP counts 2)")
 
 
-def read_doccano(path: str | Path, max_errors: int = 1) -> Corpus:
+def read_doccano(path: str | Path, max_errors: int = 1, overlaps: Overlaps | None = None) -> Corpus:
     """doccano's sequence-labelling JSONL: each line `{"text", "label": [[start, end, TYPE], ...]}`
     (`"labels"` in exports of doccano 1.2 and before), or `{"text", "entities": [{"start_offset",
     "end_offset", "label"}]}` (projects with relations); other keys ("id", "Comments", metadata)
     are allowed. Offsets are UTF-16 code units, end exclusive. Entities may not overlap."""
-    return _read_records(path, max_errors, _parse_doccano, "doccano")
+    return _read_records(path, max_errors, _parse_doccano, "doccano", overlaps)
 
 
-def _parse_doccano(line: str, number: int, where: str) -> Sentence:
+def _parse_doccano(line: str, number: int, where: str, overlaps: Overlaps) -> Sentence:
     record = _json_record(line, where, DOCCANO_FORMAT)
     text = _text_of(record, where, DOCCANO_FORMAT)
     keys = [key for key in ("label", "labels", "entities") if key in record]
@@ -127,7 +127,7 @@ def _parse_doccano(line: str, number: int, where: str) -> Sentence:
                                   "counts otherwise: turn that off, or correct the offsets")
         spans.add(Span(first, last, _check_type(label, where, "doccano")))  # an entity listed twice is one
     spans = sorted(spans, key=lambda s: (s.start, s.end, s.type))
-    _check_flat(spans, text, where, lambda s: f"[{units.of(s.start)}, {units.of(s.end)}]", f'"{key}"')
+    spans = overlaps.check(spans, text, where, lambda s: f"[{units.of(s.start)}, {units.of(s.end)}]", f'"{key}"')
     return Sentence(list(text), spans_to_tags(len(text), spans, "bioes"), number)
 
 
@@ -194,7 +194,7 @@ def task_where(path: str | Path, index: int, task=None) -> str:
     return f"{path}: task {index}" + (f" (id {task_id})" if isinstance(task_id, (int, str)) else "")
 
 
-def read_label_studio(path: str | Path, max_errors: int = 1) -> Corpus:
+def read_label_studio(path: str | Path, max_errors: int = 1, overlaps: Overlaps | None = None) -> Corpus:
     """Label Studio's JSON export: a task's entities are its annotation's results of type "labels"
     (a <Text> tag's spans; relations, choices and other results are not entities), offsets in
     characters, end exclusive, and the task's text is data.text. A cancelled (skipped) annotation
@@ -217,11 +217,11 @@ def read_label_studio(path: str | Path, max_errors: int = 1) -> Corpus:
         raise CorpusError("the file holds one JSON value that is not an array of tasks", where=str(path), fix=fix)
     annotated = any(isinstance(t, dict) and t.get("annotations") for t in tasks)
     key = "annotations" if annotated else "predictions"
-    problems = _Problems(path, max_errors)
+    problems, overlaps = _Problems(path, max_errors), overlaps or Overlaps()
     sentences, left_out = [], {"none": 0, "cancelled": 0}
     for index, task in enumerate(tasks):
         try:
-            sentence = _parse_task(task, index, key, task_where(path, index, task))
+            sentence = _parse_task(task, index, key, task_where(path, index, task), overlaps)
         except CorpusError as e:
             problems.add(e, index)
             continue
@@ -231,7 +231,9 @@ def read_label_studio(path: str | Path, max_errors: int = 1) -> Corpus:
             left_out[sentence] += 1
     problems.raise_any()
     _report(path, len(tasks), len(sentences), left_out, key)
-    return _span_corpus(path, sentences, "label-studio")
+    corpus = _span_corpus(path, sentences, "label-studio")
+    corpus.dropped_overlaps = overlaps.dropped
+    return corpus
 
 
 def _report(path: Path, tasks: int, read: int, left_out: dict[str, int], key: str) -> None:
@@ -252,7 +254,7 @@ def _tasks(count: int) -> str:
     return f"{count} task" + ("" if count == 1 else "s")
 
 
-def _parse_task(task, index: int, key: str, where: str) -> Sentence | str:
+def _parse_task(task, index: int, key: str, where: str, overlaps: Overlaps) -> Sentence | str:
     """The task's sentence, or why it is left out ("none", "cancelled")."""
     if not isinstance(task, dict):
         raise CorpusError(f"the task is a JSON {type(task).__name__}, not an object", where=where, fix=LABEL_STUDIO_FORMAT)
@@ -270,7 +272,7 @@ def _parse_task(task, index: int, key: str, where: str) -> Sentence | str:
             and not (isinstance(item, dict) and item.get("was_cancelled") is True)]
     if not live:
         return "cancelled" if items and key == "annotations" else "none"
-    readings = [(item, _result_spans(item, text, where, key)) for item in live]
+    readings = [(item, _result_spans(item, text, where, key, overlaps)) for item in live]
     return Sentence(list(text), spans_to_tags(len(text), _agreed(readings, key, where), "bioes"), index + 1)
 
 
@@ -292,7 +294,7 @@ def _agreed(readings: list[tuple[dict, list[Span]]], key: str, where: str) -> li
                       where=where, fix=fix)
 
 
-def _result_spans(item, text: str, where: str, key: str) -> list[Span]:
+def _result_spans(item, text: str, where: str, key: str, overlaps: Overlaps) -> list[Span]:
     """The entities of one annotation or prediction: its results of type "labels"."""
     if not isinstance(item, dict) or not isinstance(item.get("result"), list):
         raise CorpusError(f'an item of "{key}" has no "result" list', where=where, fix=LABEL_STUDIO_FORMAT)
@@ -309,8 +311,7 @@ def _result_spans(item, text: str, where: str, key: str) -> list[Span]:
                               where=where, fix="label the text with <Labels> on a <Text> tag, as the NER template does")
         # Relations, choices, text areas and the like say nothing about where entities are.
     spans = sorted(spans, key=lambda s: (s.start, s.end, s.type))
-    _check_flat(spans, text, where, lambda s: f"{s.start}:{s.end}", f"the {key[:-1]}")
-    return spans
+    return overlaps.check(spans, text, where, lambda s: f"{s.start}:{s.end}", f"the {key[:-1]}")
 
 
 def _result_span(value, text: str, where: str) -> Span:

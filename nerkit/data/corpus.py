@@ -18,8 +18,8 @@ from nerkit.data.records import (
     DOCUMENT_SEPARATOR,
     SPANS,
     Corpus,
+    Overlaps,
     Sentence,
-    _check_flat,
     _decode,
     _json_record,
     _Problems,
@@ -95,12 +95,13 @@ def read_corpus(path: str | Path, repair: bool = False, strict: bool = True, max
     `repair_option`: how the command that reads the file asks for `repair`, for the error's fix."""
     if fmt not in FORMATS:
         raise ValueError(f"unknown corpus format {fmt!r}")
+    overlaps = Overlaps(repair, repair_option)
     if fmt == "cluener":
-        return read_cluener(path, max_errors=max_errors)
+        return read_cluener(path, max_errors=max_errors, overlaps=overlaps)
     if fmt in annotation.FORMATS:
-        return annotation.READERS[fmt](path, max_errors=max_errors)
+        return annotation.READERS[fmt](path, max_errors=max_errors, overlaps=overlaps)
     if fmt == "jsonl" or (fmt == "auto" and _is_jsonl(path)):
-        return read_jsonl(path, max_errors=max_errors)
+        return read_jsonl(path, max_errors=max_errors, overlaps=overlaps)
     return read_conll(path, repair=repair, strict=strict, max_errors=max_errors, repair_option=repair_option)
 
 
@@ -265,14 +266,14 @@ def _check_transitions(corpus: Corpus, repair: bool, strict: bool, problems: _Pr
 
 
 
-def read_jsonl(path: str | Path, max_errors: int = 1) -> Corpus:
-    return _read_records(path, max_errors, _parse_record, "jsonl")
+def read_jsonl(path: str | Path, max_errors: int = 1, overlaps: Overlaps | None = None) -> Corpus:
+    return _read_records(path, max_errors, _parse_record, "jsonl", overlaps)
 
 
-def read_cluener(path: str | Path, max_errors: int = 1) -> Corpus:
+def read_cluener(path: str | Path, max_errors: int = 1, overlaps: Overlaps | None = None) -> Corpus:
     """CLUENER's JSON, one record a line: {"text", "label": {TYPE: {MENTION: [[start, end], ...]}}}
     with `end` inclusive; each mention must be the text at its places. An "id" key is allowed."""
-    return _read_records(path, max_errors, _parse_cluener, "cluener")
+    return _read_records(path, max_errors, _parse_cluener, "cluener", overlaps)
 
 
 def _record_text(line: str, where: str, known: tuple[str, ...], fmt: str) -> tuple[dict, str]:
@@ -282,7 +283,7 @@ def _record_text(line: str, where: str, known: tuple[str, ...], fmt: str) -> tup
     return record, _text_of(record, where, fmt)
 
 
-def _parse_cluener(line: str, number: int, where: str) -> Sentence:
+def _parse_cluener(line: str, number: int, where: str, overlaps: Overlaps) -> Sentence:
     record, text = _record_text(line, where, CLUENER_KEYS, _CLUENER_FORMAT)
     if "label" not in record:
         raise CorpusError('the record has no "label" key', where=where,
@@ -312,11 +313,11 @@ def _parse_cluener(line: str, number: int, where: str) -> Sentence:
                                       fix="offsets count characters, from 0, end inclusive")
                 spans.add(Span(start, end + 1, typ))  # a place listed twice is one entity
     spans = sorted(spans, key=lambda s: (s.start, s.end, s.type))
-    _check_flat(spans, text, where, lambda s: f"[{s.start}, {s.end - 1}]", '"label"')
+    spans = overlaps.check(spans, text, where, lambda s: f"[{s.start}, {s.end - 1}]", '"label"')
     return Sentence(list(text), spans_to_tags(len(text), spans, "bioes"), number)
 
 
-def _parse_record(line: str, number: int, where: str) -> Sentence:
+def _parse_record(line: str, number: int, where: str, overlaps: Overlaps) -> Sentence:
     record, text = _record_text(line, where, RECORD_KEYS, _JSONL_FORMAT)
     if "entities" not in record:
         raise CorpusError('the record has no "entities" key', where=where,
@@ -326,7 +327,7 @@ def _parse_record(line: str, number: int, where: str) -> Sentence:
     if not isinstance(entities, list):
         raise CorpusError(f'"entities" is {type(entities).__name__}, not a list', where=where)
     spans = sorted((_parse_entity(ent, text, where) for ent in entities), key=lambda s: (s.start, s.end))
-    _check_flat(spans, text, where, lambda s: f"{s.start}:{s.end}", '"entities"')
+    spans = overlaps.check(spans, text, where, lambda s: f"{s.start}:{s.end}", '"entities"')
     return Sentence(list(text), spans_to_tags(len(text), spans, "bioes"), number)
 
 

@@ -51,6 +51,7 @@ class Corpus:
     invalid_transitions: int = 0  # found while reading (each one fixed when repair=True)
     repaired: int = 0  # tags changed by repair
     split_tokens: int = 0  # tokens of several characters that repair split into their characters
+    dropped_overlaps: int = 0  # entities that repair dropped from overlaps (`Overlaps`)
     types: list[str] = field(default_factory=list)
     format: str = "conll"  # or "jsonl", "cluener", "doccano", "label-studio"
 
@@ -143,8 +144,10 @@ def _span_corpus(path: Path, sentences: list[Sentence], fmt: str) -> Corpus:
     return corpus
 
 
-def _read_records(path: str | Path, max_errors: int, parse, fmt: str) -> Corpus:
-    """A file of one JSON record a line, each read by `parse(line, number, where)` into a Sentence."""
+def _read_records(path: str | Path, max_errors: int, parse, fmt: str, overlaps: Overlaps | None = None) -> Corpus:
+    """A file of one JSON record a line, each read by `parse(line, number, where, overlaps)` into a
+    Sentence; `overlaps` (by default: refused) says what to do with overlapping entities."""
+    overlaps = overlaps or Overlaps()
     path, data = _read_bytes(path)
     text = _decode(path, data)
     if _json_array(text.lstrip().split("\n", 1)[0]):
@@ -158,7 +161,7 @@ def _read_records(path: str | Path, max_errors: int, parse, fmt: str) -> Corpus:
         if not line.strip():
             continue
         try:
-            sentence = parse(line, number, f"{path}:{number}")
+            sentence = parse(line, number, f"{path}:{number}", overlaps)
         except CorpusError as e:
             problems.add(e, number)
             continue
@@ -168,7 +171,9 @@ def _read_records(path: str | Path, max_errors: int, parse, fmt: str) -> Corpus:
         sentence.document = document
         sentences.append(sentence)
     problems.raise_any()
-    return _span_corpus(path, sentences, fmt)
+    corpus = _span_corpus(path, sentences, fmt)
+    corpus.dropped_overlaps = overlaps.dropped
+    return corpus
 
 
 def _json_array(first_line: str) -> bool:
@@ -201,12 +206,48 @@ def _text_of(record: dict, where: str, fmt: str) -> str:
     return text
 
 
-def _check_flat(spans: list[Span], text: str, where: str, shown, key: str) -> None:
-    """Refuse overlapping or nested entities in `spans` (sorted); `shown(span)` names one as its
-    format writes it, `key` is where the format lists them."""
-    for a, b in zip(spans, spans[1:]):
-        if b.start < a.end:
-            raise CorpusError(f"the entities {a.type} {text[a.start:a.end]!r} at {shown(a)} and {b.type} "
-                              f"{text[b.start:b.end]!r} at {shown(b)} overlap", where=where,
-                              fix=f"flat NER gives a character one entity at most: keep one of the two and delete "
-                                  f"the other from {key}")
+@dataclass
+class Overlaps:
+    """What a reader of offsets does with overlapping or nested entities, which flat NER cannot
+    hold: refuse a record that has any, naming every overlapping pair; or, with `repair`, keep the
+    longest entity of each overlap (of equal lengths, the earliest), as spaCy's `filter_spans` does,
+    and count the entities dropped. `repair_option`: how the command asks for `repair`."""
+
+    repair: bool = False
+    repair_option: str = "pass --repair"
+    dropped: int = 0
+
+    def check(self, spans: list[Span], text: str, where: str, shown, key: str) -> list[Span]:
+        """`spans` (sorted by start, end) without overlaps; `shown(span)` names one as its format
+        writes it, `key` is where the format lists them."""
+        pairs = [(a, b) for i, a in enumerate(spans) for b in spans[i + 1:] if b.start < a.end]
+        if not pairs:
+            return spans
+        if self.repair:
+            kept = keep_longest(spans)
+            self.dropped += len(spans) - len(kept)
+            return kept
+        said = [f"{a.type} {text[a.start:a.end]!r} at {shown(a)} and {b.type} {text[b.start:b.end]!r} at {shown(b)}"
+                for a, b in pairs]
+        message = f"the entities {said[0]} overlap" if len(said) == 1 else \
+            f"{len(said)} pairs of entities overlap: {'; '.join(said)}"
+        raise CorpusError(message, where=where,
+                          fix=f"flat NER gives a character one entity at most: delete all but one of each overlap "
+                              f"from {key}, or {self.repair_option}, which {OVERLAP_RULE}")
+
+
+# What `Overlaps` repair does, as the messages say it.
+OVERLAP_RULE = "keeps the longest entity of each overlap, the earliest of equal ones, as spaCy's filter_spans does"
+
+
+def keep_longest(spans: list[Span]) -> list[Span]:
+    """The spans left when each overlap keeps its longest span, ties going to the earliest (spaCy's
+    `filter_spans`): longer spans claim their characters first. Sorted by start."""
+    taken: set[int] = set()
+    kept = []
+    for span in sorted(spans, key=lambda s: (s.start - s.end, s.start)):  # longest first, then earliest
+        if taken.isdisjoint(range(span.start, span.end)):
+            kept.append(span)
+            taken.update(range(span.start, span.end))
+    return sorted(kept, key=lambda s: (s.start, s.end))
+

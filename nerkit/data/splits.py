@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from nerkit.config import Config
 from nerkit.data.corpus import REPAIR_OPTION, read_corpus
 from nerkit.data.documents import contiguous_dev_split, documents
-from nerkit.data.records import Corpus, Sentence
+from nerkit.data.records import OVERLAP_RULE, Corpus, Sentence
 from nerkit.data.stats import sha256_file
 from nerkit.data.tags import continues
 from nerkit.data.text import SPACE, split_sentence
@@ -73,6 +73,8 @@ def read_gold(path: str, repair: bool, repair_option: str = REPAIR_OPTION) -> Co
     corpus = read_corpus(path, repair=repair, repair_option=repair_option)
     if corpus.repaired:
         log.info(f"{path}: repaired {corpus.repaired} tags in {corpus.invalid_transitions} invalid transitions")
+    if corpus.dropped_overlaps:
+        log.info(f"{path}: dropped {corpus.dropped_overlaps} overlapping entities (repair {OVERLAP_RULE})")
     if corpus.split_tokens:
         log.info(f"{path}: split {corpus.split_tokens} tokens of several characters into their characters")
     return corpus

@@ -17,6 +17,7 @@ from typing import Literal
 
 from nerkit.errors import UserError
 from nerkit.files import atomic_write_text
+from nerkit.data.word2vec import check_vector_file, is_vector_file, read_vector_words
 
 # Optional (`pip install nerkit[fast]`). On jieba's dictionary it matches at about the speed of the
 # pure-Python trie but takes ~6x less memory (21 vs 128 MiB); both give identical results.
@@ -102,9 +103,10 @@ class Lexicon:
 
     @classmethod
     def from_vectors(cls, path: str | Path, **filters) -> Lexicon:
-        """The vocabulary of a word2vec text file (`.vec`/`.txt`, gzipped or not, optional `N D`
-        header line), as FLAT and Lattice LSTM use ctb.50d.vec. The vectors themselves are not read."""
-        return cls(dict.fromkeys(_read_vector_vocab(Path(path))), source=str(path), **filters)
+        """The vocabulary of a word2vec file (text with or without its `N D` header, or binary;
+        gzipped or not), as FLAT and Lattice LSTM use ctb.50d.vec. It is read by the vectors' own
+        reader (nerkit.data.word2vec), which checks each row but does not parse its values."""
+        return cls(dict.fromkeys(read_vector_words(path)), source=str(path), **filters)
 
     @classmethod
     def from_source(cls, source: str, min_len: int = DEFAULT_MIN_LEN, max_len: int | None = None,
@@ -117,7 +119,7 @@ class Lexicon:
         if not path.is_file():
             raise UserError("lexicon file not found", where=source,
                             fix="set lexicon.source to jieba, a word list, or a word2vec vector file")
-        if _looks_like_vectors(path):
+        if is_vector_file(path):
             return cls.from_vectors(path, **filters)
         return cls.from_word_list(path, **filters)
 
@@ -314,6 +316,19 @@ def jieba_dict_path() -> Path:
     )
 
 
+def check_source_file(path: str, setting: str, head: int = 20) -> None:
+    """Raise the UserError that `Lexicon.from_source` would raise on the first `head` lines or
+    records of the file `path` (the value of the config key `setting`): a cheap look that tells a
+    word list or a word2vec file from junk before a run reads its corpora."""
+    if is_vector_file(path):
+        check_vector_file(path, setting, head)
+        return
+    try:
+        _read_word_list(Path(path), head)
+    except UserError as error:
+        raise UserError(f"{setting}: {error.message}", where=error.where, fix=error.fix) from None
+
+
 def _check_filters(min_len: int, max_len: int | None, min_freq: int | None) -> None:
     if min_len < 2:
         raise UserError(
@@ -352,10 +367,13 @@ def _lines(path: Path) -> Iterator[tuple[int, str]]:
                             fix="the file may be truncated; download or compress it again") from error
 
 
-def _read_word_list(path: Path) -> dict[str, int | None]:
-    """`word [freq [ignored...]]` lines; a repeated word keeps its largest frequency."""
+def _read_word_list(path: Path, limit: int | None = None) -> dict[str, int | None]:
+    """`word [freq [ignored...]]` lines (the first `limit` of them); a repeated word keeps its
+    largest frequency."""
     freqs: dict[str, int | None] = {}
     for lineno, line in _lines(path):
+        if limit is not None and lineno > limit:
+            break
         fields = line.split()
         if not fields or fields[0] == "#":
             continue
@@ -375,59 +393,5 @@ def _read_word_list(path: Path) -> dict[str, int | None]:
     return freqs
 
 
-def _read_vector_vocab(path: Path) -> list[str]:
-    """The first token of each line of a word2vec text file, checking each line has 1 + D columns."""
-    words: list[str] = []
-    dim = declared = None
-    for lineno, line in _lines(path):
-        line = line.rstrip("\r\n ")
-        if not line:
-            continue
-        # Only the word and the last value are looked at: splitting every line into D + 1 strings
-        # would dominate the time on large files (Tencent's vectors are 8M lines of 200 values).
-        columns = line.count(" ") + 1
-        first, last = line.partition(" ")[0], line.rpartition(" ")[2]
-        if lineno == 1 and columns == 2 and _is_count(first) and _is_count(last):
-            declared, dim = int(first), int(last)
-            continue
-        if dim is None:
-            dim = columns - 1
-        if columns != dim + 1 or dim == 0 or not _is_number(last):
-            raise UserError(
-                f"expected a word and {dim or 'some'} numbers separated by single spaces, "
-                f"found {columns} fields",
-                where=f"{path}:{lineno}",
-                fix="give a word2vec text file: an optional `count dim` header, then `word v1 ... vD` lines",
-            )
-        words.append(first)
-    if declared is not None and declared != len(words):
-        raise UserError(
-            f"the header announces {declared} vectors but the file holds {len(words)}",
-            where=f"{path}:1",
-            fix="the file may be truncated; download it again or fix the header",
-        )
-    return words
-
-
 def _is_count(token: str) -> bool:
     return token.isascii() and token.isdigit()
-
-
-def _is_number(token: str) -> bool:
-    try:
-        float(token)
-    except ValueError:
-        return False
-    return True
-
-
-def _looks_like_vectors(path: Path) -> bool:
-    """A word2vec file has a `N D` header, or a word followed by two or more numbers."""
-    for _, line in _lines(path):
-        fields = line.split()
-        if not fields:
-            continue
-        if len(fields) == 2:
-            return _is_count(fields[0]) and _is_count(fields[1])
-        return len(fields) > 2 and all(_is_number(t) for t in fields[1:])
-    return False

@@ -39,6 +39,7 @@ from nerkit.errors import UserError, did_you_mean
 from nerkit.inference.batcher import Batcher, QueueFull
 from nerkit.inference.formats import predict_records
 from nerkit.inference.loading import load_pipeline
+from nerkit.pretrained.licences import model_terms
 from nerkit.version import __version__
 
 log = logging.getLogger(__name__)
@@ -242,6 +243,7 @@ def create_app(model_dir: str | Path, options: ServeOptions | None = None) -> Fa
         "runtime": "onnx" if weights.suffix == ".onnx" else "torch",
         "model_sha256": sha256_file(weights),
         "config": config_to_dict(pipe.config),
+        "licences": model_terms(model_dir),  # of its language models (nerkit.pretrained.licences)
         "serve": {**dataclasses.asdict(options), "window": window, "batch_size": batch_size,
                   "pid": os.getpid()},
     }

@@ -13,15 +13,12 @@ import torch
 from torch import nn
 
 from nerkit.errors import UserError
-from nerkit.pretrained.vocab import CharVocab, _read_optional_json  # noqa: F401 (re-exported: their home before)
+from nerkit.pretrained.vocab import LM_DIR, CharVocab, _read_optional_json  # noqa: F401 (re-exported: their home before)
 
 LAYERS = ("last", "mix")
 
 # A parameter of a numbered layer: BERT's and RoBERTa's `encoder.layer.3.`, XLNet's `layer.3.`, LAC's `layers.3.`
 NUMBERED_LAYER = re.compile(r"(?:^|\.)layers?\.(\d+)\.")
-
-
-LM_DIR = "lm"  # the subdirectory of a model directory that holds its language model
 
 
 OPTIONS_FILE = "nerkit_lm.json"
@@ -82,6 +79,7 @@ class CharFeatures(nn.Module):
         self.layers, self.finetune, self.bf16 = layers, finetune, bf16
         self.num_states = num_layers + 1 if layers == "mix" else 1
         self.output_dim = output_dim
+        self.terms = None  # its licence (nerkit.pretrained.licences.Terms), set where it is read from a directory
         self.scalar_mix = ScalarMix(self.num_states) if layers == "mix" else None
         self.lm.requires_grad_(finetune)
         self.train(False)  # ready for inference, as Hugging Face's from_pretrained leaves a model

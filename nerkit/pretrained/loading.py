@@ -34,6 +34,7 @@ from nerkit.pretrained.bert import (
     check_vocab_size,
 )
 from nerkit.pretrained.hub_cache import lm_directory
+from nerkit.pretrained.licences import LAC_LICENCE, read_terms, write_terms
 from nerkit.pretrained.stacked import Stacked
 from nerkit.pretrained.subword import SENTENCEPIECE_FILES, SubwordEmbedder, read_tokenizer
 from nerkit.weights import load_checked, read_safetensors
@@ -46,13 +47,21 @@ VOCABULARY_FILES = ("vocab.txt", "tokenizer.json", *SENTENCEPIECE_FILES)
 
 
 def load_lm(path: str | Path, layers: str = "last", finetune: bool = False, bf16: bool = False) -> CharFeatures:
-    """The per-character features of a local Hugging Face directory (or a hub name in the local
-    Hugging Face cache, `hub_cache.lm_directory`): config.json, weights as
+    """`_load_lm` of `path`, a local directory or a hub name in the local Hugging Face cache
+    (`hub_cache.lm_directory`), with the terms of the directory (nerkit.pretrained.licences)
+    attached, for the model directories made with it to carry."""
+    directory = lm_directory(path, "embeddings.lm.path", FETCH_FIX)
+    embedder = _load_lm(directory, layers, finetune, bf16)
+    embedder.terms = read_terms(directory, LAC_LICENCE if _is_lac(directory) else None)
+    return embedder
+
+
+def _load_lm(directory: Path, layers: str = "last", finetune: bool = False, bf16: bool = False) -> CharFeatures:
+    """The per-character features of a local Hugging Face directory: config.json, weights as
     model.safetensors or pytorch_model.bin (read with weights_only), and a vocabulary: one token per
     character in vocab.txt gives an `LMEmbedder`, any other tokenizer (tokenizer.json: word pieces,
     SentencePiece, byte-level BPE) a `SubwordEmbedder` aligned by offsets. Never touches a hub. A LAC
     directory (`nerkit vectors export-lac`) gives nerkit.pretrained.lac's `LACEmbedder`."""
-    directory = lm_directory(path, "embeddings.lm.path", FETCH_FIX)
     if _is_lac(directory):
         from nerkit.pretrained.lac_files import load_lac
 
@@ -109,7 +118,13 @@ def save_lm(embedder: CharFeatures | Stacked, model_dir: str | Path, weights: bo
 
 
 def _save_source(embedder: CharFeatures, target: Path, weights: bool) -> Path:
-    """One language model's directory at `target` (see `save_lm`)."""
+    """One language model's directory at `target` (see `save_lm`), with its terms carried."""
+    _save_kind(embedder, target, weights)
+    write_terms(target, embedder.terms)
+    return target
+
+
+def _save_kind(embedder: CharFeatures, target: Path, weights: bool) -> Path:
     if not isinstance(embedder, (LMEmbedder, SubwordEmbedder)):
         from nerkit.pretrained.lac_files import save_lac
 
@@ -212,6 +227,7 @@ def _load_saved_lm(directory: Path) -> CharFeatures:
     else:
         config = _read_config(directory)
         embedder = LMEmbedder(_build_lm(config), LMVocab.read(directory), layers=layers, finetune=finetune, bf16=bf16)
+    embedder.terms = read_terms(directory)
     if not weights:
         return embedder
     if embedder.scalar_mix is not None:

@@ -51,6 +51,9 @@ def _read_optional_json(path: Path) -> dict:
     return data if isinstance(data, dict) else {}
 
 
+LM_DIR = "lm"  # the subdirectory of a model directory that holds its language model
+
+
 SPECIALS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]")
 
 

@@ -40,6 +40,7 @@ from nerkit.tools.onnx_graphs import (
     sort_nodes,
     viterbi_nodes,
 )
+from nerkit.training.model_card import MODEL_CARD
 
 log = logging.getLogger(__name__)
 
@@ -347,7 +348,7 @@ def export_model(model_dir: str | Path, out: str | Path, fmt: str = "onnx", quan
             "opset": OPSET, "quantize": quantize, "max_length": limit,
             "inputs": input_names(pipe.model), "outputs": ["tag_ids", "emissions"]}})
         with atomic_directory(out) as tmp:
-            for name in ("config.yaml", "vocab.json", "lexicon.txt"):
+            for name in ("config.yaml", "vocab.json", "lexicon.txt", MODEL_CARD):
                 if (model_dir / name).is_file():
                     shutil.copyfile(model_dir / name, tmp / name)
             if (model_dir / "lm").is_dir():  # its config and vocabulary (the weights are in the graph)

@@ -14,7 +14,7 @@ from nerkit.data.text import bigrams
 from nerkit.errors import UserError
 from nerkit.files import check_output, check_output_directory
 from nerkit.pretrained.paddle import jieba_lac_files, read_paddle_tensor
-from nerkit.pretrained.vectors import _WHITESPACE, write_word2vec_text
+from nerkit.data.word2vec import _WHITESPACE, write_word2vec_text
 
 KINDS = ("char", "bichar", "word")  # what `train_vectors` trains, each written as KIND.vec
 

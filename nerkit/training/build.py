@@ -87,19 +87,25 @@ def vector_files(config: Config, lattice: bool) -> dict[str, str]:
 
 
 def check_pretrained_files(config: Config) -> None:
-    """Raise a UserError now if a pretrained input the run would read is not there: its vector
-    files, its language model's directory, a lattice encoder's lexicon file. A run looks before it
-    reads its data, and `nerkit train --dry-run` looks too."""
+    """Raise a UserError now if a pretrained input the run would read is not there, or its first
+    lines are not in its format: its vector files, its language model's directory, a lattice
+    encoder's lexicon file. A run looks before it reads its data, and `nerkit train --dry-run` looks
+    too."""
     from nerkit.files import check_input
     from nerkit.pretrained.bert import FETCH_FIX
     from nerkit.pretrained.hub_cache import lm_directory
+    from nerkit.pretrained.vectors import check_vector_file
 
     lattice = ENCODERS[config.encoder.name].uses_lattice
     for kind, path in vector_files(config, lattice).items():
         check_input(path, f"embeddings.{kind}_vectors", "vector file not found",
                     fix="check the path; `make vectors` builds the benchmark configs' vectors/")
+        check_vector_file(path, f"embeddings.{kind}_vectors")
     for k, source in enumerate(config.embeddings.lm_sources()):
         lm_directory(source.path, f"{config.embeddings.lm_label(k)}.path", FETCH_FIX)
     if lattice and config.lexicon.source != "jieba":
         check_input(config.lexicon.source, "lexicon.source", "lexicon file not found",
                     fix="set lexicon.source to jieba, a word list, or a word2vec vector file")
+        from nerkit.features.lexicon import check_source_file
+
+        check_source_file(config.lexicon.source, "lexicon.source")

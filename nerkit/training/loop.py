@@ -46,6 +46,7 @@ from nerkit.training.distributed import (
     resume_command,
     seed_rank,
 )
+from nerkit.training.model_card import write_model_card
 from nerkit.training.run_dir import check_run, prepare_output_dir, save_run_config
 from nerkit.training.schedule import (
     lr_factor,
@@ -492,6 +493,7 @@ def finish(run: Run, epoch: int) -> dict:
         log.info(f"test (best dev epoch {progress.best_epoch}): P {100 * metrics['test']['precision']:.2f} "
                  f"R {100 * metrics['test']['recall']:.2f} F1 {100 * metrics['test']['f1']:.2f}")
     pipe.write_weights(run.out, metrics)
+    write_model_card(run.out, run.config, metrics, splits)
     log.info(f"model saved to {run.out}")
     if run.progress.stopped in LIMITS and (progress.batch > 0 or epoch < tc.epochs):  # epochs were left to train
         limit = getattr(tc, run.progress.stopped)
