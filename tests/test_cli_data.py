@@ -392,7 +392,8 @@ def test_train_dry_run_checks_every_path_the_config_names_and_where_relative_one
                                      encoding="utf-8")
     relative = f" in {tmp_path} (relative paths are read from the current directory, not the config file's)"
     cases = [
-        ("embeddings.lm.path=lm/absent", "lm/absent", "embeddings.lm.path: language-model directory not found" + relative),
+        ("embeddings.lm.path=lm/absent", "lm/absent", f"embeddings.lm.path: no directory lm/absent in {tmp_path}, "
+                                                       "and no Hugging Face model lm/absent in the local cache"),
         ("embeddings.lm.path=train.bio", "train.bio", "embeddings.lm.path: not a directory"),
         ("embeddings.char_vectors=vectors/c.vec", "vectors/c.vec", "embeddings.char_vectors: vector file not found" + relative),
         ("embeddings.bichar_vectors=b.vec", "b.vec", "embeddings.bichar_vectors: vector file not found" + relative),

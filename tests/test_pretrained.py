@@ -69,7 +69,7 @@ def test_keep_train_leaves_the_unseen_rows_out_and_normalisation_can_be_off(tmp_
 def test_a_width_that_disagrees_with_the_file_names_both(tmp_path, tiny_config):
     write_vectors(tmp_path / "char.vec", training_chars()[:3], 6)
     config = tiny_config(f"embeddings.char_vectors={tmp_path / 'char.vec'}", "embeddings.char_dim=16")
-    with pytest.raises(UserError, match="dimension 6, but embeddings.char_dim is 16"):
+    with pytest.raises(UserError, match="the vector file has dimension 6, but the config's embeddings.char_dim is 16"):
         build_pipeline(config, read_splits(config))
 
 
