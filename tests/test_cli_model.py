@@ -259,7 +259,8 @@ def test_predict_keeps_line_order_over_many_lines_and_odd_line_ends(tiny_model_d
 
 def test_predict_conll_with_spaces_and_tabs_reads_back(tiny_model_dir, tmp_path, monkeypatch, capfd):
     """The formats nerkit writes, it reads: predict --format conll -> data validate -> read_corpus,
-    with the same entities as predict's JSON lines read back."""
+    and -> data convert --to each scheme -> read_corpus, with the same texts and entities (exact
+    offsets) as predict's JSON lines read back."""
     from nerkit.data.corpus import read_corpus
 
     texts = ["张伟 在 北京\t工作。", "  ", "\t李娜", "New York 的 王芳 ", "\u3000\x0b\x0c\x85\u2028张伟", "张\r伟 \t 李娜"]
@@ -278,8 +279,16 @@ def test_predict_conll_with_spaces_and_tabs_reads_back(tiny_model_dir, tmp_path,
     assert code == 0, stderr
     corpus = read_corpus(conll)
     assert [s.text for s in corpus.sentences] == texts
-    assert [s.spans() for s in corpus.sentences] == [s.spans() for s in read_corpus(predicted).sentences]
+    expected = [s.spans() for s in read_corpus(predicted).sentences]
+    assert [s.spans() for s in corpus.sentences] == expected
     assert any(" " in s.tokens and "\t" in s.tokens for s in corpus.sentences)
+    for to in ("bio", "bioes", "bmes"):
+        converted = tmp_path / f"converted.{to}"
+        code, _, stderr = run_cli(monkeypatch, capfd, "data", "convert", str(conll), str(converted), "--to", to)
+        assert code == 0, stderr
+        again = read_corpus(converted)
+        assert [s.text for s in again.sentences] == texts and [s.spans() for s in again.sentences] == expected
+    assert sum(map(len, expected)) >= 2  # entities after spaces and tabs: their offsets are checked
 
 
 class StubPipe:

@@ -65,9 +65,18 @@ FORMATS = ("auto", "conll", "jsonl", "cluener", *annotation.FORMATS)
 _SEPARATOR = re.compile(r"[ \t]+")  # only ASCII space and tab separate columns: U+3000 may be a token
 
 
-# Characters `write_corpus` keeps out of CoNLL tokens: the reader takes a lone space or tab token
-# (`  O`, as `nerkit predict --format conll` writes it), but other tools would read such a line wrong.
-_UNWRITABLE = re.compile(r"[ \t\r\n\x00]")
+# The one rule for the token of a character-per-line line, which every writer of one follows (`nerkit
+# data convert`, `predict --format conll`, `eval --output`: `conll_line`) and `_columns` reads: any
+# one character but a line break (`\n`, which ends the line) and NUL (a binary file's mark), the two
+# that no line of text holds. A space, tab or `\r` is written as itself, first on its line (`  O`),
+# and read back as the token, since no other line starts with a separator or ends with its token.
+_UNWRITABLE = re.compile(r"[\n\x00]")
+
+
+def conll_line(token: str, *columns: str) -> str:
+    """One token's line of a character-per-line file: the token, then its columns (the tag last),
+    one space apart."""
+    return " ".join((token, *columns)) + "\n"
 
 
 def scheme_label(labels: str) -> str:
@@ -224,7 +233,7 @@ def _split_tokens(sentences: list[Sentence], scheme: str) -> int:
 
 def _columns(line: str, where: str) -> list[str]:
     """The columns of a token line. A line that starts with a space or tab and then a separator
-    holds that space or tab as its token: `nerkit predict --format conll` writes one as `  O`."""
+    holds that space or tab as its token, as `conll_line` writes one: `  O`."""
     if line[0] not in " \t":
         return _SEPARATOR.split(line.rstrip(" \t"))
     if line[1] not in " \t":
@@ -381,7 +390,7 @@ def format_conll(sentences: list[Sentence], scheme: str) -> str:
         if separated:
             out.append(f"{DOCUMENT_SEPARATOR} O\n\n")
         tags = convert_tags(sent.tags, scheme)
-        out.extend(f"{tok} {tag}\n" for tok, tag in zip(sent.tokens, tags))
+        out.extend(conll_line(tok, tag) for tok, tag in zip(sent.tokens, tags))
         out.append("\n")
     return "".join(out)
 
@@ -419,10 +428,10 @@ def write_corpus(path: str | Path, sentences: list[Sentence], to: str, source: s
         found = _first_token(sentences, lambda t: not t or _UNWRITABLE.search(t))
         if found:
             raise CorpusError(
-                f"the token {found[2]!r} cannot be written one character per line: spaces, tabs and line breaks "
-                "separate columns and sentences, and NUL marks a binary file",
+                f"the token {found[2]!r} cannot be written one character per line: a line break ends the line "
+                "and NUL marks a binary file",
                 where=_token_where(path, source, source_format, *found[:2]),
-                fix="remove or replace them in the input (U+3000 is fine), or write jsonl",
+                fix="remove or replace them in the input, or write jsonl",
             )
     # Every format counts characters (the others by offsets), and the readers refuse longer tokens.
     found = _first_token(sentences, lambda t: len(t) != 1)

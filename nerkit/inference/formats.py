@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 
 from nerkit.data import annotation
+from nerkit.data.corpus import conll_line
 from nerkit.data.records import Sentence
 from nerkit.data.tags import Span, spans_to_tags
 from nerkit.version import __version__
@@ -41,7 +42,7 @@ def format_record(text: str, spans: list[Span], fmt: str, scheme: str = "bio",
         out.append(text[pos:])
         return "".join(out) + "\n"
     tags = spans_to_tags(len(text), spans, scheme)
-    return "".join(f"{c} {t}\n" for c, t in zip(text, tags)) + "\n"
+    return "".join(conll_line(c, t) for c, t in zip(text, tags)) + "\n"
 
 
 def record(text: str, spans: list[Span]) -> dict:
@@ -97,6 +98,6 @@ def eval_output(sentences: list[Sentence], predicted: list[list[Span]], scheme: 
     for sent, spans in zip(sentences, predicted):
         gold = sent.tags
         pred = spans_to_tags(len(sent), spans, scheme)
-        lines.extend(f"{c} {g} {p}\n" for c, g, p in zip(sent.tokens, gold, pred))
+        lines.extend(conll_line(c, g, p) for c, g, p in zip(sent.tokens, gold, pred))
         lines.append("\n")
     return "".join(lines)
