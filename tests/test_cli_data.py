@@ -311,10 +311,27 @@ def test_convert_from_cluener_to_bio_and_jsonl_keeps_every_entity(write_file, tm
 
 
 def test_convert_from_cluener_names_the_record_of_a_token_conll_cannot_hold(write_file, tmp_path):
-    source = write_file('{"text": "张三", "label": {}}\n{"text": "NBA 2K", "label": {"game": {"NBA 2K": [[0, 5]]}}}\n',
+    source = write_file('{"text": "张三", "label": {}}\n{"text": "NBA\\n2K", "label": {"game": {"NBA\\n2K": [[0, 5]]}}}\n',
                         "dev.txt")
     assert_user_error(nerkit("data", "convert", source, tmp_path / "out.bio", "--from", "cluener", "--to", "bio"),
-                      f"{source}:2", "the token ' ' cannot be written")
+                      f"{source}:2", "the token '\\n' cannot be written")
+
+
+def test_convert_to_text_needs_no_labels(write_file, tmp_path):
+    """CLUENER's unlabelled test.json (and JSON lines without entities) to text, the texts alone;
+    to any other format a record without labels stays an error, which says how to tag the file."""
+    texts = ["四川敦煌学”。近年来，丹棱县等地一些", "NBA 2K 的 玩家"]
+    for fmt, source in (("cluener", write_file("".join(json.dumps({"id": i, "text": t}, ensure_ascii=False) + "\n"
+                                                        for i, t in enumerate(texts)), "test.json")),
+                        ("jsonl", write_file("".join(json.dumps({"text": t}, ensure_ascii=False) + "\n" for t in texts),
+                                             "texts.jsonl"))):
+        out = tmp_path / f"{fmt}.txt"
+        result = nerkit("data", "convert", source, out, "--from", fmt, "--to", "text")
+        assert result.returncode == 0, result.stderr
+        assert out.read_text(encoding="utf-8") == "".join(t + "\n" for t in texts)
+        labelled = nerkit("data", "convert", source, tmp_path / f"{fmt}.bio", "--from", fmt, "--to", "bio")
+        assert_user_error(labelled, f"{source}:1", "no \"label\" key" if fmt == "cluener" else "no \"entities\" key")
+        assert "nerkit predict" in labelled.stderr
 
 
 def test_convert_format_choices_are_the_readers():

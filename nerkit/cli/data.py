@@ -75,6 +75,6 @@ def data_convert(
     """Convert between tag schemes and formats."""
     from nerkit.data.corpus import read_corpus, write_corpus
 
-    corpus = read_corpus(source, repair=repair, fmt=from_)
+    corpus = read_corpus(source, repair=repair, fmt=from_, texts_only=to == "text")
     write_corpus(target, corpus.sentences, to, source, from_)
     typer.echo(f"{source} ({corpus.labels}) -> {target} ({to}), {len(corpus.sentences)} sentences")
