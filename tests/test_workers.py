@@ -214,9 +214,10 @@ def test_two_workers_keep_the_keys_of_json_lines_as_one_process_does(pool, pipe,
     assert predict_stream(pipe, str(source), str(one), fmt, batch_size=2, chunk_chars=20) == 24
     assert predict_stream(pool, str(source), str(two), fmt, batch_size=2, chunk_chars=20) == 24
     assert two.read_bytes() == one.read_bytes()
-    if fmt == "jsonl":
-        records = parse_jsonl(one.read_text(encoding="utf-8"))
-        assert [(r["id"], r["n"]) for r in records] == [(f"t{i}", [i, None]) for i in range(24)]
+    written = one.read_text(encoding="utf-8")
+    records = [t["data"] for t in json.loads(written)] if fmt == "label-studio" else parse_jsonl(written)
+    assert [(r["id"], r["text"], r["n"]) for r in records] == \
+        [(f"t{i}", ["张伟在北京工作。", "", "李娜 去了上海。"][i % 3], [i, None]) for i in range(24)]
 
 
 def test_invalid_utf8_with_workers_is_the_reader_error_after_the_same_records(pool, pipe, tmp_path, capfd):
