@@ -259,7 +259,7 @@ def test_an_exported_model_predicts_without_importing_torch(exported, tmp_path):
     assert done.returncode == 0, done.stderr
 
 
-def test_an_export_refuses_another_models_vocabulary(exported, nerkit, tmp_path):
+def test_an_export_refuses_another_models_vocabulary(exported, nerkit, tmp_path, capfd):
     """vocab.json from another model's export: `predict` and `serve` exit 2 with one line naming
     vocab.json (nerkit.json's vocab_sha256) and the fix, before the server listens. An export whose
     nerkit.json has no checksum (written before it did) is checked by the graph's table sizes and
@@ -268,6 +268,7 @@ def test_an_export_refuses_another_models_vocabulary(exported, nerkit, tmp_path)
     scrambled(build_config(tiny_raw_config(), "<tiny config>", []), corpus=FIXTURES / "three_types.bio") \
         .save(tmp_path / "other")
     export_model(tmp_path / "other", tmp_path / "other_onnx")
+    capfd.readouterr()  # the export's report, when logging is on
     source = tmp_path / "texts.txt"
     source.write_text("张伟在北京工作。\n", encoding="utf-8")
     for k, (ours, theirs) in enumerate([(onnx_dir, tmp_path / "other_onnx"), (tmp_path / "other_onnx", onnx_dir)]):
