@@ -305,8 +305,8 @@ def test_predict_reads_a_json_lines_file_of_texts_and_keeps_their_keys(tiny_mode
     expected = parse_jsonl(stdout)
     assert sum(len(r["entities"]) for r in expected) >= 2
     cluener = tmp_path / "test.json"
-    cluener.write_text("".join(json.dumps({"id": i, "text": t}, ensure_ascii=False) + "\n\n" for i, t in enumerate(texts)),
-                       encoding="utf-8")
+    cluener.write_text("".join(json.dumps({"id": i, "text": t}, ensure_ascii=False) + "\n\n"
+                               for i, t in enumerate(texts)), encoding="utf-8")
     code, stdout, stderr = run_cli(monkeypatch, capfd, "predict", "--model", model, str(cluener))
     assert code == 0, stderr
     assert parse_jsonl(stdout) == [{"id": i, **r} for i, r in enumerate(expected)]

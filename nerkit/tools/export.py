@@ -330,7 +330,8 @@ def export_model(model_dir: str | Path, out: str | Path, fmt: str = "onnx", quan
             found = compare(pipe, _session(graph_file), texts)
         # The checksum of the vocab.json copied beside the graph (a directory trained before nerkit.json
         # held it gets it here), so that loading the export refuses another model's vocabulary.
-        meta.update({"runtime": "onnx", "vocab_sha256": vocab_fingerprint(_read_json(model_dir / "vocab.json")), "onnx": {
+        vocab_sha256 = vocab_fingerprint(_read_json(model_dir / "vocab.json"))
+        meta.update({"runtime": "onnx", "vocab_sha256": vocab_sha256, "onnx": {
             "opset": OPSET, "quantize": quantize, "max_length": limit,
             "inputs": input_names(pipe.model), "outputs": ["tag_ids", "emissions"]}})
         with atomic_directory(out) as tmp:
