@@ -260,12 +260,24 @@ def test_convert_to_an_unknown_format(tmp_path):
     assert not out.exists()
 
 
-def test_convert_refuses_a_space_token_in_conll(write_file, tmp_path):
-    source = write_file('{"text": "张三", "entities": []}\n{"text": "New York", "entities": [{"start": 0, "end": 8, '
-                        '"type": "LOC"}]}\n', "en.jsonl")
-    out = tmp_path / "en.bio"
-    assert_user_error(nerkit("data", "convert", source, out, "--to", "bio"), f"{source}:2", "the token ' ' cannot be written")
-    assert not out.exists()
+@pytest.mark.parametrize("to", ["bio", "bioes", "bmes"])
+def test_convert_writes_spaces_one_character_per_line_and_reads_them_back(write_file, tmp_path, to):
+    """A text with spaces and tabs, to a tag scheme and back to JSON lines: the same texts and
+    offsets (a space token is written `  O`, as `nerkit predict --format conll` writes it); a NUL
+    is still refused, naming its input line."""
+    source = write_file('{"text": "张三", "entities": []}\n{"text": "New York 的\\t王 芳 ", "entities": [{"start": 0, '
+                        '"end": 8, "type": "LOC"}, {"start": 10, "end": 14, "type": "PER"}]}\n', "en.jsonl")
+    out, back = tmp_path / f"en.{to}", tmp_path / "back.jsonl"
+    assert nerkit("data", "convert", source, out, "--to", to).returncode == 0
+    assert "\n  O\n" in out.read_text(encoding="utf-8")
+    assert nerkit("data", "validate", out).returncode == 0
+    assert nerkit("data", "convert", out, back, "--to", "jsonl").returncode == 0
+    expected = [(s.text, s.spans()) for s in read_corpus(source).sentences]
+    assert [(s.text, s.spans()) for s in read_corpus(back).sentences] == expected
+    assert expected[1] == ("New York 的\t王 芳 ", [Span(0, 8, "LOC"), Span(10, 14, "PER")])
+    binary = write_file('{"text": "张三", "entities": []}\n{"text": "纽\\u0000约", "entities": []}\n', "nul.jsonl")
+    assert_user_error(nerkit("data", "convert", binary, tmp_path / "nul.bio", "--to", "bio"), f"{binary}:2",
+                      "cannot be written one character per line")
 
 
 def test_convert_to_jsonl_names_the_input_line_of_a_long_token(write_file, tmp_path):
@@ -320,10 +332,27 @@ def test_convert_from_cluener_to_bio_and_jsonl_keeps_every_entity(write_file, tm
 
 
 def test_convert_from_cluener_names_the_record_of_a_token_conll_cannot_hold(write_file, tmp_path):
-    source = write_file('{"text": "张三", "label": {}}\n{"text": "NBA 2K", "label": {"game": {"NBA 2K": [[0, 5]]}}}\n',
+    source = write_file('{"text": "张三", "label": {}}\n{"text": "NBA\\n2K", "label": {"game": {"NBA\\n2K": [[0, 5]]}}}\n',
                         "dev.txt")
     assert_user_error(nerkit("data", "convert", source, tmp_path / "out.bio", "--from", "cluener", "--to", "bio"),
-                      f"{source}:2", "the token ' ' cannot be written")
+                      f"{source}:2", "the token '\\n' cannot be written")
+
+
+def test_convert_to_text_needs_no_labels(write_file, tmp_path):
+    """CLUENER's unlabelled test.json (and JSON lines without entities) to text, the texts alone;
+    to any other format a record without labels stays an error, which says how to tag the file."""
+    texts = ["四川敦煌学”。近年来，丹棱县等地一些", "NBA 2K 的 玩家"]
+    for fmt, source in (("cluener", write_file("".join(json.dumps({"id": i, "text": t}, ensure_ascii=False) + "\n"
+                                                        for i, t in enumerate(texts)), "test.json")),
+                        ("jsonl", write_file("".join(json.dumps({"text": t}, ensure_ascii=False) + "\n" for t in texts),
+                                             "texts.jsonl"))):
+        out = tmp_path / f"{fmt}.txt"
+        result = nerkit("data", "convert", source, out, "--from", fmt, "--to", "text")
+        assert result.returncode == 0, result.stderr
+        assert out.read_text(encoding="utf-8") == "".join(t + "\n" for t in texts)
+        labelled = nerkit("data", "convert", source, tmp_path / f"{fmt}.bio", "--from", fmt, "--to", "bio")
+        assert_user_error(labelled, f"{source}:1", "no \"label\" key" if fmt == "cluener" else "no \"entities\" key")
+        assert "nerkit predict" in labelled.stderr
 
 
 def test_convert_format_choices_are_the_readers():

@@ -259,7 +259,8 @@ def test_predict_keeps_line_order_over_many_lines_and_odd_line_ends(tiny_model_d
 
 def test_predict_conll_with_spaces_and_tabs_reads_back(tiny_model_dir, tmp_path, monkeypatch, capfd):
     """The formats nerkit writes, it reads: predict --format conll -> data validate -> read_corpus,
-    with the same entities as predict's JSON lines read back."""
+    and -> data convert --to each scheme -> read_corpus, with the same texts and entities (exact
+    offsets) as predict's JSON lines read back."""
     from nerkit.data.corpus import read_corpus
 
     texts = ["张伟 在 北京\t工作。", "  ", "\t李娜", "New York 的 王芳 ", "\u3000\x0b\x0c\x85\u2028张伟", "张\r伟 \t 李娜"]
@@ -278,8 +279,56 @@ def test_predict_conll_with_spaces_and_tabs_reads_back(tiny_model_dir, tmp_path,
     assert code == 0, stderr
     corpus = read_corpus(conll)
     assert [s.text for s in corpus.sentences] == texts
-    assert [s.spans() for s in corpus.sentences] == [s.spans() for s in read_corpus(predicted).sentences]
+    expected = [s.spans() for s in read_corpus(predicted).sentences]
+    assert [s.spans() for s in corpus.sentences] == expected
     assert any(" " in s.tokens and "\t" in s.tokens for s in corpus.sentences)
+    for to in ("bio", "bioes", "bmes"):
+        converted = tmp_path / f"converted.{to}"
+        code, _, stderr = run_cli(monkeypatch, capfd, "data", "convert", str(conll), str(converted), "--to", to)
+        assert code == 0, stderr
+        again = read_corpus(converted)
+        assert [s.text for s in again.sentences] == texts and [s.spans() for s in again.sentences] == expected
+    assert sum(map(len, expected)) >= 2  # entities after spaces and tabs: their offsets are checked
+
+
+def test_predict_reads_a_json_lines_file_of_texts_and_keeps_their_keys(tiny_model_dir, tmp_path, monkeypatch, capfd):
+    """CLUENER's unlabelled test.json (a .json file) and a .txt file with --field: each object's
+    text is tagged as the same text on a line of plain text is, and its other keys are kept (in
+    the data of a label-studio task); a blank line is none; a line without the field, or a text
+    with a line break for conll, is one line naming the input line."""
+    model = str(tiny_model_dir)
+    texts = ["张伟在北京工作。", "清华大学位于北京，李娜 是那里的学生。"]
+    plain = tmp_path / "texts.txt"
+    plain.write_text("\n".join(texts) + "\n", encoding="utf-8")
+    code, stdout, stderr = run_cli(monkeypatch, capfd, "predict", "--model", model, str(plain))
+    assert code == 0, stderr
+    expected = parse_jsonl(stdout)
+    assert sum(len(r["entities"]) for r in expected) >= 2
+    cluener = tmp_path / "test.json"
+    cluener.write_text("".join(json.dumps({"id": i, "text": t}, ensure_ascii=False) + "\n\n"
+                               for i, t in enumerate(texts)), encoding="utf-8")
+    code, stdout, stderr = run_cli(monkeypatch, capfd, "predict", "--model", model, str(cluener))
+    assert code == 0, stderr
+    assert parse_jsonl(stdout) == [{"id": i, **r} for i, r in enumerate(expected)]
+    rows = tmp_path / "rows.txt"  # a dataset's rows, the text under another key
+    rows.write_text("".join(json.dumps({"sentence": t, "meta": {"n": i}}, ensure_ascii=False) + "\n"
+                            for i, t in enumerate(texts)), encoding="utf-8")
+    code, stdout, stderr = run_cli(monkeypatch, capfd, "predict", "--model", model, str(rows), "--field", "sentence",
+                                   "--format", "label-studio")
+    assert code == 0, stderr
+    tasks = json.loads(stdout)
+    assert [t["data"] for t in tasks] == [{"meta": {"n": i}, "text": t} for i, t in enumerate(texts)]
+    assert [len(t["predictions"][0]["result"]) for t in tasks] == [len(r["entities"]) for r in expected]
+    code, _, stderr = run_cli(monkeypatch, capfd, "predict", "--model", model, str(rows))  # a .txt: plain lines
+    assert code == 0, stderr
+    code, stdout, stderr = run_cli(monkeypatch, capfd, "predict", "--model", model, str(rows), "--field", "sentense")
+    assert code == 2 and stdout == "" and len(stderr.splitlines()) == 1
+    assert stderr.startswith(f'nerkit: error: {rows}:1: the record has no "sentense" string (its keys: sentence, meta)')
+    assert "did you mean 'sentence'" in stderr
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text('{"text": "张伟"}\n{"text": "张伟\\n李娜"}\n', encoding="utf-8")
+    code, _, stderr = run_cli(monkeypatch, capfd, "predict", "--model", model, str(broken), "--format", "conll")
+    assert code == 2 and stderr.startswith(f"nerkit: error: {broken}:2: the text holds a line break")
 
 
 class StubPipe:

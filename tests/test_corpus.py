@@ -411,12 +411,25 @@ def test_a_token_of_several_characters_is_written_in_no_format(tmp_path, to):
     assert not (tmp_path / f"a.{to}").exists()
 
 
-@pytest.mark.parametrize("token", [" ", "\t", "a b", "\n", ""])
+@pytest.mark.parametrize("token", ["\n", "\x00", ""])
 def test_conll_refuses_tokens_it_cannot_hold(tmp_path, token):
-    """A JSON-lines text with a space would otherwise become a CoNLL file that cannot be read back."""
+    """A line break would end the token's line, NUL would make a binary file of it."""
     with pytest.raises(CorpusError, match="cannot be written"):
         write_corpus(tmp_path / "a.bio", [Sentence(["纽", token, "约"], ["O", "O", "O"], line=3)], "bio")
     assert not (tmp_path / "a.bio").exists()
+
+
+@pytest.mark.parametrize("to", SCHEMES)
+def test_conll_writes_whitespace_tokens_that_read_back(tmp_path, to):
+    """A space, a tab and a carriage return are tokens as `nerkit predict --format conll` writes
+    them (`  O`), inside entities and between them, and the reader takes them back."""
+    text = "New York 的\t王 芳\r。 "
+    spans = [Span(0, 8, "LOC"), Span(10, 14, "PER"), Span(14, 16, "ORG")]  # "\t王 芳", "\r。"
+    sentences = [Sentence(list(text), spans_to_tags(len(text), spans, to)), Sentence(list("  "), ["O", "O"])]
+    write_corpus(tmp_path / "a.txt", sentences, to)
+    corpus = read_corpus(tmp_path / "a.txt")
+    assert [s.text for s in corpus.sentences] == [text, "  "] and corpus.scheme == to
+    assert corpus.sentences[0].spans() == spans
 
 
 def test_unknown_output_format(tmp_path):

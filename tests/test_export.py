@@ -8,6 +8,7 @@ that their tags vary."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import typing
@@ -64,12 +65,13 @@ def dev_texts(limit: int | None = None) -> list[str]:
     return [t[:limit] for t in texts] if limit else texts
 
 
-def scrambled(config, seed: int = 0) -> Pipeline:
-    """An untrained pipeline whose tags vary strongly with the input (as tests/test_pipeline.py's)."""
+def scrambled(config, seed: int = 0, corpus: Path = FIXTURES / "tiny_train.bio") -> Pipeline:
+    """An untrained pipeline whose tags vary strongly with the input (as tests/test_pipeline.py's),
+    its vocabulary from `corpus`."""
     from nerkit.training.build import build_pipeline
 
     torch.manual_seed(seed)
-    corpus = read_corpus(FIXTURES / "tiny_train.bio")
+    corpus = read_corpus(corpus)
     pipe = build_pipeline(config, Splits(corpus.sentences, [], None, corpus.types, "bio", {}))
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
@@ -255,6 +257,39 @@ def test_an_exported_model_predicts_without_importing_torch(exported, tmp_path):
            f"p.evaluate({str(TINY_DEV)!r}); assert 'torch' not in sys.modules")
     done = subprocess.run([sys.executable, "-c", api], capture_output=True, text=True, cwd=REPO)
     assert done.returncode == 0, done.stderr
+
+
+def test_an_export_refuses_another_models_vocabulary(exported, nerkit, tmp_path, capfd):
+    """vocab.json from another model's export: `predict` and `serve` exit 2 with one line naming
+    vocab.json (nerkit.json's vocab_sha256) and the fix, before the server listens. An export whose
+    nerkit.json has no checksum (written before it did) is checked by the graph's table sizes and
+    tag count, naming model.onnx, and loads with its own vocab.json."""
+    onnx_dir = exported("bilstm")[1]
+    scrambled(build_config(tiny_raw_config(), "<tiny config>", []), corpus=FIXTURES / "three_types.bio") \
+        .save(tmp_path / "other")
+    export_model(tmp_path / "other", tmp_path / "other_onnx")
+    capfd.readouterr()  # the export's report, when logging is on
+    source = tmp_path / "texts.txt"
+    source.write_text("张伟在北京工作。\n", encoding="utf-8")
+    for k, (ours, theirs) in enumerate([(onnx_dir, tmp_path / "other_onnx"), (tmp_path / "other_onnx", onnx_dir)]):
+        swapped = tmp_path / f"swapped{k}"
+        shutil.copytree(ours, swapped)
+        shutil.copyfile(theirs / "vocab.json", swapped / "vocab.json")
+        for command in (["predict", str(source)], ["serve", "--port", "0"]):
+            wrong = nerkit(*command, "--model", str(swapped), check=False)
+            assert wrong.returncode == 2 and wrong.stdout == "" and "Traceback" not in wrong.stderr
+            assert wrong.stderr.startswith(f"nerkit: error: {swapped / 'vocab.json'}: vocab.json is not the vocabulary")
+            assert "use the files of one training run together" in wrong.stderr and wrong.stderr.count("\n") == 1
+        meta = json.loads((swapped / "nerkit.json").read_text(encoding="utf-8"))
+        del meta["vocab_sha256"]  # as an export written before nerkit.json held it
+        (swapped / "nerkit.json").write_text(json.dumps(meta), encoding="utf-8")
+        wrong = nerkit("predict", str(source), "--model", str(swapped), check=False)
+        assert wrong.returncode == 2 and "Traceback" not in wrong.stderr
+        assert f"{swapped / 'model.onnx'}: model.onnx does not match config.yaml and vocab.json" in wrong.stderr
+        assert "chars: " in wrong.stderr and "in the graph" in wrong.stderr
+        shutil.copyfile(ours / "vocab.json", swapped / "vocab.json")
+        assert nerkit("predict", str(source), "--model", str(swapped)).stdout == \
+            nerkit("predict", str(source), "--model", str(ours)).stdout
 
 
 @pytest.mark.parametrize("case", ["tener", "wide_lstm"])

@@ -385,6 +385,18 @@ def test_load_refuses_broken_json(model_copy, name):
         Pipeline.load(model_copy)
 
 
+def test_load_refuses_a_vocabulary_of_the_same_sizes_from_another_model(model_copy):
+    """Two tags swapped in vocab.json: the weights' shapes still fit, so only nerkit.json's
+    vocab_sha256 tells that the tag ids now name other tags."""
+    path = model_copy / "vocab.json"
+    vocab = json.loads(path.read_text(encoding="utf-8"))
+    vocab["tags"][1], vocab["tags"][2] = vocab["tags"][2], vocab["tags"][1]
+    path.write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")
+    with pytest.raises(ModelDirError, match="vocab.json is not the vocabulary this model was written with") as info:
+        Pipeline.load(model_copy)
+    assert info.value.where == str(path) and "one training run" in info.value.fix
+
+
 def test_load_refuses_a_broken_config_yaml_naming_its_line_and_the_fix(model_copy):
     path = model_copy / "config.yaml"
     path.write_text(path.read_text(encoding="utf-8") + "train: [1, 2\n", encoding="utf-8")

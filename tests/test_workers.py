@@ -204,6 +204,22 @@ def test_two_workers_write_what_one_process_writes(pool, pipe, tmp_path, fmt):
         assert sum(len(r["entities"]) for r in records) >= 30  # a model that finds entities
 
 
+@pytest.mark.parametrize("fmt", ["jsonl", "doccano", "label-studio"])
+def test_two_workers_keep_the_keys_of_json_lines_as_one_process_does(pool, pipe, tmp_path, fmt):
+    """JSON-lines input (`--field`): each text's other keys go to the workers and back into its record."""
+    source = tmp_path / "texts.jsonl"
+    source.write_text("".join(json.dumps({"id": f"t{i}", "text": t, "n": [i, None]}, ensure_ascii=False) + "\n"
+                              for i, t in enumerate(["张伟在北京工作。", "", "李娜 去了上海。"] * 8)), encoding="utf-8")
+    one, two = tmp_path / f"one.{fmt}", tmp_path / f"two.{fmt}"
+    assert predict_stream(pipe, str(source), str(one), fmt, batch_size=2, chunk_chars=20) == 24
+    assert predict_stream(pool, str(source), str(two), fmt, batch_size=2, chunk_chars=20) == 24
+    assert two.read_bytes() == one.read_bytes()
+    written = one.read_text(encoding="utf-8")
+    records = [t["data"] for t in json.loads(written)] if fmt == "label-studio" else parse_jsonl(written)
+    assert [(r["id"], r["text"], r["n"]) for r in records] == \
+        [(f"t{i}", ["张伟在北京工作。", "", "李娜 去了上海。"][i % 3], [i, None]) for i in range(24)]
+
+
 def test_invalid_utf8_with_workers_is_the_reader_error_after_the_same_records(pool, pipe, tmp_path, capfd):
     source = tmp_path / "in.txt"
     source.write_bytes("张伟在北京。\n".encode() * 40 + "李娜".encode("gbk") + "\n张伟\n".encode())

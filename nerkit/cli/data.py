@@ -81,7 +81,7 @@ def data_convert(
 
     from nerkit.data.records import OVERLAP_RULE
 
-    corpus = read_corpus(source, repair=repair, fmt=from_)
+    corpus = read_corpus(source, repair=repair, fmt=from_, texts_only=to == "text")
     write_corpus(target, corpus.sentences, to, source, from_)
     dropped = f", dropped {corpus.dropped_overlaps} overlapping entities (--repair {OVERLAP_RULE})" \
         if corpus.dropped_overlaps else ""

@@ -67,7 +67,8 @@ def evaluate(
 
 
 def predict(
-    source: str = typer.Argument("-", help="Text file, one text per line; - reads stdin."),
+    source: str = typer.Argument("-", help="Text file, one text per line, or JSON lines (.jsonl, .json, "
+                                 "or with --field); - reads stdin."),
     model: Path = typer.Option(..., "--model", "-m", help="Model directory."),
     fmt: Format = typer.Option("jsonl", "--format", "-f", help="Output format (doccano, label-studio: "
                                "pre-annotations to import into those tools)."),
@@ -81,14 +82,17 @@ def predict(
                                 "holding a copy of the model (1 = this process)."),
     window: Optional[int] = WINDOW,
     document: bool = DOCUMENT,
+    field: Optional[str] = typer.Option(None, "--field", help="Read the input as JSON lines and tag the "
+                                        "string at this key of each object (default for a .jsonl or .json "
+                                        "file: text); the other keys are kept in the output records."),
 ):
-    """Tag every line of a text file (or stdin, a pipe, /dev/stdin)."""
+    """Tag every line of a text file (or stdin, a pipe, /dev/stdin), or the texts of a JSON-lines file."""
     from nerkit.inference.loading import require_runtime
     from nerkit.inference.stream import predict_file
 
     require_runtime(model, runtime)
     predict_file(model, source, str(output) if output else None, fmt, batch_size, device, threads, workers, window,
-                 document)
+                 document, field)
 
 
 def calibrate(

@@ -65,9 +65,18 @@ FORMATS = ("auto", "conll", "jsonl", "cluener", *annotation.FORMATS)
 _SEPARATOR = re.compile(r"[ \t]+")  # only ASCII space and tab separate columns: U+3000 may be a token
 
 
-# Characters `write_corpus` keeps out of CoNLL tokens: the reader takes a lone space or tab token
-# (`  O`, as `nerkit predict --format conll` writes it), but other tools would read such a line wrong.
-_UNWRITABLE = re.compile(r"[ \t\r\n\x00]")
+# The one rule for the token of a character-per-line line, which every writer of one follows (`nerkit
+# data convert`, `predict --format conll`, `eval --output`: `conll_line`) and `_columns` reads: any
+# one character but a line break (`\n`, which ends the line) and NUL (a binary file's mark), the two
+# that no line of text holds. A space, tab or `\r` is written as itself, first on its line (`  O`),
+# and read back as the token, since no other line starts with a separator or ends with its token.
+UNWRITABLE = re.compile(r"[\n\x00]")
+
+
+def conll_line(token: str, *columns: str) -> str:
+    """One token's line of a character-per-line file: the token, then its columns (the tag last),
+    one space apart."""
+    return " ".join((token, *columns)) + "\n"
 
 
 def scheme_label(labels: str) -> str:
@@ -83,7 +92,7 @@ REPAIR_OPTION = "pass --repair"  # how `nerkit eval` and `nerkit data convert` a
 
 
 def read_corpus(path: str | Path, repair: bool = False, strict: bool = True, max_errors: int = 1,
-                repair_option: str = REPAIR_OPTION, fmt: str = "auto") -> Corpus:
+                repair_option: str = REPAIR_OPTION, fmt: str = "auto", texts_only: bool = False) -> Corpus:
     """Read a corpus, CoNLL or JSON-lines (by extension .jsonl/.json), or as `fmt` (one of FORMATS)
     says: CLUENER's JSON and the annotation tools' files (nerkit.data.annotation) are read only when
     asked for. With `strict`, an invalid tag transition is
@@ -92,21 +101,27 @@ def read_corpus(path: str | Path, repair: bool = False, strict: bool = True, max
     `nerkit data stats`). The first error is raised at once; with
     `max_errors` above 1 reading goes on, and ManyErrors lists that many (the first by line) and
     counts them all (for `nerkit data validate`); a lone error is raised as itself.
-    `repair_option`: how the command that reads the file asks for `repair`, for the error's fix."""
+    `repair_option`: how the command that reads the file asks for `repair`, for the error's fix.
+    `texts_only`: only the texts are wanted (`nerkit data convert --to text`), so a JSON-lines or
+    CLUENER record without its labels (CLUENER's unlabelled test.json) is a text without entities."""
     if fmt not in FORMATS:
         raise ValueError(f"unknown corpus format {fmt!r}")
     overlaps = Overlaps(repair, repair_option)
     if fmt == "cluener":
-        return read_cluener(path, max_errors=max_errors, overlaps=overlaps)
+        return read_cluener(path, max_errors=max_errors, overlaps=overlaps, texts_only=texts_only)
     if fmt in annotation.FORMATS:
         return annotation.READERS[fmt](path, max_errors=max_errors, overlaps=overlaps)
-    if fmt == "jsonl" or (fmt == "auto" and _is_jsonl(path)):
-        return read_jsonl(path, max_errors=max_errors, overlaps=overlaps)
+    if fmt == "jsonl" or (fmt == "auto" and is_jsonl(path)):
+        return read_jsonl(path, max_errors=max_errors, overlaps=overlaps, texts_only=texts_only)
     return read_conll(path, repair=repair, strict=strict, max_errors=max_errors, repair_option=repair_option)
 
 
-def _is_jsonl(path: str | Path) -> bool:
-    return str(path).endswith((".jsonl", ".json"))
+# The suffixes of a file that is read as JSON lines without being told (a corpus, `nerkit predict`'s input).
+JSON_LINES_SUFFIXES = (".jsonl", ".json")
+
+
+def is_jsonl(path: str | Path) -> bool:
+    return str(path).endswith(JSON_LINES_SUFFIXES)
 
 
 def read_conll(path: str | Path, repair: bool = False, strict: bool = True, max_errors: int = 1,
@@ -225,7 +240,7 @@ def _split_tokens(sentences: list[Sentence], scheme: str) -> int:
 
 def _columns(line: str, where: str) -> list[str]:
     """The columns of a token line. A line that starts with a space or tab and then a separator
-    holds that space or tab as its token: `nerkit predict --format conll` writes one as `  O`."""
+    holds that space or tab as its token, as `conll_line` writes one: `  O`."""
     if line[0] not in " \t":
         return _SEPARATOR.split(line.rstrip(" \t"))
     if line[1] not in " \t":
@@ -266,14 +281,19 @@ def _check_transitions(corpus: Corpus, repair: bool, strict: bool, problems: _Pr
 
 
 
-def read_jsonl(path: str | Path, max_errors: int = 1, overlaps: Overlaps | None = None) -> Corpus:
-    return _read_records(path, max_errors, _parse_record, "jsonl", overlaps)
+def read_jsonl(path: str | Path, max_errors: int = 1, overlaps: Overlaps | None = None,
+               texts_only: bool = False) -> Corpus:
+    """nerkit's JSON lines; `texts_only`: a record without "entities" is a text without any."""
+    return _read_records(path, max_errors, lambda *line: _parse_record(*line, texts_only=texts_only), "jsonl", overlaps)
 
 
-def read_cluener(path: str | Path, max_errors: int = 1, overlaps: Overlaps | None = None) -> Corpus:
+def read_cluener(path: str | Path, max_errors: int = 1, overlaps: Overlaps | None = None,
+                 texts_only: bool = False) -> Corpus:
     """CLUENER's JSON, one record a line: {"text", "label": {TYPE: {MENTION: [[start, end], ...]}}}
-    with `end` inclusive; each mention must be the text at its places. An "id" key is allowed."""
-    return _read_records(path, max_errors, _parse_cluener, "cluener", overlaps)
+    with `end` inclusive; each mention must be the text at its places. An "id" key is allowed.
+    `texts_only`: a record without "label" is a text without entities."""
+    return _read_records(path, max_errors, lambda *line: _parse_cluener(*line, texts_only=texts_only), "cluener",
+                         overlaps)
 
 
 def _record_text(line: str, where: str, known: tuple[str, ...], fmt: str) -> tuple[dict, str]:
@@ -283,13 +303,13 @@ def _record_text(line: str, where: str, known: tuple[str, ...], fmt: str) -> tup
     return record, _text_of(record, where, fmt)
 
 
-def _parse_cluener(line: str, number: int, where: str, overlaps: Overlaps) -> Sentence:
+def _parse_cluener(line: str, number: int, where: str, overlaps: Overlaps, texts_only: bool = False) -> Sentence:
     record, text = _record_text(line, where, CLUENER_KEYS, _CLUENER_FORMAT)
-    if "label" not in record:
+    if "label" not in record and not texts_only:
         raise CorpusError('the record has no "label" key', where=where,
                           fix='write "label": {} for a text without entities (CLUENER\'s test.json has no labels: '
-                              'it is text to tag with `nerkit predict`, not a corpus)')
-    label = record["label"]
+                              'it is text to tag, `nerkit predict test.json`, or to write out with --to text)')
+    label = record.get("label", {})
     if not isinstance(label, dict):
         raise CorpusError(f'"label" is {type(label).__name__}, not an object', where=where, fix=_CLUENER_FORMAT)
     spans = set()
@@ -317,13 +337,13 @@ def _parse_cluener(line: str, number: int, where: str, overlaps: Overlaps) -> Se
     return Sentence(list(text), spans_to_tags(len(text), spans, "bioes"), number)
 
 
-def _parse_record(line: str, number: int, where: str, overlaps: Overlaps) -> Sentence:
+def _parse_record(line: str, number: int, where: str, overlaps: Overlaps, texts_only: bool = False) -> Sentence:
     record, text = _record_text(line, where, RECORD_KEYS, _JSONL_FORMAT)
-    if "entities" not in record:
+    if "entities" not in record and not texts_only:
         raise CorpusError('the record has no "entities" key', where=where,
-                          fix='write "entities": [] for a text without entities (nerkit predict reads '
-                              'unlabelled text as plain lines)')
-    entities = record["entities"]
+                          fix='write "entities": [] for a text without entities (texts to tag need none: '
+                              '`nerkit predict FILE.jsonl` reads them)')
+    entities = record.get("entities", [])
     if not isinstance(entities, list):
         raise CorpusError(f'"entities" is {type(entities).__name__}, not a list', where=where)
     spans = sorted((_parse_entity(ent, text, where) for ent in entities), key=lambda s: (s.start, s.end))
@@ -382,7 +402,7 @@ def format_conll(sentences: list[Sentence], scheme: str) -> str:
         if separated:
             out.append(f"{DOCUMENT_SEPARATOR} O\n\n")
         tags = convert_tags(sent.tags, scheme)
-        out.extend(f"{tok} {tag}\n" for tok, tag in zip(sent.tokens, tags))
+        out.extend(conll_line(tok, tag) for tok, tag in zip(sent.tokens, tags))
         out.append("\n")
     return "".join(out)
 
@@ -416,13 +436,13 @@ def write_corpus(path: str | Path, sentences: list[Sentence], to: str, source: s
         atomic_write_text(path, "".join(s.text + "\n" for s in sentences))
         return
     if to in SCHEMES:
-        found = _first_token(sentences, lambda t: not t or _UNWRITABLE.search(t))
+        found = _first_token(sentences, lambda t: not t or UNWRITABLE.search(t))
         if found:
             raise CorpusError(
-                f"the token {found[2]!r} cannot be written one character per line: spaces, tabs and line breaks "
-                "separate columns and sentences, and NUL marks a binary file",
+                f"the token {found[2]!r} cannot be written one character per line: a line break ends the line "
+                "and NUL marks a binary file",
                 where=_token_where(path, source, source_format, *found[:2]),
-                fix="remove or replace them in the input (U+3000 is fine), or write jsonl",
+                fix="remove or replace them in the input, or write jsonl",
             )
     # Every format counts characters (the others by offsets), and the readers refuse longer tokens.
     found = _first_token(sentences, lambda t: len(t) != 1)
@@ -449,5 +469,5 @@ def _token_where(path: str | Path, source: str | Path | None, source_format: str
         return str(path)
     if source_format == "label-studio":
         return annotation.task_where(source, sent.line - 1)
-    per_sentence = source_format in ("jsonl", "cluener", "doccano") or (source_format == "auto" and _is_jsonl(source))
+    per_sentence = source_format in ("jsonl", "cluener", "doccano") or (source_format == "auto" and is_jsonl(source))
     return f"{source}:{sent.line if per_sentence else sent.line + index}"

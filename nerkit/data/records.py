@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from nerkit.data.tags import Span, tags_to_spans
-from nerkit.errors import CorpusError, ManyErrors
+from nerkit.errors import CorpusError, ManyErrors, did_you_mean
 
 SPANS = "spans"  # what JSON-lines files have instead of a tag scheme
 
@@ -188,15 +188,30 @@ def _json_array(first_line: str) -> bool:
     return isinstance(value, list) and any(isinstance(item, dict) for item in value)
 
 
-def _json_record(line: str, where: str, fmt: str) -> dict:
-    """One line's JSON object; `fmt` says what a line should be, for the error's fix."""
+def _json_record(line: str, where: str, fmt: str, key: str = "text") -> dict:
+    """One line's JSON object; `fmt` says what a line should be, for the error's fix, and `key`
+    where its text is."""
     try:
         record = json.loads(line)
     except json.JSONDecodeError as e:
         raise CorpusError(f"not valid JSON ({e.msg} at column {e.colno})", where=where, fix=fmt) from None
     if not isinstance(record, dict):
-        raise CorpusError('the record has no "text" string', where=where, fix=fmt)
+        raise CorpusError(f'the record has no "{key}" string', where=where, fix=fmt)
     return record
+
+
+def text_record(line: str, field: str, where: str) -> tuple[str, dict]:
+    """A line of JSON lines to tag (`nerkit predict --field FIELD`): the string at its `field`, and
+    its other keys, which the output's record keeps (a CLUENER `id`, a Hugging Face dataset's columns)."""
+    fmt = f'each line is a JSON object with the text to tag at "{field}" (--field names the key)'
+    record = _json_record(line, where, fmt, key=field)
+    text = record.pop(field, None)
+    if not isinstance(text, str):
+        found = "its keys: " + ", ".join(map(str, record)) if text is None else f"it is {type(text).__name__}"
+        close = did_you_mean(field, [k for k, v in record.items() if isinstance(v, str)])
+        raise CorpusError(f'the record has no "{field}" string ({found})', where=where,
+                          fix=f"name the key with --field: {close}" if close else fmt)
+    return text, record
 
 
 def _text_of(record: dict, where: str, fmt: str) -> str:

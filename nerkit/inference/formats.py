@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 
 from nerkit.data import annotation
+from nerkit.data.corpus import conll_line
 from nerkit.data.records import Sentence
 from nerkit.data.tags import Span, spans_to_tags
 from nerkit.version import __version__
@@ -18,20 +19,24 @@ FORMATS = ("jsonl", "conll", "inline", "html", "doccano", "label-studio")
 
 
 def format_record(text: str, spans: list[Span], fmt: str, scheme: str = "bio",
-                  colors: dict[str, str] | None = None, model_version: str = "nerkit") -> str:
+                  colors: dict[str, str] | None = None, model_version: str = "nerkit", keys: dict | None = None) -> str:
     """One record of output; `colors`: the entity types' colours for html (report.type_colors);
     `model_version`: what label-studio's predictions say made them (`model_version`). A
-    label-studio record is an element of a JSON array: `output_frame` says what goes around it."""
+    label-studio record is an element of a JSON array: `output_frame` says what goes around it.
+    `keys`: the other keys of the text's input object (`nerkit predict --field`), which the JSON
+    formats keep (label-studio in the task's data); the others have no place for them."""
+    keys = keys or {}
     if fmt == "doccano":
-        return json.dumps(annotation.doccano_record(text, spans), ensure_ascii=False) + "\n"
+        return json.dumps({**keys, **annotation.doccano_record(text, spans)}, ensure_ascii=False) + "\n"
     if fmt == "label-studio":
-        return annotation.task_json(annotation.label_studio_prediction(text, spans, model_version))
+        task = annotation.label_studio_prediction(text, spans, model_version)
+        return annotation.task_json({**task, "data": {**keys, **task["data"]}})
     if fmt == "html":
         from nerkit.inference.html import prediction_record
 
         return prediction_record(text, spans, colors or {})
     if fmt == "jsonl":
-        return json.dumps(record(text, spans), ensure_ascii=False) + "\n"
+        return json.dumps({**keys, **record(text, spans)}, ensure_ascii=False) + "\n"
     if fmt == "inline":
         out, pos = [], 0
         for s in spans:
@@ -41,7 +46,7 @@ def format_record(text: str, spans: list[Span], fmt: str, scheme: str = "bio",
         out.append(text[pos:])
         return "".join(out) + "\n"
     tags = spans_to_tags(len(text), spans, scheme)
-    return "".join(f"{c} {t}\n" for c, t in zip(text, tags)) + "\n"
+    return "".join(conll_line(c, t) for c, t in zip(text, tags)) + "\n"
 
 
 def record(text: str, spans: list[Span]) -> dict:
@@ -57,9 +62,10 @@ def predict_records(pipe, texts: list[str], batch_size: int = 64, window: int | 
     return [record(t, s) for t, s in zip(texts, spans)]
 
 
-def predict_chunk(pipe, texts: list[str], fmt: str, batch_size: int, window: int | None = None) -> bytes:
+def predict_chunk(pipe, texts: list[str], fmt: str, batch_size: int, window: int | None = None,
+                  keys: list[dict] | None = None) -> bytes:
     """The encoded records of one chunk's texts (what a worker process returns, too); `window`:
-    the prediction window (None: the model's)."""
+    the prediction window (None: the model's); `keys`: each text's other keys (`format_record`)."""
     spans = pipe.predict_tokens(texts, batch_size, window)  # a string is its characters
     colors = None
     if fmt == "html":
@@ -67,8 +73,8 @@ def predict_chunk(pipe, texts: list[str], fmt: str, batch_size: int, window: int
 
         colors = type_colors(pipe.types)
     version = model_version(pipe) if fmt == "label-studio" else ""
-    records = output_frame(fmt)[1].join(format_record(t, s, fmt, pipe.scheme, colors, version)
-                                        for t, s in zip(texts, spans))
+    records = output_frame(fmt)[1].join(format_record(t, s, fmt, pipe.scheme, colors, version, k)
+                                        for t, s, k in zip(texts, spans, keys or [None] * len(texts)))
     return records.encode("utf-8")
 
 
@@ -97,6 +103,6 @@ def eval_output(sentences: list[Sentence], predicted: list[list[Span]], scheme: 
     for sent, spans in zip(sentences, predicted):
         gold = sent.tags
         pred = spans_to_tags(len(sent), spans, scheme)
-        lines.extend(f"{c} {g} {p}\n" for c, g, p in zip(sent.tokens, gold, pred))
+        lines.extend(conll_line(c, g, p) for c, g, p in zip(sent.tokens, gold, pred))
         lines.append("\n")
     return "".join(lines)

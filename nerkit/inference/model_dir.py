@@ -3,6 +3,7 @@ no links out of it, and the format version it was written with."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -27,6 +28,18 @@ RUNTIMES = ("torch", "onnx")
 # nerkit.json's key for the temperature that divides the CRF's scores when entities are scored
 # (written by `nerkit calibrate`; absent: 1).
 SCORE_TEMPERATURE = "score_temperature"
+
+
+# What a model directory whose files disagree asks for, whichever file the disagreement is found in.
+ONE_RUN_FIX = "use the files of one training run together"
+
+
+def vocab_fingerprint(vocab: dict) -> str:
+    """The sha256 of vocab.json's content (keys sorted, so that it does not depend on how the file is
+    laid out): nerkit.json's `vocab_sha256`, which ties the vocabulary to the weights or graph written
+    with it."""
+    text = json.dumps(vocab, ensure_ascii=False, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
 def runtime(meta: dict) -> str:

@@ -22,7 +22,7 @@ from pathlib import Path
 from nerkit.errors import ModelDirError, UserError
 from nerkit.features.featurizer import Example, Featurizer
 from nerkit.features.padding import budgeted_batches, collate_arrays
-from nerkit.inference.model_dir import ONNX_FILE, ONNX_MODEL_FILES
+from nerkit.inference.model_dir import ONE_RUN_FIX, ONNX_FILE, ONNX_MODEL_FILES
 from nerkit.inference.predictor import Predictor, read_model_dir
 
 log = logging.getLogger(__name__)
@@ -64,6 +64,38 @@ def session(path: Path, device: str, threads: int):
     except Exception as e:  # onnxruntime raises its own classes for a damaged or foreign file
         raise ModelDirError(f"{ONNX_FILE} cannot be loaded ({str(e).splitlines()[0][:200]})", where=str(path),
                             fix="export the model again") from None
+
+
+# The vocabulary (vocab.json's key) that each id input of a graph is looked up in.
+ID_VOCABS = {"char_ids": "chars", "bichar_ids": "bichars", "word_ids": "words"}
+
+
+def graph_sizes(path: Path, session) -> dict[str, int]:
+    """The sizes a graph was exported with: its tags (the emissions' last axis) and the rows of the
+    table each id input is looked up in (a Gather from a constant; read with `onnx` when installed)."""
+    sizes = {"tags": session.get_outputs()[1].shape[-1]}
+    try:
+        import onnx
+    except ImportError:
+        return sizes
+    graph = onnx.load(str(path), load_external_data=False).graph
+    rows = {t.name: t.dims[0] for t in graph.initializer if t.dims}
+    for node in graph.node:
+        if node.op_type == "Gather" and node.input[1] in ID_VOCABS and node.input[0] in rows:
+            sizes[ID_VOCABS[node.input[1]]] = rows[node.input[0]]
+    return sizes
+
+
+def check_graph_sizes(directory: Path, session, vocab: dict) -> None:
+    """vocab.json against the graph, by sizes, for an export whose nerkit.json has no `vocab_sha256`
+    (one written before it did; `read_model_dir` checks the checksum): what Pipeline.load's shape
+    check is to model.safetensors. A vocabulary of other sizes would index past the graph's tables."""
+    wrong = [f"{key}: {len(vocab[key])} in vocab.json, {size} in the graph"
+             for key, size in graph_sizes(directory / ONNX_FILE, session).items()
+             if isinstance(size, int) and vocab.get(key) is not None and len(vocab[key]) != size]
+    if wrong:
+        raise ModelDirError(f"{ONNX_FILE} does not match config.yaml and vocab.json: {len(wrong)} sizes differ "
+                            f"({'; '.join(wrong)})", where=str(directory / ONNX_FILE), fix=ONE_RUN_FIX)
 
 
 class OnnxPipeline(Predictor):
@@ -124,8 +156,10 @@ class OnnxPipeline(Predictor):
                                           lm_vocab=lm_vocab)
         graph = found.meta.get("onnx") or {}
         graph_threads = 1 if lane_count > 1 else threads
-        pipe = cls(found.config, featurizer, session(directory / ONNX_FILE, device, graph_threads), graph.get("max_length"),
-                   lane_count)
+        graph_session = session(directory / ONNX_FILE, device, graph_threads)
+        if found.meta.get("vocab_sha256") is None:
+            check_graph_sizes(directory, graph_session, found.vocab)
+        pipe = cls(found.config, featurizer, graph_session, graph.get("max_length"), lane_count)
         pipe.train_max_len = found.train_max_len
         pipe.directory = directory
         return pipe

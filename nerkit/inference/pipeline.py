@@ -20,7 +20,7 @@ from nerkit.features.batch import bucketed_batches, collate_padded
 from nerkit.features.featurizer import Example, Featurizer
 from nerkit.files import atomic_directory, atomic_write_bytes, atomic_write_text
 from nerkit.data.tags import Span
-from nerkit.inference.model_dir import FORMAT_VERSION
+from nerkit.inference.model_dir import FORMAT_VERSION, ONE_RUN_FIX, vocab_fingerprint
 from nerkit.inference.predictor import (  # noqa: F401 (Evaluation and without_whitespace re-exported)
     Evaluation,
     Predictor,
@@ -103,12 +103,14 @@ class Pipeline(Predictor):
             save_lm(self.model.lm, directory, weights=False)
 
     def write_meta(self, directory: Path) -> None:
-        """nerkit.json: what the directory is (format and nerkit versions, encoder, the lexicon's
-        checksum) and the longest training sentence, which sets the default prediction window."""
+        """nerkit.json: what the directory is (format and nerkit versions, encoder, the lexicon's and
+        the vocabulary's checksums) and the longest training sentence, which sets the default
+        prediction window."""
         lexicon = self.featurizer.lexicon
         atomic_write_text(directory / "nerkit.json", json.dumps(
             {"format_version": FORMAT_VERSION, "nerkit_version": __version__, "encoder": self.config.encoder.name,
              "lexicon_sha256": lexicon.fingerprint if lexicon is not None else None,
+             "vocab_sha256": vocab_fingerprint(self.featurizer.to_json()),
              "train_max_len": self.train_max_len}, indent=2) + "\n")
 
     def write_weights(self, directory: Path, metrics: dict | None = None) -> None:
@@ -146,6 +148,6 @@ class Pipeline(Predictor):
         state = read_safetensors(weights, fix="the file is damaged or not a safetensors file; retrain or copy it again",
                                  error=ModelDirError)
         load_checked(pipe.model, state, "model.safetensors does not match config.yaml and vocab.json", where=str(weights),
-                     fix="use the files of one training run together", error=ModelDirError)
+                     fix=ONE_RUN_FIX, error=ModelDirError)
         pipe.model.eval()
         return pipe

@@ -24,9 +24,11 @@ from nerkit.inference.evaluate import calibration, errors, score
 from nerkit.inference.model_dir import (
     FORMAT_VERSION,
     MODEL_FILES,
+    ONE_RUN_FIX,
     SCORE_TEMPERATURE,
     _read_json,
     check_model_dir,
+    vocab_fingerprint,
 )
 from nerkit.inference.windows import check_window, stitch, text_windows
 
@@ -267,6 +269,7 @@ def read_model_dir(directory: Path, files: tuple[str, ...] = MODEL_FILES) -> Mod
         raw["data"] = {"normalize": False, **(raw.get("data") or {})}
     config = build_config(raw, str(directory / "config.yaml"))
     vocab = _read_json(directory / "vocab.json")
+    check_vocab(meta, vocab, directory)
     lexicon = None
     if vocab.get("words") is not None:
         from nerkit.features.lexicon import Lexicon
@@ -289,6 +292,17 @@ def _score_temperature(meta: dict, where: Path) -> float:
         raise ModelDirError(f"{SCORE_TEMPERATURE} is {found!r}, not a positive number", where=str(where),
                             fix="run `nerkit calibrate` again, or remove the key to score at temperature 1")
     return float(found)
+
+
+def check_vocab(meta: dict, vocab: dict, directory: Path) -> None:
+    """vocab.json is the one the model was written with, when nerkit.json records its checksum
+    (`vocab_sha256`, which `nerkit train` and `nerkit export` write): a vocabulary of
+    another model would feed the weights ids they were never trained on, or ids past their tables.
+    A directory without the checksum is checked by shapes instead (Pipeline.load, OnnxPipeline.load)."""
+    recorded = meta.get("vocab_sha256")
+    if recorded is not None and vocab_fingerprint(vocab) != recorded:
+        raise ModelDirError("vocab.json is not the vocabulary this model was written with (its checksum differs "
+                            "from nerkit.json's vocab_sha256)", where=str(directory / "vocab.json"), fix=ONE_RUN_FIX)
 
 
 def _train_max_len(meta: dict, where: Path) -> int | None:

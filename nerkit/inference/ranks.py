@@ -69,7 +69,7 @@ def check_ranked(source: str, output: str | None) -> None:
         raise UserError("with several processes (torchrun) the output must be a file", fix="pass --output FILE")
 
 
-def predicted_by_ranks(pipe, chunks: Iterable[tuple[list[str], int]], fmt: str, batch_size: int,
+def predicted_by_ranks(pipe, chunks: Iterable[tuple[list[str], int, list[dict] | None]], fmt: str, batch_size: int,
                        window: int | None, ranks: Ranks) -> Iterator[tuple[bytes, int, int]]:
     """Each chunk's output in input order on rank 0 (nothing on the others), as `stream._predicted`
     yields it: rank r predicts chunks r, r + size, ... and every round of `size` chunks is gathered."""
@@ -79,8 +79,8 @@ def predicted_by_ranks(pipe, chunks: Iterable[tuple[list[str], int]], fmt: str, 
         mine = round_[ranks.rank] if ranks.rank < len(round_) else None
         done = None
         if mine is not None:
-            texts, size = mine
-            done = (predict_chunk(pipe, texts, fmt, batch_size, window), len(texts), size)
+            texts, size, keys = mine
+            done = (predict_chunk(pipe, texts, fmt, batch_size, window, keys), len(texts), size)
         gathered = ranks.gather(done)
         if ranks.main:
             yield from (item for item in gathered if item is not None)

@@ -1,4 +1,5 @@
-"""Streaming prediction over text files (one text per line) and the eval output file.
+"""Streaming prediction over text files (one text per line, or JSON lines whose objects hold the
+texts: `input_field`) and the eval output file.
 
 Input is read in chunks, so memory stays bounded whatever the file size, and records come out in
 input order. Lines are split only at `\n` (a `\r\n` ending is dropped) and checked as they are
@@ -24,8 +25,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO, Iterable, Iterator
 
-from nerkit.data.records import decode_utf8, nul_error
-from nerkit.errors import UserError
+from nerkit.data.corpus import UNWRITABLE, is_jsonl
+from nerkit.data.records import decode_utf8, nul_error, text_record
+from nerkit.errors import CorpusError, UserError
 from nerkit.files import WRITE_ERRNOS, atomic_file, check_output
 from nerkit.inference.formats import FORMATS, output_frame, predict_chunk
 from nerkit.inference.ranks import Ranks, check_ranked, predicted_by_ranks
@@ -45,6 +47,11 @@ _PIECE = 1 << 20
 
 
 _SOURCE_FIX = "pass a text file with one text per line, or - for stdin"
+
+
+# The output formats that write a text on lines of their own, where a line break (or NUL) in a JSON
+# string's text cannot go: the rule of character-per-line files (corpus.UNWRITABLE), inline's too.
+_LINE_FORMATS = ("conll", "inline")
 
 
 # Characters of input predicted (and written) at a time: enough for batches of similar lengths, few
@@ -106,23 +113,58 @@ def _lines(stream: BinaryIO, name: str) -> Iterator[tuple[str, int]]:
         offset += len(raw)
 
 
-def _chunks(lines: Iterable[tuple[str, int]], chunk_chars: int) -> Iterator[tuple[list[str], int]]:
-    """The texts of about `chunk_chars` characters of input at a time, and how many input bytes
-    they cover. One process or several (`nerkit.inference.workers`), the chunks are the same."""
-    texts: list[str] = []
+def input_field(source: str, field: str | None) -> str | None:
+    """Where each input line's text is: None for plain text, else the key of a JSON object: `field`
+    as given (`--field`), or "text" for a file named as JSON lines are (corpus.is_jsonl): its lines
+    as plain text would be tagged JSON, never what was meant."""
+    if field is None and source != STDIN and is_jsonl(source):
+        return "text"
+    return field
+
+
+def _texts(lines: Iterable[tuple[str, int]], name: str, field: str | None,
+           fmt: str) -> Iterator[tuple[str, dict | None, int]]:
+    """Each text to tag, the other keys of its JSON object (None for a line of plain text), and its
+    input bytes. With `field`, each line that is not blank is a JSON object holding its text at
+    `field` (records.text_record); a blank line is none."""
+    if field is None:
+        yield from ((text, None, size) for text, size in lines)
+        return
+    skipped = 0  # the bytes of blank lines, counted with the next text's
+    for number, (line, size) in enumerate(lines, 1):
+        if not line.strip():
+            skipped += size
+            continue
+        where = f"{name}:{number}"
+        text, keys = text_record(line, field, where)
+        if fmt in _LINE_FORMATS and UNWRITABLE.search(text):
+            raise CorpusError(f"the text holds a line break or NUL, which --format {fmt} cannot write "
+                              "(it writes a text on lines of its own)", where=where, fix="use --format jsonl")
+        yield text, keys, size + skipped
+        skipped = 0
+
+
+def _chunks(texts: Iterable[tuple[str, dict | None, int]],
+            chunk_chars: int) -> Iterator[tuple[list[str], int, list[dict] | None]]:
+    """The texts of about `chunk_chars` characters of input at a time, how many input bytes they
+    cover and their JSON objects' other keys (None for plain text). One process or several
+    (`nerkit.inference.workers`), the chunks are the same."""
+    chunk: list[str] = []
+    keys: list[dict | None] = []
     size = chars = 0
-    for text, line_size in lines:
-        texts.append(text)
-        size += line_size
+    for text, other, text_size in texts:
+        chunk.append(text)
+        keys.append(other)
+        size += text_size
         chars += len(text)
         if chars >= chunk_chars:
-            yield texts, size
-            texts, size, chars = [], 0, 0
-    if texts:
-        yield texts, size
+            yield chunk, size, (None if other is None else keys)
+            chunk, keys, size, chars = [], [], 0, 0
+    if chunk:
+        yield chunk, size, (None if keys[0] is None else keys)
 
 
-def _predicted(pipe, chunks: Iterable[tuple[list[str], int]], fmt: str, batch_size: int,
+def _predicted(pipe, chunks: Iterable[tuple[list[str], int, list[dict] | None]], fmt: str, batch_size: int,
                window: int | None) -> Iterator[tuple[bytes, int, int]]:
     """Each chunk's output in input order, with how many records and input bytes it holds: predicted
     here by a Pipeline, by the threads of an ONNX export with lanes (`_in_threads`), or by the
@@ -133,11 +175,11 @@ def _predicted(pipe, chunks: Iterable[tuple[list[str], int]], fmt: str, batch_si
     if getattr(pipe, "lanes", 1) > 1:
         yield from _in_threads(pipe, chunks, fmt, batch_size, window)
         return
-    for texts, size in chunks:
-        yield predict_chunk(pipe, texts, fmt, batch_size, window), len(texts), size
+    for texts, size, keys in chunks:
+        yield predict_chunk(pipe, texts, fmt, batch_size, window, keys), len(texts), size
 
 
-def _in_threads(pipe, chunks: Iterable[tuple[list[str], int]], fmt: str, batch_size: int,
+def _in_threads(pipe, chunks: Iterable[tuple[list[str], int, list[dict] | None]], fmt: str, batch_size: int,
                 window: int | None) -> Iterator[tuple[bytes, int, int]]:
     """`_predicted` on `pipe.lanes` threads: while one chunk's batches are in ONNX Runtime (which
     lets go of Python's lock), another chunk is featurised or written out. At most two chunks per
@@ -153,13 +195,14 @@ def _in_threads(pipe, chunks: Iterable[tuple[list[str], int]], fmt: str, batch_s
             while True:
                 while failure is None and len(out) < 2 * pipe.lanes:
                     try:
-                        texts, size = next(source)
+                        texts, size, keys = next(source)
                     except StopIteration:
                         break
                     except Exception as e:  # an invalid input line: after the chunks before it
                         failure = e
                         break
-                    out.append((pool.submit(predict_chunk, pipe, texts, fmt, batch_size, window), len(texts), size))
+                    out.append((pool.submit(predict_chunk, pipe, texts, fmt, batch_size, window, keys), len(texts),
+                                size))
                 if not out:
                     break
                 future, records, size = out.popleft()
@@ -215,11 +258,12 @@ def sigterm_as_exit() -> Iterator[None]:
 
 def predict_file(model: str | Path, source: str, output: str | None, fmt: str = "jsonl", batch_size: int = 64,
                  device: str = "cpu", threads: int = 0, workers: int = 1, window: int | None = None,
-                 document: bool = False) -> int:
+                 document: bool = False, field: str | None = None) -> int:
     """`nerkit predict`: the paths checked before the model loads (a wrong one costs no wait), then
     `predict_stream` with the model in this process or in `workers` processes. SIGTERM ends it as
     Ctrl-C does (`sigterm_as_exit`). With `document` (a model with memory), the lines are read in
-    order as one stream, in this process. Returns the number of records written."""
+    order as one stream, in this process. `field`: `predict_stream`'s. Returns the number of
+    records written."""
     check_paths(source, output)
     ranks = Ranks.from_env()  # torchrun's processes, on this machine or several
     if document and (workers > 1 or ranks is not None):
@@ -232,22 +276,24 @@ def predict_file(model: str | Path, source: str, output: str | None, fmt: str = 
         if document:
             pipe = pipe.document_stream()
         if ranks is None:
-            return predict_stream(pipe, source, output, fmt, batch_size, window=window)
+            return predict_stream(pipe, source, output, fmt, batch_size, window=window, field=field)
         ranks.start()
         try:
-            return predict_stream(pipe, source, output, fmt, batch_size, window=window, ranks=ranks)
+            return predict_stream(pipe, source, output, fmt, batch_size, window=window, ranks=ranks, field=field)
         finally:
             ranks.stop()
 
 
 def predict_stream(pipe, source: str, output: str | None, fmt: str = "jsonl", batch_size: int = 64,
                    chunk_chars: int = CHUNK_CHARS, progress: bool | None = None, window: int | None = None,
-                   ranks: Ranks | None = None) -> int:
+                   ranks: Ranks | None = None, field: str | None = None) -> int:
     """Predict every line of `source` (a path, or '-' for stdin) into `output` (a path, or stdout)
     with `pipe`: a Pipeline, or `nerkit.inference.workers.Workers` (processes that each hold one; the output
     is the same). `window`: the prediction window (None: the model's, `Pipeline.window`). With
     `ranks` (torchrun), each rank predicts its share of the chunks and rank 0 alone writes them, in
-    input order (nerkit.inference.ranks). Returns the number of records written."""
+    input order (nerkit.inference.ranks). `field`: the key of each line's JSON object that holds its
+    text (`input_field`: "text" for a .jsonl or .json file; None: plain text); the object's other
+    keys are kept in its output record. Returns the number of records written."""
     if fmt not in FORMATS:
         raise UserError(f"unknown output format {fmt!r}", fix=f"use one of {', '.join(FORMATS)}")
     if batch_size < 1:
@@ -255,6 +301,8 @@ def predict_stream(pipe, source: str, output: str | None, fmt: str = "jsonl", ba
     if window is not None:
         check_window(window)
     check_paths(source, output)
+    field = input_field(source, field)
+    name = "<stdin>" if source == STDIN else source
     stream, total = _open_source(source)
     if progress is None and source == STDIN and sys.stderr.isatty():
         progress = False  # someone may be typing the input: no bar under it
@@ -262,7 +310,7 @@ def predict_stream(pipe, source: str, output: str | None, fmt: str = "jsonl", ba
     written = 0
     try:
         if ranks is not None and not ranks.main:  # its chunks go to rank 0, which writes
-            chunks = _chunks(_lines(stream, source), chunk_chars)
+            chunks = _chunks(_texts(_lines(stream, name), name, field, fmt), chunk_chars)
             for _ in predicted_by_ranks(pipe, chunks, fmt, batch_size, window, ranks):
                 pass
             return 0
@@ -270,7 +318,7 @@ def predict_stream(pipe, source: str, output: str | None, fmt: str = "jsonl", ba
             # html's page and label-studio's JSON array: their start, the records as they come, their end
             start, separator, end = (part.encode("utf-8") for part in output_frame(fmt))
             sink.write(start)
-            chunks = _chunks(_lines(stream, "<stdin>" if source == STDIN else source), chunk_chars)
+            chunks = _chunks(_texts(_lines(stream, name), name, field, fmt), chunk_chars)
             produced = (_predicted(pipe, chunks, fmt, batch_size, window) if ranks is None
                         else predicted_by_ranks(pipe, chunks, fmt, batch_size, window, ranks))
             for data, records, size in produced:

@@ -30,7 +30,7 @@ from nerkit.errors import UserError
 from nerkit.features.batch import Batch, collate
 from nerkit.features.padding import collate_arrays
 from nerkit.files import atomic_directory, atomic_write_text, check_output_directory
-from nerkit.inference.model_dir import ONNX_FILE, _read_json, runtime
+from nerkit.inference.model_dir import ONNX_FILE, _read_json, runtime, vocab_fingerprint
 from nerkit.inference.pipeline import Pipeline
 from nerkit.model.tagger import Tagger
 from nerkit.tools.onnx_graphs import (
@@ -344,7 +344,10 @@ def export_model(model_dir: str | Path, out: str | Path, fmt: str = "onnx", quan
 
             onnx.checker.check_model(str(graph_file), full_check=True)
             found = compare(pipe, _session(graph_file), texts)
-        meta.update({"runtime": "onnx", "onnx": {
+        # The checksum of the vocab.json copied beside the graph (a directory trained before nerkit.json
+        # held it gets it here), so that loading the export refuses another model's vocabulary.
+        vocab_sha256 = vocab_fingerprint(_read_json(model_dir / "vocab.json"))
+        meta.update({"runtime": "onnx", "vocab_sha256": vocab_sha256, "onnx": {
             "opset": OPSET, "quantize": quantize, "max_length": limit,
             "inputs": input_names(pipe.model), "outputs": ["tag_ids", "emissions"]}})
         with atomic_directory(out) as tmp:
