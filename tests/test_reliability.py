@@ -285,16 +285,16 @@ def test_train_accepts_a_long_sentence_of_control_characters(tmp_path):
 # -------------------------------------------------------------------------------------- configs
 
 CONFIG_ERRORS = [
-    # (override, where the message points, words)
-    ("train.epochz=3", DEMO, "unknown key train.epochz; did you mean 'epochs'?"),
-    ("train.lr=fast", DEMO, "train.lr: 'fast' is not a valid float"),
-    ("encoder.name=lstmm", f"{DEMO}: encoder.name", "unknown encoder 'lstmm'"),
-    ("encoder.hidden_size=-5", DEMO, "encoder.hidden_size = -5 must not be negative"),
-    ("encoder.hidden_size=0", DEMO, "encoder.hidden_size = 0 must be at least 1"),
-    ("encoder.num_layers=0", DEMO, "encoder.num_layers = 0 must be at least 1"),
-    ("train.eval_batch_size=0", DEMO, "train.eval_batch_size = 0 must be at least 1"),
-    ("train.lr=.nan", DEMO, "train.lr = nan must be a finite number"),
-    ("encoder.dropout=1.5", DEMO, "encoder.dropout = 1.5 must be below 1"),
+    # (override, where the message points: the --set that gave the value, words)
+    ("train.epochz=3", "--set train.epochz=3", "unknown key train.epochz; did you mean 'epochs'?"),
+    ("train.lr=fast", "--set train.lr=fast", "train.lr: 'fast' is not a valid float"),
+    ("encoder.name=lstmm", "--set encoder.name=lstmm: encoder.name", "unknown encoder 'lstmm'"),
+    ("encoder.hidden_size=-5", "--set encoder.hidden_size=-5", "encoder.hidden_size = -5 must not be negative"),
+    ("encoder.hidden_size=0", "--set encoder.hidden_size=0", "encoder.hidden_size = 0 must be at least 1"),
+    ("encoder.num_layers=0", "--set encoder.num_layers=0", "encoder.num_layers = 0 must be at least 1"),
+    ("train.eval_batch_size=0", "--set train.eval_batch_size=0", "train.eval_batch_size = 0 must be at least 1"),
+    ("train.lr=.nan", "--set train.lr=.nan", "train.lr = nan must be a finite number"),
+    ("encoder.dropout=1.5", "--set encoder.dropout=1.5", "encoder.dropout = 1.5 must be below 1"),
 ]
 
 
