@@ -148,3 +148,62 @@ def test_a_damaged_temperature_is_refused_when_the_model_loads(tiny_model_dir, t
     (model / "nerkit.json").write_text(json.dumps({**meta, "score_temperature": -1}))
     result = nerkit("predict", "--model", str(model), "-", check=False)
     assert result.returncode == 2 and "score_temperature is -1" in result.stderr and "Traceback" not in result.stderr
+
+
+# ------------------------------------------------------------------ every way out: files, workers, exports
+
+
+def read_lines(text: str) -> list[dict]:
+    import json
+
+    return [json.loads(line) for line in text.split("\n") if line]
+
+
+def test_predict_writes_scores_in_every_json_format_and_min_score_filters(tiny_model_dir, tmp_path, nerkit):
+    import json
+
+    source = tmp_path / "texts.txt"
+    source.write_text("\n".join(TEXTS) + "\n", encoding="utf-8")
+    model = str(tiny_model_dir)
+    records = read_lines(nerkit("predict", "--model", model, str(source)).stdout)
+    entities = [e for r in records for e in r["entities"]]
+    assert entities and all(0 < e["score"] <= 1 for e in entities)
+    plain = read_lines(nerkit("predict", "--model", model, str(source), "--no-scores").stdout)
+    assert all("score" not in e for r in plain for e in r["entities"])
+    threshold = sorted(e["score"] for e in entities)[len(entities) // 2]
+    kept = read_lines(nerkit("predict", "--model", model, str(source), "--min-score", str(threshold)).stdout)
+    assert kept == [{**r, "entities": [e for e in r["entities"] if e["score"] >= threshold]} for r in records]
+    two = read_lines(nerkit("predict", "--model", model, str(source), "--workers", "2").stdout)
+    assert two == records
+    tasks = json.loads(nerkit("predict", "--model", model, str(source), "--format", "label-studio").stdout)
+    for task, record in zip(tasks, records):
+        prediction = task["predictions"][0]
+        assert [r["score"] for r in prediction["result"]] == [e["score"] for e in record["entities"]]
+        assert prediction.get("score") == (min(e["score"] for e in record["entities"]) if record["entities"] else None)
+    doccano = read_lines(nerkit("predict", "--model", model, str(source), "--format", "doccano").stdout)
+    assert [d.get("scores", []) for d in doccano] == [[e["score"] for e in r["entities"]] for r in records]
+    out = tmp_path / "tasks.json"
+    nerkit("predict", "--model", model, str(source), "--format", "label-studio", "--output", str(out))
+    nerkit("data", "convert", str(out), str(tmp_path / "back.jsonl"), "--from", "label-studio", "--to", "jsonl")
+    back = read_lines((tmp_path / "back.jsonl").read_text(encoding="utf-8"))  # read back, scores and all
+    assert [[(e["start"], e["end"], e["type"]) for e in r["entities"]] for r in back] == \
+        [[(e["start"], e["end"], e["type"]) for e in r["entities"]] for r in records]
+
+
+def test_an_export_gives_the_pytorch_scores_without_torch(tiny_model_dir, tmp_path, nerkit):
+    pytest.importorskip("onnxruntime")
+    from nerkit.inference.onnx_runtime import OnnxPipeline
+
+    exported = tmp_path / "onnx"
+    nerkit("--quiet", "export", "--model", str(tiny_model_dir), "--out", str(exported))
+    torch_pipe, onnx_pipe = Pipeline.load(tiny_model_dir), OnnxPipeline.load(exported, threads=1)
+    texts = TEXTS + [TEXTS[2] * 5]
+    expected, found = torch_pipe.predict(texts, scores=True), onnx_pipe.predict(texts, scores=True)
+    strip = lambda es: [[(e["start"], e["end"], e["type"]) for e in r] for r in es]  # noqa: E731
+    assert strip(found) == strip(expected) and any(found)
+    for a, b in zip(found, expected):
+        assert [e["score"] for e in a] == pytest.approx([e["score"] for e in b], abs=1e-5)
+    # an export written before scores (no crf.safetensors) still predicts, its entities unscored
+    (exported / "crf.safetensors").unlink()
+    old = OnnxPipeline.load(exported, threads=1).predict(texts, scores=True)
+    assert strip(old) == strip(expected) and all("score" not in e for r in old for e in r)

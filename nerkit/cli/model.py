@@ -85,6 +85,10 @@ def predict(
     field: Optional[str] = typer.Option(None, "--field", help="Read the input as JSON lines and tag the "
                                         "string at this key of each object (default for a .jsonl or .json "
                                         "file: text); the other keys are kept in the output records."),
+    scores: bool = flag("--scores/--no-scores", default=True, help="Give each entity its score: the "
+                        "probability the model gives exactly that span with exactly that type."),
+    min_score: Optional[float] = typer.Option(None, "--min-score", min=0.0, max=1.0, help="Leave out the "
+                                              "entities scored below this (implies --scores)."),
 ):
     """Tag every line of a text file (or stdin, a pipe, /dev/stdin), or the texts of a JSON-lines file."""
     from nerkit.inference.loading import require_runtime
@@ -92,7 +96,7 @@ def predict(
 
     require_runtime(model, runtime)
     predict_file(model, source, str(output) if output else None, fmt, batch_size, device, threads, workers, window,
-                 document, field)
+                 document, field, min_score if min_score is not None else 0.0 if scores else None)
 
 
 def calibrate(

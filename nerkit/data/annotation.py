@@ -27,7 +27,7 @@ from nerkit.data.records import (
     _span_corpus,
     _text_of,
 )
-from nerkit.data.tags import Span, spans_to_tags
+from nerkit.data.tags import SCORE_DIGITS, Span, spans_to_tags
 from nerkit.errors import CorpusError
 
 log = logging.getLogger(__name__)
@@ -150,9 +150,14 @@ def _doccano_entity(item, key: str, where: str) -> tuple[int, int, object]:
 
 
 def doccano_record(text: str, spans: list[Span]) -> dict:
-    """One text as doccano imports it for sequence labelling, offsets in UTF-16 code units."""
+    """One text as doccano imports it for sequence labelling, offsets in UTF-16 code units. Scored
+    spans (predictions) add `scores`, one per label: doccano keeps a record's other keys as its
+    metadata, since a label has no place for a score."""
     units = _Units(text)
-    return {"text": text, "label": [[units.of(s.start), units.of(s.end), s.type] for s in spans]}
+    record = {"text": text, "label": [[units.of(s.start), units.of(s.end), s.type] for s in spans]}
+    if any(s.score is not None for s in spans):
+        record["scores"] = [s.to_dict().get("score") for s in spans]
+    return record
 
 
 def format_doccano(sentences: list[Sentence]) -> str:
@@ -351,10 +356,23 @@ def _same(seen: str, actual: str) -> bool:
 
 
 def label_studio_result(text: str, spans: list[Span]) -> list[dict]:
-    """A task's spans as Label Studio's results (no region ids: Label Studio makes them)."""
-    return [{"from_name": LABEL_STUDIO_FROM_NAME, "to_name": LABEL_STUDIO_TO_NAME, "type": "labels",
-             "value": {"start": s.start, "end": s.end, "text": text[s.start:s.end], "labels": [s.type]}}
-            for s in spans]
+    """A task's spans as Label Studio's results (no region ids: Label Studio makes them); a scored
+    span's result carries its `score`, which Label Studio shows on the region."""
+    results = []
+    for s in spans:
+        result = {"from_name": LABEL_STUDIO_FROM_NAME, "to_name": LABEL_STUDIO_TO_NAME, "type": "labels",
+                  "value": {"start": s.start, "end": s.end, "text": text[s.start:s.end], "labels": [s.type]}}
+        if s.score is not None:
+            result["score"] = s.to_dict()["score"]
+        results.append(result)
+    return results
+
+
+def prediction_score(spans: list[Span]) -> float | None:
+    """A prediction's own score, by which Label Studio sorts and filters tasks: its least sure
+    entity's (the one a reviewer should look at first); None without scored entities."""
+    scores = [s.score for s in spans if s.score is not None]
+    return round(min(scores), SCORE_DIGITS) if scores else None
 
 
 def label_studio_task(text: str, spans: list[Span]) -> dict:
@@ -363,9 +381,13 @@ def label_studio_task(text: str, spans: list[Span]) -> dict:
 
 
 def label_studio_prediction(text: str, spans: list[Span], model_version: str) -> dict:
-    """A text and a model's entities as a task with one prediction (a pre-annotation)."""
-    return {"data": {LABEL_STUDIO_DATA_KEY: text},
-            "predictions": [{"model_version": model_version, "result": label_studio_result(text, spans)}]}
+    """A text and a model's entities as a task with one prediction (a pre-annotation), scored by
+    `prediction_score` when its entities are."""
+    prediction = {"model_version": model_version, "result": label_studio_result(text, spans)}
+    score = prediction_score(spans)
+    if score is not None:
+        prediction["score"] = score
+    return {"data": {LABEL_STUDIO_DATA_KEY: text}, "predictions": [prediction]}
 
 
 def format_label_studio(sentences: list[Sentence]) -> str:

@@ -13,6 +13,7 @@ from nerkit.data import annotation
 from nerkit.data.corpus import conll_line
 from nerkit.data.records import Sentence
 from nerkit.data.tags import Span, spans_to_tags
+from nerkit.inference.predictor import above
 from nerkit.version import __version__
 
 FORMATS = ("jsonl", "conll", "inline", "html", "doccano", "label-studio")
@@ -55,18 +56,27 @@ def record(text: str, spans: list[Span]) -> dict:
     return {"text": text, "entities": [s.to_dict(text) for s in spans]}
 
 
-def predict_records(pipe, texts: list[str], batch_size: int = 64, window: int | None = None) -> list[dict]:
+def predict_records(pipe, texts: list[str], batch_size: int = 64, window: int | None = None,
+                    min_score: float | None = None) -> list[dict]:
     """The `record` of each text, predicted as `nerkit predict` predicts (windows and stitching
-    included): what `nerkit serve` answers."""
-    spans = pipe.predict_tokens(texts, batch_size, window)  # a string is its characters
+    included; `min_score` as `predicted_spans` takes it): what `nerkit serve` answers."""
+    spans = predicted_spans(pipe, texts, batch_size, window, min_score)
     return [record(t, s) for t, s in zip(texts, spans)]
 
 
+def predicted_spans(pipe, texts: list[str], batch_size: int, window: int | None, min_score: float | None) -> list:
+    """Each text's spans: unscored when `min_score` is None, else each with its score (the CRF's
+    probability of exactly that entity) and only those scored `min_score` or more (0: all)."""
+    spans = pipe.predict_tokens(texts, batch_size, window, min_score is not None)  # a string is its characters
+    return [above(s, min_score) for s in spans]
+
+
 def predict_chunk(pipe, texts: list[str], fmt: str, batch_size: int, window: int | None = None,
-                  keys: list[dict] | None = None) -> bytes:
+                  keys: list[dict] | None = None, min_score: float | None = None) -> bytes:
     """The encoded records of one chunk's texts (what a worker process returns, too); `window`:
-    the prediction window (None: the model's); `keys`: each text's other keys (`format_record`)."""
-    spans = pipe.predict_tokens(texts, batch_size, window)  # a string is its characters
+    the prediction window (None: the model's); `keys`: each text's other keys (`format_record`);
+    `min_score`: as `predicted_spans` takes it."""
+    spans = predicted_spans(pipe, texts, batch_size, window, min_score)
     colors = None
     if fmt == "html":
         from nerkit.inference.html import type_colors

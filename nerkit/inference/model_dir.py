@@ -22,6 +22,11 @@ ONNX_FILE = "model.onnx"
 ONNX_MODEL_FILES = ("nerkit.json", "config.yaml", "vocab.json", ONNX_FILE)
 
 
+# An export's CRF scores (start, transitions, end), for its entity scores in numpy (absent in exports
+# written before nerkit scored entities: they predict without scores).
+CRF_FILE = "crf.safetensors"
+
+
 RUNTIMES = ("torch", "onnx")
 
 

@@ -22,7 +22,8 @@ from pathlib import Path
 from nerkit.errors import ModelDirError, UserError
 from nerkit.features.featurizer import Example, Featurizer
 from nerkit.features.padding import budgeted_batches, collate_arrays
-from nerkit.inference.model_dir import ONE_RUN_FIX, ONNX_FILE, ONNX_MODEL_FILES
+from nerkit.inference.model_dir import CRF_FILE, ONE_RUN_FIX, ONNX_FILE, ONNX_MODEL_FILES
+from nerkit.model.crf_numpy import entity_probabilities, masked_scores
 from nerkit.inference.predictor import Predictor, read_model_dir
 
 log = logging.getLogger(__name__)
@@ -98,6 +99,23 @@ def check_graph_sizes(directory: Path, session, vocab: dict) -> None:
                             f"({'; '.join(wrong)})", where=str(directory / ONNX_FILE), fix=ONE_RUN_FIX)
 
 
+def read_crf_scores(path: Path, tags: list[str]):
+    """An export's CRF scores (`CRF_FILE`), masked by the tag scheme (`crf_numpy.masked_scores`)."""
+    from safetensors import SafetensorError
+    from safetensors.numpy import load_file
+
+    try:
+        found = load_file(str(path))
+        scores = masked_scores(tags, found["start_transitions"], found["transitions"], found["end_transitions"])
+    except (SafetensorError, KeyError, ValueError, OSError):
+        raise ModelDirError(f"{CRF_FILE} is damaged or not this model's CRF", where=str(path),
+                            fix="export the model again") from None
+    if scores[1].shape != (len(tags), len(tags)):
+        raise ModelDirError(f"{CRF_FILE} holds {scores[1].shape[0]} tags' scores, the model has {len(tags)}",
+                            where=str(path), fix=ONE_RUN_FIX)
+    return scores
+
+
 class OnnxPipeline(Predictor):
     """A model exported by `nerkit export`: `Predictor`'s prediction and evaluation, decoded by the graph."""
 
@@ -108,6 +126,8 @@ class OnnxPipeline(Predictor):
         self.max_length = max_length  # the most characters the graph reads at once (None: any)
         self.lanes = lanes  # batches read at once, each on one thread of its own (started as needed)
         self._pool = ThreadPoolExecutor(lanes, thread_name_prefix="nerkit-onnx") if lanes > 1 else None
+        self.crf_scores = None  # the CRF's (start, transitions, end), masked: `read_crf_scores`
+        self._said_unscored = False
 
     def check_window(self, window: int | None) -> int:
         """`Predictor.check_window`, within `max_length` when the graph has one (0 and longer
@@ -117,23 +137,39 @@ class OnnxPipeline(Predictor):
             return self.max_length
         return window
 
-    def decode_examples(self, examples: list[Example], batch_size: int, window: int) -> list[list[int]]:
+    def decode_examples(self, examples: list[Example], batch_size: int, window: int,
+                        scores: bool = False) -> list:
         """`Predictor.decode_examples` by the graph: batches of at most `batch_size` rows and
-        `BATCH_CHARS` characters, on `lanes` threads at once."""
+        `BATCH_CHARS` characters, on `lanes` threads at once. Entity scores are computed from the
+        graph's emissions in numpy (nerkit.model.crf_numpy); an export without the CRF's scores
+        (`CRF_FILE`) gives its entities none."""
         batches = budgeted_batches([len(e) for e in examples], batch_size, BATCH_CHARS)
+        wanted, scores = scores, scores and self.crf_scores is not None
+        if wanted and not scores and not self._said_unscored:
+            log.warning(f"{self.directory}: this export has no {CRF_FILE} (it was written before nerkit scored "
+                        "entities): its entities come without scores; export the model again for them")
+            self._said_unscored = True
 
-        def tag_ids(idx: list[int]):  # (B, T) for the examples idx
+        def decode(idx: list[int]):  # (B, T) tag ids for the examples idx, and their entity scores
             arrays = collate_arrays([examples[j] for j in idx])
-            return self.session.run(["tag_ids"], {name: arrays[name] for name in self.inputs})[0]
+            feed = {name: arrays[name] for name in self.inputs}
+            if not scores:
+                return self.session.run(["tag_ids"], feed)[0], None
+            tag_ids, emissions = self.session.run(["tag_ids", "emissions"], feed)
+            lengths = [len(examples[j]) for j in idx]
+            paths = [row[:n].tolist() for row, n in zip(tag_ids, lengths)]
+            return tag_ids, entity_probabilities(self.tags, self.crf_scores, emissions, lengths, paths,
+                                                 self.score_temperature)
 
         if self._pool is not None and len(batches) > 1:
-            results = self._pool.map(tag_ids, batches)
+            results = self._pool.map(decode, batches)
         else:
-            results = map(tag_ids, batches)
-        decoded: list[list[int]] = [[] for _ in examples]
-        for idx, rows in zip(batches, results):
-            for j, row in zip(idx, rows):
-                decoded[j] = row[:len(examples[j])].tolist()
+            results = map(decode, batches)
+        decoded: list = [[] for _ in examples]
+        for idx, (rows, probs) in zip(batches, results):
+            for k, (j, row) in enumerate(zip(idx, rows)):
+                path = row[:len(examples[j])].tolist()
+                decoded[j] = (path, probs[k] if probs is not None else None) if wanted else path
         return decoded
 
     @classmethod
@@ -161,6 +197,9 @@ class OnnxPipeline(Predictor):
             check_graph_sizes(directory, graph_session, found.vocab)
         pipe = cls(found.config, featurizer, graph_session, graph.get("max_length"), lane_count)
         pipe.train_max_len = found.train_max_len
+        pipe.score_temperature = found.score_temperature
+        if (directory / CRF_FILE).is_file():
+            pipe.crf_scores = read_crf_scores(directory / CRF_FILE, pipe.tags)
         pipe.directory = directory
         return pipe
 

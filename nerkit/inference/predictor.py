@@ -130,8 +130,9 @@ class Predictor:
             tags = [self.tags[t] for t in (result[0] if scores else result)]
             by_sentence[i].append((a, tags))
             if scores:
-                window_spans[i].append((a, [Span(s.start, s.end, s.type, p)
-                                            for s, p in zip(tags_to_spans(tags), result[1])]))
+                found = tags_to_spans(tags)
+                probs = result[1] if result[1] is not None else [None] * len(found)  # an export without them
+                window_spans[i].append((a, [Span(s.start, s.end, s.type, p) for s, p in zip(found, probs)]))
         spans = [tags_to_spans(stitch(found, self.scheme)) if found else [] for found in by_sentence]
         if scores:
             spans = [scored_spans(found, windows) for found, windows in zip(spans, window_spans)]
@@ -350,8 +351,8 @@ def scored_spans(spans: list[Span], windows: list[tuple[int, list[Span]]]) -> li
         if key in found:
             score = found[key][1]
         else:
-            score = min((p.score for p in parts if p.type == span.type and p.start < span.end and span.start < p.end),
-                        default=0.0)
+            score = min((p.score for p in parts if p.type == span.type and p.start < span.end and span.start < p.end
+                         and p.score is not None), default=None)
         out.append(Span(span.start, span.end, span.type, score))
     return out
 

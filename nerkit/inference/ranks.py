@@ -70,7 +70,8 @@ def check_ranked(source: str, output: str | None) -> None:
 
 
 def predicted_by_ranks(pipe, chunks: Iterable[tuple[list[str], int, list[dict] | None]], fmt: str, batch_size: int,
-                       window: int | None, ranks: Ranks) -> Iterator[tuple[bytes, int, int]]:
+                       window: int | None, ranks: Ranks, min_score: float | None = None
+                       ) -> Iterator[tuple[bytes, int, int]]:
     """Each chunk's output in input order on rank 0 (nothing on the others), as `stream._predicted`
     yields it: rank r predicts chunks r, r + size, ... and every round of `size` chunks is gathered."""
     chunks = iter(chunks)
@@ -80,7 +81,7 @@ def predicted_by_ranks(pipe, chunks: Iterable[tuple[list[str], int, list[dict] |
         done = None
         if mine is not None:
             texts, size, keys = mine
-            done = (predict_chunk(pipe, texts, fmt, batch_size, window, keys), len(texts), size)
+            done = (predict_chunk(pipe, texts, fmt, batch_size, window, keys, min_score), len(texts), size)
         gathered = ranks.gather(done)
         if ranks.main:
             yield from (item for item in gathered if item is not None)

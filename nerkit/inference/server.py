@@ -81,6 +81,7 @@ class ServeOptions:
     max_wait_ms: float = 0.0  # micro-batching: how long a batch's first request waits for others
     max_queue: int = 64  # requests waiting for the model before the next is refused (503)
     max_body: int = 1 << 20  # bytes of a request body (more: 413)
+    min_score: float | None = 0.0  # entities scored, those below this left out (None: no scores)
 
 
 # ------------------------------------------------------------------------------ the API's shapes (for /docs)
@@ -101,11 +102,17 @@ PREDICT_BODY = {"description": "Exactly one of `texts` and `text`.", "oneOf": [
 ]}
 
 
+SCORE_MEANING = ("The probability the model gives this exact entity (span and type), from its CRF's forward-"
+                 "backward pass over every valid tag sequence, at the temperature `nerkit calibrate` fitted "
+                 "(1 if none); absent when the server runs with --no-scores.")
+
+
 class Entity(BaseModel):
     start: int = Field(description="Offset of the entity's first character in the text.")
     end: int = Field(description="Offset after its last character (end exclusive).")
     type: str
     text: str = Field(description="The characters it covers: text[start:end].")
+    score: float | None = Field(None, ge=0, le=1, description=SCORE_MEANING)
 
 
 class Record(BaseModel):
@@ -232,7 +239,7 @@ def create_app(model_dir: str | Path, options: ServeOptions | None = None) -> Fa
     weights = next((model_dir / name for name in ("model.safetensors", "model.onnx") if (model_dir / name).is_file()),
                    model_dir / "model.safetensors")
     batch_size = options.batch_size or default_batch_size(pipe.config)
-    batcher = Batcher(lambda texts: predict_records(pipe, texts, batch_size, window),
+    batcher = Batcher(lambda texts: predict_records(pipe, texts, batch_size, window, options.min_score),
                       options.max_batch_chars, options.max_wait_ms / 1000, options.max_queue)
     info = {
         "nerkit_version": __version__,
@@ -244,6 +251,8 @@ def create_app(model_dir: str | Path, options: ServeOptions | None = None) -> Fa
         "model_sha256": sha256_file(weights),
         "config": config_to_dict(pipe.config),
         "licences": model_terms(model_dir),  # of its language models (nerkit.pretrained.licences)
+        "score": None if options.min_score is None else {
+            "meaning": SCORE_MEANING, "temperature": pipe.score_temperature, "min_score": options.min_score},
         "serve": {**dataclasses.asdict(options), "window": window, "batch_size": batch_size,
                   "pid": os.getpid()},
     }

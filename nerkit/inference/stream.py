@@ -31,6 +31,7 @@ from nerkit.errors import CorpusError, UserError
 from nerkit.files import WRITE_ERRNOS, atomic_file, check_output
 from nerkit.inference.formats import FORMATS, output_frame, predict_chunk
 from nerkit.inference.ranks import Ranks, check_ranked, predicted_by_ranks
+from nerkit.inference.predictor import check_min_score
 from nerkit.inference.windows import check_window
 from nerkit.inference.workers import Workers, predictor
 from nerkit.log import progress_display
@@ -165,22 +166,22 @@ def _chunks(texts: Iterable[tuple[str, dict | None, int]],
 
 
 def _predicted(pipe, chunks: Iterable[tuple[list[str], int, list[dict] | None]], fmt: str, batch_size: int,
-               window: int | None) -> Iterator[tuple[bytes, int, int]]:
+               window: int | None, min_score: float | None = None) -> Iterator[tuple[bytes, int, int]]:
     """Each chunk's output in input order, with how many records and input bytes it holds: predicted
     here by a Pipeline, by the threads of an ONNX export with lanes (`_in_threads`), or by the
     processes of a `Workers`."""
     if isinstance(pipe, Workers):
-        yield from pipe.predict_chunks(chunks, fmt, batch_size, window)
+        yield from pipe.predict_chunks(chunks, fmt, batch_size, window, min_score)
         return
     if getattr(pipe, "lanes", 1) > 1:
-        yield from _in_threads(pipe, chunks, fmt, batch_size, window)
+        yield from _in_threads(pipe, chunks, fmt, batch_size, window, min_score)
         return
     for texts, size, keys in chunks:
-        yield predict_chunk(pipe, texts, fmt, batch_size, window, keys), len(texts), size
+        yield predict_chunk(pipe, texts, fmt, batch_size, window, keys, min_score), len(texts), size
 
 
 def _in_threads(pipe, chunks: Iterable[tuple[list[str], int, list[dict] | None]], fmt: str, batch_size: int,
-                window: int | None) -> Iterator[tuple[bytes, int, int]]:
+                window: int | None, min_score: float | None = None) -> Iterator[tuple[bytes, int, int]]:
     """`_predicted` on `pipe.lanes` threads: while one chunk's batches are in ONNX Runtime (which
     lets go of Python's lock), another chunk is featurised or written out. At most two chunks per
     thread are out at once, and they come back in input order; an error reading the input comes
@@ -201,8 +202,8 @@ def _in_threads(pipe, chunks: Iterable[tuple[list[str], int, list[dict] | None]]
                     except Exception as e:  # an invalid input line: after the chunks before it
                         failure = e
                         break
-                    out.append((pool.submit(predict_chunk, pipe, texts, fmt, batch_size, window, keys), len(texts),
-                                size))
+                    out.append((pool.submit(predict_chunk, pipe, texts, fmt, batch_size, window, keys, min_score),
+                                len(texts), size))
                 if not out:
                     break
                 future, records, size = out.popleft()
@@ -258,12 +259,12 @@ def sigterm_as_exit() -> Iterator[None]:
 
 def predict_file(model: str | Path, source: str, output: str | None, fmt: str = "jsonl", batch_size: int = 64,
                  device: str = "cpu", threads: int = 0, workers: int = 1, window: int | None = None,
-                 document: bool = False, field: str | None = None) -> int:
+                 document: bool = False, field: str | None = None, min_score: float | None = 0.0) -> int:
     """`nerkit predict`: the paths checked before the model loads (a wrong one costs no wait), then
     `predict_stream` with the model in this process or in `workers` processes. SIGTERM ends it as
     Ctrl-C does (`sigterm_as_exit`). With `document` (a model with memory), the lines are read in
-    order as one stream, in this process. `field`: `predict_stream`'s. Returns the number of
-    records written."""
+    order as one stream, in this process. `field` and `min_score`: `predict_stream`'s. Returns the
+    number of records written."""
     check_paths(source, output)
     ranks = Ranks.from_env()  # torchrun's processes, on this machine or several
     if document and (workers > 1 or ranks is not None):
@@ -276,30 +277,34 @@ def predict_file(model: str | Path, source: str, output: str | None, fmt: str = 
         if document:
             pipe = pipe.document_stream()
         if ranks is None:
-            return predict_stream(pipe, source, output, fmt, batch_size, window=window, field=field)
+            return predict_stream(pipe, source, output, fmt, batch_size, window=window, field=field,
+                                  min_score=min_score)
         ranks.start()
         try:
-            return predict_stream(pipe, source, output, fmt, batch_size, window=window, ranks=ranks, field=field)
+            return predict_stream(pipe, source, output, fmt, batch_size, window=window, ranks=ranks, field=field,
+                                  min_score=min_score)
         finally:
             ranks.stop()
 
 
 def predict_stream(pipe, source: str, output: str | None, fmt: str = "jsonl", batch_size: int = 64,
                    chunk_chars: int = CHUNK_CHARS, progress: bool | None = None, window: int | None = None,
-                   ranks: Ranks | None = None, field: str | None = None) -> int:
+                   ranks: Ranks | None = None, field: str | None = None, min_score: float | None = None) -> int:
     """Predict every line of `source` (a path, or '-' for stdin) into `output` (a path, or stdout)
     with `pipe`: a Pipeline, or `nerkit.inference.workers.Workers` (processes that each hold one; the output
     is the same). `window`: the prediction window (None: the model's, `Pipeline.window`). With
     `ranks` (torchrun), each rank predicts its share of the chunks and rank 0 alone writes them, in
     input order (nerkit.inference.ranks). `field`: the key of each line's JSON object that holds its
     text (`input_field`: "text" for a .jsonl or .json file; None: plain text); the object's other
-    keys are kept in its output record. Returns the number of records written."""
+    keys are kept in its output record. `min_score`: None for entities without scores, else each
+    entity is scored and those below it are left out (0: none). Returns the number of records written."""
     if fmt not in FORMATS:
         raise UserError(f"unknown output format {fmt!r}", fix=f"use one of {', '.join(FORMATS)}")
     if batch_size < 1:
         raise UserError(f"the batch size must be at least 1, not {batch_size}")
     if window is not None:
         check_window(window)
+    check_min_score(min_score)
     check_paths(source, output)
     field = input_field(source, field)
     name = "<stdin>" if source == STDIN else source
@@ -311,7 +316,7 @@ def predict_stream(pipe, source: str, output: str | None, fmt: str = "jsonl", ba
     try:
         if ranks is not None and not ranks.main:  # its chunks go to rank 0, which writes
             chunks = _chunks(_texts(_lines(stream, name), name, field, fmt), chunk_chars)
-            for _ in predicted_by_ranks(pipe, chunks, fmt, batch_size, window, ranks):
+            for _ in predicted_by_ranks(pipe, chunks, fmt, batch_size, window, ranks, min_score):
                 pass
             return 0
         with _sink(output) as sink:
@@ -319,8 +324,8 @@ def predict_stream(pipe, source: str, output: str | None, fmt: str = "jsonl", ba
             start, separator, end = (part.encode("utf-8") for part in output_frame(fmt))
             sink.write(start)
             chunks = _chunks(_texts(_lines(stream, name), name, field, fmt), chunk_chars)
-            produced = (_predicted(pipe, chunks, fmt, batch_size, window) if ranks is None
-                        else predicted_by_ranks(pipe, chunks, fmt, batch_size, window, ranks))
+            produced = (_predicted(pipe, chunks, fmt, batch_size, window, min_score) if ranks is None
+                        else predicted_by_ranks(pipe, chunks, fmt, batch_size, window, ranks, min_score))
             for data, records, size in produced:
                 if written and separator:  # a chunk holds its records' separators, not the one before it
                     sink.write(separator)

@@ -186,7 +186,7 @@ class Workers:
                 process.join()
 
     def predict_chunks(self, chunks: Iterable[tuple[list[str], int, list[dict] | None]], fmt: str, batch_size: int,
-                       window: int | None = None) -> Iterator[tuple[bytes, int, int]]:
+                       window: int | None = None, min_score: float | None = None) -> Iterator[tuple[bytes, int, int]]:
         """`predict.predict_chunk` of each chunk of texts, done by the workers, in input order, with
         the chunk's number of records and its input bytes (the second item of each chunk)."""
         shapes: deque[tuple[int, int]] = deque()  # (records, input bytes) of the chunks sent
@@ -194,7 +194,8 @@ class Workers:
         def tasks() -> Iterator[bytes]:
             for texts, size, keys in chunks:
                 shapes.append((len(texts), size))
-                task = {"format": fmt, "batch_size": batch_size, "window": window, "texts": texts, "keys": keys}
+                task = {"format": fmt, "batch_size": batch_size, "window": window, "texts": texts, "keys": keys,
+                        "min_score": min_score}
                 yield json.dumps(task, ensure_ascii=False).encode("utf-8")
 
         sentinels = [p.sentinel for p in self.processes]
@@ -261,7 +262,8 @@ def serve(conn: Connection, model: str, device: str, threads: int, log_level: in
             task = json.loads(conn.recv_bytes())
         except (EOFError, OSError):  # the main process is done, or gone
             return
-        data = predict_chunk(pipe, task["texts"], task["format"], task["batch_size"], task["window"], task["keys"])
+        data = predict_chunk(pipe, task["texts"], task["format"], task["batch_size"], task["window"], task["keys"],
+                             task["min_score"])
         if not _send_quietly(conn, data):
             return
 

@@ -29,8 +29,8 @@ from torch import nn
 from nerkit.errors import UserError
 from nerkit.features.batch import Batch, collate
 from nerkit.features.padding import collate_arrays
-from nerkit.files import atomic_directory, atomic_write_text, check_output_directory
-from nerkit.inference.model_dir import ONNX_FILE, _read_json, runtime, vocab_fingerprint
+from nerkit.files import atomic_directory, atomic_write_bytes, atomic_write_text, check_output_directory
+from nerkit.inference.model_dir import CRF_FILE, ONNX_FILE, _read_json, runtime, vocab_fingerprint
 from nerkit.inference.pipeline import Pipeline
 from nerkit.model.tagger import Tagger
 from nerkit.tools.onnx_graphs import (
@@ -301,6 +301,16 @@ def _session(path: Path):
     return onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
 
+def crf_scores(pipe: Pipeline) -> bytes:
+    """The CRF's start, transition and end scores as safetensors: what an export's entity scores are
+    computed from, beside the graph's emissions (nerkit.model.crf_numpy)."""
+    from safetensors.numpy import save
+
+    crf = pipe.model.crf.torch_crf
+    return save({name: getattr(crf, name).detach().cpu().float().numpy()
+                 for name in ("start_transitions", "transitions", "end_transitions")})
+
+
 def is_export(directory: Path) -> bool:
     """Whether `directory` is an ONNX export that `nerkit export --force` may replace."""
     meta = directory / "nerkit.json"
@@ -357,6 +367,7 @@ def export_model(model_dir: str | Path, out: str | Path, fmt: str = "onnx", quan
             if (model_dir / "lm").is_dir():  # its config and vocabulary (the weights are in the graph)
                 shutil.copytree(model_dir / "lm", tmp / "lm", ignore=shutil.ignore_patterns("*.safetensors"))
             shutil.copyfile(graph_file, tmp / ONNX_FILE)
+            atomic_write_bytes(tmp / CRF_FILE, crf_scores(pipe))
             atomic_write_text(tmp / "nerkit.json", json.dumps(meta, indent=2) + "\n")
     size = (out / ONNX_FILE).stat().st_size
     log.info(f"wrote {out / ONNX_FILE} ({size / 2**20:.1f} MiB); against the PyTorch model on {found['sentences']} "
