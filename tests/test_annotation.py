@@ -315,7 +315,7 @@ def test_a_label_studio_file_that_is_not_tasks(nerkit, write_file, content, wher
 
 
 def test_a_token_conll_cannot_hold_is_named_by_its_task(nerkit, write_file, tmp_path):
-    path = write_tasks(write_file, [ls_task("李四", [(0, 2, "PER")]), ls_task("NBA 2K", [(0, 6, "GAME")])])
+    path = write_tasks(write_file, [ls_task("李四", [(0, 2, "PER")]), ls_task("NBA\n2K", [(0, 6, "GAME")])])
     result = nerkit("data", "convert", str(path), str(tmp_path / "out.bio"), "--from", "label-studio", "--to", "bio",
                     check=False)
-    assert_one_error_line(result, f"{path}: task 1", "the token ' ' cannot be written")
+    assert_one_error_line(result, f"{path}: task 1", "the token '\\n' cannot be written")

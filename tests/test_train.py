@@ -134,11 +134,15 @@ def test_a_non_empty_output_directory_is_refused_without_force(tmp_path, tiny_co
         train(tiny_config("train.epochs=1"), out=out)
     assert info.value.where == str(out)
     assert (out / "keep.txt").read_text() == "precious" and sorted(p.name for p in out.iterdir()) == ["keep.txt"]
-    train(tiny_config("train.epochs=1"), out=out, force=True)
-    assert not (out / "keep.txt").exists() and (out / "model.safetensors").is_file()
+    with pytest.raises(UserError, match="not an earlier run's directory"):  # --force replaces only a run's
+        train(tiny_config("train.epochs=1"), out=out, force=True)
+    assert (out / "keep.txt").read_text() == "precious"
     empty = tmp_path / "empty"
     empty.mkdir()
     train(tiny_config("train.epochs=1"), out=empty)  # an existing empty directory is fine
+    (empty / "stale.txt").write_text("from the run before")
+    train(tiny_config("train.epochs=1"), out=empty, force=True)  # an earlier run's directory is replaced
+    assert not (empty / "stale.txt").exists() and (empty / "model.safetensors").is_file()
     (tmp_path / "file").write_text("x")
     with pytest.raises(UserError):
         train(tiny_config("train.epochs=1"), out=tmp_path / "file")
@@ -170,7 +174,9 @@ def test_the_output_directory_and_the_data_files_are_checked_before_any_data_is_
     with pytest.raises(UserError, match="not a directory"):
         train(tiny_config(), out=tmp_path / "a_file" / "model")
     assert not (tmp_path / "new").exists()
-    # With --force the checks pass and the data is read (here: refused by the stub) before anything is removed.
+    # With --force an earlier run's directory passes the checks and the data is read (here: refused by
+    # the stub) before anything is removed.
+    (used / "config.yaml").write_text("an earlier run's")
     with pytest.raises(AssertionError, match="data was read"):
         train(tiny_config("train.epochs=1"), out=used, force=True)
     assert (used / "keep.txt").read_text() == "precious"
