@@ -11,7 +11,7 @@ STAMP := $(VENV)/.installed-stamp
 
 export NERKIT_DATA
 
-.PHONY: install fonts browser demo test lm lac vectors pd1998 bench bench-quick benchmarks-doc clean
+.PHONY: install fonts browser label-studio demo test lm lac vectors pd1998 bench bench-quick benchmarks-doc clean
 
 install: $(STAMP)
 
@@ -39,6 +39,18 @@ browser:
 		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
 			chromium >/dev/null) || echo "note: could not install chromium"; \
 	else echo "note: no chromium; the report's browser tests will be skipped"; fi
+
+# Label Studio (the `label-studio` package, Apache-2.0, with Django and its own pins) in a venv of its
+# own, .venv-ls (about 370 MB, 3-4 minutes), for tests/test_label_studio.py, which starts it on 127.0.0.1
+# and connects `nerkit serve --label-studio` to it; without it that test is skipped. .ci/run runs this.
+LABEL_STUDIO_VERSION ?= 1.23.2
+
+label-studio: .venv-ls/.installed-$(LABEL_STUDIO_VERSION)
+
+.venv-ls/.installed-$(LABEL_STUDIO_VERSION):
+	test -x .venv-ls/bin/python || $(PYTHON) -m venv .venv-ls
+	.venv-ls/bin/python -m pip install -q --disable-pip-version-check label-studio==$(LABEL_STUDIO_VERSION)
+	touch $@
 
 demo: $(STAMP)
 	$(NERKIT) data stats data/sample/train.bio data/sample/dev.bio data/sample/test.bio

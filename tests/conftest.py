@@ -117,3 +117,48 @@ def nerkit(monkeypatch, capfd):
         return result
 
     return run
+
+
+# ----------------------------------------------------------------------- processes that serve on a port
+
+def free_port() -> int:
+    """A TCP port of 127.0.0.1 that nothing listens on now."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_until_up(process, url: str, seconds: float, log: Path) -> None:
+    """Poll `url` until it answers 200, failing with the process's log if the process ends first or
+    `seconds` pass: a server started by a test is up before the test talks to it."""
+    import time
+
+    import httpx
+
+    deadline = time.monotonic() + seconds
+    while True:
+        output = log.read_text(encoding="utf-8", errors="replace")[-3000:] if log.exists() else ""
+        assert process.poll() is None, f"{url}: the server ended ({process.returncode}):\n{output}"
+        assert time.monotonic() < deadline, f"no answer from {url} after {seconds} s:\n{output}"
+        try:
+            if httpx.get(url, timeout=2).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.3)
+
+
+def stop(process, seconds: float = 30) -> None:
+    """SIGTERM, then SIGKILL if the process has not ended `seconds` later."""
+    import signal
+    import subprocess
+
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(seconds)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()

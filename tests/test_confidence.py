@@ -207,3 +207,52 @@ def test_an_export_gives_the_pytorch_scores_without_torch(tiny_model_dir, tmp_pa
     (exported / "crf.safetensors").unlink()
     old = OnnxPipeline.load(exported, threads=1).predict(texts, scores=True)
     assert strip(old) == strip(expected) and all("score" not in e for r in old for e in r)
+
+
+# ------------------------------------------------------------------------------------- what to annotate next
+
+
+def test_data_select_picks_the_least_sure_texts_first(tiny_model_dir, tmp_path, nerkit):
+    """The order is that of the best path's mean log-probability per character, each text read
+    alone and its probability taken from the CRF (path_probabilities, tested against brute force)."""
+    import json
+    import math
+
+    from conftest import TINY_DEV
+
+    from nerkit.data.corpus import read_corpus
+
+    pool_texts = [s.text for s in read_corpus(TINY_DEV).sentences][:30]
+    pool = tmp_path / "pool.txt"
+    pool.write_text("\n".join(pool_texts) + "\n\n", encoding="utf-8")
+    pipe = Pipeline.load(tiny_model_dir)
+    expected = []
+    for text in pool_texts:
+        batch = collate_padded([pipe.featurizer.example(list(text))], 1, len(text))
+        emissions = pipe.model.emissions(batch)
+        paths = pipe.model.crf.decode(emissions, batch.mask)
+        expected.append(math.log(pipe.model.crf.path_probabilities(emissions, batch.mask, paths)[0]) / len(text))
+    order = sorted(range(len(pool_texts)), key=lambda i: (expected[i], i))
+    found = read_lines(nerkit("data", "select", "--model", str(tiny_model_dir), "--pool", str(pool), "-n", "5",
+                              "--window", "0").stdout)
+    assert [r["text"] for r in found] == [pool_texts[i] for i in order[:5]]
+    assert [r["confidence"] for r in found] == pytest.approx([math.exp(expected[i]) for i in order[:5]], abs=1e-5)
+    assert all("score" in e for r in found for e in r["entities"])
+    # random: seeded, and a text already annotated is never chosen
+    done = tmp_path / "done.jsonl"
+    done.write_text("".join(json.dumps({"text": t, "entities": []}, ensure_ascii=False) + "\n"
+                            for t in pool_texts[:10]), encoding="utf-8")
+    draws = [[r["text"] for r in read_lines(nerkit("data", "select", "--model", str(tiny_model_dir), "--pool",
+                                                   str(pool), "-n", "4", "--strategy", "random", "--seed", seed,
+                                                   "--exclude", str(done)).stdout)] for seed in ("1", "1", "2")]
+    assert draws[0] == draws[1] != draws[2]
+    assert not set(draws[0]) & set(pool_texts[:10]) and len(draws[0]) == 4
+    tasks = tmp_path / "tasks.json"
+    nerkit("data", "select", "--model", str(tiny_model_dir), "--pool", str(pool), "-n", "3", "-f", "label-studio",
+           "-o", str(tasks))
+    loaded = json.loads(tasks.read_text(encoding="utf-8"))
+    assert [t["data"]["text"] for t in loaded] == [r["text"] for r in found[:3]]
+    assert all("confidence" in t["data"] and "predictions" in t for t in loaded)
+    refused = nerkit("data", "select", "--model", str(tiny_model_dir), "--pool", str(pool), "-n", "3",
+                     "-o", str(pool), check=False)
+    assert refused.returncode == 2 and "is the input file" in refused.stderr

@@ -9,11 +9,13 @@ from typing import List, Optional
 import typer
 
 from nerkit.cli.options import (
+    WINDOW,
     Source,
     Target,
     echo_json,
     flag,
 )
+from nerkit.tools.select import PoolFormat, SelectFormat, Strategy
 
 data_app = typer.Typer(no_args_is_help=True, help="Inspect, check and convert corpus files.")
 
@@ -86,3 +88,33 @@ def data_convert(
     dropped = f", dropped {corpus.dropped_overlaps} overlapping entities (--repair {OVERLAP_RULE})" \
         if corpus.dropped_overlaps else ""
     typer.echo(f"{source} ({corpus.labels}) -> {target} ({to}), {len(corpus.sentences)} sentences{dropped}")
+
+
+@data_app.command("select")
+def data_select(
+    model: Path = typer.Option(..., "--model", "-m", help="Model directory written by `nerkit train`."),
+    pool: Path = typer.Option(..., "--pool", help="The texts to choose from: one a line, JSON lines with a "
+                              "text key (.jsonl, .json), or a corpus (--pool-format corpus)."),
+    n: int = typer.Option(..., "--n", "-n", min=1, help="How many texts to choose."),
+    strategy: Strategy = typer.Option("uncertainty", "--strategy", help="uncertainty: the texts whose best "
+                                      "tag sequence the model is least sure of (per character); random: a "
+                                      "seeded draw, the baseline."),
+    seed: int = typer.Option(0, "--seed", help="Random seed of --strategy random."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Write the tasks here instead of stdout."),
+    fmt: SelectFormat = typer.Option("jsonl", "--format", "-f", help="The tasks' format: the annotation tool's "
+                                     "to import them with their scored pre-annotations."),
+    pool_format: PoolFormat = typer.Option("auto", "--pool-format", help="How to read --pool (auto: JSON lines "
+                                           "for .jsonl or .json, else one text a line)."),
+    exclude: List[Path] = typer.Option([], "--exclude", help="A corpus already annotated: its texts are never "
+                                       "chosen (repeatable)."),
+    batch_size: int = typer.Option(64, "--batch-size", min=1, help="Sentences per batch."),
+    window: Optional[int] = WINDOW,
+):
+    """Choose the texts of a pool to annotate next (active learning), least sure first, written as
+    tasks with the model's scored pre-annotations."""
+    from nerkit.tools.select import select_tasks
+
+    summary = select_tasks(model, pool, n, strategy, seed, out, fmt, pool_format, exclude, batch_size, window)
+    if out is not None:
+        typer.echo(f"chose {summary['selected']:,} of {summary['pool']:,} texts ({summary['excluded']:,} already "
+                   f"annotated) by {summary['strategy']}; wrote {out}")

@@ -355,12 +355,14 @@ def _same(seen: str, actual: str) -> bool:
     return seen == actual or seen.split() == actual.split()
 
 
-def label_studio_result(text: str, spans: list[Span]) -> list[dict]:
-    """A task's spans as Label Studio's results (no region ids: Label Studio makes them); a scored
-    span's result carries its `score`, which Label Studio shows on the region."""
+def label_studio_result(text: str, spans: list[Span], from_name: str = LABEL_STUDIO_FROM_NAME,
+                        to_name: str = LABEL_STUDIO_TO_NAME) -> list[dict]:
+    """A task's spans as Label Studio's results (no region ids: Label Studio makes them), named as a
+    labelling config's <Labels> (`from_name`) and <Text> (`to_name`) are; a scored span's result
+    carries its `score`, which Label Studio shows on the region."""
     results = []
     for s in spans:
-        result = {"from_name": LABEL_STUDIO_FROM_NAME, "to_name": LABEL_STUDIO_TO_NAME, "type": "labels",
+        result = {"from_name": from_name, "to_name": to_name, "type": "labels",
                   "value": {"start": s.start, "end": s.end, "text": text[s.start:s.end], "labels": [s.type]}}
         if s.score is not None:
             result["score"] = s.to_dict()["score"]

@@ -45,7 +45,8 @@ from nerkit.files import atomic_write_text, check_output
 RECORD_KEYS = ("text", "entities")
 
 
-ENTITY_KEYS = ("start", "end", "type", "text")  # an entity's "text", as nerkit predict writes it, is optional
+# An entity's "text" and "score", as nerkit predict writes them, are optional (and a score is not read).
+ENTITY_KEYS = ("start", "end", "type", "text", "score")
 
 
 _JSONL_FORMAT = 'each line is {"text": "...", "entities": [{"start": 0, "end": 2, "type": "PER"}]}'

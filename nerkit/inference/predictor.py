@@ -327,8 +327,9 @@ def check_min_score(min_score) -> None:
 
 
 def above(spans: list[Span], min_score: float | None) -> list[Span]:
-    """The spans whose score is at least `min_score` (all of them when it is None)."""
-    return spans if min_score is None else [s for s in spans if s.score is not None and s.score >= min_score]
+    """The spans whose score is at least `min_score` (all of them when it is None); a span that
+    could not be scored (read with Transformer-XL's memory as one stream) is kept."""
+    return spans if min_score is None else [s for s in spans if s.score is None or s.score >= min_score]
 
 
 def scored_spans(spans: list[Span], windows: list[tuple[int, list[Span]]]) -> list[Span]:

@@ -16,6 +16,7 @@ language model's features (`embeddings.lm`), where a model has one, see one piec
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Iterator, Sequence
 
 import numpy as np
@@ -27,6 +28,8 @@ from nerkit.data.records import DOCUMENT_SEPARATOR
 from nerkit.errors import UserError
 from nerkit.features.batch import collate
 from nerkit.features.featurizer import Example
+
+log = logging.getLogger(__name__)
 
 
 def pieces(lengths: Iterable[int], segment: int) -> Iterator[list[tuple[int, int, int]]]:
@@ -123,9 +126,12 @@ class DocumentStream:
         self.reader.reset()
 
     def predict_tokens(self, token_lists: Sequence[Sequence[str]], batch_size: int = 64,
-                       window: int | None = None) -> list:
+                       window: int | None = None, scores: bool = False) -> list:
         """The spans of each text, read after the texts before it. A text that is a document
-        separator (`-DOCSTART-`, as in CoNLL files) has none and starts a new document."""
+        separator (`-DOCSTART-`, as in CoNLL files) has none and starts a new document. Spans read
+        as one stream have no scores yet (`scores` asks in vain, and says so once)."""
+        if scores:
+            warn_unscored("a document read as one stream")
         if window:
             raise UserError(f"a document is read as one stream, segment by segment: a window of {window} would cut it",
                             fix="drop --window (or pass --window 0)")
@@ -140,6 +146,18 @@ class DocumentStream:
                 self.reader.reset()
             start = end + 1
         return spans
+
+
+_WARNED: set[str] = set()
+
+
+def warn_unscored(what: str) -> None:
+    """Say once per process that `what` is read segment by segment with Transformer-XL's memory,
+    which gives tags but not yet entity scores."""
+    if what not in _WARNED:
+        _WARNED.add(what)
+        log.warning(f"{what} is read segment by segment with the model's memory, which gives no entity "
+                    "scores yet: its entities come without them (a --window reads it in scored windows)")
 
 
 def _is_separator(tokens: Sequence[str]) -> bool:

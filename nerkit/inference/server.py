@@ -37,7 +37,7 @@ from nerkit.config import config_to_dict
 from nerkit.data.stats import sha256_file
 from nerkit.errors import UserError, did_you_mean
 from nerkit.inference.batcher import Batcher, QueueFull
-from nerkit.inference.formats import predict_records
+from nerkit.inference.formats import model_version, predict_records
 from nerkit.inference.loading import load_pipeline
 from nerkit.pretrained.licences import model_terms
 from nerkit.version import __version__
@@ -82,6 +82,7 @@ class ServeOptions:
     max_queue: int = 64  # requests waiting for the model before the next is refused (503)
     max_body: int = 1 << 20  # bytes of a request body (more: 413)
     min_score: float | None = 0.0  # entities scored, those below this left out (None: no scores)
+    label_studio: bool = False  # speak Label Studio's ML backend protocol (nerkit.inference.label_studio)
 
 
 # ------------------------------------------------------------------------------ the API's shapes (for /docs)
@@ -227,6 +228,29 @@ def parse_texts(body: bytes) -> tuple[list[str], bool]:
 
 # ------------------------------------------------------------------------------ the app
 
+def add_predict(app: FastAPI, batcher: Batcher, max_body: int) -> None:
+    """nerkit's own POST /predict on `app`: the texts of a body (`parse_texts`) through `batcher`."""
+
+    @app.post("/predict", response_model=Records | Record, responses=_ERRORS, openapi_extra=_PREDICT_DOC,
+              summary="Tag texts", description="Each text's entities, as `nerkit predict --format jsonl` "
+              "gives them. Concurrent requests are gathered into batches; texts of any length are read in "
+              "windows. `{\"texts\": [...]}` answers `{\"records\": [...]}`, `{\"text\": ...}` one record.")
+    async def predict(request: Request):
+        texts, single = parse_texts(await read_body(request, max_body))
+        if not texts:
+            return JSONResponse({"records": []})
+        try:
+            future = batcher.submit(texts)
+        except QueueFull as e:
+            raise HTTPException(503, f"busy: {e}; try again in {RETRY_AFTER} s",
+                                headers={"Retry-After": str(RETRY_AFTER)}) from None
+        try:
+            records = await asyncio.wrap_future(future)
+        except Exception:  # noqa: BLE001 - logged by the batcher with its traceback
+            raise HTTPException(500, "prediction failed; the server's log has the error") from None
+        return JSONResponse(records[0] if single else {"records": records})
+
+
 def create_app(model_dir: str | Path, options: ServeOptions | None = None) -> FastAPI:
     """The ASGI app serving the model in `model_dir`, loaded now (a bad directory or window is a
     UserError before anything listens). The model thread starts and stops with the app's lifespan;
@@ -270,25 +294,12 @@ def create_app(model_dir: str | Path, options: ServeOptions | None = None) -> Fa
                   description=f"Model: {', '.join(pipe.types)} ({pipe.config.encoder.name}). "
                               "Offsets count characters (code points) of each text, end exclusive.")
     app.state.batcher = batcher
+    if options.label_studio:
+        from nerkit.inference.label_studio import add_routes, batched
 
-    @app.post("/predict", response_model=Records | Record, responses=_ERRORS, openapi_extra=_PREDICT_DOC,
-              summary="Tag texts", description="Each text's entities, as `nerkit predict --format jsonl` "
-              "gives them. Concurrent requests are gathered into batches; texts of any length are read in "
-              "windows. `{\"texts\": [...]}` answers `{\"records\": [...]}`, `{\"text\": ...}` one record.")
-    async def predict(request: Request):
-        texts, single = parse_texts(await read_body(request, options.max_body))
-        if not texts:
-            return JSONResponse({"records": []})
-        try:
-            future = batcher.submit(texts)
-        except QueueFull as e:
-            raise HTTPException(503, f"busy: {e}; try again in {RETRY_AFTER} s",
-                                headers={"Retry-After": str(RETRY_AFTER)}) from None
-        try:
-            records = await asyncio.wrap_future(future)
-        except Exception:  # noqa: BLE001 - logged by the batcher with its traceback
-            raise HTTPException(500, "prediction failed; the server's log has the error") from None
-        return JSONResponse(records[0] if single else {"records": records})
+        add_routes(app, batched(batcher), model_version(pipe), pipe.types)
+    else:
+        add_predict(app, batcher, options.max_body)
 
     @app.get("/health", summary="Whether the server is up", description="`queued`: requests waiting for "
              "the model; `in_flight`: those and the ones it is on; `batches` and `texts`: how many the model "

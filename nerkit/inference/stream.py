@@ -289,7 +289,7 @@ def predict_file(model: str | Path, source: str, output: str | None, fmt: str = 
 
 def predict_stream(pipe, source: str, output: str | None, fmt: str = "jsonl", batch_size: int = 64,
                    chunk_chars: int = CHUNK_CHARS, progress: bool | None = None, window: int | None = None,
-                   ranks: Ranks | None = None, field: str | None = None, min_score: float | None = None) -> int:
+                   ranks: Ranks | None = None, field: str | None = None, min_score: float | None = 0.0) -> int:
     """Predict every line of `source` (a path, or '-' for stdin) into `output` (a path, or stdout)
     with `pipe`: a Pipeline, or `nerkit.inference.workers.Workers` (processes that each hold one; the output
     is the same). `window`: the prediction window (None: the model's, `Pipeline.window`). With

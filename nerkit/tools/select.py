@@ -8,26 +8,33 @@ nothing but the CRF's forward pass). Unlike the lowest entity score it also rank
 the model finds nothing, which are where it misses entities; unlike the raw path probability it does
 not simply pick the longest texts. `random` draws N texts with a seed: the baseline to measure
 against. A text longer than the model's window is scored over its windows (their log-probabilities
-summed, over its length).
+summed, over its length). The tasks written say it as `confidence`, exp of that mean: the geometric
+mean, per character, of the best path's probability.
 """
 
 from __future__ import annotations
 
 import math
 import random
+from pathlib import Path
 from typing import Literal
 
-import torch
-
-from nerkit.features.batch import bucketed_batches, collate_padded
+from nerkit.errors import UserError
 from nerkit.inference.windows import text_windows
 
+# The choices, for the CLI's options too (this module imports torch only where it runs a model).
 STRATEGIES = ("uncertainty", "random")
-Strategy = Literal[STRATEGIES]  # the CLI's choices
+Strategy = Literal[STRATEGIES]
+SELECT_FORMATS = ("jsonl", "label-studio", "doccano")
+SelectFormat = Literal[SELECT_FORMATS]
 
 
 def path_confidence(pipe, texts: list[str], batch_size: int = 64, window: int | None = None) -> list[float]:
     """Per text, the mean log-probability per character of the model's best path (0 for an empty text)."""
+    import torch
+
+    from nerkit.features.batch import bucketed_batches, collate_padded
+
     window = pipe.check_window(window)
     pieces = [(i, a, b) for i, text in enumerate(texts) for a, b in text_windows(len(text), window)]
     examples = [pipe.featurizer.example(list(texts[i][a:b])) for i, a, b in pieces]
@@ -56,3 +63,81 @@ def select(pipe, texts: list[str], n: int, strategy: str = "uncertainty", seed: 
     confidence = path_confidence(pipe, [texts[i] for i in candidates], batch_size, window)
     ranked = sorted(range(len(candidates)), key=lambda k: (confidence[k], candidates[k]))
     return [candidates[k] for k in ranked[:n]]
+
+
+# ------------------------------------------------------------------------------ the command
+
+POOL_FORMATS = ("auto", "text", "jsonl", "corpus")
+PoolFormat = Literal[POOL_FORMATS]
+
+
+def read_pool(path: str | Path, fmt: str = "auto") -> tuple[list[str], list[dict | None]]:
+    """The pool's texts and each one's other keys: `text`, one text a line; `jsonl`, a JSON object a
+    line with its text at "text" (its other keys kept, as `nerkit predict` keeps them); `corpus`, the
+    sentences of a corpus nerkit reads (its labels, if any, ignored); `auto`, jsonl for a .jsonl or
+    .json file, else text. Blank lines are no texts."""
+    from nerkit.data.corpus import is_jsonl, read_corpus
+    from nerkit.data.records import text_record
+    from nerkit.files import check_input
+
+    check_input(str(path), "--pool", "no such file")
+    if fmt == "corpus":
+        return [s.text for s in read_corpus(path, texts_only=True).sentences], None
+    if fmt == "auto":
+        fmt = "jsonl" if is_jsonl(path) else "text"
+    texts, keys = [], []
+    try:
+        lines = Path(path).read_text(encoding="utf-8-sig").split("\n")
+    except UnicodeDecodeError:
+        raise UserError("not UTF-8 text", where=str(path), fix="give UTF-8 text, one text a line") from None
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        if fmt == "jsonl":
+            text, other = text_record(line, "text", f"{path}:{number}")
+            texts.append(text)
+            keys.append(other)
+        else:
+            texts.append(line.rstrip("\r"))
+    return texts, keys if fmt == "jsonl" else None
+
+
+def select_tasks(model: str | Path, pool: str | Path, n: int, strategy: str = "uncertainty", seed: int = 0,
+                 out: str | Path | None = None, fmt: str = "jsonl", pool_format: str = "auto",
+                 exclude: list[str | Path] = (), batch_size: int = 64, window: int | None = None) -> dict:
+    """`nerkit data select`: the `n` texts of `pool` to annotate next (`select`), written to `out`
+    (stdout when None) as `fmt` tasks with the model's scored pre-annotations, the least sure
+    first; each keeps its pool keys and gains `confidence`, the measure it was chosen by. Texts
+    that occur in an `exclude` corpus (already annotated) are never chosen. Returns a summary."""
+    from nerkit.data.corpus import read_corpus
+    from nerkit.files import atomic_write_text, check_output
+    from nerkit.inference.formats import format_record, model_version, output_frame
+    from nerkit.inference.pipeline import Pipeline
+
+    if n < 1:
+        raise UserError(f"--n must be at least 1, not {n}")
+    if out is not None:
+        check_output(out, pool, *exclude)
+    texts, keys = read_pool(pool, pool_format)
+    done = {s.text for path in exclude for s in read_corpus(path, texts_only=True).sentences}
+    chosen_from = [i for i, text in enumerate(texts) if text not in done]
+    pipe = Pipeline.load(model)
+    picked = select(pipe, [texts[i] for i in chosen_from], n, strategy, seed, batch_size, window)
+    chosen = [chosen_from[k] for k in picked]
+    chosen_texts = [texts[i] for i in chosen]
+    confidence = path_confidence(pipe, chosen_texts, batch_size, window)
+    spans = pipe.predict_tokens(chosen_texts, batch_size, window, scores=True)
+    version = model_version(pipe)
+    start, separator, end = output_frame(fmt)
+    records = [format_record(text, found, fmt, pipe.scheme, None, version,
+                             {**(keys[i] if keys else {}), "confidence": round(math.exp(c), 6)})
+               for i, text, found, c in zip(chosen, chosen_texts, spans, confidence)]
+    written = start + separator.join(records) + end
+    if out is None:
+        import sys
+
+        sys.stdout.write(written)
+    else:
+        atomic_write_text(out, written)
+    return {"pool": len(texts), "excluded": len(texts) - len(chosen_from), "selected": len(chosen),
+            "strategy": strategy, "out": str(out) if out else "stdout"}

@@ -1,0 +1,141 @@
+"""`nerkit serve --label-studio` against a real Label Studio (the `label-studio` package, installed
+by `make label-studio` into .venv-ls, or wherever LABEL_STUDIO names its command), started on a free
+port of 127.0.0.1 with a fresh database: a project with Label Studio's NER config, tasks imported,
+nerkit connected as its model through Label Studio's API, and the pre-annotations read back through
+that API, each region's offsets, label and score, and each prediction's score, exactly what
+`nerkit predict` gives. Skipped, saying so, when Label Studio is not installed.
+
+Label Studio refuses a model on a loopback address unless told (ML_BLOCK_LOCAL_IP, and
+SSRF_PROTECTION_ENABLED for the webhook it adds): this instance is told, and listens on 127.0.0.1 only.
+Every request has a timeout; the test sends a few dozen at most."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+from conftest import REPO, free_port, stop, wait_until_up
+
+pytestmark = pytest.mark.slow
+
+LABEL_STUDIO_STARTUP = 300  # seconds: its first start migrates a fresh database
+TIMEOUT = 60
+NER_CONFIG = """<View>
+  <Labels name="label" toName="text">
+    <Label value="PER"/><Label value="LOC"/><Label value="ORG"/>
+  </Labels>
+  <Text name="text" value="$text"/>
+</View>"""
+TEXTS = ["张三在北京大学读书。", "李四去了上海，王五留在武汉。", "今天天气很好", "赵六和华中科技大学的老师见面。"]
+
+
+def label_studio_command() -> str | None:
+    found = os.environ.get("LABEL_STUDIO") or str(REPO / ".venv-ls" / "bin" / "label-studio")
+    return found if Path(found).is_file() else shutil.which("label-studio")
+
+
+@pytest.fixture(scope="module")
+def label_studio(tmp_path_factory):
+    """A Label Studio on a free port of 127.0.0.1: (its URL, the headers of its API)."""
+    command = label_studio_command()
+    if command is None:
+        pytest.skip("Label Studio is not installed (`make label-studio` installs it into .venv-ls)")
+    root = tmp_path_factory.mktemp("label_studio")
+    port, token = free_port(), secrets.token_hex(20)
+    url = f"http://127.0.0.1:{port}"
+    env = {**os.environ, "ML_BLOCK_LOCAL_IP": "false", "SSRF_PROTECTION_ENABLED": "false",
+           "LABEL_STUDIO_BASE_DATA_DIR": str(root), "SENTRY_DSN": "", "FRONTEND_SENTRY_DSN": ""}
+    log = root / "label-studio.log"
+    with open(log, "wb") as out:
+        process = subprocess.Popen([command, "start", "--no-browser", "--port", str(port), "--host", url,
+                                    "--internal-host", "127.0.0.1", "--data-dir", str(root / "data"),
+                                    "--username", "nerkit@example.com", "--password", secrets.token_hex(8),
+                                    "--user-token", token, "--enable-legacy-api-token"],
+                                   cwd=root, env=env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        wait_until_up(process, f"{url}/health", LABEL_STUDIO_STARTUP, log)
+        yield url, {"Authorization": f"Token {token}"}
+    finally:
+        stop(process)
+
+
+@pytest.fixture(scope="module")
+def backend(tiny_model_dir, tmp_path_factory):
+    """`nerkit serve --label-studio` on a free port of 127.0.0.1: its URL."""
+    port = free_port()
+    log = tmp_path_factory.mktemp("backend") / "serve.log"
+    with open(log, "wb") as out:
+        process = subprocess.Popen([sys.executable, "-m", "nerkit", "serve", "--model", str(tiny_model_dir),
+                                    "--port", str(port), "--threads", "1", "--label-studio"],
+                                   cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_until_up(process, f"{url}/health", 120, log)
+        yield url
+    finally:
+        stop(process)
+
+
+def api(label_studio, method: str, path: str, **kwargs) -> dict | list:
+    url, headers = label_studio
+    answer = httpx.request(method, f"{url}{path}", headers=headers, timeout=TIMEOUT, **kwargs)
+    assert answer.status_code in (200, 201), f"{method} {path}: {answer.status_code} {answer.text[:500]}"
+    return answer.json()
+
+
+def test_a_label_studio_project_is_pre_annotated_with_scores(label_studio, backend, tiny_model_dir):
+    from nerkit.inference.pipeline import Pipeline
+
+    project = api(label_studio, "POST", "/api/projects", json={"title": "nerkit", "label_config": NER_CONFIG})
+    api(label_studio, "POST", f"/api/projects/{project['id']}/import", json=[{"text": t} for t in TEXTS])
+    model = api(label_studio, "POST", "/api/ml", json={"url": backend, "project": project["id"], "title": "nerkit"})
+    assert model["readable_state"] == "Connected", model
+    assert model["model_version"].startswith("nerkit ")
+    done = api(label_studio, "POST", "/api/dm/actions", params={"id": "retrieve_tasks_predictions",
+                                                                 "project": project["id"]},
+               json={"selectedItems": {"all": True, "excluded": []}})
+    assert done["processed_items"] == len(TEXTS), done
+    tasks = {t["id"]: t["data"]["text"] for t in api(label_studio, "GET", "/api/tasks",
+                                                       params={"project": project["id"]})["tasks"]}
+    predictions = {p["task"]: p for p in api(label_studio, "GET", "/api/predictions", params={"project": project["id"]})}
+    assert set(predictions) == set(tasks)
+    expected = dict(zip(TEXTS, Pipeline.load(tiny_model_dir).predict(TEXTS, scores=True)))
+    assert any(expected.values()), "the tiny model finds no entity: the test would check nothing"
+    for task, text in tasks.items():
+        prediction, entities = predictions[task], expected[text]
+        regions = [(r["value"]["start"], r["value"]["end"], r["value"]["labels"], r["value"]["text"]) for r in prediction["result"]]
+        assert regions == [(e["start"], e["end"], [e["type"]], e["text"]) for e in entities]
+        assert all(text[start:end] == shown for start, end, _, shown in regions)
+        assert [r["score"] for r in prediction["result"]] == pytest.approx([e["score"] for e in entities], abs=1e-6)
+        assert prediction["model_version"] == model["model_version"]
+        if entities:
+            assert prediction["score"] == pytest.approx(min(e["score"] for e in entities), abs=1e-6)
+        else:
+            assert prediction["score"] is None
+
+
+def test_the_backend_answers_what_label_studio_sends(backend):
+    """Label Studio's other calls, as it makes them: a training request is refused with what to do
+    instead; other events are acknowledged; a config without <Labels> is refused with the reason."""
+    training = httpx.post(f"{backend}/webhook", json={"action": "START_TRAINING", "project": {"id": 1}},
+                          timeout=TIMEOUT)
+    assert training.status_code == 501 and "nerkit train" in training.json()["error"]
+    assert httpx.post(f"{backend}/train", json={}, timeout=TIMEOUT).status_code == 501
+    event = httpx.post(f"{backend}/webhook", json={"action": "ANNOTATION_CREATED"}, timeout=TIMEOUT)
+    assert event.status_code == 200 and event.json()["status"] == "ignored"
+    choices = "<View><Choices name='c' toName='text'><Choice value='a'/></Choices><Text name='text' value='$text'/></View>"
+    refused = httpx.post(f"{backend}/setup", json={"project": "9.1", "schema": choices}, timeout=TIMEOUT)
+    assert refused.status_code == 422 and "<Labels" in refused.json()["detail"]
+    other_key = NER_CONFIG.replace('value="$text"', 'value="$sentence"')
+    answer = httpx.post(f"{backend}/predict", json={"tasks": [{"id": 5, "data": {"sentence": TEXTS[0]}}],
+                                                    "label_config": other_key}, timeout=TIMEOUT)
+    assert answer.status_code == 200 and len(answer.json()["results"]) == 1
+    missing = httpx.post(f"{backend}/predict", json={"tasks": [{"id": 5, "data": {"text": TEXTS[0]}}],
+                                                     "label_config": other_key}, timeout=TIMEOUT)
+    assert missing.status_code == 422 and "data.sentence" in missing.json()["detail"]
