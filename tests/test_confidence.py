@@ -256,3 +256,32 @@ def test_data_select_picks_the_least_sure_texts_first(tiny_model_dir, tmp_path, 
     refused = nerkit("data", "select", "--model", str(tiny_model_dir), "--pool", str(pool), "-n", "3",
                      "-o", str(pool), check=False)
     assert refused.returncode == 2 and "is the input file" in refused.stderr
+
+
+def test_bench_loop_simulates_the_annotation_loop_and_resumes(tmp_path, nerkit):
+    import json
+
+    import yaml
+    from conftest import TINY_DEV, TINY_TRAIN
+
+    config = tmp_path / "tiny.yaml"
+    config.write_text(yaml.safe_dump({
+        "data": {"train": str(TINY_TRAIN), "dev": str(TINY_DEV), "test": str(TINY_DEV), "max_len": 250},
+        "embeddings": {"char_dim": 16, "bichar_dim": 8, "dropout": 0.0},
+        "encoder": {"name": "bilstm", "hidden_size": 16},
+        "train": {"epochs": 2, "batch_size": 8, "lr": 0.02, "patience": 0, "seed": 1, "device": "cpu"}}))
+    out = tmp_path / "loop"
+    args = ["bench", "loop", "--config", str(config), "--out", str(out), "--start", "10", "--add", "10", "--seeds", "1"]
+    nerkit(*args, "--rounds", "1")  # stopped after round 1 ...
+    nerkit(*args, "--rounds", "2", "--resume")  # ... and carried on
+    records = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    assert sorted((r["strategy"], r["round"], r["sentences"]) for r in records) == [
+        ("random", 0, 10), ("random", 1, 20), ("random", 2, 30),
+        ("uncertainty", 0, 10), ("uncertainty", 1, 20), ("uncertainty", 2, 30)]
+    first = {r["strategy"]: r for r in records if r["round"] == 0}
+    assert first["random"]["dev_f1"] == first["uncertainty"]["dev_f1"]  # the same start, the same training
+    chosen = {s: json.loads((out / "state" / f"{s}-s1.json").read_text())["labelled"] for s in ("random", "uncertainty")}
+    assert chosen["random"][:10] == chosen["uncertainty"][:10] and chosen["random"] != chosen["uncertainty"]
+    assert all(len(set(c)) == len(c) == 30 for c in chosen.values())
+    refused = nerkit(*args, "--rounds", "2", check=False)  # a finished loop is not overwritten without --resume
+    assert refused.returncode == 2 and "not empty" in refused.stderr

@@ -19,7 +19,7 @@ from typer._click.exceptions import (  # the click that typer carries
 )
 
 from nerkit import __version__
-from nerkit.cli.bench import bench
+from nerkit.cli.bench import bench_app
 from nerkit.cli.data import data_app
 from nerkit.cli.export import export
 from nerkit.cli.lm import lm_app
@@ -43,7 +43,7 @@ app.command()(serve)  # nerkit/cli/serve.py
 app.command()(export)  # nerkit/cli/export.py
 app.command()(report)  # nerkit/cli/model.py
 app.command()(calibrate)  # nerkit/cli/model.py
-app.command()(bench)  # nerkit/cli/bench.py
+app.add_typer(bench_app, name="bench")  # nerkit/cli/bench.py
 app.add_typer(data_app, name="data")  # nerkit/cli/data.py
 app.add_typer(vectors_app, name="vectors")  # nerkit/cli/vectors.py
 app.add_typer(plot_app, name="plot")  # nerkit/cli/plot.py
