@@ -571,3 +571,20 @@ def test_a_temperature_divides_every_score():
     torch.testing.assert_close(crf.marginals(emissions, mask, temperature=2.0), halved.marginals(emissions / 2, mask))
     assert crf.path_probabilities(emissions, mask, paths, 2.0) == pytest.approx(
         halved.path_probabilities(emissions / 2, mask, paths), abs=1e-9)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_scores_match_cpu():
+    generator = torch.Generator().manual_seed(9)
+    crf = randomize(CRF(BIOES_MIXED), generator)
+    emissions = torch.randn(3, 40, len(BIOES_MIXED), generator=generator) * 3
+    mask = lengths_to_mask([40, 17, 1], 40)
+    paths = crf.decode(emissions, mask)
+    on_gpu = crf.cuda()
+    assert on_gpu.decode(emissions.cuda(), mask.cuda()) == paths
+    cpu = CRF(BIOES_MIXED)
+    cpu.load_state_dict({k: v.cpu() for k, v in on_gpu.state_dict().items()})
+    for a, b in zip(on_gpu.entity_probabilities(emissions.cuda(), mask.cuda(), paths, 1.3),
+                    cpu.entity_probabilities(emissions, mask, paths, 1.3)):
+        assert a == pytest.approx(b, abs=1e-9)
+    torch.testing.assert_close(on_gpu.marginals(emissions.cuda(), mask.cuda()).cpu(), cpu.marginals(emissions, mask))

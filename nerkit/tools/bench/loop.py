@@ -23,6 +23,7 @@ from pathlib import Path
 from nerkit.config import load_config
 from nerkit.errors import UserError
 from nerkit.files import atomic_write_text, check_output_directory, read_json_lines
+from nerkit.tools.bench.runner import host_info
 
 log = logging.getLogger(__name__)
 
@@ -61,13 +62,15 @@ def simulate(config_path: str | Path, overrides: list[str], out: str | Path, opt
     done = {(r["strategy"], r["seed"], r["round"]) for _, r in read_json_lines(out / RESULTS, "a loop record")} \
         if resume and (out / RESULTS).is_file() else set()
     out.mkdir(parents=True, exist_ok=True)
+    base = {**host_info(), "config": str(config_path), "overrides": list(overrides), "options": asdict(options)}
     for seed in options.seeds:
         for strategy in options.strategies:
-            run_one(config, splits, out, options, strategy, seed, done)
+            run_one(config, splits, out, options, strategy, seed, done, base)
     return [r for _, r in read_json_lines(out / RESULTS, "a loop record")]
 
 
-def run_one(config, splits, out: Path, options: LoopOptions, strategy: str, seed: int, done: set) -> None:
+def run_one(config, splits, out: Path, options: LoopOptions, strategy: str, seed: int, done: set,
+            base: dict) -> None:
     """One strategy and seed through every round, from its saved labelled set where it has one."""
     from nerkit.tools.select import select
 
@@ -87,7 +90,8 @@ def run_one(config, splits, out: Path, options: LoopOptions, strategy: str, seed
             record = {"strategy": strategy, "seed": seed, "round": round_, "sentences": size,
                       "characters": sum(len(splits.train[i]) for i in labelled[:size]),
                       "dev_f1": metrics["dev_f1"], "test_f1": metrics["test_f1"], "best_epoch": metrics["best_epoch"],
-                      "seconds": round(time.perf_counter() - started, 1)}
+                      "seconds": round(time.perf_counter() - started, 1), "device": metrics["device"],
+                      "date": time.strftime("%Y-%m-%d %H:%M:%S"), **base}
             with open(out / RESULTS, "a", encoding="utf-8") as f:
                 f.write(json.dumps(record) + "\n")
             log.info(f"loop {strategy} seed {seed} round {round_}: {size:,} sentences, dev F1 "
@@ -118,7 +122,15 @@ def train_round(config, splits, train_sentences, run_dir: Path, seed: int, dev_l
     batch = config.train.eval_batch_size
     dev_f1 = pipe.evaluation(splits.dev, batch).metrics["f1"]
     test_f1 = pipe.evaluation(splits.test, batch).metrics["f1"] if splits.test else None
-    return pipe, {"dev_f1": dev_f1, "test_f1": test_f1, "best_epoch": metrics["best_epoch"]}
+    return pipe, {"dev_f1": dev_f1, "test_f1": test_f1, "best_epoch": metrics["best_epoch"],
+                  "device": describe_device(metrics["device"])}
+
+
+def describe_device(device: str) -> str:
+    """`cpu`, or the GPU's name (`cuda: NVIDIA H200`): a record says what it ran on."""
+    import torch
+
+    return f"cuda: {torch.cuda.get_device_name()}" if str(device).startswith("cuda") else str(device)
 
 
 def summary(records: list[dict]) -> str:
