@@ -285,3 +285,16 @@ def test_bench_loop_simulates_the_annotation_loop_and_resumes(tmp_path, nerkit):
     assert all(len(set(c)) == len(c) == 30 for c in chosen.values())
     refused = nerkit(*args, "--rounds", "2", check=False)  # a finished loop is not overwritten without --resume
     assert refused.returncode == 2 and "not empty" in refused.stderr
+
+
+def test_plot_loop_draws_the_recorded_loop(tmp_path, nerkit):
+    from conftest import REPO
+
+    records = REPO / "docs" / "bench" / "gpu-loop-2026-11-27" / "results.jsonl"
+    out = tmp_path / "loop.png"
+    nerkit("plot", "loop", str(records), "--out", str(out))
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    wrong = tmp_path / "other.jsonl"
+    wrong.write_text('{"text": "x"}\n', encoding="utf-8")
+    refused = nerkit("plot", "loop", str(wrong), "--out", str(out), check=False)
+    assert refused.returncode == 2 and "nerkit bench loop" in refused.stderr

@@ -120,9 +120,12 @@ def test_the_report_shows_the_evaluations_scores_and_errors(report, tiny_model_d
     from nerkit.inference.pipeline import Pipeline
 
     out, metrics = report
-    evaluation = Pipeline.load(tiny_model_dir).evaluation(gold_file, with_errors=True)
+    evaluation = Pipeline.load(tiny_model_dir).evaluation(gold_file, with_errors=True, with_calibration=True)
     assert metrics == evaluation.metrics  # the one evaluation path
     dom = parse(out.read_text(encoding="utf-8"))
+    (ece,) = dom.find_all("b", id="ece")  # how sure the model is: the calibration section, its figure and tables
+    assert ece.text() == f"{metrics['calibration']['ece']:.4f}"
+    assert dom.find_all("section", id="calibration")[0].find_all("svg")
     (f1,) = dom.find_all("td", id="overall-f1")
     assert f1.text() == f"{100 * metrics['f1']:.2f}"
     (breakdown,) = dom.find_all("table", **{"class": "errors"})
@@ -131,7 +134,7 @@ def test_the_report_shows_the_evaluations_scores_and_errors(report, tiny_model_d
         counts = metrics["errors"][row[0]]
         assert row[2:] == [str(counts[k]) for k in ERROR_KINDS]
     assert rows[-1][0] == "overall"
-    assert len(dom.find_all("svg")) == 1  # the training curves, inline
+    assert len(dom.find_all("section", id="curves")[0].find_all("svg")) == 1  # the training curves, inline
 
 
 def test_every_sentence_with_an_error_is_listed_with_its_kinds(report, tiny_model_dir, gold_file):
@@ -175,7 +178,8 @@ def test_a_model_without_training_history_still_gets_a_report(tiny_model_dir, go
     (model / "metrics.jsonl").unlink()
     write_report(model, gold_file, tmp_path / "r.html")
     dom = parse((tmp_path / "r.html").read_text(encoding="utf-8"))
-    assert not dom.find_all("svg") and "No training history" in dom.find_all("section", id="curves")[0].text()
+    assert not dom.find_all("section", id="curves")[0].find_all("svg")
+    assert "No training history" in dom.find_all("section", id="curves")[0].text()
 
 
 def test_the_command_line_offers_every_predict_format():

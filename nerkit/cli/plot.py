@@ -57,3 +57,14 @@ def attention(
         typer.echo(f"{row['model']} ({row['encoder']}) layer {row['layer']}: mean attended distance "
                    f"{row['mean_distance']:.2f} characters, {100 * row['within_2']:.1f}% of the weight within 2")
     typer.echo(f"wrote {path}")
+
+
+@plot_app.command()
+def loop(
+    results: Path = typer.Argument(..., help="The results.jsonl of `nerkit bench loop`."),
+    out: Path = OUT,
+):
+    """F1 against the sentences annotated, choosing by uncertainty against at random (`nerkit bench loop`)."""
+    from nerkit.tools.plot import plot_loop
+
+    typer.echo(f"wrote {plot_loop(results, out)}")

@@ -210,6 +210,77 @@ def plot_curves(run_dirs: list[str | Path], out: str | Path) -> Path:
     return _save(curves_figure, out, "".join(_run_labels(run_dirs)), run_dirs)
 
 
+# ----------------------------------------------------------------------------- confidence
+
+
+def reliability_figure(calibration: dict):
+    """How honest the entity scores are (`nerkit.inference.evaluate.calibration`): the share of
+    entities right against their mean score per score bin (on the diagonal when honest, the bins'
+    sizes as bars), and precision, recall and F1 against the minimum score kept."""
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(10, 3.8))
+    left, right = figure.subplots(1, 2)
+    bins = [b for b in calibration["bins"] if b["count"]]
+    left.plot([0, 1], [0, 1], ":", color="grey", label="honest")
+    left.plot([b["mean_score"] for b in bins], [b["accuracy"] for b in bins], "-o", color="C0",
+              label=f"entities (ECE {calibration['ece']:.3f})")
+    counts = left.twinx()
+    counts.bar([(b["low"] + b["high"]) / 2 for b in bins], [b["count"] for b in bins], width=0.08, alpha=0.2,
+               color="C0")
+    counts.set_ylabel("entities in the bin")
+    left.set(xlim=(0, 1), ylim=(0, 1), xlabel="score", ylabel="share right", title="reliability")
+    left.legend(loc="upper left")
+    rows = calibration["thresholds"]
+    for key, color in (("precision", "C1"), ("recall", "C2"), ("f1", "C3")):
+        right.plot([r["threshold"] for r in rows], [100 * r[key] for r in rows], "-o", color=color, markersize=3,
+                   label=key)
+    right.set(xlabel="minimum score kept", ylabel="%", title="by threshold")
+    right.legend()
+    figure.tight_layout()
+    return figure
+
+
+def loop_figure(records: list[dict]):
+    """`nerkit bench loop`'s test F1 (and dev F1, dashed) against the sentences annotated, one panel
+    per config, one line per strategy: the mean over the seeds, the band their lowest and highest."""
+    from matplotlib.figure import Figure
+
+    configs = sorted({Path(r["config"]).stem for r in records})
+    figure = Figure(figsize=(5.5 * len(configs), 3.8))
+    axes = figure.subplots(1, len(configs), squeeze=False)[0]
+    for ax, config in zip(axes, configs):
+        mine = [r for r in records if Path(r["config"]).stem == config]
+        for index, strategy in enumerate(sorted({r["strategy"] for r in mine})):
+            rounds = sorted({r["round"] for r in mine if r["strategy"] == strategy})
+            rows = [[r for r in mine if r["strategy"] == strategy and r["round"] == k] for k in rounds]
+            x = [row[0]["sentences"] for row in rows]
+            for key, line in (("test_f1", "-o"), ("dev_f1", "--")):
+                values = [[100 * (r[key] or 0) for r in row] for row in rows]
+                ax.plot(x, [sum(v) / len(v) for v in values], line, color=f"C{index}", markersize=4,
+                        label=f"{strategy} ({key.split('_')[0]})")
+                if key == "test_f1":
+                    ax.fill_between(x, [min(v) for v in values], [max(v) for v in values], color=f"C{index}",
+                                    alpha=0.15)
+        seeds = len({r["seed"] for r in mine})
+        ax.set(xlabel="sentences annotated", ylabel="F1 (%)", title=f"{config} ({seeds} seeds)")
+        ax.legend(fontsize=8)
+    figure.tight_layout()
+    return figure
+
+
+def plot_loop(results: str | Path, out: str | Path) -> Path:
+    """`nerkit plot loop`: the F1 curves of a `nerkit bench loop` results.jsonl, written to `out`."""
+    from nerkit.files import check_input
+
+    check_input(str(results), "RESULTS", "no such file", fix="pass the results.jsonl of `nerkit bench loop`")
+    records = [r for _, r in read_json_lines(results, "a loop record", "pass the results.jsonl of `nerkit bench loop`")]
+    if not records or any(k not in r for r in records for k in ("config", "strategy", "round", "test_f1")):
+        raise UserError("not the results of `nerkit bench loop`", where=str(results),
+                        fix="pass the results.jsonl of `nerkit bench loop`")
+    return _save(loop_figure, out, "", records)
+
+
 # ----------------------------------------------------------------------------- position encodings
 
 

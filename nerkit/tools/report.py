@@ -153,9 +153,11 @@ def sentence_rows(sentences, predicted: list[list[Span]], colors: dict[str, str]
     return rows, len(rows)
 
 
-def build_report(evaluation, title: str, meta: list[tuple[str, str]], curves_svg: str | None) -> str:
-    """The report page of an `Evaluation` (with errors); `meta`: (label, value) lines under the
-    title; `curves_svg`: the training curves as an SVG document, or None when there are none."""
+def build_report(evaluation, title: str, meta: list[tuple[str, str]], curves_svg: str | None,
+                 reliability_svg: str | None = None) -> str:
+    """The report page of an `Evaluation` (with errors, and calibration when its predictions were
+    scored); `meta`: (label, value) lines under the title; `curves_svg`, `reliability_svg`: the
+    training curves and the reliability figure as SVG documents, or None."""
     metrics, sentences, predicted = evaluation.metrics, evaluation.sentences, evaluation.predicted
     gold = [s.spans() for s in sentences]
     colors = type_colors([s.type for spans in gold + predicted for s in spans])
@@ -175,6 +177,7 @@ def build_report(evaluation, title: str, meta: list[tuple[str, str]], curves_svg
 {scores_table(metrics)}</section>
 <section id="curves"><h2>Training curves</h2>
 {curves}</section>
+{calibration_section(metrics.get("calibration"), reliability_svg)}
 <section id="confusion"><h2>Entity types</h2>
 <p>Gold and predicted entities paired by their exact boundaries; {NONE}: no entity with those boundaries on
 that side.</p>
@@ -198,6 +201,38 @@ no overlapping prediction), and predictions that overlap no gold entity (spuriou
     return page(title, body, FILTER_SCRIPT)
 
 
+def _fraction(x: float | None) -> str:
+    return "" if x is None else f"{x:.3f}"
+
+
+def calibration_section(found: dict | None, svg: str | None) -> str:
+    """How honest the entity scores are: the reliability figure and the bins and thresholds as tables."""
+    if found is None:
+        return ""
+    bins = "".join(f"<tr><td>{b['low']:.1f}-{b['high']:.1f}</td><td class=num>{b['count']}</td>"
+                   f"<td class=num>{_fraction(b['mean_score'])}</td><td class=num>{_fraction(b['accuracy'])}</td></tr>"
+                   for b in found["bins"])
+    thresholds = "".join(f"<tr><td>{t['threshold']:.2f}</td><td class=num>{_pct(t['precision'])}</td><td class=num>"
+                         f"{_pct(t['recall'])}</td><td class=num>{_pct(t['f1'])}</td></tr>" for t in found["thresholds"])
+    figure = f'<div class="curves">{svg[svg.index("<svg"):]}</div>' if svg else ""
+    return f"""<section id="calibration"><h2>How sure the model is</h2>
+<p>Each predicted entity's score is the probability the model gives exactly that span with exactly that
+type; an entity is right when the gold file has it. Honest scores put each bin's share right near its
+mean score: expected calibration error <b id="ece">{found['ece']:.4f}</b>, Brier score {found['brier']:.4f},
+over {found['entities']:,} entities (<code>nerkit calibrate</code> fits a temperature on a dev set).</p>
+{figure}
+<table class="scores"><tr><th>score</th><th class=num>entities</th><th class=num>mean score</th><th class=num>share right</th></tr>{bins}</table>
+<table class="scores"><tr><th>min score</th><th class=num>precision</th><th class=num>recall</th><th class=num>F1</th></tr>{thresholds}</table></section>"""
+
+
+def reliability_svg(calibration: dict, label: str) -> str:
+    from nerkit.tools.plot import figure_bytes, load_matplotlib, reliability_figure, style
+
+    matplotlib = load_matplotlib()
+    with matplotlib.rc_context(style(label)):
+        return figure_bytes(reliability_figure(calibration), "svg").decode("utf-8")
+
+
 def curves_svg(model_dir: Path) -> str | None:
     """The run's training curves as SVG text, or None without a metrics.jsonl."""
     if not (model_dir / "metrics.jsonl").is_file():
@@ -219,10 +254,11 @@ def write_report(model_dir: str | Path, data: str | Path, out: str | Path, batch
     model_dir, out = Path(model_dir), Path(out)
     check_output(out, data)
     pipe = Pipeline.load(model_dir, device=device)
-    evaluation = pipe.evaluation(data, batch_size, repair=repair, with_errors=True)
+    evaluation = pipe.evaluation(data, batch_size, repair=repair, with_errors=True, with_calibration=True)
     meta = [("model", str(model_dir)), ("encoder", pipe.config.encoder.name), ("data", str(data)),
             ("sentences", f"{len(evaluation.sentences):,}"),
             ("prediction", f"{evaluation.seconds:.1f} s"), ("written", time.strftime("%Y-%m-%d %H:%M"))]
-    page_html = build_report(evaluation, f"nerkit report: {model_dir.name}", meta, curves_svg(model_dir))
+    page_html = build_report(evaluation, f"nerkit report: {model_dir.name}", meta, curves_svg(model_dir),
+                             reliability_svg(evaluation.metrics["calibration"], model_dir.name))
     atomic_write_text(out, page_html)
     return evaluation.metrics
