@@ -9,7 +9,9 @@ either page a block
     <!-- /bench -->
 
 is replaced by the table `nerkit bench --matrix MATRIX --out docs/bench/NAME --markdown-only` builds
-from those records (its title line dropped). `--check` changes nothing and exits 1 when a page is
+from those records (its title line dropped); `<!-- loop: docs/bench/NAME -->` ... `<!-- /loop -->` by
+the table `nerkit bench loop` prints, and `<!-- calibration: docs/bench/NAME -->` ... `<!-- /calibration -->`
+by `nerkit.tools.calibrate.calibration_table` of those records. `--check` changes nothing and exits 1 when a page is
 out of date (the test suite runs it).
 
     python scripts/benchmarks_doc.py [--check]
@@ -25,9 +27,11 @@ from pathlib import Path
 from nerkit.tools.bench import load_matrix, read_results, render_markdown
 
 REPO = Path(__file__).resolve().parent.parent
-PAGES = [REPO / "docs" / "BENCHMARKS.md", REPO / "docs" / "benchmarks-notebook.md"]
+PAGES = [REPO / "docs" / "BENCHMARKS.md", REPO / "docs" / "benchmarks-notebook.md", REPO / "docs" / "confidence.md"]
 DOC = PAGES[1]  # the page that holds the blocks (tests/test_docs.py checks its tables)
 BLOCK = re.compile(r"(<!-- bench: (\S+) (\S+) -->\n)(.*?)(<!-- /bench -->)", re.S)
+# The records of `nerkit bench loop` and of calibration runs, rendered by their own modules.
+RECORD_BLOCK = re.compile(r"(<!-- (loop|calibration): (\S+) -->\n)(.*?)(<!-- /\2 -->)", re.S)
 
 
 def table(out: str, matrix: str) -> str:
@@ -44,8 +48,18 @@ def table(out: str, matrix: str) -> str:
     return text.split("\n", 2)[2]  # drop the title line and the blank line after it
 
 
+def record_table(kind: str, out: str) -> str:
+    from nerkit.files import read_json_lines
+    from nerkit.tools.bench.loop import summary
+    from nerkit.tools.calibrate import calibration_table
+
+    records = [r for _, r in read_json_lines(REPO / out / "results.jsonl", f"a {kind} record")]
+    return (summary if kind == "loop" else calibration_table)(records)
+
+
 def render(doc: str) -> str:
-    return BLOCK.sub(lambda m: m.group(1) + table(m.group(2), m.group(3)) + m.group(5), doc)
+    doc = BLOCK.sub(lambda m: m.group(1) + table(m.group(2), m.group(3)) + m.group(5), doc)
+    return RECORD_BLOCK.sub(lambda m: m.group(1) + record_table(m.group(2), m.group(3)) + m.group(5), doc)
 
 
 def main(argv: list[str]) -> int:

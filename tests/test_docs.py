@@ -51,3 +51,10 @@ def test_every_script_imports():
         script = importlib.util.spec_from_file_location(f"script_{path.stem}", path)
         module = importlib.util.module_from_spec(script)
         script.loader.exec_module(module)
+
+
+def test_the_confidence_page_tables_are_what_the_records_give():
+    page = REPO / "docs" / "confidence.md"
+    doc = page.read_text(encoding="utf-8")
+    assert "<!-- loop: docs/bench/" in doc and "<!-- calibration: docs/bench/" in doc
+    assert benchmarks_doc.render(doc) == doc, "run python scripts/benchmarks_doc.py"

@@ -121,3 +121,16 @@ def calibrate(model_dir: str | Path, data: str | Path, batch_size: int = 128, wi
     log.info(f"score temperature {temperature:.3f} on {entities:,} entities of {data}: ECE "
              f"{result['before']['ece']:.4f} -> {result['after']['ece']:.4f}; wrote {meta_path}")
     return result
+
+
+def calibration_table(records: list[dict]) -> str:
+    """Records of models' calibration (their `dev`, `test`, `fit` and `test_after`, as the docs'
+    records hold them) as a Markdown table: F1, ECE before and after the temperature, Brier score."""
+    lines = ["| dataset | model | test F1 | dev ECE | test ECE | temperature (fit on dev) | test ECE after | "
+             "test Brier before / after | entities (test) |", "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in records:
+        before, after = r["test"]["calibration"], r["test_after"]["calibration"]
+        lines.append(f"| {r['dataset']} | {r['model']} | {100 * r['test']['f1']:.2f} | "
+                     f"{r['dev']['calibration']['ece']:.4f} | {before['ece']:.4f} | {r['fit']['temperature']:.3f} | "
+                     f"{after['ece']:.4f} | {before['brier']:.4f} / {after['brier']:.4f} | {before['entities']:,} |")
+    return "\n".join(lines) + "\n"

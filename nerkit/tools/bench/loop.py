@@ -134,13 +134,24 @@ def describe_device(device: str) -> str:
 
 
 def summary(records: list[dict]) -> str:
-    """Mean dev and test F1 by strategy and round over the seeds, as a Markdown table."""
-    by = {}
+    """Dev and test F1 by config, round and strategy over the seeds (mean, and the lowest and
+    highest test F1), as a Markdown table: the two strategies side by side at each round."""
+    by: dict = {}
     for r in records:
-        by.setdefault((r["strategy"], r["round"]), []).append(r)
-    lines = ["| strategy | round | sentences | seeds | dev F1 | test F1 |", "|---|---:|---:|---:|---:|---:|"]
-    for (strategy, round_), rows in sorted(by.items()):
-        mean = lambda key: 100 * sum(r[key] or 0 for r in rows) / len(rows)  # noqa: E731
-        lines.append(f"| {strategy} | {round_} | {rows[0]['sentences']:,} | {len(rows)} | {mean('dev_f1'):.2f} | "
-                     f"{mean('test_f1'):.2f} |")
+        by.setdefault((Path(r["config"]).stem, r["round"], r["sentences"]), {}).setdefault(r["strategy"], []).append(r)
+    strategies = sorted({r["strategy"] for r in records}, key=lambda s: (s != "uncertainty", s))
+    head = "| config | round | sentences | " + " | ".join(f"{s}: dev F1 | {s}: test F1 (lowest-highest)"
+                                                           for s in strategies) + " |"
+    lines = [head, "|---|---:|---:|" + "---:|---:|" * len(strategies)]
+    for (config, round_, sentences), found in sorted(by.items()):
+        cells = []
+        for s in strategies:
+            rows = found.get(s, [])
+            if not rows:
+                cells += ["", ""]
+                continue
+            tests = [100 * (r["test_f1"] or 0) for r in rows]
+            dev = sum(100 * r["dev_f1"] for r in rows) / len(rows)
+            cells += [f"{dev:.2f}", f"{sum(tests) / len(tests):.2f} ({min(tests):.2f}-{max(tests):.2f}, {len(rows)} seeds)"]
+        lines.append(f"| {config} | {round_} | {sentences:,} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
