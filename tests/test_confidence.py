@@ -165,17 +165,19 @@ def test_predict_writes_scores_in_every_json_format_and_min_score_filters(tiny_m
     source = tmp_path / "texts.txt"
     source.write_text("\n".join(TEXTS) + "\n", encoding="utf-8")
     model = str(tiny_model_dir)
-    records = read_lines(nerkit("predict", "--model", model, str(source)).stdout)
+    records = read_lines(nerkit("predict", "--model", model, str(source), "--scores").stdout)
     entities = [e for r in records for e in r["entities"]]
     assert entities and all(0 < e["score"] <= 1 for e in entities)
-    plain = read_lines(nerkit("predict", "--model", model, str(source), "--no-scores").stdout)
+    plain = read_lines(nerkit("predict", "--model", model, str(source)).stdout)  # jsonl: no scores unless asked
     assert all("score" not in e for r in plain for e in r["entities"])
+    assert [[{k: v for k, v in e.items() if k != "score"} for e in r["entities"]] for r in records] == \
+        [r["entities"] for r in plain]
     threshold = sorted(e["score"] for e in entities)[len(entities) // 2]
     kept = read_lines(nerkit("predict", "--model", model, str(source), "--min-score", str(threshold)).stdout)
     assert kept == [{**r, "entities": [e for e in r["entities"] if e["score"] >= threshold]} for r in records]
-    two = read_lines(nerkit("predict", "--model", model, str(source), "--workers", "2").stdout)
+    two = read_lines(nerkit("predict", "--model", model, str(source), "--workers", "2", "--scores").stdout)
     assert two == records
-    tasks = json.loads(nerkit("predict", "--model", model, str(source), "--format", "label-studio").stdout)
+    tasks = json.loads(nerkit("predict", "--model", model, str(source), "--format", "label-studio").stdout)  # scored
     for task, record in zip(tasks, records):
         prediction = task["predictions"][0]
         assert [r["score"] for r in prediction["result"]] == [e["score"] for e in record["entities"]]

@@ -207,12 +207,12 @@ def test_predict_and_eval_on_the_export_give_the_originals_output(exported, nerk
     model_dir, onnx_dir = exported("bilstm")
     source = tmp_path / "texts.txt"
     source.write_text("\n".join(dev_texts() + ["", "刘洋去天元集团参观了。" * 30]) + "\n", encoding="utf-8")
-    for args in (["predict", str(source), "--no-scores"], ["predict", str(source), "--format", "conll", "--window", "20"],
+    for args in (["predict", str(source)], ["predict", str(source), "--format", "conll", "--window", "20"],
                  ["eval", "--data", str(TINY_DEV), "--json", "--errors"]):
         original = nerkit(*args, "--model", str(model_dir)).stdout
         assert nerkit(*args, "--model", str(onnx_dir)).stdout == original
     # with scores: the same entities, scores within 1e-5 (the graph's float32 emissions against torch's)
-    scored = [[json.loads(line) for line in nerkit("predict", str(source), "--model", str(m)).stdout.splitlines()]
+    scored = [[json.loads(line) for line in nerkit("predict", str(source), "--scores", "--model", str(m)).stdout.splitlines()]
               for m in (model_dir, onnx_dir)]
     entities = [[e for r in records for e in r["entities"]] for records in scored]
     assert [{k: v for k, v in e.items() if k != "score"} for e in entities[1]] == \

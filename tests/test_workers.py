@@ -298,7 +298,7 @@ def test_the_window_is_the_same_from_the_api_the_command_line_and_the_workers(ti
     found, scores = {}, {}
     for window in (None, 250):
         option = [] if window is None else ["--window", str(window)]
-        api = [{"text": t, "entities": e} for t, e in zip(lines, pipe.predict(lines, window=window, scores=True))]
+        api = [{"text": t, "entities": e} for t, e in zip(lines, pipe.predict(lines, window=window))]
         for workers in ("1", "2"):
             code, stdout, stderr = run_cli(monkeypatch, capfd, "predict", "--model", model, str(source),
                                            "--workers", workers, "--threads", workers, *option)

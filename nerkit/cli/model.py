@@ -85,8 +85,9 @@ def predict(
     field: Optional[str] = typer.Option(None, "--field", help="Read the input as JSON lines and tag the "
                                         "string at this key of each object (default for a .jsonl or .json "
                                         "file: text); the other keys are kept in the output records."),
-    scores: bool = flag("--scores/--no-scores", default=True, help="Give each entity its score: the "
-                        "probability the model gives exactly that span with exactly that type."),
+    scores: Optional[bool] = flag("--scores/--no-scores", default=None, help="Give each entity its score: the "
+                                  "probability the model gives exactly that span with exactly that type (default: "
+                                  "for doccano and label-studio, whose tools sort the review by them)."),
     min_score: Optional[float] = typer.Option(None, "--min-score", min=0.0, max=1.0, help="Leave out the "
                                               "entities scored below this (implies --scores)."),
 ):
@@ -96,7 +97,21 @@ def predict(
 
     require_runtime(model, runtime)
     predict_file(model, source, str(output) if output else None, fmt, batch_size, device, threads, workers, window,
-                 document, field, min_score if min_score is not None else 0.0 if scores else None)
+                 document, field, scoring(fmt, scores, min_score))
+
+
+def scoring(fmt: str, scores: bool | None, min_score: float | None) -> float | None:
+    """`predict_file`'s `min_score` from the options: a --min-score scores; else --scores or
+    --no-scores as given; else scores for the annotation tools' formats only (they cost the fastest
+    models about a fifth of their speed: docs/confidence.md)."""
+    if min_score is not None:
+        return min_score
+    if scores is None:
+        scores = fmt in SCORED_FORMATS
+    return 0.0 if scores else None
+
+
+SCORED_FORMATS = ("doccano", "label-studio")
 
 
 def calibrate(

@@ -42,8 +42,9 @@ def serve(
     max_body: int = typer.Option(1 << 20, "--max-body", min=1, help="Largest request body, in bytes (a "
                                  "larger one is refused with 413)."),
     access_log: bool = typer.Option(False, "--access-log", metavar="", help="Log one line per request on stderr."),
-    scores: bool = typer.Option(True, "--scores/--no-scores", metavar="", help="Give each entity its score: the "
-                                "probability the model gives exactly that span with exactly that type."),
+    scores: bool = typer.Option(False, "--scores", metavar="", help="Give each entity its score: the "
+                                "probability the model gives exactly that span with exactly that type "
+                                "(always with --label-studio)."),
     min_score: Optional[float] = typer.Option(None, "--min-score", min=0.0, max=1.0, help="Leave out the "
                                               "entities scored below this (implies --scores)."),
     label_studio: bool = typer.Option(False, "--label-studio", metavar="", help="Serve as a Label Studio ML "
@@ -66,4 +67,5 @@ def serve(
     run_server(model, host, port, workers, threads, access_log=access_log, options=ServeOptions(
         device=device, window=window, batch_size=batch_size, max_batch_chars=max_batch_chars,
         max_wait_ms=max_wait_ms, max_queue=max_queue, max_body=max_body,
-        min_score=min_score if min_score is not None else 0.0 if scores else None, label_studio=label_studio))
+        min_score=min_score if min_score is not None else 0.0 if scores or label_studio else None,
+        label_studio=label_studio))

@@ -81,7 +81,7 @@ class ServeOptions:
     max_wait_ms: float = 0.0  # micro-batching: how long a batch's first request waits for others
     max_queue: int = 64  # requests waiting for the model before the next is refused (503)
     max_body: int = 1 << 20  # bytes of a request body (more: 413)
-    min_score: float | None = 0.0  # entities scored, those below this left out (None: no scores)
+    min_score: float | None = None  # entities scored, those below this left out (None: no scores)
     label_studio: bool = False  # speak Label Studio's ML backend protocol (nerkit.inference.label_studio)
 
 
@@ -105,7 +105,7 @@ PREDICT_BODY = {"description": "Exactly one of `texts` and `text`.", "oneOf": [
 
 SCORE_MEANING = ("The probability the model gives this exact entity (span and type), from its CRF's forward-"
                  "backward pass over every valid tag sequence, at the temperature `nerkit calibrate` fitted "
-                 "(1 if none); absent when the server runs with --no-scores.")
+                 "(1 if none); given when the server runs with --scores (or --min-score, --label-studio).")
 
 
 class Entity(BaseModel):
@@ -275,8 +275,8 @@ def create_app(model_dir: str | Path, options: ServeOptions | None = None) -> Fa
         "model_sha256": sha256_file(weights),
         "config": config_to_dict(pipe.config),
         "licences": model_terms(model_dir),  # of its language models (nerkit.pretrained.licences)
-        "score": None if options.min_score is None else {
-            "meaning": SCORE_MEANING, "temperature": pipe.score_temperature, "min_score": options.min_score},
+        "score": {"given": options.min_score is not None, "meaning": SCORE_MEANING,
+                  "temperature": pipe.score_temperature, "min_score": options.min_score},
         "serve": {**dataclasses.asdict(options), "window": window, "batch_size": batch_size,
                   "pid": os.getpid()},
     }

@@ -259,7 +259,7 @@ def sigterm_as_exit() -> Iterator[None]:
 
 def predict_file(model: str | Path, source: str, output: str | None, fmt: str = "jsonl", batch_size: int = 64,
                  device: str = "cpu", threads: int = 0, workers: int = 1, window: int | None = None,
-                 document: bool = False, field: str | None = None, min_score: float | None = 0.0) -> int:
+                 document: bool = False, field: str | None = None, min_score: float | None = None) -> int:
     """`nerkit predict`: the paths checked before the model loads (a wrong one costs no wait), then
     `predict_stream` with the model in this process or in `workers` processes. SIGTERM ends it as
     Ctrl-C does (`sigterm_as_exit`). With `document` (a model with memory), the lines are read in
@@ -289,7 +289,7 @@ def predict_file(model: str | Path, source: str, output: str | None, fmt: str = 
 
 def predict_stream(pipe, source: str, output: str | None, fmt: str = "jsonl", batch_size: int = 64,
                    chunk_chars: int = CHUNK_CHARS, progress: bool | None = None, window: int | None = None,
-                   ranks: Ranks | None = None, field: str | None = None, min_score: float | None = 0.0) -> int:
+                   ranks: Ranks | None = None, field: str | None = None, min_score: float | None = None) -> int:
     """Predict every line of `source` (a path, or '-' for stdin) into `output` (a path, or stdout)
     with `pipe`: a Pipeline, or `nerkit.inference.workers.Workers` (processes that each hold one; the output
     is the same). `window`: the prediction window (None: the model's, `Pipeline.window`). With
