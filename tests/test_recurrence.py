@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 import torch
 from conftest import tiny_raw_config
@@ -188,3 +189,32 @@ def test_a_look_ahead_margin_is_read_but_neither_emitted_nor_remembered(memory_p
         expected = model.crf.decode(torch.cat(emissions)[None], torch.ones(1, len(text), dtype=torch.bool))[0]
     assert MemoryReader(memory_pipe, margin=3).read(text) == expected
     assert MemoryReader(memory_pipe, margin=0).read(text) == whole_text_tags(memory_pipe, text)
+
+
+def test_a_long_text_read_with_memory_gets_scores_from_windows_of_its_emissions(memory_pipe):
+    """Scores of a text longer than a segment: the spans are those of reading it unscored, and in a
+    text no longer than two segments (one window) each score is the CRF's probability of that entity
+    over the text's whole emission sequence, as the reader computed it segment by segment."""
+    from nerkit.inference.recurrence import MemoryReader
+
+    short = TEXTS[0][:2 * SEGMENT]  # one window of two segments
+    long = "".join(TEXTS)
+    scored = memory_pipe.predict_tokens([short, long], scores=True)
+    plain = memory_pipe.predict_tokens([short, long])
+    assert scored == plain and any(scored)  # spans compare by offsets and type
+    assert all(s.score is not None and 0 <= s.score <= 1 for spans in scored for s in spans)
+    reader = MemoryReader(memory_pipe)
+    reader.keep_emissions(1)
+    tag_ids = reader.read(short)
+    emissions = torch.from_numpy(np.concatenate(reader.kept[0]))[None]  # (1, n, K)
+    mask = torch.ones(1, len(short), dtype=torch.bool)
+    expected = memory_pipe.model.crf.entity_probabilities(emissions, mask, [tag_ids])[0]
+    assert [s.score for s in scored[0]] == pytest.approx(expected, abs=1e-9)
+
+
+def test_a_document_stream_gives_scores(memory_pipe):
+    stream = memory_pipe.document_stream()
+    scored = stream.predict_tokens(TEXTS, scores=True)
+    stream.reset()
+    assert scored == stream.predict_tokens(TEXTS) and any(scored)
+    assert all(s.score is not None for spans in scored for s in spans)

@@ -77,12 +77,15 @@ class Pipeline(Predictor):
         spans = super().predict_tokens([[] if i in long else t for i, t in enumerate(token_lists)], batch_size, 0,
                                        scores)
         reader = MemoryReader(self)
-        if scores and long:
-            from nerkit.inference.recurrence import warn_unscored
-
-            warn_unscored(f"a text longer than a segment ({segment} characters)")
         for i in sorted(long):
-            spans[i] = self.spans_of(token_lists[i], reader.read(token_lists[i]))
+            if scores:
+                from nerkit.inference.recurrence import scored
+
+                reader.keep_emissions(1)
+                spans[i] = scored(self, token_lists[i], reader.read(token_lists[i]), reader.kept[0])
+                reader.kept = None
+            else:
+                spans[i] = self.spans_of(token_lists[i], reader.read(token_lists[i]))
         return spans
 
     def document_stream(self) -> DocumentStream:

@@ -16,7 +16,6 @@ language model's features (`embeddings.lm`), where a model has one, see one piec
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterable, Iterator, Sequence
 
 import numpy as np
@@ -28,8 +27,6 @@ from nerkit.data.records import DOCUMENT_SEPARATOR
 from nerkit.errors import UserError
 from nerkit.features.batch import collate
 from nerkit.features.featurizer import Example
-
-log = logging.getLogger(__name__)
 
 
 def pieces(lengths: Iterable[int], segment: int) -> Iterator[list[tuple[int, int, int]]]:
@@ -51,6 +48,12 @@ class MemoryReader:
             raise ValueError("a MemoryReader needs a model with encoder.memory")
         self.decoder = pipe.model.crf.streaming()
         self.memory = None
+        self.kept: list[list[np.ndarray]] | None = None  # with `keep_emissions`: each line's emissions, for scores
+
+    def keep_emissions(self, lines: int) -> None:
+        """Keep the emissions of the next `lines` lines read (`scored`): what their entities' scores
+        are computed from (K numbers a character: the one thing here that grows with the text)."""
+        self.kept = [[] for _ in range(lines)]
 
     def reset(self) -> None:
         self.memory = None
@@ -68,7 +71,10 @@ class MemoryReader:
             for start in range(0, len(tokens), self.segment):
                 end = min(start + self.segment, len(tokens))
                 example = self._features(tokens, start, min(end + self.margin, len(tokens)))
-                found += self.decoder.push(self._emissions([example], keep=end - start)[: end - start])
+                emissions = self._emissions([example], keep=end - start)[: end - start]
+                if self.kept is not None:
+                    self.kept[0].append(emissions)
+                found += self.decoder.push(emissions)
         return found + self.decoder.finish()
 
     def read_lines(self, lines: Sequence[Sequence[str]]) -> list[list[int]]:
@@ -82,6 +88,8 @@ class MemoryReader:
                 emissions = self._emissions(examples)  # (L, K), L = the pieces' total length
                 offset = 0
                 for (i, a, b), example in zip(segment, examples):
+                    if self.kept is not None:
+                        self.kept[i].append(emissions[offset:offset + len(example)])
                     found[i] += self.decoder.push(emissions[offset:offset + len(example)])
                     offset += len(example)
                     if b == len(lines[i]):  # the line ends here: its own tag sequence ends too
@@ -109,6 +117,30 @@ class MemoryReader:
         return emissions[0].float().cpu().numpy()
 
 
+def scored(pipe, tokens: Sequence[str], tag_ids: list[int], emissions: list[np.ndarray]) -> list:
+    """The spans of a text read with the memory, each scored from its kept `emissions`: the CRF's
+    forward-backward (nerkit.model.crf_numpy) over windows of two segments that overlap by one, an
+    entity taking its score from the window that holds it most centrally (`scored_spans`), as a
+    long text read in prediction windows does. The windows stand in for the whole text, whose
+    passes would hold every character's scores at once; an entity a segment or more from a
+    window's edge is scored as the whole text would score it, to the precision of the CRF's reach."""
+    from nerkit.data.tags import Span, tags_to_spans
+    from nerkit.inference.predictor import scored_spans, without_whitespace
+    from nerkit.inference.windows import text_windows
+    from nerkit.model.crf_numpy import entity_probabilities, masked_scores
+
+    crf, tags = pipe.model.crf, pipe.tags
+    scores = masked_scores(tags, *(p.detach().cpu().double().numpy() for p in (
+        crf.torch_crf.start_transitions, crf.torch_crf.transitions, crf.torch_crf.end_transitions)))
+    joined = np.concatenate(emissions) if emissions else np.zeros((0, len(tags)))
+    windows = []
+    for a, b in text_windows(len(tag_ids), 2 * memory_segment(pipe.config)):
+        path = tag_ids[a:b]
+        probs = entity_probabilities(tags, scores, joined[None, a:b], [b - a], [path], pipe.score_temperature)[0]
+        windows.append((a, [Span(s.start, s.end, s.type, p) for s, p in zip(tags_to_spans([tags[t] for t in path]), probs)]))
+    return without_whitespace(list(tokens), scored_spans(tags_to_spans([tags[t] for t in tag_ids]), windows))
+
+
 class DocumentStream:
     """A Pipeline whose `predict_tokens` reads the texts of every call as the next lines of one
     stream (`nerkit predict --document`, `evaluation(document=True)`); anything else is the pipeline's."""
@@ -128,10 +160,8 @@ class DocumentStream:
     def predict_tokens(self, token_lists: Sequence[Sequence[str]], batch_size: int = 64,
                        window: int | None = None, scores: bool = False) -> list:
         """The spans of each text, read after the texts before it. A text that is a document
-        separator (`-DOCSTART-`, as in CoNLL files) has none and starts a new document. Spans read
-        as one stream have no scores yet (`scores` asks in vain, and says so once)."""
-        if scores:
-            warn_unscored("a document read as one stream")
+        separator (`-DOCSTART-`, as in CoNLL files) has none and starts a new document. With
+        `scores`, each line's entities are scored from its emissions (`scored`)."""
         if window:
             raise UserError(f"a document is read as one stream, segment by segment: a window of {window} would cut it",
                             fix="drop --window (or pass --window 0)")
@@ -139,25 +169,20 @@ class DocumentStream:
         start = 0
         for end in [*(i for i, t in enumerate(token_lists) if _is_separator(t)), len(token_lists)]:
             lines = token_lists[start:end]
+            if scores:
+                self.reader.keep_emissions(len(lines))
             found = self.reader.read_lines(lines)
-            spans += [self.pipe.spans_of(tokens, tag_ids) for tokens, tag_ids in zip(lines, found)]
+            if scores:
+                spans += [scored(self.pipe, tokens, tag_ids, kept)
+                          for tokens, tag_ids, kept in zip(lines, found, self.reader.kept)]
+                self.reader.kept = None
+            else:
+                spans += [self.pipe.spans_of(tokens, tag_ids) for tokens, tag_ids in zip(lines, found)]
             if end < len(token_lists):
                 spans.append([])
                 self.reader.reset()
             start = end + 1
         return spans
-
-
-_WARNED: set[str] = set()
-
-
-def warn_unscored(what: str) -> None:
-    """Say once per process that `what` is read segment by segment with Transformer-XL's memory,
-    which gives tags but not yet entity scores."""
-    if what not in _WARNED:
-        _WARNED.add(what)
-        log.warning(f"{what} is read segment by segment with the model's memory, which gives no entity "
-                    "scores yet: its entities come without them (a --window reads it in scored windows)")
 
 
 def _is_separator(tokens: Sequence[str]) -> bool:
