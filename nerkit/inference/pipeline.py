@@ -28,6 +28,7 @@ from nerkit.inference.predictor import (  # noqa: F401 (Evaluation and without_w
     without_whitespace,
 )
 from nerkit.inference.recurrence import DocumentStream, MemoryReader
+from nerkit.inference.windows import text_windows
 from nerkit.model.tagger import Tagger
 from nerkit.version import __version__
 from nerkit.weights import load_checked, read_safetensors
@@ -63,6 +64,20 @@ class Pipeline(Predictor):
                 for j, result in zip(idx, found):  # the padding rows' paths are dropped
                     decoded[j] = result
         return decoded
+
+    def decoded_windows(self, token_lists: list, batch_size: int = 64, window: int | None = None):
+        """Each batch of the texts' prediction windows (`text_windows`), decoded: (rows, emissions
+        (B, T, K), mask, paths), `rows` the (text index, window start) of each row. What the tools that
+        score beyond the entities (`nerkit calibrate`, `nerkit data select`) need beside the tags."""
+        window = self.check_window(window)
+        pieces = [(i, a, b) for i, tokens in enumerate(token_lists) for a, b in text_windows(len(tokens), window)]
+        examples = [self.featurizer.example(list(token_lists[i][a:b])) for i, a, b in pieces]
+        self.model.eval()
+        with torch.inference_mode():
+            for idx in bucketed_batches([len(e) for e in examples], batch_size):
+                batch = collate_padded([examples[j] for j in idx], batch_size, window).to(self.device)
+                emissions = self.model.emissions(batch)
+                yield [pieces[j][:2] for j in idx], emissions, batch.mask, self.model.crf.decode(emissions, batch.mask)
 
     def predict_tokens(self, token_lists: list[list[str]], batch_size: int = 64,
                        window: int | None = None, scores: bool = False) -> list[list[Span]]:

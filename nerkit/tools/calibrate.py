@@ -23,11 +23,9 @@ import torch
 from nerkit.data.splits import read_gold
 from nerkit.data.tags import tags_to_spans
 from nerkit.errors import UserError
-from nerkit.features.batch import bucketed_batches, collate_padded
 from nerkit.files import atomic_write_text
 from nerkit.inference.pipeline import Pipeline
 from nerkit.inference.model_dir import SCORE_TEMPERATURE, _read_json, runtime
-from nerkit.inference.windows import text_windows
 
 log = logging.getLogger(__name__)
 
@@ -49,23 +47,12 @@ def decoded_batches(pipe: Pipeline, data: str | Path, batch_size: int, window: i
     or wrong against the gold spans of its sentence."""
     corpus = read_gold(data, pipe.config.data.repair, "pass --repair")
     pipe.check_types(corpus.types, str(data))
-    window = pipe.check_window(window)
-    pieces = [(s, a, b) for s in corpus.sentences for a, b in text_windows(len(s.tokens), window)]
-    examples = [pipe.featurizer.example(s.tokens[a:b]) for s, a, b in pieces]
+    gold = [{(g.start, g.end, g.type) for g in s.spans()} for s in corpus.sentences]
     found = []
-    pipe.model.eval()
-    with torch.inference_mode():
-        for idx in bucketed_batches([len(e) for e in examples], batch_size):
-            batch = collate_padded([examples[j] for j in idx], batch_size, window).to(pipe.device)
-            emissions = pipe.model.emissions(batch)
-            paths = pipe.model.crf.decode(emissions, batch.mask)
-            right = []
-            for j, path in zip(idx, paths):
-                sentence, start, _ = pieces[j]
-                gold = {(g.start, g.end, g.type) for g in sentence.spans()}
-                right += [(start + s.start, start + s.end, s.type) in gold
-                          for s in tags_to_spans([pipe.tags[t] for t in path])]
-            found.append(Scored(emissions.double(), batch.mask, paths, right))
+    for rows, emissions, mask, paths in pipe.decoded_windows([s.tokens for s in corpus.sentences], batch_size, window):
+        right = [(start + s.start, start + s.end, s.type) in gold[i]
+                 for (i, start), path in zip(rows, paths) for s in tags_to_spans([pipe.tags[t] for t in path])]
+        found.append(Scored(emissions.double(), mask, paths, right))
     return found
 
 

@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Literal
 
 from nerkit.errors import UserError
-from nerkit.inference.windows import text_windows
 
 # The choices, for the CLI's options too (this module imports torch only where it runs a model).
 STRATEGIES = ("uncertainty", "random")
@@ -31,23 +30,10 @@ SelectFormat = Literal[SELECT_FORMATS]
 
 def path_confidence(pipe, texts: list[str], batch_size: int = 64, window: int | None = None) -> list[float]:
     """Per text, the mean log-probability per character of the model's best path (0 for an empty text)."""
-    import torch
-
-    from nerkit.features.batch import bucketed_batches, collate_padded
-
-    window = pipe.check_window(window)
-    pieces = [(i, a, b) for i, text in enumerate(texts) for a, b in text_windows(len(text), window)]
-    examples = [pipe.featurizer.example(list(texts[i][a:b])) for i, a, b in pieces]
     totals = [0.0] * len(texts)
-    pipe.model.eval()
-    with torch.inference_mode():
-        for idx in bucketed_batches([len(e) for e in examples], batch_size):
-            batch = collate_padded([examples[j] for j in idx], batch_size, window).to(pipe.device)
-            emissions = pipe.model.emissions(batch)
-            paths = pipe.model.crf.decode(emissions, batch.mask)
-            probs = pipe.model.crf.path_probabilities(emissions, batch.mask, paths, pipe.score_temperature)
-            for j, p in zip(idx, probs):
-                totals[pieces[j][0]] += math.log(max(p, 1e-300))
+    for rows, emissions, mask, paths in pipe.decoded_windows(texts, batch_size, window):
+        for (i, _), p in zip(rows, pipe.model.crf.path_probabilities(emissions, mask, paths, pipe.score_temperature)):
+            totals[i] += math.log(max(p, 1e-300))
     return [total / len(text) if text else 0.0 for total, text in zip(totals, texts)]
 
 
