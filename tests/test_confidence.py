@@ -300,3 +300,18 @@ def test_plot_loop_draws_the_recorded_loop(tmp_path, nerkit):
     wrong.write_text('{"text": "x"}\n', encoding="utf-8")
     refused = nerkit("plot", "loop", str(wrong), "--out", str(out), check=False)
     assert refused.returncode == 2 and "nerkit bench loop" in refused.stderr
+
+
+def test_plot_reliability_draws_eval_output_and_records(tiny_model_dir, tmp_path, nerkit):
+    from conftest import REPO, TINY_DEV
+
+    found = tmp_path / "eval.json"
+    found.write_text(nerkit("eval", "--model", str(tiny_model_dir), "--data", str(TINY_DEV), "--calibration",
+                            "--json").stdout, encoding="utf-8")
+    records = REPO / "docs" / "bench" / "gpu-calibration-2026-11-27" / "results.jsonl"
+    out = tmp_path / "r.svg"
+    nerkit("plot", "reliability", str(found), str(records), "--out", str(out))
+    svg = out.read_text(encoding="utf-8")
+    assert "eval: ECE" in svg and "peopledaily lm_crf, T 1.50" in svg  # one curve from each kind of file
+    refused = nerkit("plot", "reliability", str(TINY_DEV), "--out", str(out), check=False)
+    assert refused.returncode == 2 and "calibration" in refused.stderr

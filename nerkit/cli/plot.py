@@ -68,3 +68,15 @@ def loop(
     from nerkit.tools.plot import plot_loop
 
     typer.echo(f"wrote {plot_loop(results, out)}")
+
+
+@plot_app.command()
+def reliability(
+    files: List[Path] = typer.Argument(..., help="Outputs of `nerkit eval --calibration --json`, or calibration "
+                                        "records (one a line, before and after the temperature)."),
+    out: Path = OUT,
+):
+    """How honest the entity scores are: the share of entities right against their score, per model."""
+    from nerkit.tools.plot import plot_reliability
+
+    typer.echo(f"wrote {plot_reliability(files, out)}")

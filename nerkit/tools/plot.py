@@ -8,6 +8,7 @@ characters (`cjk_font`), and written atomically as PNG or SVG, chosen by the fil
 from __future__ import annotations
 
 import io
+import json
 import logging
 from functools import lru_cache
 from pathlib import Path
@@ -239,6 +240,55 @@ def reliability_figure(calibration: dict):
     right.legend()
     figure.tight_layout()
     return figure
+
+
+def reliability_curves_figure(curves: list[tuple[str, dict]]):
+    """Several reliability curves on one diagram: (label, calibration) each, its ECE in the legend."""
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(6, 5))
+    ax = figure.subplots()
+    ax.plot([0, 1], [0, 1], ":", color="grey", label="honest")
+    for index, (label, found) in enumerate(curves):
+        bins = [b for b in found["bins"] if b["count"]]
+        ax.plot([b["mean_score"] for b in bins], [b["accuracy"] for b in bins], "-o" if index % 2 == 0 else "--o",
+                color=f"C{index // 2}", markersize=3, label=f"{label}: ECE {found['ece']:.3f}")
+    ax.set(xlim=(0, 1), ylim=(0, 1), xlabel="score", ylabel="share right", title="reliability of entity scores")
+    ax.legend(fontsize=7)
+    figure.tight_layout()
+    return figure
+
+
+def read_calibrations(path: str | Path) -> list[tuple[str, dict]]:
+    """The calibrations a file holds: `nerkit eval --calibration --json`'s output (one, labelled by
+    the file's name), or records of calibrated models, one a line with `test` and `test_after`
+    (two each: before and after the temperature)."""
+    from nerkit.files import check_input
+
+    fix = "pass the output of `nerkit eval --calibration --json`, or calibration records"
+    check_input(str(path), "FILE", "no such file", fix=fix)
+    text = Path(path).read_text(encoding="utf-8")
+    try:
+        whole = json.loads(text)
+        if isinstance(whole, dict) and isinstance(whole.get("calibration"), dict):
+            return [(Path(path).stem, whole["calibration"])]
+    except json.JSONDecodeError:
+        pass
+    curves = []
+    for _, r in read_json_lines(path, "a calibration record", fix):
+        try:
+            name = f"{r['dataset']} {r['model']}"
+            curves += [(f"{name}, T 1", r["test"]["calibration"]),
+                       (f"{name}, T {r['fit']['temperature']:.2f}", r["test_after"]["calibration"])]
+        except (KeyError, TypeError):
+            raise UserError("not a calibration record", where=str(path), fix=fix) from None
+    return curves
+
+
+def plot_reliability(files: list[str | Path], out: str | Path) -> Path:
+    """`nerkit plot reliability`: the reliability curves of the files (`read_calibrations`) on one diagram."""
+    curves = [c for f in files for c in read_calibrations(f)]
+    return _save(reliability_curves_figure, out, "", curves)
 
 
 def loop_figure(records: list[dict]):
