@@ -251,8 +251,9 @@ def reliability_curves_figure(curves: list[tuple[str, dict]]):
     ax.plot([0, 1], [0, 1], ":", color="grey", label="honest")
     for index, (label, found) in enumerate(curves):
         bins = [b for b in found["bins"] if b["count"]]
-        ax.plot([b["mean_score"] for b in bins], [b["accuracy"] for b in bins], "-o" if index % 2 == 0 else "--o",
-                color=f"C{index // 2}", markersize=3, label=f"{label}: ECE {found['ece']:.3f}")
+        ax.plot([b["mean_score"] for b in bins], [b["accuracy"] for b in bins], marker="o",
+                linestyle="solid" if index % 2 == 0 else "dashed", color=f"C{index // 2}", markersize=3,
+                label=f"{label}: ECE {found['ece']:.3f}")
     ax.set(xlim=(0, 1), ylim=(0, 1), xlabel="score", ylabel="share right", title="reliability of entity scores")
     ax.legend(fontsize=7)
     figure.tight_layout()
