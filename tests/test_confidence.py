@@ -315,3 +315,14 @@ def test_plot_reliability_draws_eval_output_and_records(tiny_model_dir, tmp_path
     assert "eval: ECE" in svg and "peopledaily lm_crf, T 1.50" in svg  # one curve from each kind of file
     refused = nerkit("plot", "reliability", str(TINY_DEV), "--out", str(out), check=False)
     assert refused.returncode == 2 and "calibration" in refused.stderr
+
+
+def test_an_entity_found_in_two_windows_takes_the_score_of_the_one_holding_it_more_centrally():
+    """Text 6:8 lies 6 and 2 characters from the ends of window 0:10, 1 and 7 from those of 5:15:
+    the first holds it more centrally, whatever else either window found."""
+    from nerkit.data.tags import Span
+    from nerkit.inference.predictor import scored_spans
+
+    windows = [(0, 10, [Span(6, 8, "X", 0.9)]), (5, 15, [Span(1, 3, "X", 0.5), Span(8, 10, "Y", 0.7)])]
+    found = scored_spans([Span(6, 8, "X"), Span(13, 15, "Y")], windows)
+    assert [s.score for s in found] == [0.9, 0.7]

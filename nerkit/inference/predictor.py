@@ -125,14 +125,14 @@ class Predictor:
         examples = [self.featurizer.example(token_lists[i][a:b]) for i, a, b in pieces]
         decoded = self.decode_examples(examples, batch_size, window, scores) if examples else []
         by_sentence: list[list[tuple[int, list[str]]]] = [[] for _ in token_lists]  # (window start, tags)
-        window_spans: list[list[tuple[int, list[Span]]]] = [[] for _ in token_lists]  # (window start, scored)
-        for (i, a, _), result in zip(pieces, decoded):
+        window_spans: list[list[tuple[int, int, list[Span]]]] = [[] for _ in token_lists]  # (start, end, scored)
+        for (i, a, b), result in zip(pieces, decoded):
             tags = [self.tags[t] for t in (result[0] if scores else result)]
             by_sentence[i].append((a, tags))
             if scores:
                 found = tags_to_spans(tags)
                 probs = result[1] if result[1] is not None else [None] * len(found)  # an export without them
-                window_spans[i].append((a, [Span(s.start, s.end, s.type, p) for s, p in zip(found, probs)]))
+                window_spans[i].append((a, b, [Span(s.start, s.end, s.type, p) for s, p in zip(found, probs)]))
         spans = [tags_to_spans(stitch(found, self.scheme)) if found else [] for found in by_sentence]
         if scores:
             spans = [scored_spans(found, windows) for found, windows in zip(spans, window_spans)]
@@ -178,8 +178,6 @@ class Predictor:
         without `-DOCSTART-` lines is one) are read in order as one stream. With `with_calibration`
         the predictions carry scores and the metrics hold `calibration` (`nerkit.inference.evaluate.calibration`)."""
         window = self.check_window(window)  # before the file is read: a wrong value costs no wait
-        if with_calibration and document:
-            raise UserError("scores are not given for documents read as one stream yet", fix="drop --document")
         reader = self.document_stream() if document else self  # a model without memory: refused now too
         if isinstance(data, list):
             sentences, scheme = data, self.scheme
@@ -193,7 +191,7 @@ class Predictor:
             predicted = []
             for _, group in itertools.groupby(sentences, key=lambda s: s.document):
                 reader.reset()
-                predicted += reader.predict_tokens([s.tokens for s in group], batch_size, window)
+                predicted += reader.predict_tokens([s.tokens for s in group], batch_size, window, with_calibration)
         else:
             predicted = self.predict_tokens([s.tokens for s in sentences], batch_size, window,  # Python lists: GPU work done
                                             with_calibration)
@@ -328,19 +326,19 @@ def check_min_score(min_score) -> None:
 
 def above(spans: list[Span], min_score: float | None) -> list[Span]:
     """The spans whose score is at least `min_score` (all of them when it is None); a span that
-    could not be scored (read with Transformer-XL's memory as one stream) is kept."""
+    could not be scored (by an export written before nerkit scored entities) is kept."""
     return spans if min_score is None else [s for s in spans if s.score is None or s.score >= min_score]
 
 
-def scored_spans(spans: list[Span], windows: list[tuple[int, list[Span]]]) -> list[Span]:
+def scored_spans(spans: list[Span], windows: list[tuple[int, int, list[Span]]]) -> list[Span]:
     """Each of a text's stitched `spans` with the score it has in the window that holds it most
-    centrally among those that found it whole (`windows`: (start, scored spans) of each window,
-    offsets in the window). Where stitching joined an entity from two windows' parts (one longer
-    than their overlap), no window found it whole: it takes the lowest score of the parts."""
+    centrally among those that found it whole (`windows`: (start, end, scored spans) of each window,
+    the spans' offsets in the window). Where stitching joined an entity from two windows' parts (one
+    longer than their overlap), no window found it whole: it takes the lowest score of the parts."""
     found: dict[tuple[int, int, str], tuple[int, float]] = {}  # span -> (margin in its window, score)
     parts: list[Span] = []
-    for start, scored in windows:
-        size = max((s.end for s in scored), default=0)
+    for start, end, scored in windows:
+        size = end - start
         for s in scored:
             key, margin = (start + s.start, start + s.end, s.type), min(s.start, size - s.end)
             if key not in found or margin > found[key][0]:

@@ -119,25 +119,25 @@ class MemoryReader:
 
 def scored(pipe, tokens: Sequence[str], tag_ids: list[int], emissions: list[np.ndarray]) -> list:
     """The spans of a text read with the memory, each scored from its kept `emissions`: the CRF's
-    forward-backward (nerkit.model.crf_numpy) over windows of two segments that overlap by one, an
-    entity taking its score from the window that holds it most centrally (`scored_spans`), as a
+    forward-backward (`CRF.entity_probabilities`) over windows of two segments that overlap by one,
+    an entity taking its score from the window that holds it most centrally (`scored_spans`), as a
     long text read in prediction windows does. The windows stand in for the whole text, whose
     passes would hold every character's scores at once; an entity a segment or more from a
     window's edge is scored as the whole text would score it, to the precision of the CRF's reach."""
     from nerkit.data.tags import Span, tags_to_spans
     from nerkit.inference.predictor import scored_spans, without_whitespace
     from nerkit.inference.windows import text_windows
-    from nerkit.model.crf_numpy import entity_probabilities, masked_scores
 
     crf, tags = pipe.model.crf, pipe.tags
-    scores = masked_scores(tags, *(p.detach().cpu().double().numpy() for p in (
-        crf.torch_crf.start_transitions, crf.torch_crf.transitions, crf.torch_crf.end_transitions)))
-    joined = np.concatenate(emissions) if emissions else np.zeros((0, len(tags)))
+    joined = torch.from_numpy(np.concatenate(emissions)) if emissions else torch.zeros(0, len(tags))  # (n, K)
     windows = []
     for a, b in text_windows(len(tag_ids), 2 * memory_segment(pipe.config)):
         path = tag_ids[a:b]
-        probs = entity_probabilities(tags, scores, joined[None, a:b], [b - a], [path], pipe.score_temperature)[0]
-        windows.append((a, [Span(s.start, s.end, s.type, p) for s, p in zip(tags_to_spans([tags[t] for t in path]), probs)]))
+        mask = torch.ones(1, b - a, dtype=torch.bool)
+        probs = crf.entity_probabilities(joined[None, a:b].to(pipe.device), mask.to(pipe.device), [path],
+                                         pipe.score_temperature)[0]
+        found = tags_to_spans([tags[t] for t in path])
+        windows.append((a, b, [Span(s.start, s.end, s.type, p) for s, p in zip(found, probs)]))
     return without_whitespace(list(tokens), scored_spans(tags_to_spans([tags[t] for t in tag_ids]), windows))
 
 
