@@ -192,13 +192,17 @@ class CRF(nn.Module):
         whose exp is exactly 0), divided by `temperature`, in `dtype`."""
         return tuple(x.to(dtype) / temperature for x in self._masked_scores(_FORBIDDEN_IN_LIKELIHOOD))
 
-    def _forward_backward(self, emissions: torch.Tensor, mask: torch.Tensor, temperature: float = 1.0):
+    def _scaled(self, emissions: torch.Tensor, temperature: float):
+        """Emissions in float64 and the constrained start, transition and end scores, every one
+        divided by `temperature` (the path that decoding picks stays the best at any temperature)."""
+        emissions = emissions.double() / temperature
+        return (emissions, *self._scaled_scores(emissions.dtype, temperature))
+
+    @staticmethod
+    def _forward_backward(emissions, mask, start, trans, end):
         """log alpha (B, T, K), the log-sum over valid paths up to t ending in each tag (emission
         at t included); log beta (B, T, K), over what follows t from each tag (the end score at the
-        last real position); log Z (B,); every score divided by `temperature` (the path that
-        decoding picks stays the best at any temperature). Padding rows are meaningless."""
-        start, trans, end = self._scaled_scores(emissions.dtype, temperature)
-        emissions = emissions / temperature
+        last real position); log Z (B,); of scores as `_scaled` gives them. Padding rows are meaningless."""
         seq_len = emissions.size(1)
         alphas = [start + emissions[:, 0]]  # (B, K) each
         for t in range(1, seq_len):
@@ -219,7 +223,8 @@ class CRF(nn.Module):
         each real position sums to 1, forbidden tags get exactly 0, padding gets 0."""
         self._check_shapes(emissions, mask)
         mask = mask.bool()
-        alpha, beta, log_z = self._forward_backward(emissions.double(), mask, temperature)
+        emissions, start, trans, end = self._scaled(emissions, temperature)
+        alpha, beta, log_z = self._forward_backward(emissions, mask, start, trans, end)
         probs = torch.exp(alpha + beta - log_z[:, None, None])  # (B, T, K)
         return probs.masked_fill(~mask.unsqueeze(2), 0.0)
 
@@ -229,8 +234,7 @@ class CRF(nn.Module):
         """exp(score(path) - log Z) of each path (as `decode` gives them) among the valid paths."""
         self._check_shapes(emissions, mask)
         mask = mask.bool()
-        emissions = emissions.double() / temperature
-        start, trans, end = self._scaled_scores(emissions.dtype, temperature)
+        emissions, start, trans, end = self._scaled(emissions, temperature)
         tag_ids = torch.zeros(mask.shape, dtype=torch.long, device=emissions.device)
         for row, path in enumerate(paths):
             tag_ids[row, :len(path)] = torch.tensor(path, dtype=torch.long)
@@ -249,9 +253,8 @@ class CRF(nn.Module):
         Every score divided by `temperature` (a fitted one calibrates the probabilities)."""
         self._check_shapes(emissions, mask)
         mask = mask.bool()
-        alpha, beta, log_z = self._forward_backward(emissions.double(), mask, temperature)
-        emissions = emissions.double() / temperature
-        _, trans, end = self._scaled_scores(emissions.dtype, temperature)
+        emissions, start, trans, end = self._scaled(emissions, temperature)
+        alpha, beta, log_z = self._forward_backward(emissions, mask, start, trans, end)
         batch_size, seq_len, _ = emissions.shape
         tag_ids = torch.zeros(batch_size, seq_len, dtype=torch.long, device=emissions.device)
         rows, starts, stops, kinds = [], [], [], []

@@ -51,6 +51,7 @@ def entity_probabilities(tags: list[str], scores, emissions: np.ndarray, lengths
         stepped = _logsumexp((emissions[:, t + 1] + beta[:, t + 1])[:, None, :] + trans, axis=2)
         beta[:, t] = np.where(mask[:, t + 1, None], stepped, end)
     log_z = _logsumexp(alpha[:, -1] + end, axis=1)
+    carries: dict[str, np.ndarray] = {}  # per type, the tags that would continue an entity of it: (K,)
     out: list[list[float]] = []
     for b, path in enumerate(paths):
         path = np.asarray(path, dtype=np.int64)
@@ -64,8 +65,9 @@ def entity_probabilities(tags: list[str], scores, emissions: np.ndarray, lengths
             if e == len(path):
                 onward = end[path[e - 1]]
             else:
-                goes_on = np.array([continues(t) and split_tag(t)[1] == span.type for t in tags])
-                onward = _logsumexp(np.where(goes_on, -np.inf, trans[path[e - 1]] + emissions[b, e] + beta[b, e]), 0)
+                if span.type not in carries:
+                    carries[span.type] = np.array([continues(t) and split_tag(t)[1] == span.type for t in tags])
+                onward = _logsumexp(np.where(carries[span.type], -np.inf, trans[path[e - 1]] + emissions[b, e] + beta[b, e]), 0)
             found.append(min(1.0, float(np.exp(inside + onward - log_z[b]))))
         out.append(found)
     return out
