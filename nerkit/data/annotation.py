@@ -382,14 +382,20 @@ def label_studio_task(text: str, spans: list[Span]) -> dict:
     return {"data": {LABEL_STUDIO_DATA_KEY: text}, "annotations": [{"result": label_studio_result(text, spans)}]}
 
 
-def label_studio_prediction(text: str, spans: list[Span], model_version: str) -> dict:
-    """A text and a model's entities as a task with one prediction (a pre-annotation), scored by
-    `prediction_score` when its entities are."""
-    prediction = {"model_version": model_version, "result": label_studio_result(text, spans)}
+def model_prediction(text: str, spans: list[Span], model_version: str, from_name: str = LABEL_STUDIO_FROM_NAME,
+                     to_name: str = LABEL_STUDIO_TO_NAME) -> dict:
+    """A model's entities as one Label Studio prediction: its regions (`label_studio_result`) and,
+    when its entities are scored, its own score (`prediction_score`)."""
+    prediction = {"model_version": model_version, "result": label_studio_result(text, spans, from_name, to_name)}
     score = prediction_score(spans)
     if score is not None:
         prediction["score"] = score
-    return {"data": {LABEL_STUDIO_DATA_KEY: text}, "predictions": [prediction]}
+    return prediction
+
+
+def label_studio_prediction(text: str, spans: list[Span], model_version: str) -> dict:
+    """A text and a model's entities as a task with one prediction (a pre-annotation)."""
+    return {"data": {LABEL_STUDIO_DATA_KEY: text}, "predictions": [model_prediction(text, spans, model_version)]}
 
 
 def format_label_studio(sentences: list[Sentence]) -> str:

@@ -87,15 +87,7 @@ def format_calibration(found: dict) -> str:
     by_threshold = [("min score", "precision", "recall", "f1")]
     by_threshold += [(f"{t['threshold']:.2f}", f"{100 * t['precision']:.2f}", f"{100 * t['recall']:.2f}",
                       f"{100 * t['f1']:.2f}") for t in found["thresholds"]]
-    return _rule_table(rows) + "\n\n" + _plain_table(by_threshold)
-
-
-def _plain_table(rows: list[tuple[str, ...]]) -> str:
-    """Rows as aligned columns, ruled under the header only."""
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))) for r in rows]
-    lines.insert(1, "-" * len(lines[0]))
-    return "\n".join(lines)
+    return _rule_table(rows) + "\n\n" + _rule_table(by_threshold, total=False)
 
 
 ERROR_KINDS = ("correct", "wrong_type", "wrong_boundary", "wrong_both", "missed", "spurious")
@@ -164,11 +156,12 @@ def format_table(metrics: dict) -> str:
     return _rule_table(rows)
 
 
-def _rule_table(rows: list[tuple[str, ...]]) -> str:
-    """Rows as aligned columns (the first left, the rest right), ruled under the header and above
-    the last row (the total)."""
+def _rule_table(rows: list[tuple[str, ...]], total: bool = True) -> str:
+    """Rows as aligned columns (the first left, the rest right), ruled under the header and, when
+    the last row is a `total`, above it."""
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))) for r in rows]
     lines.insert(1, "-" * len(lines[0]))
-    lines.insert(len(lines) - 1, "-" * len(lines[0]))
+    if total:
+        lines.insert(len(lines) - 1, "-" * len(lines[0]))
     return "\n".join(lines)

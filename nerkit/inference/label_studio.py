@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse
 
-from nerkit.data.annotation import label_studio_result, prediction_score
+from nerkit.data.annotation import model_prediction
 from nerkit.data.tags import Span
 
 log = logging.getLogger(__name__)
@@ -77,12 +77,7 @@ def task_prediction(record: dict, config: LabelConfig, model_version: str, dropp
             dropped.add(e["type"])
             continue
         spans.append(Span(e["start"], e["end"], e["type"], e.get("score")))
-    prediction = {"model_version": model_version,
-                  "result": label_studio_result(record["text"], spans, config.from_name, config.to_name)}
-    score = prediction_score(spans)
-    if score is not None:
-        prediction["score"] = score
-    return prediction
+    return model_prediction(record["text"], spans, model_version, config.from_name, config.to_name)
 
 
 async def _json_object(request: Request) -> dict:
