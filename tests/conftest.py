@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import os
 import sys
+from contextlib import contextmanager
 from pathlib import Path
-from typing import NamedTuple
+from typing import Iterator, NamedTuple
 
 import pytest
 
@@ -147,7 +148,7 @@ def wait_until_up(process, url: str, seconds: float, log: Path) -> None:
                 return
         except httpx.TransportError:
             pass
-        time.sleep(0.3)
+        time.sleep(0.2)
 
 
 def stop(process, seconds: float = 30) -> None:
@@ -162,3 +163,35 @@ def stop(process, seconds: float = 30) -> None:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+
+
+class Server(NamedTuple):
+    process: object  # subprocess.Popen
+    url: str
+    log: Path
+
+    def output(self) -> str:
+        return self.log.read_text(encoding="utf-8", errors="replace")
+
+
+SERVER_STARTUP = 120  # seconds a server may take to start on a busy machine
+
+
+@contextmanager
+def serving(model_dir: Path, log_dir: Path, *options: str) -> Iterator[Server]:
+    """`python -m nerkit serve` on a free port of 127.0.0.1, ready (its /health answers); SIGTERM,
+    then SIGKILL if it has not ended 30 s later, when the block ends."""
+    import subprocess
+
+    port = free_port()
+    log = log_dir / f"serve-{port}.log"
+    with open(log, "wb") as out:
+        process = subprocess.Popen([sys.executable, "-m", "nerkit", "serve", "--model", str(model_dir),
+                                    "--host", "127.0.0.1", "--port", str(port), "--threads", "1", *options],
+                                   cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
+    server = Server(process, f"http://127.0.0.1:{port}", log)
+    try:
+        wait_until_up(process, f"{server.url}/health", SERVER_STARTUP, log)
+        yield server
+    finally:
+        stop(process)

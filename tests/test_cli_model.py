@@ -579,6 +579,7 @@ def test_the_lists_of_commands_wrap_only_where_a_line_is_full():
         column = len(rows[0]) - len(rows[0].split(maxsplit=1)[1])  # where the summaries start
         width = len(rows[0]) - column
         summaries: dict[str, list[str]] = {}
+        name = ""  # a row without a name continues the summary of the command above it
         for row in rows:
             name = row[:column].strip() or name
             summaries.setdefault(name, []).append(row[column:].rstrip())

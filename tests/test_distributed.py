@@ -14,7 +14,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -23,7 +22,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from conftest import tiny_raw_config
+from conftest import free_port, tiny_raw_config
 from safetensors.torch import load_file
 
 import nerkit
@@ -98,12 +97,6 @@ def environment() -> dict:
     for name in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(name, None)
     return env
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("localhost", 0))
-        return s.getsockname()[1]
 
 
 def torchrun(*args) -> list[str]:

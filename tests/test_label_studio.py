@@ -15,12 +15,11 @@ import os
 import secrets
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import httpx
 import pytest
-from conftest import REPO, free_port, stop, wait_until_up
+from conftest import REPO, free_port, serving, stop, wait_until_up
 
 pytestmark = pytest.mark.slow
 
@@ -68,18 +67,8 @@ def label_studio(tmp_path_factory):
 @pytest.fixture(scope="module")
 def backend(tiny_model_dir, tmp_path_factory):
     """`nerkit serve --label-studio` on a free port of 127.0.0.1: its URL."""
-    port = free_port()
-    log = tmp_path_factory.mktemp("backend") / "serve.log"
-    with open(log, "wb") as out:
-        process = subprocess.Popen([sys.executable, "-m", "nerkit", "serve", "--model", str(tiny_model_dir),
-                                    "--port", str(port), "--threads", "1", "--label-studio"],
-                                   cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_until_up(process, f"{url}/health", 120, log)
-        yield url
-    finally:
-        stop(process)
+    with serving(tiny_model_dir, tmp_path_factory.mktemp("backend"), "--label-studio") as server:
+        yield server.url
 
 
 def api(label_studio, method: str, path: str, **kwargs) -> dict | list:

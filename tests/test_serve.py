@@ -32,6 +32,9 @@ pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 httpx = pytest.importorskip("httpx")
 
+from conftest import SERVER_STARTUP as STARTUP  # noqa: E402
+from conftest import Server, serving  # noqa: E402
+
 from nerkit.inference.batcher import Batcher, QueueFull  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
@@ -43,7 +46,6 @@ TEXTS = SAMPLE_TEXTS + [
     "😀李四来自上海，🚀在IBM公司工作。",
     "。".join(SAMPLE_TEXTS) * 6,  # hundreds of characters: read in windows and stitched
 ]
-STARTUP = 120  # seconds a server may take to start on a busy machine
 TIMEOUT = 60  # seconds any one HTTP exchange may take
 
 
@@ -194,54 +196,6 @@ def test_a_cancelled_request_is_skipped():
 
 
 # ------------------------------------------------------------------------- the real server
-
-class Server(NamedTuple):
-    process: subprocess.Popen
-    url: str
-    log: Path
-
-    def output(self) -> str:
-        return self.log.read_text(encoding="utf-8", errors="replace")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@contextmanager
-def serving(model_dir: Path, log_dir: Path, *options: str) -> Iterator[Server]:
-    """`python -m nerkit serve` on a free port of 127.0.0.1, ready (its /health answers); SIGTERM,
-    then SIGKILL if it has not ended 30 s later, when the block ends."""
-    port = free_port()
-    log = log_dir / f"serve-{port}.log"
-    with open(log, "wb") as out:
-        process = subprocess.Popen([sys.executable, "-m", "nerkit", "serve", "--model", str(model_dir),
-                                    "--host", "127.0.0.1", "--port", str(port), "--threads", "1", *options],
-                                   cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
-    server = Server(process, f"http://127.0.0.1:{port}", log)
-    try:
-        deadline = time.monotonic() + STARTUP
-        while True:
-            assert process.poll() is None, f"the server ended ({process.returncode}):\n{server.output()}"
-            assert time.monotonic() < deadline, f"no answer on /health after {STARTUP} s:\n{server.output()}"
-            try:
-                if httpx.get(f"{server.url}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            time.sleep(0.2)
-        yield server
-    finally:
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(30)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
-
 
 def post(url: str, **kwargs) -> httpx.Response:
     return httpx.post(f"{url}/predict", timeout=TIMEOUT, **kwargs)

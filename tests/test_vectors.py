@@ -17,14 +17,8 @@ import pytest
 from nerkit.data.text import bigrams
 from nerkit.errors import UserError
 from nerkit.pretrained.paddle import jieba_lac_files, read_paddle_tensor
-from nerkit.pretrained.vectors import (
-    Vectors,
-    check_dim,
-    coverage,
-    normalize_rows,
-    read_vectors,
-    write_word2vec_text,
-)
+from nerkit.data.word2vec import Vectors, read_vectors, write_word2vec_text
+from nerkit.pretrained.vectors import check_dim, coverage, normalize_rows
 from nerkit.tools.vectors import HeldOut, export_jieba, read_texts, train_vectors
 
 REPO = Path(__file__).resolve().parent.parent

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from nerkit.errors import UserError
-from nerkit.pretrained.vocab import LM_DIR, CharVocab, _read_optional_json  # noqa: F401 (re-exported: their home before)
+from nerkit.pretrained.vocab import CharVocab, _read_optional_json  # noqa: F401 (re-exported: their home before)
 
 LAYERS = ("last", "mix")
 

@@ -17,7 +17,6 @@ from nerkit.files import (
     atomic_write_text,
 )
 from nerkit.pretrained.base import (
-    LM_DIR,
     MIX_FILE,
     OPTIONS_FILE,
     CharFeatures,
@@ -37,6 +36,7 @@ from nerkit.pretrained.hub_cache import lm_directory
 from nerkit.pretrained.licences import LAC_LICENCE, read_terms, write_terms
 from nerkit.pretrained.stacked import Stacked
 from nerkit.pretrained.subword import SENTENCEPIECE_FILES, SubwordEmbedder, read_tokenizer
+from nerkit.pretrained.vocab import LM_DIR
 from nerkit.weights import load_checked, read_safetensors
 
 # ------------------------------------------------------------------------------------ loading

@@ -14,13 +14,7 @@ from typing import Iterable
 
 import numpy as np
 
-from nerkit.data.word2vec import (  # noqa: F401 (offered here)
-    Vectors,
-    check_vector_file,
-    read_vector_words,
-    read_vectors,
-    write_word2vec_text,
-)
+from nerkit.data.word2vec import Vectors
 from nerkit.errors import UserError
 
 

@@ -67,7 +67,8 @@ def build_pipeline(config: Config, splits: Splits, device: torch.device | str = 
 def read_pretrained(config: Config, lattice: bool) -> tuple[dict, Config]:
     """The vector files the config names (by kind: char, bichar, word), and a copy of the config
     with the tables' widths taken from them: a width the config sets must be the file's."""
-    from nerkit.pretrained.vectors import check_dim, read_vectors
+    from nerkit.data.word2vec import read_vectors
+    from nerkit.pretrained.vectors import check_dim
 
     emb, found, widths = config.embeddings, {}, {}
     for kind, path in vector_files(config, lattice).items():
@@ -94,7 +95,7 @@ def check_pretrained_files(config: Config) -> None:
     from nerkit.files import check_input
     from nerkit.pretrained.bert import FETCH_FIX
     from nerkit.pretrained.hub_cache import lm_directory
-    from nerkit.pretrained.vectors import check_vector_file
+    from nerkit.data.word2vec import check_vector_file
 
     lattice = ENCODERS[config.encoder.name].uses_lattice
     for kind, path in vector_files(config, lattice).items():
