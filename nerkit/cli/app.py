@@ -21,6 +21,7 @@ from typer._click.exceptions import (  # the click that typer carries
 from nerkit import __version__
 from nerkit.cli.bench import bench_app
 from nerkit.cli.data import data_app
+from nerkit.cli.lexicon import lexicon_app
 from nerkit.cli.export import export
 from nerkit.cli.lm import lm_app
 from nerkit.cli.model import calibrate, evaluate, predict, report
@@ -48,6 +49,7 @@ app.add_typer(data_app, name="data")  # nerkit/cli/data.py
 app.add_typer(vectors_app, name="vectors")  # nerkit/cli/vectors.py
 app.add_typer(plot_app, name="plot")  # nerkit/cli/plot.py
 app.add_typer(lm_app, name="lm")  # nerkit/cli/lm.py
+app.add_typer(lexicon_app, name="lexicon")  # nerkit/cli/lexicon.py
 
 
 def _one_line_summaries(group: typer.Typer) -> None:

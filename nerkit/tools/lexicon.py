@@ -1,0 +1,169 @@
+"""A lexicon of a domain's own words, and how well a lexicon suits a corpus: `nerkit lexicon build`
+mines words from raw text (nerkit.features.lexicon_mining), optionally with jieba's dictionary, and
+writes a word list that `lexicon.source` reads; `nerkit lexicon coverage` counts the gold entities a
+lexicon holds and how many of its lattice matches fall on entity boundaries."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Iterable, Iterator
+
+from nerkit.data.corpus import read_corpus
+from nerkit.errors import UserError
+from nerkit.features.lexicon import Lexicon
+from nerkit.features.lexicon_mining import (
+    DEFAULT_MAX_LEN,
+    DEFAULT_MIN_COHESION,
+    DEFAULT_MIN_COUNT,
+    DEFAULT_MIN_FREEDOM,
+    TextCodes,
+    discover,
+)
+from nerkit.files import atomic_file, check_input, check_output
+from nerkit.log import progress_display
+
+
+def check_new_output(out: str | Path, inputs: Iterable[str | Path], force: bool) -> None:
+    """Refuse to write `out` over a file the user has (unless `force`) or over an input."""
+    check_output(out, *inputs)
+    if Path(out).exists() and not force:
+        raise UserError("the file exists", where=str(out), fix="choose another --out, or pass --force to replace it")
+
+
+def read_lines(paths: list[Path], desc: str) -> Iterator[str]:
+    """The lines of plain UTF-8 text files, one at a time (a BOM and line ends removed), with a
+    progress display over their bytes."""
+    for path in paths:
+        check_input(str(path), "--text", "no such file")
+    shown = progress_display(desc, sum(p.stat().st_size for p in paths), "B", unit_scale=True)
+    try:
+        for path in paths:
+            with path.open("rb") as handle:
+                for number, raw in enumerate(handle, 1):
+                    shown.update(len(raw))
+                    try:
+                        line = raw.decode("utf-8")
+                    except UnicodeDecodeError:
+                        raise UserError("not valid UTF-8", where=f"{path}:{number}",
+                                        fix="convert the file to UTF-8") from None
+                    yield (line.removeprefix("\ufeff") if number == 1 else line).rstrip("\r\n")
+    finally:
+        shown.close()
+
+
+def build_lexicon(texts: list[Path], out: Path, *, max_len: int = DEFAULT_MAX_LEN, min_count: int = DEFAULT_MIN_COUNT,
+                  min_cohesion: float = DEFAULT_MIN_COHESION, min_freedom: float = DEFAULT_MIN_FREEDOM,
+                  merge_jieba: bool = False, normalize: bool = True, force: bool = False) -> dict:
+    """Mine the words of `texts` and write them to `out`, `word<TAB>count` per line (the count in
+    the text), best score first; with `merge_jieba`, jieba's words not mined follow, with their
+    count in the text (0 for most), most frequent first. Returns a summary for the command line."""
+    if max_len < 2:
+        raise UserError(f"--max-len must be 2 or more, got {max_len}", fix="words have two characters at least")
+    if min_count < 1:
+        raise UserError(f"--min-count must be 1 or more, got {min_count}", fix="set --min-count 1 or more")
+    check_new_output(out, texts, force)
+    started = time.monotonic()
+    text = TextCodes(normalize)
+    for line in read_lines(texts, "lexicon: reading"):
+        text.add_line(line)
+    shown = progress_display("lexicon: scoring n-grams", max_len, "length")
+    try:
+        words = discover(text, max_len, min_count, min_cohesion, min_freedom, step=lambda: shown.update(1))
+    finally:
+        shown.close()
+    rows = [(c.word, c.count) for c in words]
+    jieba_added = 0
+    if merge_jieba:
+        extra = jieba_counts(texts, {c.word for c in words}, normalize)
+        jieba_added = len(extra)
+        rows += sorted(extra.items(), key=lambda item: (-item[1], item[0]))
+    with atomic_file(out) as handle:
+        handle.write("".join(f"{word}\t{count}\n" for word, count in rows).encode("utf-8"))
+    return {"characters": len(text) - text.codes.count(0), "mined": len(words), "jieba": jieba_added,
+            "words": len(rows), "seconds": round(time.monotonic() - started, 2), "out": str(out)}
+
+
+def jieba_counts(texts: list[Path], mined: set[str], normalize: bool) -> dict[str, int]:
+    """jieba's dictionary words (of two characters or more) not in `mined`, each with its count in
+    the texts as the lattice matches it."""
+    jieba = Lexicon.from_jieba()
+    counts = Counter()
+    codes = TextCodes(normalize)  # only for its normalisation
+    for line in read_lines(texts, "lexicon: counting jieba's words"):
+        counts.update(word for _, _, word in jieba.match(codes.normalized(line)))
+    return {word: counts[word] for word in jieba if word not in mined}
+
+
+# ---- coverage -----------------------------------------------------------------------------------
+
+
+def lexicon_coverage(words: Path, data: Path, normalize: bool = True, repair: bool = False) -> dict:
+    """How well the lexicon `words` fits the corpus `data`. Entities: how many gold entities (by
+    type) are a word of the lexicon, exactly. Matches: every occurrence of a lexicon word in the
+    corpus text, as FLAT's lattice takes them (`Lexicon.match`, no cap), and how many are exactly an
+    entity, start where an entity starts, end where one ends, both, or cross an entity (overlap it
+    without either holding the other: a lattice node that contradicts the gold boundary)."""
+    lexicon = Lexicon.from_source(str(words))
+    corpus = read_corpus(data, repair=repair, repair_option="pass --repair")
+    codes = TextCodes(normalize)
+    types: dict[str, Counter] = {}
+    matches = Counter()
+    characters = 0
+    for sentence in corpus.sentences:
+        text = codes.normalized(sentence.text)  # one character per token, as the reader checks
+        characters += len(text)
+        spans = sentence.spans()
+        for span in spans:
+            counted = types.setdefault(span.type, Counter())
+            counted["entities"] += 1
+            counted["held"] += text[span.start:span.end] in lexicon
+        _count_matches(lexicon.match(text), spans, matches, types)
+    total = Counter()
+    for counted in types.values():
+        total.update(counted)
+    return {"lexicon": str(words), "words": len(lexicon), "corpus": str(data), "sentences": len(corpus.sentences),
+            "characters": characters,
+            "entities": {"total": total["entities"], "held": total["held"],
+                         "by_type": {t: {"entities": c["entities"], "held": c["held"], "matched": c["matched"]}
+                                     for t, c in sorted(types.items())}},
+            "matches": {key: matches[key] for key in ("total", "exact", "start", "end", "both", "crossing")}}
+
+
+def _count_matches(found: list[tuple[int, int, str]], spans, matches: Counter, types: dict[str, Counter]) -> None:
+    starts = {s.start for s in spans}
+    ends = {s.end for s in spans}
+    exact = {(s.start, s.end): s.type for s in spans}
+    for start, end, _ in found:
+        matches["total"] += 1
+        kind = exact.get((start, end))
+        if kind is not None:
+            matches["exact"] += 1
+            types[kind]["matched"] += 1
+        matches["start"] += start in starts
+        matches["end"] += end in ends
+        matches["both"] += start in starts and end in ends
+        matches["crossing"] += any(s.start < start < s.end < end or start < s.start < end < s.end for s in spans)
+
+
+def format_coverage(report: dict) -> str:
+    """The report as two tables: entities held by type, then the matches' boundaries."""
+    from nerkit.inference.evaluate import _rule_table
+
+    def pct(part: int, whole: int) -> str:
+        return f"{100 * part / whole:.2f}" if whole else "-"
+
+    entities = report["entities"]
+    rows = [("type", "entities", "held", "held %")]
+    for kind, c in entities["by_type"].items():
+        rows.append((kind, str(c["entities"]), str(c["held"]), pct(c["held"], c["entities"])))
+    rows.append(("overall", str(entities["total"]), str(entities["held"]), pct(entities["held"], entities["total"])))
+    m = report["matches"]
+    match_rows = [("lexicon matches", "count", "% of matches")]
+    for key, label in (("total", "all"), ("exact", "exactly an entity"), ("start", "start at an entity start"),
+                       ("end", "end at an entity end"), ("both", "both"), ("crossing", "cross an entity")):
+        match_rows.append((label, str(m[key]), pct(m[key], m["total"])))
+    head = (f"{report['lexicon']}: {report['words']:,} words; {report['corpus']}: {report['sentences']:,} sentences, "
+            f"{report['characters']:,} characters, {m['total'] / max(report['characters'], 1):.2f} matches per character")
+    return "\n\n".join([head, _rule_table(rows), _rule_table(match_rows, total=False)])
