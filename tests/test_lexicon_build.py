@@ -126,3 +126,15 @@ def test_coverage_counts_a_corpus_by_hand(nerkit, write_file):
     assert report["matches"] == {"total": 6, "exact": 2, "start": 3, "end": 3, "both": 2, "crossing": 1}
     table = nerkit("lexicon", "coverage", str(words), "--data", str(corpus)).stdout
     assert "overall" in table and "cross an entity" in table
+
+
+def test_merge_jieba_appends_its_words_with_their_count_in_the_text(nerkit, write_file, tmp_path):
+    text = write_file("\n".join(synthetic_lines(0)) + "\n", "text.txt")
+    out = tmp_path / "merged.txt"
+    nerkit("lexicon", "build", "--text", str(text), "--out", str(out), "--min-cohesion", "2", "--merge-jieba")
+    rows = [line.split("\t") for line in out.read_text(encoding="utf-8").splitlines()]
+    words = [word for word, _ in rows]
+    assert sorted(words[:len(VOCABULARY)]) == sorted(VOCABULARY)  # the mined words first
+    assert len(words) == len(set(words)) and "中华人民共和国" in words
+    counts = {word: int(count) for word, count in rows}
+    assert counts["中华人民共和国"] == 0 and counts["北京大学"] == text.read_text().count("北京大学")

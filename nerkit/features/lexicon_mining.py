@@ -10,6 +10,7 @@ counting a text of N characters takes about (4 max_len + 40) N bytes, not a dict
 
 from __future__ import annotations
 
+import math
 import unicodedata
 from array import array
 from dataclasses import dataclass
@@ -20,7 +21,7 @@ from nerkit.data.text import SPACE, normalize_char
 BOUNDARY = 0  # the code of a line's edge: a neighbour like any other, never part of a word
 
 DEFAULT_MAX_LEN = 6
-DEFAULT_MIN_COUNT = 5
+DEFAULT_MIN_COUNT = 3  # with freedom >= 1 nat, 3 occurrences at least are needed anyway (log 2 < 1)
 DEFAULT_MIN_COHESION = 3.0
 DEFAULT_MIN_FREEDOM = 1.0
 
@@ -83,16 +84,16 @@ def discover(text: TextCodes, max_len: int = DEFAULT_MAX_LEN, min_count: int = D
     whose cohesion is at least `min_cohesion` and freedom at least `min_freedom`, less those that
     occur only inside a longer kept word (`drop_pieces`); best score first, then by string.
     `step` is called once per n-gram length (a progress display)."""
-    scored = score_ngrams(text, max_len, min_count, step)
-    kept = [c for c in scored if c.cohesion >= min_cohesion and c.freedom >= min_freedom
-            and not c.word.isdigit()]  # a number is no word: 1998, 10
+    scored = score_ngrams(text, max_len, min_count, step, min_cohesion, min_freedom)
+    kept = [c for c in scored if not c.word.isdigit()]  # a number is no word: 1998, 10
     kept = drop_pieces(kept)
     return sorted(kept, key=lambda c: (-c.score, c.word))
 
 
-def score_ngrams(text: TextCodes, max_len: int, min_count: int,
-                 step: Callable[[], None] = lambda: None) -> list[Candidate]:
-    """Every n-gram of 2..`max_len` word characters seen at least `min_count` times, scored.
+def score_ngrams(text: TextCodes, max_len: int, min_count: int, step: Callable[[], None] = lambda: None,
+                 min_cohesion: float = -math.inf, min_freedom: float = -math.inf) -> list[Candidate]:
+    """Every n-gram of 2..`max_len` word characters seen at least `min_count` times, scored (those
+    below `min_cohesion` or `min_freedom` are left out before they become objects: most are).
 
     count(x) counts every position x starts at (overlaps too); p(x) = count(x) / N with N the number
     of word characters. cohesion(w) = min over splits w = a + b of log p(w) / (p(a) p(b)).
@@ -126,13 +127,13 @@ def score_ngrams(text: TextCodes, max_len: int, min_count: int,
         counts_at.append(at)
         if n >= 2:
             found += _score_length(padded, order, n, starts, group_counts, group_of, valid, min_count,
-                                   counts_at, n_words, text.chars, latin_codes)
+                                   counts_at, n_words, text.chars, latin_codes, min_cohesion, min_freedom)
         step()
     return found
 
 
 def _score_length(padded, order, n, starts, group_counts, group_of, valid, min_count, counts_at, n_words,
-                  chars, latin_codes) -> list[Candidate]:
+                  chars, latin_codes, min_cohesion, min_freedom) -> list[Candidate]:
     """The scored candidates of length `n` (one per sorted run of n-grams)."""
     import numpy as np
 
@@ -157,6 +158,8 @@ def _score_length(padded, order, n, starts, group_counts, group_of, valid, min_c
         pieces = counts_at[k][where].astype(np.float64) * counts_at[n - k][where + k]
         cohesion = np.minimum(cohesion, np.log(count * n_words / pieces))
     freedom = np.minimum(left[ids], right[ids])
+    passed = (cohesion >= min_cohesion) & (freedom >= min_freedom)
+    where, count, cohesion, freedom = where[passed], count[passed], cohesion[passed], freedom[passed]
     return [Candidate("".join(chars[c] for c in padded[p:p + n]), int(c), float(h), float(f))
             for p, c, h, f in zip(where.tolist(), count.tolist(), cohesion.tolist(), freedom.tolist())]
 
