@@ -129,7 +129,7 @@ def render_best(index: dict, name: str, docs: str, bench: Path) -> str:
     best = best_per_kind(index, index["datasets"][name], bench)
     lines = ["| inputs | model | test F1 | dev F1 | record | config | notebook |", "|---|---|---:|---:|---|---|---|"]
     for row in best:
-        config = f"`{row['rec']['config']}`" if row["rec"] else ""
+        config = f"`{row['rec']['config']}`" if row["rec"] else "in its entry"
         lines.append(f"| {row['kind']} | {row['label']} | {row['test']} | {row['dev']} | {record_link(row, docs)} "
                      f"| {config} | [entry]({docs}{row['notebook']}) |")
     lines += ["", "To rerun one (from a clone with the data; `make lm`, `make lac` or `make vectors` first where the "
