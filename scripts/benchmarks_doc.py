@@ -1,20 +1,21 @@
-"""Splice the tables that `nerkit bench` wrote into the benchmark pages (docs/BENCHMARKS.md and
-docs/benchmarks-notebook.md, where the blocks are today).
+"""Write the result tables of the docs from the records: no figure on a results page is copied by hand.
 
-Each recorded run lives in docs/bench/NAME/ (its results.jsonl, as `nerkit bench` wrote it). In
-either page a block
+Each recorded run lives in docs/bench/NAME/results.jsonl, as `nerkit bench` wrote it. Blocks in the
+pages are replaced by what the records give:
 
-    <!-- bench: docs/bench/NAME configs/bench/full.yaml -->
-    ...
-    <!-- /bench -->
+    <!-- bench: docs/bench/NAME configs/bench/full.yaml -->  the table `nerkit bench --markdown-only`
+    <!-- loop: docs/bench/NAME -->                           builds, the loop's and the calibration's
+    <!-- calibration: docs/bench/NAME -->                    summaries (notebook, confidence.md)
+    <!-- best: DATASET -->    the dev-selected best run of each input kind, its config and command
+    <!-- runs: DATASET -->    every run docs/bench/index.yaml lists for the dataset
+    <!-- grid: NAME -->       a grid of test F1 (index.yaml's `grids`)
+    <!-- dirty: records -->   every record whose tree had uncommitted changes, and what they were
+    <!-- readme: best -->     one row per dataset: its dev-selected best run
 
-is replaced by the table `nerkit bench --matrix MATRIX --out docs/bench/NAME --markdown-only` builds
-from those records (its title line dropped); `<!-- loop: docs/bench/NAME -->` ... `<!-- /loop -->` by
-the table `nerkit bench loop` prints, and `<!-- calibration: docs/bench/NAME -->` ... `<!-- /calibration -->`
-by `nerkit.tools.calibrate.calibration_table` of those records. `--check` changes nothing and exits 1 when a page is
-out of date (the test suite runs it).
+each closed by `<!-- /KIND -->`. docs/bench/index.yaml says which runs appear, their input kind and
+label. `--check` changes nothing and exits 1 when a page is out of date (the test suite runs it).
 
-    python scripts/benchmarks_doc.py [--check]
+    python scripts/benchmarks_doc.py [--check]      (make benchmarks-doc)
 """
 
 from __future__ import annotations
@@ -24,14 +25,27 @@ import re
 import sys
 from pathlib import Path
 
+import yaml
+
+from nerkit.files import read_json_lines
 from nerkit.tools.bench import load_matrix, read_results, render_markdown
 
 REPO = Path(__file__).resolve().parent.parent
-PAGES = [REPO / "docs" / "BENCHMARKS.md", REPO / "docs" / "benchmarks-notebook.md", REPO / "docs" / "confidence.md"]
-DOC = PAGES[1]  # the page that holds the blocks (tests/test_docs.py checks its tables)
+DOCS = REPO / "docs"
+INDEX = DOCS / "bench" / "index.yaml"
+BENCHMARKS = DOCS / "BENCHMARKS.md"
+
+
+def pages() -> list[Path]:
+    """Every page that may hold a block."""
+    return [REPO / "README.md", BENCHMARKS, DOCS / "confidence.md", *sorted((DOCS / "notebook").glob("*.md"))]
+
+
 BLOCK = re.compile(r"(<!-- bench: (\S+) (\S+) -->\n)(.*?)(<!-- /bench -->)", re.S)
 # The records of `nerkit bench loop` and of calibration runs, rendered by their own modules.
 RECORD_BLOCK = re.compile(r"(<!-- (loop|calibration): (\S+) -->\n)(.*?)(<!-- /\2 -->)", re.S)
+# The blocks built from docs/bench/index.yaml.
+INDEX_BLOCK = re.compile(r"(<!-- (best|runs|grid|dirty|readme): (\S+) -->\n)(.*?)(<!-- /\2 -->)", re.S)
 
 
 def table(out: str, matrix: str) -> str:
@@ -49,7 +63,6 @@ def table(out: str, matrix: str) -> str:
 
 
 def record_table(kind: str, out: str) -> str:
-    from nerkit.files import read_json_lines
     from nerkit.tools.bench.loop import summary
     from nerkit.tools.calibrate import calibration_table
 
@@ -57,20 +70,144 @@ def record_table(kind: str, out: str) -> str:
     return (summary if kind == "loop" else calibration_table)(records)
 
 
-def render(doc: str) -> str:
+# ------------------------------------------------------------------------------- the index
+
+def load_index(path: Path = INDEX) -> dict:
+    return yaml.safe_load(path.read_text(encoding="utf-8"))
+
+
+def record(name: str, run: str, bench: Path) -> dict:
+    """The record of `run` in docs/bench/NAME (bench is the docs/bench folder)."""
+    records = read_results(bench / name)
+    if run not in records:
+        raise SystemExit(f"docs/bench/index.yaml: {name} has no run {run} (runs: {', '.join(records)})")
+    return records[run]
+
+
+def f1(value: float) -> str:
+    return f"{100 * value:.2f}"
+
+
+def entries(dataset: dict, bench: Path) -> list[dict]:
+    """The dataset's runs as rows: kind, label, test, dev, notebook, and the record where there is one."""
+    rows = []
+    for e in dataset.get("runs", []):
+        r = record(e["record"], e["run"], bench)
+        rows.append({**e, "rec": r, "test": f1(r["test"]["f1"]), "dev": f1(r["dev"]["f1"]), "score": r["dev"]["f1"]})
+    for e in dataset.get("no_record", []):
+        rows.append({**e, "rec": None, "test": f"{e['test']:.2f}", "dev": f"{e['dev']:.2f}", "score": e["dev"] / 100})
+    return rows
+
+
+def best_of(rows: list[dict]) -> dict:
+    """The row with the highest dev F1: test F1 never chooses."""
+    return max(rows, key=lambda row: row["score"])
+
+
+def best_per_kind(index: dict, dataset: dict, bench: Path) -> list[dict]:
+    rows = entries(dataset, bench)
+    return [best_of(group) for kind in index["kinds"] if (group := [r for r in rows if r["kind"] == kind])]
+
+
+def record_link(row: dict, docs: str) -> str:
+    if row["rec"] is None:
+        return "no record"
+    dirty = " (dirty)" if row["rec"].get("git_dirty") else ""
+    return f"[{row['record']}]({docs}bench/{row['record']}/results.jsonl){dirty}"
+
+
+def command(row: dict) -> str:
+    """The `nerkit bench` command that reruns a recorded run, at the commit its record names."""
+    r = row["rec"]
+    sets = [f"--set {o}" for o in r.get("overrides", []) if not o.startswith(("train.seed=", "train.device="))]
+    device = f" --device {r['device']}" if r.get("device") else ""
+    return (f"git checkout {r['git_commit'][:7]}\n"
+            f"nerkit bench --matrix {row['matrix']} --only {row['run']}{device} {' '.join(sets)}".rstrip())
+
+
+def render_best(index: dict, name: str, docs: str, bench: Path) -> str:
+    best = best_per_kind(index, index["datasets"][name], bench)
+    lines = ["| inputs | model | test F1 | dev F1 | record | config | notebook |", "|---|---|---:|---:|---|---|---|"]
+    for row in best:
+        config = f"`{row['rec']['config']}`" if row["rec"] else "in its entry"
+        lines.append(f"| {row['kind']} | {row['label']} | {row['test']} | {row['dev']} | {record_link(row, docs)} "
+                     f"| {config} | [entry]({docs}{row['notebook']}) |")
+    lines += ["", "To rerun one (from a clone with the data; `make lm`, `make lac` or `make vectors` first where the "
+              "config needs them, and for an adapted language model the `nerkit lm adapt` command of its notebook "
+              "entry):", "", "```"]
+    for row in best:
+        lines += [f"# {row['kind']}: {row['label']}", command(row) if row["rec"] else "# no record: see its notebook entry"]
+    return "\n".join(lines + ["```", ""])
+
+
+def render_runs(index: dict, name: str, docs: str, bench: Path) -> str:
+    rows = entries(index["datasets"][name], bench)
+    order = list(index["kinds"])
+    lines = ["| inputs | model | test F1 | dev F1 | record | notebook |", "|---|---|---:|---:|---|---|"]
+    for row in sorted(rows, key=lambda r: order.index(r["kind"])):  # stable: index order within a kind
+        lines.append(f"| {row['kind']} | {row['label']} | {row['test']} | {row['dev']} | {record_link(row, docs)} "
+                     f"| [entry]({docs}{row['notebook']}) |")
+    return "\n".join(lines) + "\n"
+
+
+def render_grid(index: dict, name: str, docs: str, bench: Path) -> str:
+    grid = index["grids"][name]
+    lines = ["| | " + " | ".join(grid["columns"]) + " |", "|---|" + "---:|" * len(grid["columns"])]
+    for row in grid["rows"]:
+        cells = [f1(record(*cell.split("/"), bench)["test"]["f1"]) if "/" in cell else cell for cell in row["cells"]]
+        lines.append(f"| {row['label']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def render_dirty(index: dict, name: str, docs: str, bench: Path) -> str:
+    notes = index.get("dirty", {})
+    lines = ["| record | run | test F1 | dev F1 | what the uncommitted change was |", "|---|---|---:|---:|---|"]
+    for path in sorted(bench.glob("*/results.jsonl")):
+        runs = [r for _, r in read_json_lines(path, "a record") if r.get("git_dirty")]
+        if not runs:
+            continue
+        if path.parent.name not in notes:
+            raise SystemExit(f"docs/bench/index.yaml: the dirty record {path.parent.name} has no entry under `dirty`")
+        note = notes[path.parent.name]
+        for r in runs:
+            lines.append(f"| [{path.parent.name}]({docs}bench/{path.parent.name}/results.jsonl) | {note['run']} "
+                         f"| {f1(r['test']['f1'])} | {f1(r['dev']['f1'])} | {note['change']} |")
+    return "\n".join(lines) + "\n"
+
+
+def render_readme(index: dict, name: str, docs: str, bench: Path) -> str:
+    lines = ["| dataset | inputs | model | test F1 | dev F1 | record |", "|---|---|---|---:|---:|---|"]
+    for dataset in index["datasets"].values():
+        row = best_of(entries(dataset, bench))
+        lines.append(f"| {dataset['title']} | {index['kinds'][row['kind']]} | {row['label']} | {row['test']} "
+                     f"| {row['dev']} | {record_link(row, docs)} |")
+    return "\n".join(lines) + "\n"
+
+
+RENDER = {"best": render_best, "runs": render_runs, "grid": render_grid, "dirty": render_dirty, "readme": render_readme}
+
+
+def render(doc: str, page: Path = BENCHMARKS, index: dict | None = None, bench: Path = DOCS / "bench") -> str:
+    """The page with every block rebuilt from the records (links relative to `page`)."""
     doc = BLOCK.sub(lambda m: m.group(1) + table(m.group(2), m.group(3)) + m.group(5), doc)
-    return RECORD_BLOCK.sub(lambda m: m.group(1) + record_table(m.group(2), m.group(3)) + m.group(5), doc)
+    doc = RECORD_BLOCK.sub(lambda m: m.group(1) + record_table(m.group(2), m.group(3)) + m.group(5), doc)
+    if not INDEX_BLOCK.search(doc):
+        return doc
+    index = index or load_index()
+    docs = os.path.relpath(DOCS, page.parent).replace(os.sep, "/") + "/"
+    docs = "" if docs == "./" else docs
+    return INDEX_BLOCK.sub(lambda m: m.group(1) + RENDER[m.group(2)](index, m.group(3), docs, bench) + m.group(5), doc)
 
 
 def main(argv: list[str]) -> int:
     stale = 0
-    for page in PAGES:
+    for page in pages():
         doc = page.read_text(encoding="utf-8")
-        new = render(doc)
+        new = render(doc, page)
         if new == doc:
             continue
         if "--check" in argv:
-            print(f"{page} is out of date: run python scripts/benchmarks_doc.py", file=sys.stderr)
+            print(f"{page} is out of date: run make benchmarks-doc", file=sys.stderr)
             stale = 1
         else:
             page.write_text(new, encoding="utf-8")

@@ -1,12 +1,15 @@
-"""docs/BENCHMARKS.md's result tables are the ones `nerkit bench` builds from the recorded
-results.jsonl files (scripts/benchmarks_doc.py splices them in); the README describes what a
-model directory holds."""
+"""The result tables of the docs (BENCHMARKS.md, the README's row, the notebook, confidence.md) are
+what scripts/benchmarks_doc.py builds from the recorded results.jsonl files and docs/bench/index.yaml,
+with the best run of a kind chosen on dev; the README describes what a model directory holds."""
 
 from __future__ import annotations
 
 import importlib.util
+import json
 import re
 from pathlib import Path
+
+import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 spec = importlib.util.spec_from_file_location("benchmarks_doc", REPO / "scripts" / "benchmarks_doc.py")
@@ -14,20 +17,64 @@ benchmarks_doc = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(benchmarks_doc)
 
 
-def test_benchmark_tables_are_what_bench_builds_from_the_records():
-    doc = benchmarks_doc.DOC.read_text(encoding="utf-8")
-    blocks = benchmarks_doc.BLOCK.findall(doc)
-    assert blocks, "no <!-- bench: ... --> block in docs/BENCHMARKS.md"
-    for _, out, matrix, _, _ in blocks:
-        assert (REPO / out / "results.jsonl").is_file() and (REPO / matrix).is_file()
-    assert benchmarks_doc.render(doc) == doc, "run python scripts/benchmarks_doc.py"
+def test_every_result_table_is_what_the_records_give():
+    """The one check that the pages are up to date: each page rendered from the records is the page."""
+    kinds = set()
+    for page in benchmarks_doc.pages():
+        doc = page.read_text(encoding="utf-8")
+        for _, out, matrix, _, _ in benchmarks_doc.BLOCK.findall(doc):
+            assert (REPO / out / "results.jsonl").is_file() and (REPO / matrix).is_file()
+        kinds |= {m.group(2) for m in benchmarks_doc.INDEX_BLOCK.finditer(doc)}
+        kinds |= {"bench"} if benchmarks_doc.BLOCK.search(doc) else set()
+        kinds |= {m.group(2) for m in benchmarks_doc.RECORD_BLOCK.finditer(doc)}
+        assert benchmarks_doc.render(doc, page) == doc, f"{page.name}: run make benchmarks-doc"
+    assert kinds == {"bench", "loop", "calibration", "best", "runs", "grid", "dirty", "readme"}
 
 
-def test_a_hand_edited_figure_is_caught():
-    doc = benchmarks_doc.DOC.read_text(encoding="utf-8")
-    first = benchmarks_doc.BLOCK.search(doc)
+@pytest.mark.parametrize("block", [benchmarks_doc.BLOCK, benchmarks_doc.INDEX_BLOCK])
+def test_a_hand_edited_figure_is_caught(block):
+    page = next(p for p in benchmarks_doc.pages() if block.search(p.read_text(encoding="utf-8")))
+    doc = page.read_text(encoding="utf-8")
+    first = block.search(doc)
     edited = doc[: first.start(4)] + re.sub(r"\d+\.\d\d", "99.99", first.group(4), count=1) + doc[first.end(4):]
-    assert edited != doc and benchmarks_doc.render(edited) == doc
+    assert edited != doc and benchmarks_doc.render(edited, page) == doc
+
+
+def write_record(bench: Path, name: str, run: str, test: float, dev: float, **extra) -> None:
+    (bench / name).mkdir(parents=True)
+    line = {"name": run, "test": {"f1": test}, "dev": {"f1": dev}, "git_commit": "0123456789abcdef",
+            "config": "configs/x.yaml", "overrides": ["train.seed=1", "train.epochs=3"], **extra}
+    (bench / name / "results.jsonl").write_text(json.dumps(line) + "\n", encoding="utf-8")
+
+
+def tiny_index(no_record: list[dict] = ()) -> dict:
+    entry = {"matrix": "configs/bench/full.yaml", "kind": "random-init", "notebook": "notebook/x.md"}
+    return {"kinds": {"random-init": "random-init characters"},
+            "datasets": {"d": {"title": "D", "no_record": list(no_record), "runs": [
+                {**entry, "record": "high-test", "run": "a_s1", "label": "A"},
+                {**entry, "record": "high-dev", "run": "b_s1", "label": "B"}]}}}
+
+
+def test_the_best_of_a_kind_is_chosen_on_dev_never_on_test(tmp_path):
+    write_record(tmp_path, "high-test", "a_s1", test=0.95, dev=0.80)
+    write_record(tmp_path, "high-dev", "b_s1", test=0.85, dev=0.90)
+    page = benchmarks_doc.BENCHMARKS
+    best = benchmarks_doc.render("<!-- best: d -->\n<!-- /best -->", page, tiny_index(), tmp_path)
+    assert "| B | 85.00 | 90.00 |" in best and "| A |" not in best
+    assert "git checkout 0123456\nnerkit bench --matrix configs/bench/full.yaml --only b_s1 --set train.epochs=3" in best
+    readme = benchmarks_doc.render("<!-- readme: best -->\n<!-- /readme -->", benchmarks_doc.REPO / "README.md",
+                                   tiny_index([{"kind": "random-init", "label": "C", "test": 99.0, "dev": 91.0,
+                                                "notebook": "notebook/x.md"}]), tmp_path)
+    assert "| C | 99.00 | 91.00 | no record |" in readme  # a run without a record competes on dev too
+
+
+def test_a_dirty_record_without_its_note_is_refused(tmp_path):
+    write_record(tmp_path, "high-test", "a_s1", test=0.95, dev=0.80, git_dirty=True)
+    with pytest.raises(SystemExit, match="high-test has no entry under `dirty`"):
+        benchmarks_doc.render("<!-- dirty: records -->\n<!-- /dirty -->", benchmarks_doc.BENCHMARKS, {}, tmp_path)
+    index = {"dirty": {"high-test": {"run": "the run", "change": "an edit"}}}
+    table = benchmarks_doc.render("<!-- dirty: records -->\n<!-- /dirty -->", benchmarks_doc.BENCHMARKS, index, tmp_path)
+    assert "| the run | 95.00 | 80.00 | an edit |" in table
 
 
 def test_the_readme_names_everything_a_model_directory_holds(tiny_model_dir):
@@ -51,10 +98,3 @@ def test_every_script_imports():
         script = importlib.util.spec_from_file_location(f"script_{path.stem}", path)
         module = importlib.util.module_from_spec(script)
         script.loader.exec_module(module)
-
-
-def test_the_confidence_page_tables_are_what_the_records_give():
-    page = REPO / "docs" / "confidence.md"
-    doc = page.read_text(encoding="utf-8")
-    assert "<!-- loop: docs/bench/" in doc and "<!-- calibration: docs/bench/" in doc
-    assert benchmarks_doc.render(doc) == doc, "run python scripts/benchmarks_doc.py"

@@ -1,13 +1,12 @@
 """The docs pages stay true to the code: the config reference (docs/config.md) and the command-line
 reference (docs/cli.md) are what their scripts generate from nerkit/config.py and `--help`, every
-config key has a description, every link between the pages resolves, the README stays short, and
-the benchmark summary's figures are those of the records it links."""
+config key has a description, every link between the pages (the notebook's included) resolves, and
+the README stays short. The result tables are tests/test_docs.py's."""
 
 from __future__ import annotations
 
 import dataclasses
 import importlib.util
-import json
 import re
 import subprocess
 import sys
@@ -15,7 +14,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 DOCS = REPO / "docs"
-PAGES = [REPO / "README.md", *sorted(DOCS.glob("*.md"))]
+PAGES = [REPO / "README.md", *sorted(DOCS.glob("*.md")), *sorted((DOCS / "notebook").glob("*.md"))]
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
 
 
@@ -139,40 +138,3 @@ def test_every_link_between_the_pages_resolves():
             elif anchor and file.suffix == ".md" and anchor not in anchors(file.read_text(encoding="utf-8")):
                 broken.append(f"{page.relative_to(REPO)}: {target} (no such heading)")
     assert not broken, "\n".join(broken)
-
-
-# ------------------------------------------------------------------------------- benchmarks
-
-def test_the_benchmark_pages_are_what_bench_builds():
-    assert script("benchmarks_doc").main(["--check"]) == 0
-
-
-def records(name: str) -> list[dict]:
-    path = DOCS / "bench" / name / "results.jsonl"
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-
-
-def test_the_benchmark_summary_shows_its_records_figures():
-    """Each summary row that links a record shows the test and dev F1 of one of its runs."""
-    page = (DOCS / "BENCHMARKS.md").read_text(encoding="utf-8")
-    checked, wrong = 0, []
-    for line in page.splitlines():
-        m = re.search(r"\[record\]\(bench/([^/]+)/results\.jsonl\)", line)
-        if not m or not line.startswith("|"):
-            continue
-        cells = [c.strip().strip("*") for c in line.strip("|").split("|")]
-        test_f1, dev_f1 = cells[2], cells[3]
-        runs = {(f"{100 * r['test']['f1']:.2f}", f"{100 * r['dev']['f1']:.2f}")
-                for r in records(m.group(1)) if r.get("test") and r.get("dev")}
-        checked += 1
-        if (test_f1, dev_f1) not in runs:
-            wrong.append(f"{m.group(1)}: {test_f1} / {dev_f1} not in {sorted(runs)}")
-    assert checked >= 20 and not wrong, wrong
-
-
-def test_every_dirty_record_is_named_as_not_reproducible():
-    page = (DOCS / "BENCHMARKS.md").read_text(encoding="utf-8")
-    section = page.split("## Which records are not reproducible by commit", 1)[1].split("\n## ", 1)[0]
-    dirty = sorted({p.parent.name for p in (DOCS / "bench").glob("*/results.jsonl")
-                    if any(r.get("git_dirty") for r in records(p.parent.name))})
-    assert dirty and all(f"[{name}]" in section for name in dirty), dirty
