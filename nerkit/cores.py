@@ -3,7 +3,7 @@ reads its wait policy only then): whether OpenMP's threads spin while they wait,
 threads a process takes by default.
 
 Spinning (OMP_WAIT_POLICY=ACTIVE) made a BiLSTM step 1.5x faster on a machine of its own, and cut
-two runs side by side to a quarter of one run's work (docs/benchmarks-notebook.md, "Shared cores"):
+two runs side by side to a quarter of one run's work (docs/notebook/speed.md, "Shared cores"):
 neither fixed policy is right for everyone. So nerkit looks: it samples how busy the cores are for a
 few tens of milliseconds, spins only when no other process is using them, and otherwise waits
 passively and takes the cores left free. What it cannot see is a process that starts after it. An
