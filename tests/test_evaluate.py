@@ -321,3 +321,33 @@ def test_eval_output_file_scores_as_the_json_says(tiny_model_dir, tmp_path, monk
     assert abs(100 * figures["precision"] - 100 * p) < 0.01
     assert abs(100 * figures["recall"] - 100 * r) < 0.01
     assert abs(100 * figures["f1"] - 100 * f) < 0.01
+
+
+def test_by_length_scores_each_sentence_and_entity_length_on_its_own():
+    from nerkit.inference.evaluate import by_length, length_buckets
+
+    assert [label for label, _, _ in length_buckets((1, 2, 4))] == ["1", "2", "3-4", ">4"]
+    gold = [[Span(0, 2, "PER")], [Span(0, 3, "ORG"), Span(5, 6, "LOC")], [Span(10, 12, "PER")]]
+    predicted = [[Span(0, 2, "PER")], [Span(0, 3, "ORG"), Span(6, 7, "LOC")], [Span(10, 11, "PER")]]
+    found = by_length(gold, predicted, [20, 60, 300], sentence_bounds=(50, 250), entity_bounds=(1, 2))
+    rows = {r["length"]: r for r in found["sentence"]}
+    assert list(rows) == ["1-50", "51-250", ">250", "1-250"]
+    assert (rows["1-50"]["sentences"], rows["1-50"]["f1"]) == (1, 1.0)
+    assert (rows["51-250"]["gold"], rows["51-250"]["precision"]) == (2, 0.5)
+    assert (rows[">250"]["characters"], rows[">250"]["f1"]) == (300, 0.0)
+    assert (rows["1-250"]["sentences"], rows["1-250"]["gold"], rows["1-250"]["recall"]) == (2, 3, 2 / 3)
+    entities = {r["length"]: r for r in found["entity"]}
+    assert (entities["1"]["gold"], entities["1"]["predicted"], entities["1"]["precision"]) == (1, 2, 0.0)
+    assert (entities["2"]["gold"], entities["2"]["recall"], entities["2"]["precision"]) == (2, 0.5, 1.0)
+    assert (entities[">2"]["gold"], entities[">2"]["f1"]) == (1, 1.0)
+
+
+def test_eval_by_length_prints_and_returns_the_buckets(tiny_model_dir, nerkit):
+    dev = FIXTURES / "tiny_dev.bio"
+    table = nerkit("eval", "--model", str(tiny_model_dir), "--data", str(dev), "--by-length").stdout
+    assert "sentence length" in table and "entity length" in table and "1-50" in table
+    metrics = json.loads(nerkit("eval", "--model", str(tiny_model_dir), "--data", str(dev), "--by-length",
+                                "--json").stdout)
+    rows = metrics["by_length"]["sentence"]
+    assert sum(r["gold"] for r in rows if r["length"] != "1-250") == metrics["counts"]["gold"]
+    assert sum(r["predicted"] for r in metrics["by_length"]["entity"]) == metrics["counts"]["predicted"]

@@ -364,19 +364,3 @@ def test_fingerprint_depends_on_the_words_only():
     assert Lexicon({"北京": 1, "中国": 2, "首都": 3}).fingerprint == fingerprint
     assert Lexicon(words + ["上海"]).fingerprint != fingerprint
     assert len(fingerprint) == 64 and int(fingerprint, 16) >= 0
-
-
-def test_lexicon_coverage_script_counts_words_and_words_inside(tmp_path):
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("lexicon_coverage", Path(__file__).resolve().parent.parent
-                                                  / "scripts" / "lexicon_coverage.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    corpus = tmp_path / "gold.bio"
-    # 北京大学 (ORG, contains the word 北京), 张三 (PER, a word itself), 李四 (PER, no word)
-    corpus.write_text("北 B-ORG\n京 I-ORG\n大 I-ORG\n学 I-ORG\n张 B-PER\n三 I-PER\n\n李 B-PER\n四 I-PER\n",
-                      encoding="utf-8")
-    got = module.coverage(Lexicon(["北京", "张三", "大"]), str(corpus))
-    assert got["ORG"] == {"entities": 1, "mean_length": 4.0, "is_a_word": 0.0, "contains_a_word": 1.0}
-    assert got["PER"] == {"entities": 2, "mean_length": 2.0, "is_a_word": 0.5, "contains_a_word": 0.5}

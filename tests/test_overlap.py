@@ -56,3 +56,22 @@ def test_each_set_is_reported_on_its_own():
     assert [r.to_dict() for r in reports] == [
         {"set": "dev", "sentences": 1, "found_in_text": 1, "lines_removed": 1},
         {"set": "test", "sentences": 1, "found_in_text": 0, "lines_removed": 1}]
+
+
+def test_lm_adapt_dry_run_reports_the_overlap_and_trains_nothing(tmp_path, nerkit):
+    """`nerkit lm adapt --dry-run` prints what --exclude would take out of the text and what would
+    train, loads no model (the --lm directory is empty) and writes no --out."""
+    dev = tmp_path / "dev.bio"
+    dev.write_text("".join(f"{c} O\n" for c in "新华社记者今天在北京报道") + "\n"
+                   + "".join(f"{c} O\n" for c in "这句话不在文本里出现过") + "\n", encoding="utf-8")
+    text = tmp_path / "text.txt"
+    lines = ["据新华社记者今天在北京报道，会议开幕。", "新华社记者今天在北", "这是一行与开发集无关的普通文本。"]
+    text.write_text("\n".join(lines + [f"第{i}行与评测集无关的文本内容" for i in range(17)]) + "\n", encoding="utf-8")
+    lm, out = tmp_path / "lm", tmp_path / "out"
+    lm.mkdir()
+    shown = nerkit("lm", "adapt", "--lm", str(lm), "--text", str(text), "--exclude", str(dev), "--out", str(out),
+                   "--dry-run").stdout
+    assert f"{text}: 20 non-empty lines, 18 left" in shown
+    assert f"| {dev} | 2 | 1 (50.0%) | 2 |" in shown
+    assert "train on 17 lines and hold out 1 for the perplexity" in shown
+    assert not out.exists()

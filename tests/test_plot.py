@@ -6,6 +6,7 @@ without attention is a user error."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -350,3 +351,44 @@ def test_a_bilstm_has_no_attention_to_plot(tiny_model_dir, tmp_path, nerkit):
                     "--out", str(tmp_path / "a.png"), check=False)
     assert result.returncode == 2 and "no attention" in result.stderr
     assert not (tmp_path / "a.png").exists()
+
+
+@pytest.fixture(scope="module")
+def memory_model_dir(tmp_path_factory, tiny_config):
+    from nerkit.training.loop import train
+
+    out = tmp_path_factory.mktemp("memory") / "model"
+    train(tiny_config("encoder.name=tener", "encoder.n_heads=2", "encoder.head_dim=4", "encoder.num_layers=2",
+                      "encoder.memory=6", "encoder.segment=8", "train.epochs=1"), out=out, progress_bar=False)
+    return out
+
+
+def test_memory_attention_sums_every_query_once_by_distance(memory_model_dir):
+    """Each query's weights sum to 1, so the weight summed over distances is the number of queries;
+    every query sees itself (distance 0); a key of the memory is never nearer than the query's place."""
+    from nerkit.inference.pipeline import Pipeline
+    from nerkit.tools.plot_memory import memory_attention
+
+    texts = [list("张伟在北京大学读书，后来去了上海工作。"), list("他们在天安门广场见面，然后去了王府井。")]
+    found = memory_attention(Pipeline.load(memory_model_dir), texts)
+    span = found.memory + found.segment
+    queries = sum(len(t) for t in texts)
+    torch.testing.assert_close(found.weight.sum(1), torch.full((2,), float(queries), dtype=torch.float64))
+    assert found.pairs[:, span].tolist() == [queries, queries]  # distance 0
+    assert found.pairs[:, span + found.memory + found.segment + 1:].sum() == 0  # nothing further than the span
+    assert all(0 < share < 1 for share in found.shares)
+    assert ((found.by_place > 0) & (found.by_place < 1)).all()
+
+
+def test_plot_attention_data_draws_the_memory_figure(memory_model_dir, tmp_path, nerkit):
+    dev = Path(__file__).resolve().parent / "fixtures" / "tiny_dev.bio"
+    out = tmp_path / "memory.png"
+    shown = nerkit("plot", "attention", "--model", str(memory_model_dir), "--data", str(dev), "--out", str(out),
+                   "--limit", "5").stdout
+    assert shown.count("% of attention on the memory") == 2 and shown.endswith(f"wrote {out}\n")
+    image = read_png(out)
+    assert image.shape[:2] == (380, 1100) and 0.02 < inked(image) < 0.9
+    both = nerkit("plot", "attention", "--model", str(memory_model_dir), "--data", str(dev), "--text", "张三",
+                  "--out", str(out), check=False)
+    assert both.returncode == 2 and "--text" in both.stderr
+

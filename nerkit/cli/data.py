@@ -73,8 +73,9 @@ def data_convert(
                               "for nerkit predict or lm adapt; doccano: its JSONL; label-studio: its JSON, a task "
                               "with one annotation per sentence)."),
     from_: Source = typer.Option("auto", "--from", help="Input format: auto (.jsonl and .json are JSON lines, "
-                                 "anything else CoNLL), CLUENER's JSON (cluener), doccano's JSONL export (doccano) "
-                                 "or Label Studio's JSON export (label-studio)."),
+                                 "anything else CoNLL), CLUENER's JSON (cluener), inline markup as `nerkit predict "
+                                 "--format inline` writes it (inline: [北京]LOC, a sentence a line), doccano's JSONL "
+                                 "export (doccano) or Label Studio's JSON export (label-studio)."),
     repair: bool = flag("--repair", help="Fix invalid transitions, split tokens of several characters and "
                         "keep the longest of overlapping entities while reading."),
 ):

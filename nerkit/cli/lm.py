@@ -1,6 +1,7 @@
 """`nerkit lm`: language models for the features: `adapt` continues a local encoder's masked-language-
 model training on your own unlabelled text (nerkit.tools.lm_adapt) and writes a directory for
-`embeddings.lm.path`. The command parses its options, calls one function, and prints one line."""
+`embeddings.lm.path` (with --dry-run it only reports the text's lines that overlap the evaluation
+sets). The command parses its options, calls one function, and prints."""
 
 from __future__ import annotations
 
@@ -37,6 +38,9 @@ def adapt(
     threads: int = typer.Option(0, "--threads", min=0, help="torch threads (0 = the cores free when nerkit starts)."),
     bf16: bool = typer.Option(False, "--bf16", metavar="", help="Train under bf16 autocast (faster on CPUs with "
                               "AVX512-BF16; the perplexity is measured in float32)."),
+    dry_run: bool = typer.Option(False, "--dry-run", metavar="", help="Only say how many lines of the text "
+                                 "overlap each --exclude set and would be taken out, and how many would train; "
+                                 "load no model, write nothing."),
 ):
     """Continue masked-language-model training of an encoder on your text (domain adaptation)."""
     from nerkit.config import parse_duration
@@ -44,10 +48,16 @@ def adapt(
     from nerkit.tools.lm_adapt import AdaptOptions
     from nerkit.tools.lm_adapt import adapt as run
 
-    set_threads(threads)
     options = AdaptOptions(steps=steps, batch_size=batch_size, lr=lr, whole_word=whole_word, max_len=max_len,
                            held_out=held_out, time_budget=parse_duration(time_budget, "--time-budget"),
                            checkpoint_every=checkpoint_every, seed=seed, bf16=bf16)
+    if dry_run:
+        from nerkit.tools.lm_adapt import dry_run as report
+        from nerkit.tools.lm_adapt import format_dry_run
+
+        typer.echo(format_dry_run(report(lm, text, exclude, options)))
+        return
+    set_threads(threads)
     result = run(lm, text, out, options, resume=resume, exclude=exclude, force=force)
     typer.echo(f"held-out perplexity {result['perplexity_before']:.2f} -> {result['perplexity_after']:.2f} after "
                f"{result['steps']:,} steps ({result['stopped']}); wrote {out}")

@@ -20,6 +20,11 @@ from nerkit.cli.options import (
     Runtime,
     flag,
 )
+from nerkit.inference.evaluate import ENTITY_BOUNDS, SENTENCE_BOUNDS, length_buckets
+
+
+def _buckets(bounds: tuple[int, ...]) -> str:
+    return ", ".join(label for label, _, _ in length_buckets(bounds))
 
 
 def evaluate(
@@ -40,10 +45,12 @@ def evaluate(
     show_calibration: bool = flag("--calibration", help="Also score each entity (the CRF's probability) and say "
                                   "how honest the scores are: a reliability table, the expected calibration "
                                   "error, and precision, recall and F1 by minimum score."),
+    show_by_length: bool = flag("--by-length", help="Also score the sentences by length in characters "
+                                f"({_buckets(SENTENCE_BOUNDS)}) and the entities by length ({_buckets(ENTITY_BOUNDS)})."),
 ):
     """Entity-level precision, recall and F1 of a model on a gold corpus."""
     from nerkit.files import atomic_write_text, check_output
-    from nerkit.inference.evaluate import format_calibration, format_errors, format_table
+    from nerkit.inference.evaluate import format_by_length, format_calibration, format_errors, format_table
     from nerkit.inference.formats import eval_output
     from nerkit.inference.loading import load_pipeline, require_runtime
 
@@ -52,7 +59,7 @@ def evaluate(
         check_output(output, data)  # before the evaluation: a wrong path costs no wait
     pipe = load_pipeline(model, device, threads)  # an ONNX export (`nerkit export`) runs without torch
     result = pipe.evaluation(data, batch_size, repair=repair, with_errors=show_errors, window=window,
-                             document=document, with_calibration=show_calibration)
+                             document=document, with_calibration=show_calibration, with_by_length=show_by_length)
     if output:
         atomic_write_text(output, eval_output(result.sentences, result.predicted, result.scheme))
     metrics = result.metrics
@@ -64,6 +71,8 @@ def evaluate(
             typer.echo("\n" + format_errors(metrics["errors"]))
         if show_calibration:
             typer.echo("\n" + format_calibration(metrics["calibration"]))
+        if show_by_length:
+            typer.echo("\n" + format_by_length(metrics["by_length"]))
 
 
 def predict(

@@ -22,7 +22,7 @@ Runtime = Literal["auto", "torch", "onnx"]
 Target = Literal["bio", "bioes", "bmes", "jsonl", "text", "doccano", "label-studio"]
 
 # nerkit.data.corpus.FORMATS (a test keeps them equal)
-Source = Literal["auto", "conll", "jsonl", "cluener", "doccano", "label-studio"]
+Source = Literal["auto", "conll", "jsonl", "cluener", "inline", "doccano", "label-studio"]
 
 
 def flag(*names: str, help: str, default: bool | None = False, **kwargs):

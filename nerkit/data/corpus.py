@@ -1,6 +1,6 @@
 """Corpus reading, writing and checking: char-per-line CoNLL (BIO, BIOES, BMES), JSON-lines spans and
 CLUENER's JSON, and through `read_corpus` and `write_corpus` the annotation tools' files
-(nerkit.data.annotation: doccano, Label Studio).
+(nerkit.data.annotation: doccano, Label Studio) and inline markup (nerkit.data.inline).
 
 The tag-scheme rules it checks with are nerkit.data.tags'; what every reader shares (Sentence,
 Corpus, reading a file, its errors) is nerkit.data.records'. Spans are token offsets, end exclusive;
@@ -14,6 +14,7 @@ import re
 from pathlib import Path
 
 from nerkit.data import annotation
+from nerkit.data.inline import read_inline
 from nerkit.data.records import (
     DOCUMENT_SEPARATOR,
     SPANS,
@@ -60,7 +61,7 @@ _CLUENER_FORMAT = 'each line is {"text": "...", "label": {"TYPE": {"MENTION": [[
 
 
 # What read_corpus's `fmt` may say (auto: by extension); the annotation tools' are annotation.FORMATS.
-FORMATS = ("auto", "conll", "jsonl", "cluener", *annotation.FORMATS)
+FORMATS = ("auto", "conll", "jsonl", "cluener", "inline", *annotation.FORMATS)
 
 
 _SEPARATOR = re.compile(r"[ \t]+")  # only ASCII space and tab separate columns: U+3000 may be a token
@@ -95,7 +96,7 @@ REPAIR_OPTION = "pass --repair"  # how `nerkit eval` and `nerkit data convert` a
 def read_corpus(path: str | Path, repair: bool = False, strict: bool = True, max_errors: int = 1,
                 repair_option: str = REPAIR_OPTION, fmt: str = "auto", texts_only: bool = False) -> Corpus:
     """Read a corpus, CoNLL or JSON-lines (by extension .jsonl/.json), or as `fmt` (one of FORMATS)
-    says: CLUENER's JSON and the annotation tools' files (nerkit.data.annotation) are read only when
+    says: CLUENER's JSON, inline markup (`[北京]LOC`) and the annotation tools' files (nerkit.data.annotation) are read only when
     asked for. With `strict`, an invalid tag transition is
     an error unless `repair` fixes it as conlleval reads it (and a token of several characters is
     an error unless `repair` splits it); without `strict` transitions are only counted (for
@@ -108,6 +109,8 @@ def read_corpus(path: str | Path, repair: bool = False, strict: bool = True, max
     if fmt not in FORMATS:
         raise ValueError(f"unknown corpus format {fmt!r}")
     overlaps = Overlaps(repair, repair_option)
+    if fmt == "inline":
+        return read_inline(path, max_errors=max_errors, overlaps=overlaps)
     if fmt == "cluener":
         return read_cluener(path, max_errors=max_errors, overlaps=overlaps, texts_only=texts_only)
     if fmt in annotation.FORMATS:
@@ -464,11 +467,11 @@ def _first_token(sentences: list[Sentence], bad) -> tuple[Sentence, int, str] | 
 
 def _token_where(path: str | Path, source: str | Path | None, source_format: str, sent: Sentence, index: int) -> str:
     """Where a token came from: its line in `source` (a CoNLL file has a line per token, JSON lines,
-    CLUENER's JSON and doccano's one per sentence), or its task in a Label Studio export; the output
+    CLUENER's JSON, inline markup and doccano's one per sentence), or its task in a Label Studio export; the output
     `path` when that is unknown."""
     if source is None or not sent.line:
         return str(path)
     if source_format == "label-studio":
         return annotation.task_where(source, sent.line - 1)
-    per_sentence = source_format in ("jsonl", "cluener", "doccano") or (source_format == "auto" and is_jsonl(source))
+    per_sentence = source_format in ("jsonl", "cluener", "inline", "doccano") or (source_format == "auto" and is_jsonl(source))
     return f"{source}:{sent.line if per_sentence else sent.line + index}"

@@ -53,7 +53,7 @@ class Corpus:
     split_tokens: int = 0  # tokens of several characters that repair split into their characters
     dropped_overlaps: int = 0  # entities that repair dropped from overlaps (`Overlaps`)
     types: list[str] = field(default_factory=list)
-    format: str = "conll"  # or "jsonl", "cluener", "doccano", "label-studio"
+    format: str = "conll"  # or "jsonl", "cluener", "inline", "doccano", "label-studio"
 
     @property
     def labels(self) -> str:

@@ -90,6 +90,65 @@ def format_calibration(found: dict) -> str:
     return _rule_table(rows) + "\n\n" + _rule_table(by_threshold, total=False)
 
 
+# Upper bounds of the length buckets, in characters. Sentences: MSRA's test set has sentences far longer
+# than its training split, which are read in windows (data.max_len, often 250); entities: one
+# character, two (most names), and on to the long organisation names.
+SENTENCE_BOUNDS = (50, 100, 250)
+ENTITY_BOUNDS = (1, 2, 3, 4, 6, 10)
+
+
+def length_buckets(bounds: tuple[int, ...]) -> list[tuple[str, int, int | None]]:
+    """(label, above, up to) per bucket: 1 to bounds[0], ..., above bounds[-1] (up to None)."""
+    edges = [0, *bounds, None]
+    return [(f">{lo}" if hi is None else str(hi) if hi == lo + 1 else f"{lo + 1}-{hi}", lo, hi)
+            for lo, hi in zip(edges, edges[1:])]
+
+
+def by_length(gold: list[list[Span]], predicted: list[list[Span]], lengths: list[int],
+              sentence_bounds: tuple[int, ...] = SENTENCE_BOUNDS, entity_bounds: tuple[int, ...] = ENTITY_BOUNDS) -> dict:
+    """Where the errors lie by length (`nerkit eval --by-length`): `sentence`, `score` of the
+    sentences of each length bucket (`lengths`: each sentence's characters), then of every sentence
+    up to the last bound (those read without a window when it is data.max_len); `entity`, `score`
+    of the gold and predicted entities of each length (a right prediction has its gold entity's
+    length, so each bucket's precision and recall are its own). Empty buckets are left out."""
+    if not len(gold) == len(predicted) == len(lengths):
+        raise ValueError(f"{len(gold)} gold sentences, {len(predicted)} predicted, {len(lengths)} lengths")
+    sentence = []
+    for label, lo, hi in [*length_buckets(sentence_bounds), (f"1-{sentence_bounds[-1]}", 0, sentence_bounds[-1])]:
+        idx = [i for i, n in enumerate(lengths) if lo < n and (hi is None or n <= hi)]
+        if idx:
+            found = score([gold[i] for i in idx], [predicted[i] for i in idx])
+            sentence.append({"length": label, "sentences": len(idx), "characters": sum(lengths[i] for i in idx),
+                             **_totals(found)})
+    entity = []
+    for label, lo, hi in length_buckets(entity_bounds):
+        def within(spans: list[Span]) -> list[Span]:
+            return [s for s in spans if lo < s.end - s.start and (hi is None or s.end - s.start <= hi)]
+
+        found = score([within(g) for g in gold], [within(p) for p in predicted])
+        if found["counts"]["gold"] or found["counts"]["predicted"]:
+            entity.append({"length": label, **_totals(found)})
+    return {"sentence": sentence, "entity": entity}
+
+
+def _totals(found: dict) -> dict:
+    return {"gold": found["counts"]["gold"], "predicted": found["counts"]["predicted"],
+            **{k: found[k] for k in ("precision", "recall", "f1")}}
+
+
+def format_by_length(found: dict) -> str:
+    """`by_length` as two tables: by sentence length, then by entity length."""
+    def prf(row: dict) -> tuple[str, ...]:
+        return (str(row["gold"]), str(row["predicted"]),
+                *(f"{100 * row[k]:.2f}" for k in ("precision", "recall", "f1")))
+
+    sentences = [("sentence length", "sentences", "characters", "gold", "predicted", "precision", "recall", "f1")]
+    sentences += [(r["length"], str(r["sentences"]), str(r["characters"]), *prf(r)) for r in found["sentence"]]
+    entities = [("entity length", "gold", "predicted", "precision", "recall", "f1")]
+    entities += [(r["length"], *prf(r)) for r in found["entity"]]
+    return _rule_table(sentences, total=True) + "\n\n" + _rule_table(entities, total=False)
+
+
 ERROR_KINDS = ("correct", "wrong_type", "wrong_boundary", "wrong_both", "missed", "spurious")
 
 

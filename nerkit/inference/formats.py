@@ -11,6 +11,7 @@ from pathlib import Path
 
 from nerkit.data import annotation
 from nerkit.data.corpus import conll_line
+from nerkit.data.inline import inline_line
 from nerkit.data.records import Sentence
 from nerkit.data.tags import Span, spans_to_tags
 from nerkit.inference.predictor import above
@@ -39,13 +40,7 @@ def format_record(text: str, spans: list[Span], fmt: str, scheme: str = "bio",
     if fmt == "jsonl":
         return json.dumps({**keys, **record(text, spans)}, ensure_ascii=False) + "\n"
     if fmt == "inline":
-        out, pos = [], 0
-        for s in spans:
-            out.append(text[pos:s.start])
-            out.append(f"[{text[s.start:s.end]}]{s.type}")
-            pos = s.end
-        out.append(text[pos:])
-        return "".join(out) + "\n"
+        return inline_line(text, spans) + "\n"
     tags = spans_to_tags(len(text), spans, scheme)
     return "".join(conll_line(c, t) for c, t in zip(text, tags)) + "\n"
 

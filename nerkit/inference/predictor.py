@@ -20,7 +20,7 @@ from nerkit.data.splits import read_gold
 from nerkit.data.tags import Span, split_tag, tags_to_spans
 from nerkit.errors import ModelDirError, UserError
 from nerkit.features.featurizer import Example, Featurizer
-from nerkit.inference.evaluate import calibration, errors, score
+from nerkit.inference.evaluate import by_length, calibration, errors, score
 from nerkit.inference.model_dir import (
     FORMAT_VERSION,
     MODEL_FILES,
@@ -169,14 +169,15 @@ class Predictor:
 
     def evaluation(self, data: str | Path | list[Sentence], batch_size: int = 128, repair: bool | None = None,
                    with_errors: bool = False, window: int | None = None, document: bool = False,
-                   with_calibration: bool = False) -> Evaluation:
+                   with_calibration: bool = False, with_by_length: bool = False) -> Evaluation:
         """Entity-level P/R/F1 of the model on a corpus file or on sentences already read; with
         `with_errors` the metrics also hold `errors` (see `nerkit.inference.evaluate.errors`). A file is read
         as the model's training data was: `repair` None follows the model's `data.repair`, so a file
         the training repaired is repaired here too (and said so). `window`: as for `predict`. With
         `document` (a model with memory), the sentences of each document (`Sentence.document`: a file
         without `-DOCSTART-` lines is one) are read in order as one stream. With `with_calibration`
-        the predictions carry scores and the metrics hold `calibration` (`nerkit.inference.evaluate.calibration`)."""
+        the predictions carry scores and the metrics hold `calibration` (`nerkit.inference.evaluate.calibration`);
+        with `with_by_length`, `by_length` (`nerkit.inference.evaluate.by_length`)."""
         window = self.check_window(window)  # before the file is read: a wrong value costs no wait
         reader = self.document_stream() if document else self  # a model without memory: refused now too
         if isinstance(data, list):
@@ -202,6 +203,8 @@ class Predictor:
             metrics["errors"] = errors(gold, predicted)
         if with_calibration:
             metrics["calibration"] = calibration(gold, predicted)
+        if with_by_length:
+            metrics["by_length"] = by_length(gold, predicted, [len(s) for s in sentences])
         return Evaluation(sentences, predicted, metrics, seconds, scheme)
 
     def check_types(self, gold_types: list[str], where: str) -> None:

@@ -36,7 +36,7 @@ from pathlib import Path
 
 import torch
 
-from nerkit.data.overlap import remove_overlaps
+from nerkit.data.overlap import MIN_CHARS, remove_overlaps
 from nerkit.errors import UserError
 from nerkit.files import CHECKPOINT, atomic_write_bytes, atomic_write_text, check_input, check_output_directory
 from nerkit.log import progress_display
@@ -112,6 +112,36 @@ def without_overlaps(lines: list[str], exclude: list[str | Path], first_text: st
         raise UserError("fewer than two lines of text are left once the lines overlapping --exclude are out",
                         where=str(first_text), fix="give more text, or check that --exclude names the right sets")
     return lines, reports
+
+
+def dry_run(lm: str | Path, texts: list[str | Path], exclude: list[str | Path], options: AdaptOptions) -> dict:
+    """What `adapt` would train on, without loading a model or writing anything (`nerkit lm adapt
+    --dry-run`): the text's lines, those left once the lines overlapping `exclude` are out, how many
+    of them would be held out, and each excluded set's `OverlapReport`."""
+    lm_directory(lm, "--lm", FETCH_FIX)  # a wrong --lm is found now, not after a dry run looked right
+    lines = read_lines(texts)
+    kept, reports = remove_overlaps(lines, exclusion_sets(exclude)) if exclude else (lines, [])
+    held = len(split_held_out(kept, options.held_out, options.seed)[1]) if len(kept) >= 2 else 0
+    return {"texts": [str(t) for t in texts], "lines": len(lines), "kept": len(kept), "held_out": held,
+            "min_chars": MIN_CHARS, "excluded": [r.to_dict() for r in reports]}
+
+
+def format_dry_run(found: dict) -> str:
+    """`dry_run` as people read it: the lines, a Markdown table of the excluded sets, what would train."""
+    out = [f"text: {', '.join(found['texts'])}: {found['lines']:,} non-empty lines, {found['kept']:,} left once the "
+           f"lines overlapping --exclude are out (sentences and lines under {found['min_chars']} characters are not "
+           "compared)"]
+    if found["excluded"]:
+        out += ["", "| set | sentences compared | of them in the text | lines taken out |", "|---|---:|---:|---:|"]
+        out += [f"| {r['set']} | {r['sentences']:,} | {r['found_in_text']:,} "
+                f"({100 * r['found_in_text'] / max(1, r['sentences']):.1f}%) | {r['lines_removed']:,} |"
+                for r in found["excluded"]]
+    if found["kept"] < 2:
+        out += ["", "a run would stop here: fewer than two lines are left"]
+    else:
+        out += ["", f"a run would train on {found['kept'] - found['held_out']:,} lines and hold out "
+                    f"{found['held_out']:,} for the perplexity"]
+    return "\n".join(out)
 
 
 def split_held_out(lines: list[str], share: float, seed: int) -> tuple[list[str], list[str]]:
