@@ -122,13 +122,16 @@ def export(
     out: Path = SPEED_OUT,
     fmt: ExportFormat = typer.Option("onnx", "--format", "-f", help="nerkit export's --format."),
     quantize: Optional[Quantize] = typer.Option(None, "--quantize", help="nerkit export's --quantize."),
+    data: Optional[Path] = typer.Option(None, "--data", "-d", help="A gold corpus: each round also times a whole "
+                                        "`nerkit eval` of the model and of its export (F1, seconds, peak RSS)."),
     rounds: int = ROUNDS,
     name: Optional[str] = NAME,
 ):
-    """Time whole `nerkit export` processes: seconds, the export's size and peak RSS."""
+    """Time whole `nerkit export` processes: seconds, the export's size and peak RSS (and, with --data,
+    the F1 and evaluation time of the model and of its export)."""
     from nerkit.tools.bench.speed import bench_export
 
-    table, _ = bench_export(model, out, fmt, quantize, rounds, name)
+    table, _ = bench_export(model, out, fmt, quantize, rounds, data, name)
     typer.echo(table, nl=False)
 
 
@@ -150,6 +153,6 @@ def serve(
     """Start `nerkit serve`, then time rounds of a bounded load: latency p50/p95/p99 and throughput."""
     from nerkit.tools.bench.serve_load import Load, bench_serve
 
-    options = ["--threads", str(threads), "--workers", str(workers), *server_option]
-    table, _ = bench_serve(model, text, out, Load(requests, concurrency, seconds), rounds, options, name)
+    table, _ = bench_serve(model, text, out, Load(requests, concurrency, seconds), rounds, threads, workers,
+                           server_option, name)
     typer.echo(table, nl=False)

@@ -149,7 +149,7 @@ def execute(run: MatrixRun, out: Path, predict_batch_size: int, base: dict, prev
     run_dir, log_path = out / "runs" / run.name, out / "logs" / f"{run.name}.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
     record = {"name": run.name, "run": run.group, "dataset": run.dataset, "seed": run.seed, "config": run.config,
-              "overrides": run.overrides, "nproc": run.nproc, **base,
+              "overrides": run.overrides, "nproc": run.nproc, "env": run.env, **base,
               "date": datetime.now(timezone.utc).isoformat(timespec="seconds")}
     if not Path(run.config).is_file():
         error = f"config file not found: {run.config}"

@@ -143,10 +143,11 @@ def measure(port: int, texts: list[str], bodies: list[bytes], load: Load) -> dic
             "p99_ms": 1000 * percentile(latencies, 99), "seconds": wall}
 
 
-def bench_serve(model: Path, text: Path, out: Path, load: Load, rounds: int, server_options: list[str],
-                name: str | None = None) -> tuple[str, dict]:
-    """Start `nerkit serve` on `model`, warm it up, and measure `rounds` rounds of `load`; the
-    record (with the server's start-up seconds) and the table."""
+def bench_serve(model: Path, text: Path, out: Path, load: Load, rounds: int, threads: int = 0, workers: int = 1,
+                server_options: list[str] = (), name: str | None = None) -> tuple[str, dict]:
+    """Start `nerkit serve` on `model` (with `--threads`, `--workers` and any other `server_options`),
+    warm it up, and measure `rounds` rounds of `load`; the record (with the server's start-up
+    seconds) and the table."""
     if rounds < 1:
         raise UserError(f"--rounds must be at least 1, not {rounds}")
     if not model.is_dir():
@@ -155,6 +156,7 @@ def bench_serve(model: Path, text: Path, out: Path, load: Load, rounds: int, ser
     prepare_out(out, model, text)
     bodies = [json.dumps({"text": t}, ensure_ascii=False).encode("utf-8") for t in texts]
     port = free_port()
+    server_options = ["--threads", str(threads), "--workers", str(workers), *server_options]
     command = nerkit_command("serve", "--model", str(model), "--host", "127.0.0.1", "--port", str(port),
                              *server_options)
     figures = []
@@ -169,9 +171,8 @@ def bench_serve(model: Path, text: Path, out: Path, load: Load, rounds: int, ser
         finally:
             stop_server(process)
     settings = {"model": str(model), "text": str(text), "requests": load.requests, "concurrency": load.concurrency,
-                "seconds": load.seconds, "server_options": server_options, "startup_s": startup}
-    for option in ("--threads", "--workers"):
-        settings[option[2:]] = server_options[server_options.index(option) + 1] if option in server_options else None
+                "seconds": load.seconds, "threads": threads, "workers": workers, "server_options": server_options,
+                "startup_s": startup}
     name = name or f"serve_{model.name}_c{load.concurrency}"
     record = summarise("serve", name, command, figures, settings)
     return save(out, record), record

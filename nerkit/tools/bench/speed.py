@@ -29,7 +29,7 @@ class Timed:
     included as the kernel counts them) and what it wrote on stderr."""
     seconds: float
     peak_rss_mib: float
-    stderr: str
+    stdout: str
 
 
 def invocation() -> str:
@@ -69,19 +69,19 @@ def environment(env: dict[str, str | None]) -> dict:
 
 def time_process(command: list[str], env: dict[str, str | None]) -> Timed:
     """Run `command` to its end; a failure is a UserError with the end of its stderr."""
-    with tempfile.TemporaryFile() as err:
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         started = time.perf_counter()
-        process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
-                                   env=environment(env))
+        process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=out, stderr=err, env=environment(env))
         _, status, usage = os.wait4(process.pid, 0)
         seconds = time.perf_counter() - started
         process.returncode = os.waitstatus_to_exitcode(status)
+        out.seek(0)
         err.seek(0)
-        stderr = err.read().decode("utf-8", errors="replace")
+        stdout, stderr = (f.read().decode("utf-8", errors="replace") for f in (out, err))
     if process.returncode:
         tail = " | ".join(line for line in stderr.splitlines() if line.strip())[-600:]
         raise UserError(f"`{shown(command)}` ended with exit code {process.returncode}: {tail}")
-    return Timed(seconds, usage.ru_maxrss / 1024, stderr)  # KiB on Linux
+    return Timed(seconds, usage.ru_maxrss / 1024, stdout)  # KiB on Linux
 
 
 def nerkit_command(*args: str) -> list[str]:
@@ -116,12 +116,21 @@ def save(out: Path, record: dict) -> str:
 # The columns of each kind's table: (heading, figure, digits).
 COLUMNS = {
     "predict": [("chars/s", "chars_per_s", 0), ("wall s", "seconds", 2), ("peak RSS MiB", "peak_rss_mib", 0)],
-    "export": [("export s", "seconds", 2), ("size MiB", "size_mib", 2), ("peak RSS MiB", "peak_rss_mib", 0)],
+    "export": [("export s", "seconds", 2), ("size MiB", "size_mib", 2), ("peak RSS MiB", "peak_rss_mib", 0),
+               ("model F1", "model_f1", 2), ("export F1", "export_f1", 2), ("model eval s", "model_eval_s", 2),
+               ("export eval s", "export_eval_s", 2), ("export eval RSS MiB", "export_eval_rss_mib", 0)],
     "serve": [("requests/s", "requests_per_s", 1), ("chars/s", "chars_per_s", 0), ("p50 ms", "p50_ms", 1),
               ("p95 ms", "p95_ms", 1)],
 }
 SETTINGS = {"predict": ("runtime", "workers", "threads", "env"), "export": ("format", "int8"),
             "serve": ("requests", "concurrency", "seconds", "threads", "workers")}
+
+
+def _cell(value) -> str:
+    """A setting in a table cell: an env mapping as KEY=VALUE words (KEY= where it is unset)."""
+    if isinstance(value, dict):
+        return " ".join(f"{k}={v or ''}" for k, v in value.items()) or "–"
+    return "–" if value is None else str(value)
 
 
 def render_speed(records: list[dict]) -> str:
@@ -135,7 +144,7 @@ def render_speed(records: list[dict]) -> str:
         lines += [f"## nerkit {kind}", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
         for r in mine:
             commit = r["git_commit"][:10] + ("-dirty" if r.get("git_dirty") else "")
-            cells = [r["name"], r["model"], *(str(r.get(s)) for s in SETTINGS[kind]), str(len(r["rounds"])),
+            cells = [r["name"], r["model"], *(_cell(r.get(s)) for s in SETTINGS[kind]), str(len(r["rounds"])),
                      *(spread_text(r["spread"].get(key), digits) for _, key, digits in columns), commit, r["date"][:10]]
             lines.append("| " + " | ".join(cells) + " |")
         lines.append("")
@@ -201,15 +210,29 @@ def directory_mib(path: Path) -> float:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) / 2**20
 
 
-def bench_export(model: Path, out: Path, fmt: str, quantize: str | None, rounds: int,
+def evaluated(model: Path, data: Path, prefix: str) -> dict:
+    """A whole `nerkit eval --json` process of `model` on the gold file `data`: its F1 (%), wall
+    seconds and peak RSS, under names starting with `prefix`."""
+    import json
+
+    timed = time_process(nerkit_command("eval", "--model", str(model), "--data", str(data), "--json"), {})
+    f1 = json.loads(timed.stdout.strip().splitlines()[-1])["f1"]
+    return {f"{prefix}_f1": 100 * f1, f"{prefix}_eval_s": timed.seconds, f"{prefix}_eval_rss_mib": timed.peak_rss_mib}
+
+
+def bench_export(model: Path, out: Path, fmt: str, quantize: str | None, rounds: int, data: Path | None = None,
                  name: str | None = None) -> tuple[str, dict]:
     """Time `rounds` whole `nerkit export` processes, each into a fresh temporary directory: the
-    export's seconds, its size on disk and the process's peak RSS; the record and the table."""
+    export's seconds, its size on disk and the process's peak RSS; with `data` (a gold file), also a
+    whole `nerkit eval` process of the model and of its export each round (F1, seconds, peak RSS).
+    The record and the table."""
     if rounds < 1:
         raise UserError(f"--rounds must be at least 1, not {rounds}")
     if not model.is_dir():
         raise UserError("model directory not found", where=str(model))
-    prepare_out(out, model)
+    if data is not None and not data.is_file():
+        raise UserError("gold file not found", where=str(data))
+    prepare_out(out, model, *([data] if data else []))
     figures = []
     for number in range(1, rounds + 1):
         with tempfile.TemporaryDirectory(prefix="nerkit-bench-export-") as tmp:
@@ -219,7 +242,10 @@ def bench_export(model: Path, out: Path, fmt: str, quantize: str | None, rounds:
             timed = time_process(command, {})
             figures.append({"round": number, "seconds": timed.seconds, "size_mib": directory_mib(target),
                             "peak_rss_mib": timed.peak_rss_mib})
-    settings = {"model": str(model), "format": fmt, "int8": quantize == "int8", "quantize": quantize}
+            if data is not None:
+                figures[-1].update({**evaluated(model, data, "model"), **evaluated(target, data, "export")})
+    settings = {"model": str(model), "format": fmt, "int8": quantize == "int8", "quantize": quantize,
+                "data": str(data) if data else None, "model_mib": directory_mib(model)}
     name = name or f"export_{model.name}_{fmt}" + (f"_{quantize}" if quantize else "")
     record = summarise("export", name, command, figures, settings)
     return save(out, record), record

@@ -131,8 +131,9 @@ def worker_main(argv: list[str]) -> int:
     except Interrupted as e:  # SIGINT or SIGTERM: the run's checkpoint is saved; say so without a traceback
         print(f"nerkit: {e}", file=sys.stderr)
         return e.exit_code
-    # the matrix's env: as this process found it (a null one: unset, None)
-    result["env"] = {name: os.environ.get(name) for name in spec.get("env", [])}
+    # the variables of the matrix's env: as this process has them (after nerkit's own choices, e.g.
+    # OMP_WAIT_POLICY where the matrix unset it: nerkit/cores.py)
+    result["env_seen"] = {name: os.environ.get(name) for name in spec.get("env", [])}
     atomic_write_text(Path(spec["out"]) / WORKER_RESULT, json.dumps(result, indent=2, ensure_ascii=False) + "\n")
     return 0
 
