@@ -362,7 +362,7 @@ def test_bad_matrix_is_a_user_error(tmp_path):
                                                           "seed": [1]}]})
     result = nerkit("bench", "--matrix", matrix, "--out", tmp_path / "out")
     assert result.returncode == 2, result.stderr
-    assert result.stderr.startswith(f"nerkit: error: {matrix}: ")
+    assert result.stderr.startswith(f"nerkit: error: {matrix}:5: ")  # the line of the key
     assert "'seed'" in result.stderr and "did you mean 'seeds'?" in result.stderr
     assert "Traceback" not in result.stderr and result.stderr.count("\n") == 1
     assert not (tmp_path / "out").exists()
@@ -486,3 +486,144 @@ def test_a_copied_tree_can_name_its_commit(monkeypatch):
     assert info["git_commit"] == "0123abcd" and info["git_dirty"] is None
     monkeypatch.delenv("NERKIT_GIT_COMMIT")
     assert host_info()["git_commit"] != "0123abcd"
+
+
+# ----------------------------------------------------------------------- env:, nproc:, rounds: and the line of an error
+
+@pytest.mark.parametrize("text, line, words", [
+    ("runs:\n  - name: a\n    dataset: d\n    config: c.yaml\n    nprc: 2\n", 5, ["unknown key 'nprc'", "'nproc'"]),
+    ("runs:\n  - name: a\n    dataset: d\n    config: c.yaml\n    nproc: 0\n", 5, ["runs[0].nproc", "positive"]),
+    ("rounds: two\nruns:\n  - {name: a, dataset: d, config: c.yaml}\n", 1, ["rounds must be a positive integer"]),
+    ("runs:\n  - name: a\n    dataset: d\n    config: c.yaml\n    env:\n      OK: 1\n      BAD NAME: 2\n", 7,
+     ["'BAD NAME'", "not an environment variable name"]),
+    ("env: [A]\nruns:\n  - {name: a, dataset: d, config: c.yaml}\n", 1, ["env must be a mapping"]),
+    ("runs:\n  - {name: a, dataset: d, config: c.yaml}\n  - {name: b, dataset: d, config: c.yaml,\n"
+     "     env: {A: [1]}}\n", 4, ["runs[1].env.A must be a string"]),
+])
+def test_a_bad_env_nproc_or_rounds_names_the_matrix_line(tmp_path, text, line, words):
+    matrix = tmp_path / "matrix.yaml"
+    matrix.write_text(text, encoding="utf-8")
+    with pytest.raises(UserError) as info:
+        load_matrix(matrix)
+    assert info.value.where == f"{matrix}:{line}", info.value
+    assert all(w in str(info.value) for w in words), str(info.value)
+
+
+def test_env_nproc_and_rounds_expand_into_the_runs(tmp_path):
+    matrix = tmp_path / "matrix.yaml"
+    matrix.write_text("rounds: 2\nenv: {A: 1, B: x}\nruns:\n"
+                      "  - {name: a, dataset: d, config: c.yaml, seeds: [1, 2], env: {B: null, C: y}, nproc: 2}\n"
+                      "  - {name: b, dataset: d, config: c.yaml, rounds: 5}\n", encoding="utf-8")
+    a1, a2, b = load_matrix(matrix).runs
+    assert a1.env == a2.env == {"A": "1", "B": None, "C": "y"} and b.env == {"A": "1", "B": "x"}
+    assert (a1.nproc, a1.rounds, b.nproc, b.rounds) == (2, 2, 1, 5)
+    assert [r.rounds for r in load_matrix(matrix, rounds=3).runs] == [3, 3, 3]
+
+
+def test_an_unknown_matrix_key_is_one_line_naming_the_file_and_line(tmp_path):
+    matrix = tmp_path / "matrix.yaml"
+    matrix.write_text("runs:\n  - name: a\n    dataset: d\n    config: c.yaml\n    envs: {A: 1}\n", encoding="utf-8")
+    result = nerkit("bench", "--matrix", matrix, "--out", tmp_path / "out")
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.startswith(f"nerkit: error: {matrix}:5: unknown key 'envs'") and "did you mean 'env'?" in result.stderr
+    assert result.stderr.count("\n") == 1 and not (tmp_path / "out").exists()
+
+
+def assert_spread(record: dict, figure: str, rounds: int = 2) -> None:
+    values = [r[figure] for r in record["rounds"]]
+    spread = record["spread"][figure]
+    assert len(values) == rounds and spread["min"] <= spread["median"] <= spread["max"], record
+    assert (spread["min"], spread["max"]) == (min(values), max(values))
+
+
+@pytest.mark.slow
+def test_env_reaches_the_runs_process_and_rounds_give_min_median_max(tmp_path):
+    config = write_yaml(tmp_path / "tiny.yaml", TINY)
+    matrix = write_yaml(tmp_path / "matrix.yaml", {
+        "rounds": 2, "env": {"NERKIT_BENCH_PROBE": "seen"},
+        "runs": [{"name": "tiny", "dataset": "sample", "config": str(config), "overrides": ["train.max_steps=10"],
+                  "env": {"NERKIT_BENCH_GONE": None}}]})
+    out = tmp_path / "out"
+    result = subprocess.run([sys.executable, "-m", "nerkit", "bench", "--matrix", str(matrix), "--out", str(out)],
+                            cwd=REPO, capture_output=True, text=True, timeout=300,
+                            env={**os.environ, "NERKIT_BENCH_GONE": "here"})
+    assert result.returncode == 0, result.stderr
+    (record,) = read_jsonl(out / "results.jsonl")
+    assert record["env_seen"] == {"NERKIT_BENCH_PROBE": "seen", "NERKIT_BENCH_GONE": None}
+    assert record["env"] == {"NERKIT_BENCH_PROBE": "seen", "NERKIT_BENCH_GONE": None}
+    for figure in ("predict_chars_per_s", "train_chars_per_s"):
+        assert_spread(record, figure)
+    assert [r["round"] for r in record["rounds"]] == [1, 2]
+    table = (out / "RESULTS.md").read_text(encoding="utf-8")
+    assert "Runs measured in several rounds" in table and "| tiny | 2 | 1 |" in table
+
+
+@pytest.mark.slow
+def test_nproc_trains_the_run_on_that_many_processes(tmp_path):
+    config = write_yaml(tmp_path / "tiny.yaml", TINY)
+    matrix = write_yaml(tmp_path / "matrix.yaml", {"runs": [
+        {"name": "pair", "dataset": "sample", "config": str(config), "overrides": ["train.max_steps=6"], "nproc": 2}]})
+    result = nerkit("bench", "--matrix", matrix, "--out", tmp_path / "out")
+    assert result.returncode == 0, result.stderr
+    (record,) = read_jsonl(tmp_path / "out" / "results.jsonl")
+    assert record["status"] == "ok" and record["nproc"] == 2 and record["processes"] == 2, record
+
+
+# ----------------------------------------------------------------------- nerkit bench predict, export, serve
+
+SPEED_KEYS = {"name", "kind", "command", "timed", "model", "git_commit", "git_dirty", "date", "hostname", "cpu",
+              "cpu_count", "rounds", "spread"}
+
+
+def speed_record(out: Path, kind: str) -> dict:
+    (record,) = [r for r in read_jsonl(out / "results.jsonl") if r["kind"] == kind]
+    assert SPEED_KEYS <= set(record), SPEED_KEYS - set(record)
+    assert record["command"].startswith(f"nerkit bench {kind} ") and f"nerkit --quiet {kind} " in record["timed"]
+    assert f"## nerkit {kind}" in (out / "RESULTS.md").read_text(encoding="utf-8")
+    return record
+
+
+@pytest.mark.slow
+def test_bench_predict_times_whole_processes_in_rounds(tiny_model_dir, tmp_path):
+    text = tmp_path / "texts.txt"
+    text.write_text("新华社北京电\n张三在北京大学读书。\n", encoding="utf-8")
+    out = tmp_path / "out"
+    result = nerkit("bench", "predict", "--model", tiny_model_dir, "--text", text, "--rounds", "2", "--threads", "1",
+                    "--env", "OMP_WAIT_POLICY=PASSIVE", "--out", out)
+    assert result.returncode == 0, result.stderr
+    record = speed_record(out, "predict")
+    assert record["chars"] == 16 and record["env"] == {"OMP_WAIT_POLICY": "PASSIVE"} and record["threads"] == 1
+    for figure in ("chars_per_s", "seconds", "peak_rss_mib"):
+        assert_spread(record, figure)
+    assert record["spread"]["peak_rss_mib"]["min"] > 50  # a process that imported torch and loaded a model
+    # a missing text file is one line and exit 2
+    bad = nerkit("bench", "predict", "--model", tiny_model_dir, "--text", tmp_path / "none.txt", "--out", out)
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "text file not found" in bad.stderr
+
+
+@pytest.mark.slow
+def test_bench_export_times_the_export_and_its_size(tiny_model_dir, tmp_path):
+    pytest.importorskip("onnx")
+    out = tmp_path / "out"
+    result = nerkit("bench", "export", "--model", tiny_model_dir, "--rounds", "2", "--out", out)
+    assert result.returncode == 0, result.stderr
+    record = speed_record(out, "export")
+    assert record["int8"] is False and record["format"] == "onnx"
+    for figure in ("seconds", "size_mib", "peak_rss_mib"):
+        assert_spread(record, figure)
+    assert 0 < record["spread"]["size_mib"]["min"]
+
+
+@pytest.mark.slow
+def test_bench_serve_puts_a_bounded_load_on_a_real_server(tiny_model_dir, tmp_path):
+    text = tmp_path / "texts.txt"
+    text.write_text("新华社北京电\n\n张三在北京大学读书。\n", encoding="utf-8")
+    out = tmp_path / "out"
+    result = nerkit("bench", "serve", "--model", tiny_model_dir, "--text", text, "--rounds", "2", "--requests", "12",
+                    "--concurrency", "3", "--seconds", "30", "--threads", "1", "--out", out)
+    assert result.returncode == 0, result.stderr
+    record = speed_record(out, "serve")
+    assert [r["requests_done"] for r in record["rounds"]] == [12, 12] and record["concurrency"] == 3
+    for figure in ("requests_per_s", "chars_per_s", "p50_ms", "p95_ms"):
+        assert_spread(record, figure)
+    assert all(r["p50_ms"] <= r["p95_ms"] <= r["p99_ms"] for r in record["rounds"])

@@ -1,4 +1,5 @@
-"""`nerkit bench`: train and measure every run of a benchmark matrix (nerkit.tools.bench)."""
+"""`nerkit bench`: train and measure every run of a benchmark matrix, or time whole `nerkit predict`,
+`export` and `serve` processes over several rounds (nerkit.tools.bench)."""
 
 from __future__ import annotations
 
@@ -7,15 +8,24 @@ from typing import List, Optional
 
 import typer
 
+from nerkit.cli.export import ExportFormat, Quantize
 from nerkit.cli.options import (
     Device,
+    Runtime,
     flag,
 )
 from nerkit.errors import UserError
 
 
 bench_app = typer.Typer(invoke_without_command=True, help="Train and measure every run of a benchmark matrix "
-                        "(`nerkit bench --matrix FILE`), or simulate the annotation loop (`nerkit bench loop`).")
+                        "(`nerkit bench --matrix FILE`), time whole commands (`nerkit bench predict`, `export`, "
+                        "`serve`), or simulate the annotation loop (`nerkit bench loop`).")
+
+ROUNDS = typer.Option(3, "--rounds", min=1, help="Times the command runs, each a fresh process; the record keeps "
+                      "each round and their min/median/max.")
+SPEED_OUT = typer.Option(..., "--out", "-o", help="Directory for results.jsonl and RESULTS.md (a new one, or one "
+                         "that nerkit bench wrote: the record replaces its name's earlier one).")
+NAME = typer.Option(None, "--name", help="The record's name (default: from the command and its options).")
 
 
 @bench_app.callback()
@@ -34,16 +44,20 @@ def bench(
     set_: List[str] = typer.Option([], "--set", help="Override a config value of every run: --set train.time_budget=900."),
     seeds: Optional[str] = typer.Option(None, "--seeds", help="Comma-separated seeds replacing every entry's, e.g. 1,2."),
     jobs: int = typer.Option(1, "--jobs", "-j", min=1, help="Runs trained at once (each its own process)."),
+    rounds: Optional[int] = typer.Option(None, "--rounds", min=1, help="Times each run is trained and measured, "
+                                         "replacing the matrix's rounds: (speed min/median/max in its record)."),
 ):
     """Train and measure every run of a benchmark matrix, each in its own process; exit 1 if any failed."""
     if ctx.invoked_subcommand is not None:
         return
     if matrix is None:
-        raise UserError("nerkit bench needs --matrix FILE (or a subcommand: loop)", fix="see `nerkit bench --help`")
+        raise UserError("nerkit bench needs --matrix FILE (or a subcommand: predict, export, serve, loop)",
+                        fix="see `nerkit bench --help`")
     from nerkit.tools.bench import parse_seeds, run_bench
 
     table, failed = run_bench(matrix, out, quick=quick, only=only, resume=resume, device=device,
-                              markdown_only=markdown_only, sets=set_, seeds=parse_seeds(seeds), jobs=jobs)
+                              markdown_only=markdown_only, sets=set_, seeds=parse_seeds(seeds), jobs=jobs,
+                              rounds=rounds)
     typer.echo(table, nl=False)
     if failed:
         raise typer.Exit(1)
@@ -77,3 +91,68 @@ def loop(
     options = LoopOptions(start, add, rounds, tuple(parse_seeds(seeds)), chosen, dev_limit)
     records = simulate(config, set_, out, options, resume=resume, device=device)
     typer.echo(summary(records), nl=False)
+
+
+@bench_app.command("predict")
+def predict(
+    model: Path = typer.Option(..., "--model", "-m", help="Model directory (or an ONNX export)."),
+    text: Path = typer.Option(..., "--text", help="Text file, one text a line, e.g. a test set's sentences."),
+    out: Path = SPEED_OUT,
+    runtime: Runtime = typer.Option("auto", "--runtime", help="nerkit predict's --runtime."),
+    workers: int = typer.Option(1, "--workers", min=1, help="nerkit predict's --workers."),
+    threads: int = typer.Option(0, "--threads", min=0, help="nerkit predict's --threads (0 = the cores free)."),
+    batch_size: int = typer.Option(64, "--batch-size", min=1, help="nerkit predict's --batch-size."),
+    device: Device = typer.Option("cpu", "--device", help="nerkit predict's --device."),
+    env: List[str] = typer.Option([], "--env", help="Set a variable in the timed process: --env "
+                                  "OMP_WAIT_POLICY=PASSIVE (KEY= unsets it; repeatable)."),
+    rounds: int = ROUNDS,
+    name: Optional[str] = NAME,
+):
+    """Time whole `nerkit predict` processes (start-up and loading included): chars/s and peak RSS."""
+    from nerkit.tools.bench.speed import PredictOptions, bench_predict, parse_env
+
+    options = PredictOptions(runtime, workers, threads, batch_size, device, parse_env(env))
+    table, _ = bench_predict(model, text, out, options, rounds, name)
+    typer.echo(table, nl=False)
+
+
+@bench_app.command("export")
+def export(
+    model: Path = typer.Option(..., "--model", "-m", help="Model directory written by `nerkit train`."),
+    out: Path = SPEED_OUT,
+    fmt: ExportFormat = typer.Option("onnx", "--format", "-f", help="nerkit export's --format."),
+    quantize: Optional[Quantize] = typer.Option(None, "--quantize", help="nerkit export's --quantize."),
+    data: Optional[Path] = typer.Option(None, "--data", "-d", help="A gold corpus: each round also times a whole "
+                                        "`nerkit eval` of the model and of its export (F1, seconds, peak RSS)."),
+    rounds: int = ROUNDS,
+    name: Optional[str] = NAME,
+):
+    """Time whole `nerkit export` processes: seconds, the export's size and peak RSS (and, with --data,
+    the F1 and evaluation time of the model and of its export)."""
+    from nerkit.tools.bench.speed import bench_export
+
+    table, _ = bench_export(model, out, fmt, quantize, rounds, data, name)
+    typer.echo(table, nl=False)
+
+
+@bench_app.command("serve")
+def serve(
+    model: Path = typer.Option(..., "--model", "-m", help="Model directory (or an ONNX export)."),
+    text: Path = typer.Option(..., "--text", help="Text file: each non-empty line is one request, in turn."),
+    out: Path = SPEED_OUT,
+    requests: int = typer.Option(200, "--requests", min=1, help="Requests of a round, at most."),
+    concurrency: int = typer.Option(8, "--concurrency", min=1, help="Clients sending at once."),
+    seconds: float = typer.Option(20.0, "--seconds", min=0.1, help="Seconds of a round, at most."),
+    threads: int = typer.Option(0, "--threads", min=0, help="nerkit serve's --threads."),
+    workers: int = typer.Option(1, "--workers", min=1, help="nerkit serve's --workers."),
+    server_option: List[str] = typer.Option([], "--server-option", help="Another nerkit serve option, as one "
+                                            "word each: --server-option=--max-wait-ms --server-option=2."),
+    rounds: int = ROUNDS,
+    name: Optional[str] = NAME,
+):
+    """Start `nerkit serve`, then time rounds of a bounded load: latency p50/p95/p99 and throughput."""
+    from nerkit.tools.bench.serve_load import Load, bench_serve
+
+    table, _ = bench_serve(model, text, out, Load(requests, concurrency, seconds), rounds, threads, workers,
+                           server_option, name)
+    typer.echo(table, nl=False)

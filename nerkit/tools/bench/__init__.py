@@ -1,8 +1,9 @@
 """Batch benchmarking (`nerkit bench`): train every run of a matrix file and collect accuracy, speed
 and memory into DIR/results.jsonl and a Markdown table beside the published figures.
 
-`matrix.py` reads the matrix file, `runner.py` runs it (each run in a `worker.py` process) and
-`report.py` writes the table.
+`matrix.py` reads the matrix file, `runner.py` runs it (each run in a `worker.py` process, `rounds:`
+times) and `report.py` writes the table. `speed.py` (`nerkit bench predict`, `export`) and
+`serve_load.py` (`nerkit bench serve`) time whole commands over several rounds.
 """
 
 from nerkit.tools.bench.matrix import (

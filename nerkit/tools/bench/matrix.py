@@ -1,19 +1,21 @@
 """The benchmark matrix file (`configs/bench/*.yaml`) and its published anchors: read and checked as
-strictly as a config, expanded into runs (entry x seed), and selected with `--only`."""
+strictly as a config, expanded into runs (entry x seed), and selected with `--only`. A run may set
+its process's environment (`env:`), its process count (`nproc:`, data-parallel through torchrun)
+and how many times it is measured (`rounds:`)."""
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from nerkit.config import DEVICES, read_yaml
 from nerkit.errors import UserError, did_you_mean
 
-MATRIX_KEYS = ("runs", "quick", "anchors", "predict_batch_size")
+MATRIX_KEYS = ("runs", "quick", "anchors", "predict_batch_size", "env", "rounds")
 
 
-RUN_KEYS = ("name", "config", "dataset", "overrides", "seeds", "quick")
+RUN_KEYS = ("name", "config", "dataset", "overrides", "seeds", "quick", "env", "nproc", "rounds")
 
 
 REQUIRED_RUN_KEYS = ("name", "config", "dataset")
@@ -28,6 +30,9 @@ ANCHOR_KEYS = ("encoder", "test_f1", "model", "paper", "setting", "note")
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")  # a run name is a directory and a file name
 
 
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
 @dataclass
 class MatrixRun:
     name: str  # e.g. msra_bilstm_s1: names the model directory and the log
@@ -36,6 +41,9 @@ class MatrixRun:
     config: str
     overrides: list[str]  # everything applied to the config, in order: entry, quick, seed, device
     seed: int | None
+    env: dict[str, str | None] = field(default_factory=dict)  # set in the run's process; None: unset there
+    nproc: int = 1  # processes training at once (torchrun, as `nerkit train --nproc`)
+    rounds: int = 1  # times the run is trained and measured
 
 
 @dataclass
@@ -46,13 +54,69 @@ class Matrix:
     predict_batch_size: int
 
 
-def _check_keys(values, allowed, where: str, source: Path) -> None:
+def line_of(source: Path, at: tuple) -> str:
+    """`FILE:LINE` of the key (or item) at the path `at` of the YAML file, e.g. ("runs", 1, "nproc");
+    `FILE` alone where the path is not found (the value came from elsewhere)."""
+    import yaml
+
+    try:
+        node = yaml.compose(source.read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError):
+        return str(source)
+    line = None
+    for step in at:
+        if isinstance(node, yaml.MappingNode):
+            found = [(k, v) for k, v in node.value if k.value == step]
+            if not found:
+                return str(source)
+            key, node = found[0]
+            line = key.start_mark.line
+        elif isinstance(node, yaml.SequenceNode) and isinstance(step, int) and step < len(node.value):
+            node = node.value[step]
+            line = node.start_mark.line
+        else:
+            return str(source)
+    return f"{source}:{line + 1}" if line is not None else str(source)
+
+
+def _check_keys(values, allowed, where: str, source: Path, at: tuple | None = None) -> None:
+    """Every key of the mapping `values` is one of `allowed`; `at`: its path in the file, so that an
+    unknown key's error names its line."""
     if not isinstance(values, dict):
         raise UserError(f"{where} must be a mapping", where=str(source))
     for key in values:
         if key not in allowed:
-            raise UserError(f"unknown key {key!r} in {where}", where=str(source),
+            raise UserError(f"unknown key {key!r} in {where}",
+                            where=line_of(source, (*at, key)) if at is not None else str(source),
                             fix=did_you_mean(key, allowed) or f"valid keys: {', '.join(allowed)}")
+
+
+def _count(value, key: str, where: str, source: Path, at: tuple, default: int) -> int:
+    """A positive integer (`nproc:`, `rounds:`), or `default` where it is not given."""
+    if value is None:
+        return default
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise UserError(f"{where}{key} must be a positive integer, not {value!r}", where=line_of(source, at))
+    return value
+
+
+def _env(values, where: str, source: Path, at: tuple) -> dict[str, str | None]:
+    """`env:`, a mapping of environment variable names to values (a number is written as text; null
+    unsets the variable in the run's process)."""
+    if values is None:
+        return {}
+    if not isinstance(values, dict):
+        raise UserError(f"{where}env must be a mapping of variable names to values", where=line_of(source, at))
+    env = {}
+    for name, value in values.items():
+        if not isinstance(name, str) or not ENV_NAME.match(name):
+            raise UserError(f"{where}env: {name!r} is not an environment variable name",
+                            where=line_of(source, (*at, name)), fix="letters, digits and '_', e.g. OMP_NUM_THREADS")
+        if isinstance(value, (dict, list, bool)):
+            raise UserError(f"{where}env.{name} must be a string, a number or null (unset), not {value!r}",
+                            where=line_of(source, (*at, name)))
+        env[name] = None if value is None else str(value)
+    return env
 
 
 def _overrides(values, where: str, source: Path) -> list[str]:
@@ -105,13 +169,17 @@ def parse_seeds(text: str | None) -> list[int] | None:
 
 
 def load_matrix(path: str | Path, quick: bool = False, device: str | None = None, sets: list[str] = (),
-                seeds: list[int] | None = None) -> Matrix:
+                seeds: list[int] | None = None, rounds: int | None = None) -> Matrix:
     """Read and check a matrix file, and expand it into runs (one per seed) with their overrides.
     `sets` (from `--set`) are applied to every run after its own overrides; `seeds` (from `--seeds`)
-    replaces every entry's seeds."""
+    replaces every entry's seeds, `rounds` (from `--rounds`) every entry's rounds."""
     path = Path(path)
     raw = read_yaml(path, "matrix file")
-    _check_keys(raw, MATRIX_KEYS, "the matrix", path)
+    _check_keys(raw, MATRIX_KEYS, "the matrix", path, at=())
+    if rounds is not None and rounds < 1:
+        raise UserError(f"--rounds must be at least 1, not {rounds}")
+    shared_env = _env(raw.get("env"), "", path, ("env",))
+    shared_rounds = _count(raw.get("rounds"), "rounds", "", path, ("rounds",), 1)
     if device is not None and device not in DEVICES:
         raise UserError(f"unknown --device {device!r}", fix=f"use one of {', '.join(DEVICES)}")
     sets = _overrides(list(sets), "--set", Path("the command line"))
@@ -130,7 +198,7 @@ def load_matrix(path: str | Path, quick: bool = False, device: str | None = None
     runs: list[MatrixRun] = []
     for i, entry in enumerate(entries):
         where = f"runs[{i}]"
-        _check_keys(entry, RUN_KEYS, where, path)
+        _check_keys(entry, RUN_KEYS, where, path, at=("runs", i))
         for key in REQUIRED_RUN_KEYS:
             if not isinstance(entry.get(key), str) or not entry[key]:
                 raise UserError(f"{where} needs {key}: (a string)", where=str(path))
@@ -148,11 +216,15 @@ def load_matrix(path: str | Path, quick: bool = False, device: str | None = None
                 or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in run_seeds)):
             raise UserError(f"{where}.seeds must be a non-empty list of distinct non-negative integers",
                             where=str(path))
+        env = {**shared_env, **_env(entry.get("env"), f"{where}.", path, ("runs", i, "env"))}
+        nproc = _count(entry.get("nproc"), "nproc", f"{where}.", path, ("runs", i, "nproc"), 1)
+        times = rounds or _count(entry.get("rounds"), "rounds", f"{where}.", path, ("runs", i, "rounds"), shared_rounds)
         for seed in run_seeds or [None]:
             name = group if seed is None else f"{group}_s{seed}"
             extra = [] if seed is None else [f"train.seed={seed}"]
             extra += [] if device is None else [f"train.device={device}"]
-            runs.append(MatrixRun(name, group, entry["dataset"], entry["config"], overrides + sets + extra, seed))
+            runs.append(MatrixRun(name, group, entry["dataset"], entry["config"], overrides + sets + extra, seed,
+                                  env, nproc, times))
     names = [r.name for r in runs]
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:

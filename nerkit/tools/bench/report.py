@@ -12,6 +12,20 @@ def short_error(error: str) -> str:
     return lines[0] if len(lines) == 1 else f"{lines[0]}: {lines[-1]}"
 
 
+def spread(values: list[float | None]) -> dict | None:
+    """min, median and max of a figure over rounds (None where a round lacks it)."""
+    if not values or any(v is None for v in values):
+        return None
+    return {"min": min(values), "median": statistics.median(values), "max": max(values)}
+
+
+def spread_text(figure: dict | None, digits: int = 0) -> str:
+    """`min / median / max` of a `spread`, or – ."""
+    if not figure:
+        return "–"
+    return " / ".join(f"{figure[k]:,.{digits}f}" for k in ("min", "median", "max"))
+
+
 def _mean_std(values: list[float], scale: float = 100.0) -> str:
     mean = statistics.fmean(values) * scale
     if len(values) > 1:
@@ -50,7 +64,7 @@ def render_markdown(records: list[dict], anchors: dict, title: str = "nerkit ben
     for group, runs in groups.items():
         if any(r.get("status") == "ok" for r in runs):
             lines.append("| " + " | ".join(_row(group, runs, anchors, gpu)) + " |")
-    lines += _notes(ok) + _sources(ok, anchors)
+    lines += _rounds(ok) + _notes(ok) + _sources(ok, anchors)
     failed = [r for r in records if r.get("status") != "ok"]
     if failed:
         lines += ["", "Failed runs (the full error is in results.jsonl and logs/NAME.log):"]
@@ -120,6 +134,22 @@ def _row(group: str, runs: list[dict], anchors: dict, gpu: bool) -> list[str]:
     ] + ([f"{max(r.get('peak_cuda_mib') or 0 for r in good):,.0f}"] if gpu else []) + [
         f"{statistics.fmean(r['wall_s'] for r in good):,.0f}",
     ]
+
+
+def _rounds(ok: list[dict]) -> list[str]:
+    """The speed of each run measured in several rounds (`rounds:`): min / median / max, then each round."""
+    repeated = [r for r in ok if r.get("rounds")]
+    if not repeated:
+        return []
+    lines = ["", "Runs measured in several rounds (each trained and timed again; the table above shows the last):", "",
+             "| Run | Rounds | Processes | Train chars/s steady (min / median / max) | Predict chars/s (min / median / max) "
+             "| Train chars/s steady, each round |", "|---|---:|---:|---|---|---|"]
+    for r in repeated:
+        each = ", ".join(f"{f['train_chars_per_s_steady']:,.0f}" for f in r["rounds"])
+        lines.append(f"| {r['name']} | {len(r['rounds'])} | {r.get('nproc') or 1} | "
+                     f"{spread_text(r['spread'].get('train_chars_per_s_steady'))} | "
+                     f"{spread_text(r['spread'].get('predict_chars_per_s'))} | {each} |")
+    return lines
 
 
 def _notes(ok: list[dict]) -> list[str]:

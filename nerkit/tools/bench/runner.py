@@ -22,7 +22,7 @@ from nerkit.config import load_config, run_differences
 from nerkit.errors import UserError, killed_by
 from nerkit.files import CHECKPOINT, atomic_write_text, check_output_directory, read_json_lines
 from nerkit.tools.bench.matrix import MatrixRun, load_matrix, select_runs
-from nerkit.tools.bench.report import render_markdown, short_error
+from nerkit.tools.bench.report import render_markdown, short_error, spread
 from nerkit.version import __version__
 
 RESULTS = "results.jsonl"
@@ -116,6 +116,17 @@ def worker_env(jobs: int) -> dict:
     return env
 
 
+def run_env(jobs: int, env: dict[str, str | None]) -> dict:
+    """A run's worker environment: `worker_env`, then the matrix's `env:` (None unsets a variable)."""
+    merged = worker_env(jobs)
+    for name, value in env.items():
+        if value is None:
+            merged.pop(name, None)
+        else:
+            merged[name] = value
+    return merged
+
+
 def continuation(run: MatrixRun, run_dir: Path) -> tuple[bool, str]:
     """Whether `run` can go on from the checkpoint in its model directory: there is one, and the
     config the matrix gives the run now differs from the one saved there only in what
@@ -138,7 +149,8 @@ def execute(run: MatrixRun, out: Path, predict_batch_size: int, base: dict, prev
     run_dir, log_path = out / "runs" / run.name, out / "logs" / f"{run.name}.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
     record = {"name": run.name, "run": run.group, "dataset": run.dataset, "seed": run.seed, "config": run.config,
-              "overrides": run.overrides, **base, "date": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+              "overrides": run.overrides, "nproc": run.nproc, "env": run.env, **base,
+              "date": datetime.now(timezone.utc).isoformat(timespec="seconds")}
     if not Path(run.config).is_file():
         error = f"config file not found: {run.config}"
         log_path.write_text(error + "\n", encoding="utf-8")
@@ -147,7 +159,7 @@ def execute(run: MatrixRun, out: Path, predict_batch_size: int, base: dict, prev
     result_path.unlink(missing_ok=True)  # a stale result must not pass for this run's
     resume = previous is not None
     spec = {"config": run.config, "overrides": run.overrides, "out": str(run_dir),
-            "predict_batch_size": predict_batch_size, "resume": resume}
+            "predict_batch_size": predict_batch_size, "resume": resume, "nproc": run.nproc, "env": sorted(run.env)}
     commits = record_session(log_path.with_suffix(".sessions.jsonl"), record, previous)
     if not resume and log_path.is_file():  # the log of the run this one starts over keeps its own file
         log_path.replace(log_path.with_suffix(".previous.log"))
@@ -158,7 +170,7 @@ def execute(run: MatrixRun, out: Path, predict_batch_size: int, base: dict, prev
             log_file.flush()
         proc = subprocess.run([sys.executable, "-m", "nerkit.tools.bench.worker", json.dumps(spec)],
                               stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
-                              env=worker_env(base.get("jobs") or 1))
+                              env=run_env(base.get("jobs") or 1, run.env))
     record["wall_s"] = time.perf_counter() - started
     if resume:
         record["wall_s"] += previous.get("wall_s", 0.0)
@@ -177,6 +189,26 @@ def execute(run: MatrixRun, out: Path, predict_batch_size: int, base: dict, prev
         if last_ok:
             failed["last_ok"] = last_ok
     return failed
+
+
+ROUND_FIGURES = ("train_chars_per_s_steady", "train_chars_per_s", "predict_chars_per_s", "wall_s")
+
+
+def execute_rounds(run: MatrixRun, out: Path, predict_batch_size: int, base: dict, previous: dict | None = None) -> dict:
+    """`execute` the run `run.rounds` times over (a run continued from its checkpoint: once); the
+    last round's record, with each round's speed (`rounds`) and their min/median/max (`spread`).
+    A failed round is the run's record."""
+    if run.rounds == 1 or previous is not None:
+        return execute(run, out, predict_batch_size, base, previous)
+    figures, wall = [], 0.0
+    for number in range(1, run.rounds + 1):
+        record = execute(run, out, predict_batch_size, base)
+        if record["status"] != "ok":
+            return {**record, "error": f"round {number} of {run.rounds}: {record['error']}"}
+        figures.append({"round": number, **{k: record.get(k) for k in ROUND_FIGURES}})
+        wall += record["wall_s"]
+    return {**record, "wall_s": wall, "rounds": figures,
+            "spread": {k: spread([f[k] for f in figures]) for k in ROUND_FIGURES if k != "wall_s"}}
 
 
 def record_session(path: Path, record: dict, previous: dict | None) -> list[str]:
@@ -215,14 +247,14 @@ def check_configs(runs: list[MatrixRun]) -> None:
 
 def run_bench(matrix_path: str | Path, out: str | Path | None = None, quick: bool = False, only: list[str] = (),
               resume: bool = False, device: str | None = None, markdown_only: bool = False, sets: list[str] = (),
-              seeds: list[int] | None = None, jobs: int = 1) -> tuple[str, int]:
+              seeds: list[int] | None = None, jobs: int = 1, rounds: int | None = None) -> tuple[str, int]:
     """Run the matrix (or, with `markdown_only`, only rebuild the table); returns the Markdown table
     and the number of this matrix's runs that failed. Up to `jobs` runs train at once, each in its
     own process. Each finished run is written to DIR/results.jsonl at once, replacing an earlier
     record of the same name."""
     if jobs < 1:
         raise UserError(f"--jobs must be at least 1, not {jobs}")
-    matrix = load_matrix(matrix_path, quick, device, sets, seeds)
+    matrix = load_matrix(matrix_path, quick, device, sets, seeds, rounds)
     out = Path(out) if out else Path("bench-out") / matrix.path.stem
     runs = select_runs(matrix.runs, list(only))
     if not markdown_only:
@@ -258,7 +290,7 @@ def run_bench(matrix_path: str | Path, out: str | Path | None = None, quick: boo
 
         def one(step: str, run: MatrixRun, previous: dict | None) -> None:
             log.info(f"{step}: running (log: {out / 'logs' / run.name}.log)")
-            record = execute(run, out, matrix.predict_batch_size, base, previous)
+            record = execute_rounds(run, out, matrix.predict_batch_size, base, previous)
             with lock:
                 records[run.name] = record
                 write_results(out, records)

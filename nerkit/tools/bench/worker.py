@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -49,10 +50,26 @@ def pretrained_inputs(config) -> dict:
     return found
 
 
-def measure(config_path: str, overrides: list[str], out: str, predict_batch_size: int, resume: bool = False) -> dict:
-    """Train one run through `train()` (from its checkpoint in `out` with `resume`), then load the
-    saved model, score dev and test once through the one evaluation path, whose prediction time is
-    the record's speed. Returns the figures of a results.jsonl record."""
+def train_processes(config_path: str, overrides: list[str], out: str, resume: bool, nproc: int) -> dict:
+    """Train as `nerkit train --nproc N` does (torchrun starting N processes of `python -m nerkit
+    train`); rank 0's metrics.json."""
+    from nerkit.training.distributed import launch
+
+    command = ["--quiet", "train"] + (["--resume", out] if resume else ["--config", config_path, "--out", out, "--force"])
+    for override in overrides:
+        command += ["--set", override]
+    code = launch(nproc, command, out)
+    if code:
+        raise UserError(f"training on {nproc} processes ended with exit code {code} (its error is above)")
+    return json.loads((Path(out) / "metrics.json").read_text(encoding="utf-8"))
+
+
+def measure(config_path: str, overrides: list[str], out: str, predict_batch_size: int, resume: bool = False,
+            nproc: int = 1) -> dict:
+    """Train one run through `train()` (from its checkpoint in `out` with `resume`; on `nproc`
+    processes through torchrun), then load the saved model, score dev and test once through the one
+    evaluation path, whose prediction time is the record's speed. Returns the figures of a
+    results.jsonl record."""
     import resource
 
     import torch
@@ -64,7 +81,10 @@ def measure(config_path: str, overrides: list[str], out: str, predict_batch_size
     config = load_config(config_path, overrides)
     digest = config_sha256(config)
     splits = read_splits(config)  # read once: training selects on its dev split, and it is scored below
-    metrics = train(config, out=out, force=not resume, resume=resume, progress_bar=False, splits=splits)
+    if nproc > 1:
+        metrics = train_processes(config_path, overrides, out, resume, nproc)
+    else:
+        metrics = train(config, out=out, force=not resume, resume=resume, progress_bar=False, splits=splits)
     pipe = Pipeline.load(out, device=metrics["device"])
     dev = pipe.evaluation(splits.dev, config.train.eval_batch_size).metrics
     timed = splits.test if splits.test is not None else splits.dev
@@ -77,6 +97,7 @@ def measure(config_path: str, overrides: list[str], out: str, predict_batch_size
         "test": timing.metrics if splits.test is not None else None, "dev": dev, "epochs": metrics["epochs"],
         "best_epoch": metrics["best_epoch"], "steps": metrics["steps"], "stopped": metrics["stopped"],
         "partial_epoch": metrics["partial_epoch"], "parameters": metrics["parameters"],
+        "processes": metrics.get("processes", 1),
         "train_chars_per_s": metrics["train_chars_per_s"],
         "train_chars_per_s_steady": metrics["train_chars_per_s_steady"], "train_s": metrics["elapsed_s"],
         "predict_chars_per_s": sum(map(len, timed)) / max(timing.seconds, 1e-9),
@@ -103,13 +124,16 @@ def worker_main(argv: list[str]) -> int:
     spec = json.loads(argv[0])
     try:
         result = measure(spec["config"], spec["overrides"], spec["out"], spec["predict_batch_size"],
-                         spec.get("resume", False))
+                         spec.get("resume", False), spec.get("nproc", 1))
     except UserError as e:
         print(f"nerkit: error: {e}", file=sys.stderr)
         return 2
     except Interrupted as e:  # SIGINT or SIGTERM: the run's checkpoint is saved; say so without a traceback
         print(f"nerkit: {e}", file=sys.stderr)
         return e.exit_code
+    # the variables of the matrix's env: as this process has them (after nerkit's own choices, e.g.
+    # OMP_WAIT_POLICY where the matrix unset it: nerkit/cores.py)
+    result["env_seen"] = {name: os.environ.get(name) for name in spec.get("env", [])}
     atomic_write_text(Path(spec["out"]) / WORKER_RESULT, json.dumps(result, indent=2, ensure_ascii=False) + "\n")
     return 0
 

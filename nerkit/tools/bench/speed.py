@@ -1,0 +1,251 @@
+"""Speed of whole commands, in the spirit of `spacy benchmark speed` (`nerkit bench predict`,
+`nerkit bench export`; `serve_load.py` has `nerkit bench serve`): each round times a fresh process of
+the command as a user runs it; the record (each round, min/median/max, the command, commit, date and
+machine) goes to OUT/results.jsonl, replacing an earlier record of its name, and OUT/RESULTS.md."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+from nerkit.errors import UserError
+from nerkit.files import atomic_write_text, check_output_directory
+from nerkit.tools.bench.report import spread, spread_text
+from nerkit.tools.bench.runner import TABLE, host_info, is_bench_dir, read_results, write_results
+
+ERROR_LINES = 5  # of a failed command's stderr, in its error
+
+
+@dataclass
+class Timed:
+    """One round: the process's wall seconds, its peak resident memory (MiB, its children's
+    included as the kernel counts them) and what it wrote on stderr."""
+    seconds: float
+    peak_rss_mib: float
+    stdout: str
+
+
+def invocation() -> str:
+    """The `nerkit ...` command line of this process, as a record names it."""
+    return shlex.join(["nerkit", *sys.argv[1:]])
+
+
+def shown(command: list[str]) -> str:
+    """A `python -m nerkit` command line as a user types it: `nerkit ...`."""
+    if command[:3] == [sys.executable, "-m", "nerkit"]:
+        command = ["nerkit", *command[3:]]
+    return shlex.join(command)
+
+
+def parse_env(items: list[str]) -> dict[str, str | None]:
+    """`--env KEY=VALUE` options (`KEY=`: unset KEY in the timed process)."""
+    env = {}
+    for item in items:
+        name, equals, value = item.partition("=")
+        if not equals or not name:
+            raise UserError(f"--env {item!r} is not KEY=VALUE", fix="e.g. --env OMP_WAIT_POLICY=PASSIVE "
+                            "(KEY= unsets it)")
+        env[name] = value or None
+    return env
+
+
+def environment(env: dict[str, str | None]) -> dict:
+    """This process's environment with `env` applied (None unsets a variable)."""
+    merged = dict(os.environ)
+    for name, value in env.items():
+        if value is None:
+            merged.pop(name, None)
+        else:
+            merged[name] = value
+    return merged
+
+
+def time_process(command: list[str], env: dict[str, str | None]) -> Timed:
+    """Run `command` to its end; a failure is a UserError with the end of its stderr."""
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        started = time.perf_counter()
+        process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=out, stderr=err, env=environment(env))
+        _, status, usage = os.wait4(process.pid, 0)
+        seconds = time.perf_counter() - started
+        process.returncode = os.waitstatus_to_exitcode(status)
+        out.seek(0)
+        err.seek(0)
+        stdout, stderr = (f.read().decode("utf-8", errors="replace") for f in (out, err))
+    if process.returncode:
+        tail = " | ".join(line for line in stderr.splitlines() if line.strip())[-600:]
+        raise UserError(f"`{shown(command)}` ended with exit code {process.returncode}: {tail}")
+    return Timed(seconds, usage.ru_maxrss / 1024, stdout)  # KiB on Linux
+
+
+def nerkit_command(*args: str) -> list[str]:
+    return [sys.executable, "-m", "nerkit", "--quiet", *args]
+
+
+def summarise(kind: str, name: str, command: list[str], rounds: list[dict], settings: dict) -> dict:
+    """A speed record: what ran and where, each round's figures and their min/median/max."""
+    figures = [k for k, v in rounds[0].items() if k != "round" and isinstance(v, (int, float))]
+    return {"name": name, "kind": kind, "command": invocation(), "timed": shown(command), **settings,
+            **host_info(), "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "rounds": rounds, "spread": {k: spread([r[k] for r in rounds]) for k in figures}}
+
+
+def prepare_out(out: Path, *inputs: Path) -> None:
+    """OUT holds only speed records (a new directory, or one this command wrote)."""
+    check_output_directory(out, True, own=is_bench_dir, inputs=inputs, what="a benchmark's directory")
+    out.mkdir(parents=True, exist_ok=True)
+
+
+def save(out: Path, record: dict) -> str:
+    """Add `record` to OUT/results.jsonl (replacing its name's earlier one), rewrite OUT/RESULTS.md;
+    returns the table."""
+    records = read_results(out)
+    records[record["name"]] = record
+    write_results(out, records)
+    table = render_speed(list(records.values()))
+    atomic_write_text(out / TABLE, table)
+    return table
+
+
+# The columns of each kind's table: (heading, figure, digits).
+COLUMNS = {
+    "predict": [("chars/s", "chars_per_s", 0), ("wall s", "seconds", 2), ("peak RSS MiB", "peak_rss_mib", 0)],
+    "export": [("export s", "seconds", 2), ("size MiB", "size_mib", 2), ("peak RSS MiB", "peak_rss_mib", 0),
+               ("model F1", "model_f1", 2), ("export F1", "export_f1", 2), ("model eval s", "model_eval_s", 2),
+               ("export eval s", "export_eval_s", 2), ("export eval RSS MiB", "export_eval_rss_mib", 0)],
+    "serve": [("requests/s", "requests_per_s", 1), ("chars/s", "chars_per_s", 0), ("p50 ms", "p50_ms", 1),
+              ("p95 ms", "p95_ms", 1)],
+}
+SETTINGS = {"predict": ("runtime", "workers", "threads", "env"), "export": ("format", "int8"),
+            "serve": ("requests", "concurrency", "seconds", "threads", "workers")}
+
+
+def _cell(value) -> str:
+    """A setting in a table cell: an env mapping as KEY=VALUE words (KEY= where it is unset)."""
+    if isinstance(value, dict):
+        return " ".join(f"{k}={v or ''}" for k, v in value.items()) or "–"
+    return "–" if value is None else str(value)
+
+
+def render_speed(records: list[dict]) -> str:
+    """One table per kind of command: each figure as min / median / max over the rounds."""
+    lines = ["# nerkit speed benchmarks", ""]
+    for kind, columns in COLUMNS.items():
+        mine = [r for r in records if r.get("kind") == kind]
+        if not mine:
+            continue
+        header = ["Name", "Model", *SETTINGS[kind], "Rounds", *(c[0] for c in columns), "Commit", "Date"]
+        lines += [f"## nerkit {kind}", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+        for r in mine:
+            commit = r["git_commit"][:10] + ("-dirty" if r.get("git_dirty") else "")
+            cells = [r["name"], r["model"], *(_cell(r.get(s)) for s in SETTINGS[kind]), str(len(r["rounds"])),
+                     *(spread_text(r["spread"].get(key), digits) for _, key, digits in columns), commit, r["date"][:10]]
+            lines.append("| " + " | ".join(cells) + " |")
+        lines.append("")
+    machines = sorted({f"{r['hostname']} ({r['cpu']}, {r['cpu_count']} cores)" for r in records})
+    lines += ["Figures: min / median / max over the rounds, each a fresh process (the timed command of each "
+              "record is in results.jsonl). Machines: " + "; ".join(machines) + "."]
+    return "\n".join(lines) + "\n"
+
+
+# ----------------------------------------------------------------------------- nerkit bench predict
+
+
+@dataclass
+class PredictOptions:
+    """The `nerkit predict` options a benchmark passes on."""
+    runtime: str = "auto"
+    workers: int = 1
+    threads: int = 0
+    batch_size: int = 64
+    device: str = "cpu"
+    env: dict[str, str | None] = field(default_factory=dict)
+
+    def arguments(self) -> list[str]:
+        return ["--runtime", self.runtime, "--workers", str(self.workers), "--threads", str(self.threads),
+                "--batch-size", str(self.batch_size), "--device", self.device]
+
+
+def text_chars(text: Path) -> int:
+    """The characters `nerkit predict` reads from a text file, line ends not counted."""
+    if not text.is_file():
+        raise UserError("text file not found", where=str(text))
+    return sum(len(line) for line in text.read_text(encoding="utf-8").splitlines())
+
+
+def bench_predict(model: Path, text: Path, out: Path, options: PredictOptions, rounds: int,
+                  name: str | None = None) -> tuple[str, dict]:
+    """Time `rounds` whole `nerkit predict` processes over `text` (start-up and loading included):
+    chars/s (the text's characters over the wall seconds) and peak RSS; the record and the table."""
+    if rounds < 1:
+        raise UserError(f"--rounds must be at least 1, not {rounds}")
+    if not model.is_dir():
+        raise UserError("model directory not found", where=str(model))
+    chars = text_chars(text)
+    prepare_out(out, model, text)
+    command = nerkit_command("predict", "--model", str(model), str(text), "--output", os.devnull, *options.arguments())
+    figures = []
+    for number in range(1, rounds + 1):
+        timed = time_process(command, options.env)
+        figures.append({"round": number, "chars_per_s": chars / timed.seconds, "seconds": timed.seconds,
+                        "peak_rss_mib": timed.peak_rss_mib})
+    settings = {"model": str(model), "text": str(text), "chars": chars, "runtime": options.runtime,
+                "workers": options.workers, "threads": options.threads, "batch_size": options.batch_size,
+                "device": options.device, "env": options.env}
+    name = name or f"predict_{model.name}_{options.runtime}_w{options.workers}_t{options.threads}"
+    record = summarise("predict", name, command, figures, settings)
+    return save(out, record), record
+
+
+# ----------------------------------------------------------------------------- nerkit bench export
+
+
+def directory_mib(path: Path) -> float:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) / 2**20
+
+
+def evaluated(model: Path, data: Path, prefix: str) -> dict:
+    """A whole `nerkit eval --json` process of `model` on the gold file `data`: its F1 (%), wall
+    seconds and peak RSS, under names starting with `prefix`."""
+    import json
+
+    timed = time_process(nerkit_command("eval", "--model", str(model), "--data", str(data), "--json"), {})
+    f1 = json.loads(timed.stdout.strip().splitlines()[-1])["f1"]
+    return {f"{prefix}_f1": 100 * f1, f"{prefix}_eval_s": timed.seconds, f"{prefix}_eval_rss_mib": timed.peak_rss_mib}
+
+
+def bench_export(model: Path, out: Path, fmt: str, quantize: str | None, rounds: int, data: Path | None = None,
+                 name: str | None = None) -> tuple[str, dict]:
+    """Time `rounds` whole `nerkit export` processes, each into a fresh temporary directory: the
+    export's seconds, its size on disk and the process's peak RSS; with `data` (a gold file), also a
+    whole `nerkit eval` process of the model and of its export each round (F1, seconds, peak RSS).
+    The record and the table."""
+    if rounds < 1:
+        raise UserError(f"--rounds must be at least 1, not {rounds}")
+    if not model.is_dir():
+        raise UserError("model directory not found", where=str(model))
+    if data is not None and not data.is_file():
+        raise UserError("gold file not found", where=str(data))
+    prepare_out(out, model, *([data] if data else []))
+    figures = []
+    for number in range(1, rounds + 1):
+        with tempfile.TemporaryDirectory(prefix="nerkit-bench-export-") as tmp:
+            target = Path(tmp) / "export"
+            command = nerkit_command("export", "--model", str(model), "--out", str(target), "--format", fmt,
+                                     *(["--quantize", quantize] if quantize else []))
+            timed = time_process(command, {})
+            figures.append({"round": number, "seconds": timed.seconds, "size_mib": directory_mib(target),
+                            "peak_rss_mib": timed.peak_rss_mib})
+            if data is not None:
+                figures[-1].update({**evaluated(model, data, "model"), **evaluated(target, data, "export")})
+    settings = {"model": str(model), "format": fmt, "int8": quantize == "int8", "quantize": quantize,
+                "data": str(data) if data else None, "model_mib": directory_mib(model)}
+    name = name or f"export_{model.name}_{fmt}" + (f"_{quantize}" if quantize else "")
+    record = summarise("export", name, command, figures, settings)
+    return save(out, record), record
