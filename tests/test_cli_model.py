@@ -3,7 +3,6 @@ three formats, stdin, pipes, --output, blank lines, input order) and their exit 
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import re
@@ -14,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from helpers import parse_jsonl, run_cli
 
 from nerkit.data.tags import Span, tags_to_spans
 from nerkit.inference.model_dir import MODEL_FILES
@@ -31,20 +31,6 @@ TEXTS = [
     "",
     "新华社的记者王芳报道了这件事。",
 ]
-
-
-def run_cli(monkeypatch, capfd, *args: str, stdin: bytes | None = None) -> tuple[int, str, str]:
-    """Run `nerkit ARGS` in this process through the real entry point (`main`, which maps a
-    UserError to exit code 2); returns (exit code, stdout, stderr)."""
-    from nerkit.cli.app import main
-
-    monkeypatch.setattr(sys, "argv", ["nerkit", *args])
-    if stdin is not None:
-        monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(stdin), encoding="utf-8"))
-    with pytest.raises(SystemExit) as info:
-        main()
-    out, err = capfd.readouterr()
-    return info.value.code or 0, out, err
 
 
 @pytest.fixture
@@ -164,10 +150,6 @@ def test_train_refuses_a_non_empty_output_directory(tmp_path, monkeypatch, capfd
 
 
 # ---------------------------------------------------------------------------------------- predict
-
-
-def parse_jsonl(text: str) -> list[dict]:
-    return [json.loads(line) for line in text.split("\n") if line]  # not splitlines(): U+2028 is in a text
 
 
 def parse_conll(text: str) -> list[list[tuple[str, str]]]:

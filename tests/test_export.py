@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import TINY_DEV, tiny_raw_config
+from helpers import TINY_DEV, serving, tiny_raw_config, write_lm
 
 pytest.importorskip("onnxruntime")
 pytest.importorskip("onnxscript")
@@ -97,8 +97,6 @@ def exported(tmp_path_factory):
                 overrides.append(f"lexicon.source={root / 'words.txt'}")
             if case == "lm":
                 pytest.importorskip("transformers")
-                from test_lm import write_lm
-
                 overrides.append(f"embeddings.lm.path={write_lm(root / 'tiny-lm')}")
             pipe = scrambled(build_config(tiny_raw_config(), "<tiny config>", overrides))
             pipe.save(root / "model")
@@ -133,7 +131,6 @@ def test_a_bf16_language_model_exports_and_matches_its_float32_run(tmp_path):
     export's own check compares it with the PyTorch model run in float32 too (against the bf16 run it
     differed by 5e-2 on a trained MSRA model and the export stopped), leaving the model's setting as it was."""
     pytest.importorskip("transformers")
-    from test_lm import write_lm
 
     overrides = [*CASES["lm"], f"embeddings.lm.path={write_lm(tmp_path / 'tiny-lm')}", "embeddings.lm.bf16=true"]
     scrambled(build_config(tiny_raw_config(), "<tiny config>", overrides)).save(tmp_path / "model")
@@ -406,8 +403,6 @@ def test_a_language_models_licence_reaches_the_model_directory_its_card_its_expo
     and the server's /info say it too."""
     pytest.importorskip("transformers")
     import httpx
-    from test_lm import write_lm
-    from test_serve import serving
 
     from nerkit.training.loop import train
 

@@ -15,7 +15,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import REPO, TINY_DEV
+from helpers import LAC_CHARS as CHARS
+from helpers import LAC_TAGS as TAGS
+from helpers import REPO, TINY_DEV, small_lac_config, small_tagger, small_vocab
 
 import nerkit.pretrained.paddle
 from nerkit.data.corpus import read_corpus
@@ -23,38 +25,13 @@ from nerkit.data.tags import Span
 from nerkit.errors import UserError
 from nerkit.inference.evaluate import score
 from nerkit.pretrained.cache import cached_features
-from nerkit.pretrained.lac import (
-    LACConfig,
-    LACEmbedder,
-    LACTagger,
-    LACVocab,
-    lac_spans,
-    tag_sentences,
-)
+from nerkit.pretrained.lac import LACEmbedder, lac_spans, tag_sentences
 from nerkit.pretrained.lac_files import export_lac, load_tagger, write_directory
 from nerkit.pretrained.loading import load_lm, load_saved_lm, save_lm
-from nerkit.pretrained.paddle import paddle_shapes, paddle_state, read_jieba_lac
+from nerkit.pretrained.paddle import read_jieba_lac
 
-SMALL = LACConfig(vocab_size=40, embedding_dim=4, hidden_size=4, num_layers=2, num_tags=3)
-CHARS = list("张三在北京大学读书李明去了上海中国人民银行的是") + ["Ａ", "a", "。", ".", "OOV"]
-TAGS = ["PER-B", "PER-I", "O"]
+SMALL = small_lac_config()
 TEXT = "张三在北京大学读书，李明去了上海。"
-
-
-def random_paddle_tensors(config: LACConfig, seed: int = 0) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    return {name: rng.normal(0, 0.7, shape).astype(np.float32) for name, shape in paddle_shapes(config).items()}
-
-
-def small_tagger(seed: int = 0) -> tuple[LACTagger, dict[str, np.ndarray]]:
-    tensors = random_paddle_tensors(SMALL, seed)
-    tagger = LACTagger(SMALL)
-    tagger.load_state_dict(paddle_state(tensors, SMALL))
-    return tagger.eval(), tensors
-
-
-def small_vocab(fold: bool = True) -> LACVocab:
-    return LACVocab({c: i for i, c in enumerate(CHARS)}, fold=fold)
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import TINY_TRAIN, tiny_raw_config
+from helpers import TINY_TRAIN, tiny_raw_config
 
 
 def snapshot(root: Path) -> dict[str, bytes]:

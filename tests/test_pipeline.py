@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import FIXTURES, build_pipeline
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from safetensors.torch import load_file, save_file
@@ -22,7 +23,6 @@ from scheme_reference import is_valid_path
 import nerkit.training.loop as train_module
 from nerkit.config import ENCODER_OPTIONS
 from nerkit.data.corpus import read_corpus
-from nerkit.data.splits import Splits
 from nerkit.data.tags import Span
 from nerkit.errors import ModelDirError, UserError
 from nerkit.features.batch import collate, collate_padded
@@ -31,7 +31,6 @@ from nerkit.inference.pipeline import Pipeline
 from nerkit.model.encoders import ENCODERS
 from nerkit.shapes import padded_size
 
-FIXTURES = Path(__file__).resolve().parent / "fixtures"
 PACKAGE = Path(__file__).resolve().parent.parent / "nerkit"
 LATTICE_FREE = sorted(name for name, cls in ENCODERS.items() if not getattr(cls, "uses_lattice", False))
 # Small sizes for whichever of these fields an encoder's Config has.
@@ -41,12 +40,6 @@ TINY_ENCODER = {"hidden_size": 8, "n_heads": 2, "head_dim": 4, "num_layers": 1, 
 def encoder_overrides(name: str) -> list[str]:
     known = {f.name for f in dataclasses.fields(ENCODER_OPTIONS[name])}
     return [f"encoder.name={name}"] + [f"encoder.{k}={v}" for k, v in TINY_ENCODER.items() if k in known]
-
-
-def build_pipeline(config, scheme: str = "bio", seed: int = 0) -> Pipeline:
-    torch.manual_seed(seed)
-    corpus = read_corpus(FIXTURES / "tiny_train.bio")
-    return train_module.build_pipeline(config, Splits(corpus.sentences, [], None, corpus.types, scheme, {}))
 
 
 def scramble(pipe: Pipeline, seed: int = 0, entity_bias: float = 0.0) -> Pipeline:

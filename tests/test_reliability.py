@@ -20,6 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from helpers import run_cli, run_nerkit
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from reliability_report import Section
@@ -54,20 +55,13 @@ def report():
 
 
 def nerkit(*args, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "nerkit", *map(str, args)], cwd=REPO, capture_output=True,
-                          timeout=timeout, env=ENV)
+    return run_nerkit(*args, timeout=timeout, env=ENV, text=False)
 
 
 def nerkit_here(monkeypatch, capfd, *args) -> subprocess.CompletedProcess:
-    """`nerkit ARGS` through the CLI's entry point in this process (no start-up cost): exit code and
-    output as a process would give them."""
-    from nerkit.cli.app import main
-
-    monkeypatch.setattr(sys, "argv", ["nerkit", *map(str, args)])
-    with pytest.raises(SystemExit) as info:
-        main()
-    out, err = capfd.readouterr()
-    return subprocess.CompletedProcess(args, info.value.code or 0, out.encode(), err.encode())
+    """`nerkit ARGS` in this process (no start-up cost): exit code and output as a process gives them."""
+    result = run_cli(monkeypatch, capfd, *args)
+    return subprocess.CompletedProcess(args, result.returncode, result.stdout.encode(), result.stderr.encode())
 
 
 def sets(overrides: list[str]) -> list[str]:

@@ -15,7 +15,7 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
-from conftest import TINY_DEV
+from helpers import TINY_DEV
 
 from nerkit.data.tags import Span
 from nerkit.inference.evaluate import ERROR_KINDS

@@ -32,8 +32,8 @@ pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 httpx = pytest.importorskip("httpx")
 
-from conftest import SERVER_STARTUP as STARTUP  # noqa: E402
-from conftest import Server, serving  # noqa: E402
+from helpers import SERVER_STARTUP as STARTUP  # noqa: E402
+from helpers import Server, serving, tiny_raw_config, write_lm  # noqa: E402
 
 from nerkit.inference.batcher import Batcher, QueueFull  # noqa: E402
 
@@ -311,9 +311,6 @@ def test_a_language_model_is_served_in_small_model_batches(tmp_path):
     """Without --batch-size a model with a language model (one, or a stack) is served in model batches
     of 4 texts, any other in batches of 64; an explicit --batch-size wins."""
     pytest.importorskip("transformers")
-    from conftest import tiny_raw_config
-    from test_lm import write_lm
-
     from nerkit.config import build_config
     from nerkit.inference.server import ServeOptions, default_batch_size
 

@@ -9,7 +9,7 @@ import shutil
 
 import pytest
 import torch
-from conftest import TINY_TRAIN
+from helpers import TINY_TRAIN
 
 import nerkit.training.loop
 from nerkit.config import build_config, load_config

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_cli_model import parse_jsonl, run_cli
+from helpers import build_pipeline, parse_jsonl, run_cli
 
 from nerkit.errors import CorpusError, UserError
 from nerkit.inference.formats import FORMATS
@@ -325,8 +325,6 @@ def test_a_window_the_model_cannot_read_is_one_line_with_or_without_workers(tiny
     """A Transformer with learned positions reads at most encoder.max_positions characters: a larger
     --window is refused once the model loads, in one line and before any input is read, by one
     process as by the workers."""
-    from test_pipeline import build_pipeline
-
     model = tmp_path / "learned"
     build_pipeline(tiny_config("encoder.name=transformer", "encoder.attention=learned", "encoder.max_positions=20",
                                "data.max_len=20", "encoder.n_heads=2", "encoder.head_dim=4")).save(model)
