@@ -18,7 +18,7 @@ transformers = pytest.importorskip("transformers")
 tokenizers = pytest.importorskip("tokenizers")
 
 from helpers import SUBWORD_TEXTS as TEXTS  # noqa: E402
-from helpers import build_model, build_tokenizer, write_subword_lm  # noqa: E402
+from helpers import build_model, build_tokenizer, subword_corpus_text, write_subword_lm  # noqa: E402
 
 from nerkit.pretrained.loading import load_lm, load_saved_lm, save_lm  # noqa: E402
 from nerkit.pretrained.subword import SubwordEmbedder  # noqa: E402
@@ -136,7 +136,7 @@ def test_an_xlnet_directory_with_only_its_sentencepiece_model_reads_and_saves(tm
     sentencepiece library, read through transformers' conversion to a fast tokenizer, aligned by its
     offsets as the reference says; the model directory keeps a tokenizer that reloads without it."""
     spm = pytest.importorskip("sentencepiece")
-    (tmp_path / "corpus.txt").write_text("\n".join(corpus_text()), encoding="utf-8")
+    (tmp_path / "corpus.txt").write_text("\n".join(subword_corpus_text()), encoding="utf-8")
     spm.SentencePieceTrainer.train(input=str(tmp_path / "corpus.txt"), model_prefix=str(tmp_path / "spiece"),
                                    vocab_size=140, model_type="unigram", character_coverage=1.0, pad_id=0,
                                    unk_id=1, bos_id=-1, eos_id=-1, minloglevel=2)
