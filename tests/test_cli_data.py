@@ -16,6 +16,8 @@ from helpers import run_nerkit as nerkit
 from nerkit.data.corpus import read_corpus
 from nerkit.data.tags import Span
 
+pytestmark = pytest.mark.slow  # every test here runs `python -m nerkit`
+
 FIXTURES = Path(__file__).parent / "fixtures"
 THREE_TYPES_SPANS = [[Span(0, 2, "PER"), Span(3, 5, "LOC")], [Span(0, 4, "ORG"), Span(5, 6, "PER")]]
 

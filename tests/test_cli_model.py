@@ -421,6 +421,7 @@ def test_exit_code_2_for_user_errors(tiny_model_dir, texts_file, tmp_path, monke
         assert "Traceback" not in stderr and stdout == ""
 
 
+@pytest.mark.slow
 def test_a_user_error_in_a_real_process_prints_one_line_and_no_traceback(tmp_path, texts_file):
     result = subprocess.run([sys.executable, "-m", "nerkit", "predict", "--model", str(tmp_path / "absent"), str(texts_file)],
                             capture_output=True, text=True, cwd=REPO, timeout=120)
@@ -705,6 +706,7 @@ def test_predict_reads_pipes_and_fd_paths_and_names_a_directory(tiny_model_dir, 
     assert code == 2 and stderr.startswith(f"nerkit: error: {tmp_path}: is a directory"), stderr
 
 
+@pytest.mark.slow
 def test_predict_reads_dev_stdin(tiny_model_dir, texts_file):
     result = subprocess.run([sys.executable, "-m", "nerkit", "predict", "--model", str(tiny_model_dir), "/dev/stdin"],
                             input=texts_file.read_bytes(), capture_output=True, cwd=REPO, timeout=120,
@@ -713,6 +715,7 @@ def test_predict_reads_dev_stdin(tiny_model_dir, texts_file):
     assert [r["text"] for r in parse_jsonl(result.stdout.decode())] == TEXTS
 
 
+@pytest.mark.slow
 def test_predict_into_a_pipe_closed_early_ends_quietly(tiny_model_dir, tmp_path):
     """`nerkit predict FILE | head -1`: the reader has what it wanted; exit 0 and nothing on stderr."""
     source = tmp_path / "many.txt"
@@ -736,6 +739,7 @@ def test_predict_batch_size_must_be_positive(tiny_model_dir, texts_file, monkeyp
     assert "--batch-size" in stderr and "Traceback" not in stderr and stdout == ""
 
 
+@pytest.mark.slow
 def test_progress_is_written_as_lines_when_stderr_is_not_a_terminal(tmp_path, tiny_model_dir, monkeypatch, capfd,
                                                                      tiny_config):
     """Under `nohup ... > log` (stderr a file) a bar is never drawn, and a long run still says how far

@@ -192,6 +192,7 @@ def test_predict_writes_scores_in_every_json_format_and_min_score_filters(tiny_m
         [[(e["start"], e["end"], e["type"]) for e in r["entities"]] for r in records]
 
 
+@pytest.mark.slow
 def test_an_export_gives_the_pytorch_scores_without_torch(tiny_model_dir, tmp_path, nerkit):
     pytest.importorskip("onnxruntime")
     from nerkit.inference.onnx_runtime import OnnxPipeline

@@ -36,6 +36,8 @@ from nerkit.training.distributed import (
     without_nproc,
 )
 
+pytestmark = pytest.mark.slow  # every test here starts torchrun or trains several processes
+
 REPO = Path(__file__).resolve().parent.parent
 # The package's own directory, exactly: a checkout named `nerkit` (a clone's default name) has
 # `/nerkit/` in every path under it, torchrun's own through `<clone>/.venv` included.

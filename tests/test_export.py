@@ -109,6 +109,7 @@ def exported(tmp_path_factory):
 
 # ------------------------------------------------------------------------------------ per encoder
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", list(CASES))
 def test_the_export_gives_the_models_tags_and_emissions(exported, case):
     """One batch of sentences of many lengths (one of a single character): identical tags, emissions
@@ -126,6 +127,7 @@ def test_the_export_gives_the_models_tags_and_emissions(exported, case):
     assert len({json.dumps(r) for r in records}) > 5  # the scrambled model tags its texts in many ways
 
 
+@pytest.mark.slow
 def test_a_bf16_language_model_exports_and_matches_its_float32_run(tmp_path):
     """The shipped LM configs set `embeddings.lm.bf16: true`; the graph runs the LM in float32, and the
     export's own check compares it with the PyTorch model run in float32 too (against the bf16 run it
@@ -245,6 +247,7 @@ def test_lanes_read_batches_at_once_and_give_what_one_thread_gives(exported, tmp
     assert partial[0] == partial[1] == outputs[0]
 
 
+@pytest.mark.slow
 def test_an_exported_model_predicts_without_importing_torch(exported, tmp_path):
     """`nerkit predict`, `nerkit eval` and `nerkit.load` in a fresh process: torch is never imported."""
     onnx_dir = exported("flat")[1]
@@ -263,6 +266,7 @@ def test_an_exported_model_predicts_without_importing_torch(exported, tmp_path):
     assert done.returncode == 0, done.stderr
 
 
+@pytest.mark.slow
 def test_an_export_refuses_another_models_vocabulary(exported, nerkit, tmp_path, capfd):
     """vocab.json from another model's export: `predict` and `serve` exit 2 with one line naming
     vocab.json (nerkit.json's vocab_sha256) and the fix, before the server listens. An export whose
@@ -296,6 +300,7 @@ def test_an_export_refuses_another_models_vocabulary(exported, nerkit, tmp_path,
             nerkit("predict", str(source), "--model", str(ours)).stdout
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", ["tener", "wide_lstm"])
 def test_int8_export_runs_and_keeps_most_tags(case, exported, nerkit, tmp_path):
     """`nerkit export --quantize int8`, through the command line: the LSTMs become ONNX Runtime's
@@ -350,6 +355,7 @@ def test_folding_the_lstm_weights_is_exact(exported):
         assert np.array_equal(original, folded)
 
 
+@pytest.mark.slow
 def test_a_second_export_in_one_process_keeps_the_length_dynamic(exported, tmp_path):
     """torch leaves a dispatch entry behind after an export that made the next LSTM export in the
     same process fix the length to the example's 3 (`trace_emissions` clears it)."""
@@ -396,6 +402,7 @@ def test_runtime_refuses_a_directory_made_for_the_other(exported, nerkit, tmp_pa
 
 # ------------------------------------------------------------------------------------ licences
 
+@pytest.mark.slow
 def test_a_language_models_licence_reaches_the_model_directory_its_card_its_export_and_info(tmp_path):
     """Issue 41: lm/ kept a language model's config, tokenizer and weights but not its terms. Here the
     LM directory's model card says `license: apache-2.0` and a LICENSE file goes with it: a trained

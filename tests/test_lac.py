@@ -174,6 +174,7 @@ def test_the_real_lac_finds_people_places_and_organisations(jieba_lac):
                      [("马云", "NR"), ("阿里巴巴集团", "NT")]]
 
 
+@pytest.mark.slow
 def test_the_real_lac_scores_on_msra_as_a_working_port_does(jieba_lac, data_root):
     """A wrong gate order, weight layout or direction gives F1 near 0 (scripts/lac_msra.py: 73.97 on
     all of MSRA test); the first 300 sentences give 72.3."""
@@ -261,6 +262,7 @@ def test_the_frozen_cache_equals_running_lac_and_any_change_misses(tmp_path, lac
     assert len(list((tmp_path / "cache").iterdir())) == 2
 
 
+@pytest.mark.slow
 def test_a_tiny_training_run_on_the_real_lac_reloads_without_jieba(jieba_lac, tmp_path, tiny_config, monkeypatch):
     """Exported LAC features, fine-tuned and mixed, under a BiLSTM: train -> Pipeline.load, with
     neither the LAC directory nor jieba, predicts the same."""
@@ -329,6 +331,7 @@ def test_a_missing_or_malformed_jieba_file_is_a_user_error(fake_jieba_folder, tm
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
 def test_export_lac_without_jieba_exits_2_with_one_line(tmp_path):
     fake = tmp_path / "site" / "jieba"  # a jieba without lac_small/, found first
     fake.mkdir(parents=True)

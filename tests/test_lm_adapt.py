@@ -113,6 +113,7 @@ def test_whole_word_masking_masks_a_words_characters_together(lm_dir):
             start += len(word)
 
 
+@pytest.mark.slow
 def test_the_command_line(lm_dir, text, tmp_path):
     out = tmp_path / "cli"
     done = subprocess.run([sys.executable, "-m", "nerkit", "lm", "adapt", "--lm", str(lm_dir), "--text", str(text),

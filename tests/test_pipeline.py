@@ -77,6 +77,7 @@ def random_texts(n: int, seed: int, max_len: int = 30) -> list[str]:
 # --------------------------------------------------------------------------------------- the model
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("encoder", ["bilstm", "flat"])
 def test_embedding_init_scales_random_vectors(tiny_config, encoder):
     """`embeddings.init`: `normal` is N(0, 1), `scaled` is U(+-sqrt(3/dim)) (std 1/sqrt(dim)); both
@@ -199,6 +200,7 @@ def test_padded_batches_predict_as_one_at_a_time(tiny_config, encoder, tmp_path)
     assert decoded[len(examples)] == decoded[len(examples) - 1]
 
 
+@pytest.mark.slow
 def test_prediction_batches_come_in_a_few_shapes(tiny_config):
     """Issue 33: memory grew with the input, as a native cache (oneDNN's, under bf16) kept an entry
     for every new batch shape. Texts of every length up to 300 characters, in calls of 1 to 70 texts:
@@ -314,6 +316,7 @@ def test_loading_uses_no_pickle(tiny_model_dir, monkeypatch):
     assert Pipeline.load(tiny_model_dir).predict(["张伟在北京"])
 
 
+@pytest.mark.slow
 def test_package_source_never_unpickles():
     """No pickle module is used, and torch.load appears only as the issue allows it for a third-party
     pytorch_model.bin: with weights_only=True (tensors and plain containers, no code)."""
@@ -499,6 +502,7 @@ def check_entities(text: str, entities: list[dict], types) -> None:
         end = e["end"]
 
 
+@pytest.mark.slow
 @settings(max_examples=150, deadline=None)
 @given(st.lists(st.text(ODD_CHARS, max_size=40), min_size=1, max_size=5))
 def test_predicted_offsets_index_the_original_text(eager_pipeline, texts):
@@ -522,6 +526,7 @@ def test_the_offset_checks_see_entities(eager_pipeline):
 SPACES = [" ", "  ", "\t", "\u3000", "\xa0", "\n", "\u2028", "\u2003"]
 
 
+@pytest.mark.slow
 @settings(max_examples=150, deadline=None)
 @given(st.lists(st.lists(st.one_of(st.sampled_from(list("张三李娜在北京大学读书，。ＡＢ")), st.sampled_from(SPACES)),
                          max_size=50).map("".join), min_size=1, max_size=4))
@@ -682,6 +687,7 @@ def windowed_tags(draw, scheme: str):
     return length, found
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("scheme", ["bio", "bioes", "bmes"])
 @settings(max_examples=300, deadline=None)
 @given(data=st.data())

@@ -172,6 +172,7 @@ def test_a_frozen_lm_runs_once_per_corpus_and_its_cache_equals_running_it(tmp_pa
     assert all(p.requires_grad for p in lm.scalar_mix.parameters())  # the mix still learns
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("override, words", [
     ("embeddings.char_vectors={tmp}/absent.vec", "vector file not found"),
     ("embeddings.char_vectors={tmp}/bad.vec", "bad.vec:2: embeddings.char_vectors: the value 'x' is not a finite number"),

@@ -24,6 +24,8 @@ import pytest
 from helpers import nerkit_command, wait_for_step
 from reliability_report import Section
 
+pytestmark = pytest.mark.slow  # these tests start, interrupt and resume training processes
+
 REPO = Path(__file__).resolve().parent.parent
 DEMO = REPO / "configs" / "demo.yaml"
 SAMPLE = REPO / "data" / "sample"

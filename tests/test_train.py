@@ -193,6 +193,7 @@ LEARNING_FLOOR = 0.40
 
 
 @pytest.mark.slow
+@pytest.mark.slow
 def test_bilstm_learns_msra_from_2000_sentences(data_root, tmp_path, monkeypatch):
     path = data_root / "msra" / "train_dev.char.bmes"
     if not path.is_file():
