@@ -11,7 +11,7 @@ STAMP := $(VENV)/.installed-stamp
 
 export NERKIT_DATA
 
-.PHONY: install fonts browser label-studio demo test gpu-check lm lac vectors pd1998 bench bench-quick benchmarks-doc clean
+.PHONY: install fonts browser label-studio demo test test-fast gpu-check lm lac vectors pd1998 bench bench-quick benchmarks-doc clean
 
 install: $(STAMP)
 
@@ -63,6 +63,11 @@ demo: $(STAMP)
 test: $(STAMP) fonts
 	$(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadfile --ignore=tests/test_distributed.py
 	$(PY) -m pytest -q -p no:cacheprovider tests/test_distributed.py
+
+# The suite without the tests marked slow (those that start processes, servers, torchrun, Label Studio
+# or a browser, or take more than about 2 s): about a minute on 2 idle cores.
+test-fast: $(STAMP) fonts
+	$(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadfile -m "not slow" --ignore=tests/test_distributed.py
 
 # On a machine with CUDA: the tests that need it (named *cuda*: the CRF on the GPU against the CPU, and
 # tests/test_gpu.py's timing of every encoder training in float32, bf16 and fp16 autocast, printed as a

@@ -48,7 +48,7 @@ def main() -> None:
     if args.compare:
         return compare(args.compare, args.out, args.text, args.sentences)
     import torch
-    from conftest import tiny_raw_config
+    from helpers import tiny_raw_config
 
     from nerkit.config import build_config
     from nerkit.tools.plot import plot_attention, plot_curves, plot_positions
@@ -66,7 +66,7 @@ def main() -> None:
                    (plot_attention(model, "张三在北京大学读书。", args.out / "attention.png")[0], 700)]
         chromium = shutil.which("chromium") or shutil.which("chromium-browser")
         if chromium:
-            from conftest import TINY_DEV
+            from helpers import TINY_DEV
 
             from nerkit.tools.report import write_report
 

@@ -1,21 +1,17 @@
-"""Shared test helpers: the benchmark data root and a writer for small files in `tmp_path`."""
+"""The tests' shared fixtures: the benchmark data root, a writer for small files in `tmp_path`, the tiny
+config and model, the command line in this process. Plain helpers are in helpers.py."""
 
 from __future__ import annotations
 
 import os
-import sys
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator, NamedTuple
 
 import pytest
+from helpers import REPO, fixture_lm_vocab, run_cli, tiny_raw_config, write_lm
 
 # Tests run many small nerkit processes side by side: one torch thread each by default, whatever
 # cores each finds free when it starts (nerkit/cores.py); tests of that choice set their own.
 os.environ.setdefault("NERKIT_FREE_CORES", "1")
-
-REPO = Path(__file__).resolve().parent.parent
-FIXTURES = Path(__file__).resolve().parent / "fixtures"
 
 
 @pytest.fixture(scope="session")
@@ -41,20 +37,6 @@ def write_file(tmp_path):
 
 
 # ----------------------------------------------------------------------- tiny models (model tests)
-
-TINY_TRAIN = FIXTURES / "tiny_train.bio"
-TINY_DEV = FIXTURES / "tiny_dev.bio"
-
-
-def tiny_raw_config() -> dict:
-    """A config dict for a model that trains in a second or two on the tiny fixture corpus."""
-    return {
-        "data": {"train": str(TINY_TRAIN), "dev": str(TINY_DEV), "max_len": 250},
-        "embeddings": {"char_dim": 16, "bichar_dim": 8, "dropout": 0.0},
-        "encoder": {"name": "bilstm", "hidden_size": 16},
-        "train": {"epochs": 6, "batch_size": 8, "lr": 0.02, "patience": 0, "seed": 1, "device": "cpu"},
-    }
-
 
 @pytest.fixture(scope="session")
 def tiny_config():
@@ -92,106 +74,25 @@ def tiny_model_dir(tmp_path_factory) -> Path:
     return out
 
 
+@pytest.fixture
+def lm_dir(tmp_path) -> Path:
+    """A tiny random BERT (helpers.write_lm) whose vocabulary has every character of the tiny corpora
+    (test_lm, test_lm_adapt and test_distributed each ask for one of their own)."""
+    pytest.importorskip("transformers")
+    return write_lm(tmp_path / "tiny-lm", vocab=fixture_lm_vocab())
+
+
 # ----------------------------------------------------------------------- the command line in-process
-
-class CliRun(NamedTuple):
-    returncode: int
-    stdout: str
-    stderr: str
-
 
 @pytest.fixture
 def nerkit(monkeypatch, capfd):
-    """`nerkit(*args, check=True)`: the command line through its real entry point (`main`, which
-    maps a UserError to exit code 2), in this process, where a matplotlib warning (a glyph missing
-    from the fonts) is an error."""
-    from nerkit.cli.app import main
+    """`nerkit(*args, check=True)`: the command line through its real entry point (helpers.run_cli), in
+    this process, where a matplotlib warning (a glyph missing from the fonts) is an error."""
 
-    def run(*args: str, check: bool = True) -> CliRun:
-        monkeypatch.setattr(sys, "argv", ["nerkit", *args])
-        with pytest.raises(SystemExit) as info:
-            main()
-        out, err = capfd.readouterr()
-        result = CliRun(info.value.code or 0, out, err)
+    def run(*args: str, check: bool = True):
+        result = run_cli(monkeypatch, capfd, *args)
         if check:
             assert result.returncode == 0, result.stderr
         return result
 
     return run
-
-
-# ----------------------------------------------------------------------- processes that serve on a port
-
-def free_port() -> int:
-    """A TCP port of 127.0.0.1 that nothing listens on now."""
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_until_up(process, url: str, seconds: float, log: Path) -> None:
-    """Poll `url` until it answers 200, failing with the process's log if the process ends first or
-    `seconds` pass: a server started by a test is up before the test talks to it."""
-    import time
-
-    import httpx
-
-    deadline = time.monotonic() + seconds
-    while True:
-        output = log.read_text(encoding="utf-8", errors="replace")[-3000:] if log.exists() else ""
-        assert process.poll() is None, f"{url}: the server ended ({process.returncode}):\n{output}"
-        assert time.monotonic() < deadline, f"no answer from {url} after {seconds} s:\n{output}"
-        try:
-            if httpx.get(url, timeout=2).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.2)
-
-
-def stop(process, seconds: float = 30) -> None:
-    """SIGTERM, then SIGKILL if the process has not ended `seconds` later."""
-    import signal
-    import subprocess
-
-    if process.poll() is None:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(seconds)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-
-
-class Server(NamedTuple):
-    process: object  # subprocess.Popen
-    url: str
-    log: Path
-
-    def output(self) -> str:
-        return self.log.read_text(encoding="utf-8", errors="replace")
-
-
-SERVER_STARTUP = 120  # seconds a server may take to start on a busy machine
-
-
-@contextmanager
-def serving(model_dir: Path, log_dir: Path, *options: str) -> Iterator[Server]:
-    """`python -m nerkit serve` on a free port of 127.0.0.1, ready (its /health answers); SIGTERM,
-    then SIGKILL if it has not ended 30 s later, when the block ends."""
-    import subprocess
-
-    port = free_port()
-    log = log_dir / f"serve-{port}.log"
-    with open(log, "wb") as out:
-        process = subprocess.Popen([sys.executable, "-m", "nerkit", "serve", "--model", str(model_dir),
-                                    "--host", "127.0.0.1", "--port", str(port), "--threads", "1", *options],
-                                   cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
-    server = Server(process, f"http://127.0.0.1:{port}", log)
-    try:
-        wait_until_up(process, f"{server.url}/health", SERVER_STARTUP, log)
-        yield server
-    finally:
-        stop(process)

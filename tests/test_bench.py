@@ -7,12 +7,11 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
+from helpers import run_nerkit as nerkit
 
 from nerkit.errors import UserError
 from nerkit.tools.bench import (
@@ -37,11 +36,6 @@ RECORD_KEYS = {
     "peak_rss_mib", "peak_cuda_mib", "wall_s", "git_commit", "torch_version", "device", "torch_threads",
     "hostname", "cpu", "date", "quick", "pretrained",
 }
-
-
-def nerkit(*args) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "nerkit", *map(str, args)], cwd=REPO, capture_output=True,
-                          text=True, timeout=300, env={**os.environ, "PYTHONWARNINGS": "error"})
 
 
 def write_yaml(path: Path, data) -> Path:

@@ -11,18 +11,15 @@ from pathlib import Path
 
 import pytest
 import yaml
+from helpers import run_nerkit as nerkit
 
 from nerkit.data.corpus import read_corpus
 from nerkit.data.tags import Span
 
+pytestmark = pytest.mark.slow  # every test here runs `python -m nerkit`
+
 FIXTURES = Path(__file__).parent / "fixtures"
-REPO = Path(__file__).resolve().parent.parent
 THREE_TYPES_SPANS = [[Span(0, 2, "PER"), Span(3, 5, "LOC")], [Span(0, 4, "ORG"), Span(5, 6, "PER")]]
-
-
-def nerkit(*args, cwd: Path = REPO) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "nerkit", *map(str, args)], cwd=cwd, capture_output=True,
-                          text=True, timeout=120, env={**os.environ, "PYTHONWARNINGS": "error"})
 
 
 def assert_user_error(result: subprocess.CompletedProcess, where, words: str) -> None:

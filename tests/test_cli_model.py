@@ -3,7 +3,6 @@ three formats, stdin, pipes, --output, blank lines, input order) and their exit 
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import re
@@ -14,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from helpers import parse_jsonl, run_cli
 
 from nerkit.data.tags import Span, tags_to_spans
 from nerkit.inference.model_dir import MODEL_FILES
@@ -31,20 +31,6 @@ TEXTS = [
     "",
     "新华社的记者王芳报道了这件事。",
 ]
-
-
-def run_cli(monkeypatch, capfd, *args: str, stdin: bytes | None = None) -> tuple[int, str, str]:
-    """Run `nerkit ARGS` in this process through the real entry point (`main`, which maps a
-    UserError to exit code 2); returns (exit code, stdout, stderr)."""
-    from nerkit.cli.app import main
-
-    monkeypatch.setattr(sys, "argv", ["nerkit", *args])
-    if stdin is not None:
-        monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(stdin), encoding="utf-8"))
-    with pytest.raises(SystemExit) as info:
-        main()
-    out, err = capfd.readouterr()
-    return info.value.code or 0, out, err
 
 
 @pytest.fixture
@@ -164,10 +150,6 @@ def test_train_refuses_a_non_empty_output_directory(tmp_path, monkeypatch, capfd
 
 
 # ---------------------------------------------------------------------------------------- predict
-
-
-def parse_jsonl(text: str) -> list[dict]:
-    return [json.loads(line) for line in text.split("\n") if line]  # not splitlines(): U+2028 is in a text
 
 
 def parse_conll(text: str) -> list[list[tuple[str, str]]]:
@@ -439,6 +421,7 @@ def test_exit_code_2_for_user_errors(tiny_model_dir, texts_file, tmp_path, monke
         assert "Traceback" not in stderr and stdout == ""
 
 
+@pytest.mark.slow
 def test_a_user_error_in_a_real_process_prints_one_line_and_no_traceback(tmp_path, texts_file):
     result = subprocess.run([sys.executable, "-m", "nerkit", "predict", "--model", str(tmp_path / "absent"), str(texts_file)],
                             capture_output=True, text=True, cwd=REPO, timeout=120)
@@ -723,6 +706,7 @@ def test_predict_reads_pipes_and_fd_paths_and_names_a_directory(tiny_model_dir, 
     assert code == 2 and stderr.startswith(f"nerkit: error: {tmp_path}: is a directory"), stderr
 
 
+@pytest.mark.slow
 def test_predict_reads_dev_stdin(tiny_model_dir, texts_file):
     result = subprocess.run([sys.executable, "-m", "nerkit", "predict", "--model", str(tiny_model_dir), "/dev/stdin"],
                             input=texts_file.read_bytes(), capture_output=True, cwd=REPO, timeout=120,
@@ -731,6 +715,7 @@ def test_predict_reads_dev_stdin(tiny_model_dir, texts_file):
     assert [r["text"] for r in parse_jsonl(result.stdout.decode())] == TEXTS
 
 
+@pytest.mark.slow
 def test_predict_into_a_pipe_closed_early_ends_quietly(tiny_model_dir, tmp_path):
     """`nerkit predict FILE | head -1`: the reader has what it wanted; exit 0 and nothing on stderr."""
     source = tmp_path / "many.txt"
@@ -754,6 +739,7 @@ def test_predict_batch_size_must_be_positive(tiny_model_dir, texts_file, monkeyp
     assert "--batch-size" in stderr and "Traceback" not in stderr and stdout == ""
 
 
+@pytest.mark.slow
 def test_progress_is_written_as_lines_when_stderr_is_not_a_terminal(tmp_path, tiny_model_dir, monkeypatch, capfd,
                                                                      tiny_config):
     """Under `nohup ... > log` (stderr a file) a bar is never drawn, and a long run still says how far

@@ -98,7 +98,7 @@ def test_calibration_by_hand():
 def test_eval_calibration_through_the_command_line(tiny_model_dir, nerkit):
     import json
 
-    from conftest import TINY_DEV
+    from helpers import TINY_DEV
 
     result = nerkit("eval", "--model", str(tiny_model_dir), "--data", str(TINY_DEV), "--json", "--calibration")
     metrics = json.loads(result.stdout)
@@ -113,7 +113,7 @@ def test_calibrate_fits_a_temperature_that_changes_scores_not_tags(tiny_model_di
     import json
     import shutil
 
-    from conftest import TINY_DEV
+    from helpers import TINY_DEV
 
     model = tmp_path / "model"
     shutil.copytree(tiny_model_dir, model)
@@ -192,6 +192,7 @@ def test_predict_writes_scores_in_every_json_format_and_min_score_filters(tiny_m
         [[(e["start"], e["end"], e["type"]) for e in r["entities"]] for r in records]
 
 
+@pytest.mark.slow
 def test_an_export_gives_the_pytorch_scores_without_torch(tiny_model_dir, tmp_path, nerkit):
     pytest.importorskip("onnxruntime")
     from nerkit.inference.onnx_runtime import OnnxPipeline
@@ -220,7 +221,7 @@ def test_data_select_picks_the_least_sure_texts_first(tiny_model_dir, tmp_path, 
     import json
     import math
 
-    from conftest import TINY_DEV
+    from helpers import TINY_DEV
 
     from nerkit.data.corpus import read_corpus
 
@@ -264,7 +265,7 @@ def test_bench_loop_simulates_the_annotation_loop_and_resumes(tmp_path, nerkit):
     import json
 
     import yaml
-    from conftest import TINY_DEV, TINY_TRAIN
+    from helpers import TINY_DEV, TINY_TRAIN
 
     config = tmp_path / "tiny.yaml"
     config.write_text(yaml.safe_dump({
@@ -290,7 +291,7 @@ def test_bench_loop_simulates_the_annotation_loop_and_resumes(tmp_path, nerkit):
 
 
 def test_plot_loop_draws_the_recorded_loop(tmp_path, nerkit):
-    from conftest import REPO
+    from helpers import REPO
 
     records = REPO / "docs" / "bench" / "gpu-loop-2026-11-27" / "results.jsonl"
     out = tmp_path / "loop.png"
@@ -303,7 +304,7 @@ def test_plot_loop_draws_the_recorded_loop(tmp_path, nerkit):
 
 
 def test_plot_reliability_draws_eval_output_and_records(tiny_model_dir, tmp_path, nerkit):
-    from conftest import REPO, TINY_DEV
+    from helpers import REPO, TINY_DEV
 
     found = tmp_path / "eval.json"
     found.write_text(nerkit("eval", "--model", str(tiny_model_dir), "--data", str(TINY_DEV), "--calibration",

@@ -730,6 +730,7 @@ README_TABLE = [
 
 
 @pytest.mark.slow
+@pytest.mark.slow
 @pytest.mark.parametrize("row", README_TABLE, ids=[r[0] for r in README_TABLE])
 def test_real_data_stats_match_the_readme(data_root, row):
     name, scheme, n_sentences, n_chars, entities, longest, sha256 = row

@@ -23,12 +23,14 @@ def seen_by_a_new_process(**env_values: str) -> tuple[str, str, int]:
     return policy, free, int(threads)
 
 
+@pytest.mark.slow
 def test_a_policy_or_thread_count_the_user_set_wins():
     assert seen_by_a_new_process(OMP_WAIT_POLICY="ACTIVE")[0] == "ACTIVE"
     assert seen_by_a_new_process(OMP_WAIT_POLICY="PASSIVE")[0] == "PASSIVE"
     assert seen_by_a_new_process(OMP_WAIT_POLICY="PASSIVE", NERKIT_FREE_CORES="1")[2] == 1
 
 
+@pytest.mark.slow
 def test_beside_a_busy_process_nerkit_waits_passively_and_takes_the_free_cores():
     """A process that keeps every core busy is running when nerkit starts: no spinning, one thread."""
     cores = os.cpu_count() or 1

@@ -22,7 +22,8 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from conftest import free_port, tiny_raw_config
+from helpers import bert_config, checkpoint_step, fixture_lm_vocab, free_port, tiny_raw_config, wait_for_step, write_lm
+from helpers import nerkit_command as nerkit
 from safetensors.torch import load_file
 
 import nerkit
@@ -34,6 +35,8 @@ from nerkit.training.distributed import (
     resume_command,
     without_nproc,
 )
+
+pytestmark = pytest.mark.slow  # every test here starts torchrun or trains several processes
 
 REPO = Path(__file__).resolve().parent.parent
 # The package's own directory, exactly: a checkout named `nerkit` (a clone's default name) has
@@ -105,10 +108,6 @@ def torchrun(*args) -> list[str]:
             f"--rdzv-endpoint=localhost:{free_port()}", *map(str, args)]
 
 
-def nerkit(*args) -> list[str]:
-    return [sys.executable, "-m", "nerkit", *map(str, args)]
-
-
 def run(command: list[str], timeout: float = 180) -> subprocess.CompletedProcess:
     return subprocess.run(command, cwd=REPO, env=environment(), capture_output=True, text=True, errors="replace",
                           timeout=timeout)
@@ -132,21 +131,6 @@ def config_file(tmp_path_factory) -> Path:
 
 def train_cli(config_file: Path, out: Path, overrides: list[str]) -> list[str]:
     return ["train", "--config", config_file, "--out", out, *sets(TINY + overrides)]
-
-
-def checkpoint_step(out: Path) -> int:
-    try:
-        return json.loads((out / "checkpoint" / "state.json").read_text(encoding="utf-8"))["progress"]["step"]
-    except (FileNotFoundError, ValueError, KeyError):
-        return -1
-
-
-def wait_for_step(process: subprocess.Popen, out: Path, step: int, timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    while checkpoint_step(out) < step:
-        assert process.poll() is None, process.communicate()[1]
-        assert time.monotonic() < deadline, "the run did not reach the step in time"
-        time.sleep(0.01)
 
 
 def rank_pid(launcher: int, rank: int) -> int:
@@ -412,17 +396,9 @@ def test_ctrl_c_on_nproc_stops_the_run_with_a_checkpoint_and_exit_130(config_fil
 
 @pytest.fixture(scope="module")
 def lm_dir(tmp_path_factory):
-    """A tiny BERT without dropout (test_lm.write_lm) whose vocabulary has the fixtures' characters."""
+    """A tiny BERT without dropout (helpers.write_lm) whose vocabulary has the fixtures' characters."""
     pytest.importorskip("transformers")
-    from conftest import TINY_DEV
-    from test_lm import tiny_config as bert_config
-    from test_lm import write_lm
-    from test_pretrained import training_chars
-
-    from nerkit.data.corpus import read_corpus
-
-    chars = training_chars() + [c for s in read_corpus(TINY_DEV).sentences for c in s.tokens]
-    vocab = ["[PAD]", "[unused1]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + sorted(set(chars))
+    vocab = fixture_lm_vocab()
     config = bert_config(len(vocab))
     config.hidden_dropout_prob = config.attention_probs_dropout_prob = 0.0
     return write_lm(tmp_path_factory.mktemp("lm") / "tiny-lm", vocab=vocab, config=config)

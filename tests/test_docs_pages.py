@@ -12,6 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parent.parent
 DOCS = REPO / "docs"
 PAGES = [REPO / "README.md", *sorted(DOCS.glob("*.md")), *sorted((DOCS / "notebook").glob("*.md"))]
@@ -102,6 +104,7 @@ def test_every_config_key_has_its_comment_in_config_py():
 
 # ------------------------------------------------------------------------------- CLI reference
 
+@pytest.mark.slow
 def test_the_cli_reference_is_what_help_prints():
     done = subprocess.run([sys.executable, str(REPO / "scripts" / "cli_reference.py"), "--check"],
                           capture_output=True, text=True, cwd=REPO)

@@ -12,7 +12,7 @@ import random
 
 import pytest
 import torch
-from conftest import TINY_TRAIN, tiny_raw_config
+from helpers import TINY_TRAIN, tiny_raw_config
 
 import nerkit.training.loop
 from nerkit.config import TenerOptions, build_config

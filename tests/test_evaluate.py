@@ -5,10 +5,10 @@ score equals the `--json` figures."""
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
+from helpers import run_cli
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from seqeval.metrics import f1_score, precision_score, recall_score
@@ -275,16 +275,6 @@ def test_eval_errors_from_the_command_line_and_the_api(tiny_model_dir, monkeypat
 
 
 # ------------------------------------------------------------------------------- nerkit eval --output
-
-
-def run_cli(monkeypatch, capfd, *args: str) -> tuple[int, str, str]:
-    from nerkit.cli.app import main
-
-    monkeypatch.setattr(sys, "argv", ["nerkit", *args])
-    with pytest.raises(SystemExit) as info:
-        main()
-    out, err = capfd.readouterr()
-    return info.value.code or 0, out, err
 
 
 def read_eval_output(path: Path) -> tuple[list[list[str]], list[list[str]], list[str]]:

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import TINY_DEV, tiny_raw_config
+from helpers import TINY_DEV, serving, tiny_raw_config, write_lm
 
 pytest.importorskip("onnxruntime")
 pytest.importorskip("onnxscript")
@@ -97,8 +97,6 @@ def exported(tmp_path_factory):
                 overrides.append(f"lexicon.source={root / 'words.txt'}")
             if case == "lm":
                 pytest.importorskip("transformers")
-                from test_lm import write_lm
-
                 overrides.append(f"embeddings.lm.path={write_lm(root / 'tiny-lm')}")
             pipe = scrambled(build_config(tiny_raw_config(), "<tiny config>", overrides))
             pipe.save(root / "model")
@@ -111,6 +109,7 @@ def exported(tmp_path_factory):
 
 # ------------------------------------------------------------------------------------ per encoder
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", list(CASES))
 def test_the_export_gives_the_models_tags_and_emissions(exported, case):
     """One batch of sentences of many lengths (one of a single character): identical tags, emissions
@@ -128,12 +127,12 @@ def test_the_export_gives_the_models_tags_and_emissions(exported, case):
     assert len({json.dumps(r) for r in records}) > 5  # the scrambled model tags its texts in many ways
 
 
+@pytest.mark.slow
 def test_a_bf16_language_model_exports_and_matches_its_float32_run(tmp_path):
     """The shipped LM configs set `embeddings.lm.bf16: true`; the graph runs the LM in float32, and the
     export's own check compares it with the PyTorch model run in float32 too (against the bf16 run it
     differed by 5e-2 on a trained MSRA model and the export stopped), leaving the model's setting as it was."""
     pytest.importorskip("transformers")
-    from test_lm import write_lm
 
     overrides = [*CASES["lm"], f"embeddings.lm.path={write_lm(tmp_path / 'tiny-lm')}", "embeddings.lm.bf16=true"]
     scrambled(build_config(tiny_raw_config(), "<tiny config>", overrides)).save(tmp_path / "model")
@@ -248,6 +247,7 @@ def test_lanes_read_batches_at_once_and_give_what_one_thread_gives(exported, tmp
     assert partial[0] == partial[1] == outputs[0]
 
 
+@pytest.mark.slow
 def test_an_exported_model_predicts_without_importing_torch(exported, tmp_path):
     """`nerkit predict`, `nerkit eval` and `nerkit.load` in a fresh process: torch is never imported."""
     onnx_dir = exported("flat")[1]
@@ -266,6 +266,7 @@ def test_an_exported_model_predicts_without_importing_torch(exported, tmp_path):
     assert done.returncode == 0, done.stderr
 
 
+@pytest.mark.slow
 def test_an_export_refuses_another_models_vocabulary(exported, nerkit, tmp_path, capfd):
     """vocab.json from another model's export: `predict` and `serve` exit 2 with one line naming
     vocab.json (nerkit.json's vocab_sha256) and the fix, before the server listens. An export whose
@@ -299,6 +300,7 @@ def test_an_export_refuses_another_models_vocabulary(exported, nerkit, tmp_path,
             nerkit("predict", str(source), "--model", str(ours)).stdout
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", ["tener", "wide_lstm"])
 def test_int8_export_runs_and_keeps_most_tags(case, exported, nerkit, tmp_path):
     """`nerkit export --quantize int8`, through the command line: the LSTMs become ONNX Runtime's
@@ -353,6 +355,7 @@ def test_folding_the_lstm_weights_is_exact(exported):
         assert np.array_equal(original, folded)
 
 
+@pytest.mark.slow
 def test_a_second_export_in_one_process_keeps_the_length_dynamic(exported, tmp_path):
     """torch leaves a dispatch entry behind after an export that made the next LSTM export in the
     same process fix the length to the example's 3 (`trace_emissions` clears it)."""
@@ -399,6 +402,7 @@ def test_runtime_refuses_a_directory_made_for_the_other(exported, nerkit, tmp_pa
 
 # ------------------------------------------------------------------------------------ licences
 
+@pytest.mark.slow
 def test_a_language_models_licence_reaches_the_model_directory_its_card_its_export_and_info(tmp_path):
     """Issue 41: lm/ kept a language model's config, tokenizer and weights but not its terms. Here the
     LM directory's model card says `license: apache-2.0` and a LICENSE file goes with it: a trained
@@ -406,8 +410,6 @@ def test_a_language_models_licence_reaches_the_model_directory_its_card_its_expo
     and the server's /info say it too."""
     pytest.importorskip("transformers")
     import httpx
-    from test_lm import write_lm
-    from test_serve import serving
 
     from nerkit.training.loop import train
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from conftest import REPO, free_port, serving, stop, wait_until_up
+from helpers import REPO, free_port, serving, stop, wait_until_up
 
 pytestmark = pytest.mark.slow
 

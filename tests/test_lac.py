@@ -15,7 +15,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import REPO, TINY_DEV
+from helpers import LAC_CHARS as CHARS
+from helpers import LAC_TAGS as TAGS
+from helpers import REPO, TINY_DEV, small_lac_config, small_tagger, small_vocab
 
 import nerkit.pretrained.paddle
 from nerkit.data.corpus import read_corpus
@@ -23,38 +25,13 @@ from nerkit.data.tags import Span
 from nerkit.errors import UserError
 from nerkit.inference.evaluate import score
 from nerkit.pretrained.cache import cached_features
-from nerkit.pretrained.lac import (
-    LACConfig,
-    LACEmbedder,
-    LACTagger,
-    LACVocab,
-    lac_spans,
-    tag_sentences,
-)
+from nerkit.pretrained.lac import LACEmbedder, lac_spans, tag_sentences
 from nerkit.pretrained.lac_files import export_lac, load_tagger, write_directory
 from nerkit.pretrained.loading import load_lm, load_saved_lm, save_lm
-from nerkit.pretrained.paddle import paddle_shapes, paddle_state, read_jieba_lac
+from nerkit.pretrained.paddle import read_jieba_lac
 
-SMALL = LACConfig(vocab_size=40, embedding_dim=4, hidden_size=4, num_layers=2, num_tags=3)
-CHARS = list("张三在北京大学读书李明去了上海中国人民银行的是") + ["Ａ", "a", "。", ".", "OOV"]
-TAGS = ["PER-B", "PER-I", "O"]
+SMALL = small_lac_config()
 TEXT = "张三在北京大学读书，李明去了上海。"
-
-
-def random_paddle_tensors(config: LACConfig, seed: int = 0) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    return {name: rng.normal(0, 0.7, shape).astype(np.float32) for name, shape in paddle_shapes(config).items()}
-
-
-def small_tagger(seed: int = 0) -> tuple[LACTagger, dict[str, np.ndarray]]:
-    tensors = random_paddle_tensors(SMALL, seed)
-    tagger = LACTagger(SMALL)
-    tagger.load_state_dict(paddle_state(tensors, SMALL))
-    return tagger.eval(), tensors
-
-
-def small_vocab(fold: bool = True) -> LACVocab:
-    return LACVocab({c: i for i, c in enumerate(CHARS)}, fold=fold)
 
 
 @pytest.fixture
@@ -197,6 +174,7 @@ def test_the_real_lac_finds_people_places_and_organisations(jieba_lac):
                      [("马云", "NR"), ("阿里巴巴集团", "NT")]]
 
 
+@pytest.mark.slow
 def test_the_real_lac_scores_on_msra_as_a_working_port_does(jieba_lac, data_root):
     """A wrong gate order, weight layout or direction gives F1 near 0 (scripts/lac_msra.py at commit 52f93a2: 73.97 on
     all of MSRA test); the first 300 sentences give 72.3."""
@@ -284,6 +262,7 @@ def test_the_frozen_cache_equals_running_lac_and_any_change_misses(tmp_path, lac
     assert len(list((tmp_path / "cache").iterdir())) == 2
 
 
+@pytest.mark.slow
 def test_a_tiny_training_run_on_the_real_lac_reloads_without_jieba(jieba_lac, tmp_path, tiny_config, monkeypatch):
     """Exported LAC features, fine-tuned and mixed, under a BiLSTM: train -> Pipeline.load, with
     neither the LAC directory nor jieba, predicts the same."""
@@ -352,6 +331,7 @@ def test_a_missing_or_malformed_jieba_file_is_a_user_error(fake_jieba_folder, tm
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
 def test_export_lac_without_jieba_exits_2_with_one_line(tmp_path):
     fake = tmp_path / "site" / "jieba"  # a jieba without lac_small/, found first
     fake.mkdir(parents=True)

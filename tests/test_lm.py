@@ -11,6 +11,9 @@ import sys
 
 import pytest
 import torch
+from helpers import LM_CHARS as CHARS
+from helpers import LM_VOCAB as VOCAB
+from helpers import bert_config, tiny_raw_config, write_lm
 from safetensors.torch import save_file
 
 from nerkit.errors import UserError
@@ -22,34 +25,7 @@ from nerkit.pretrained.loading import load_lm, load_saved_lm, save_lm
 needs_transformers = pytest.mark.skipif(importlib.util.find_spec("transformers") is None,
                                         reason="transformers is not installed (make install adds it)")
 
-CHARS = list("我爱北京天安门中国人民银行上海市长江大桥的是在了和有") + list("abcxyz0123456789，。！") + ["ａ"]
-VOCAB = ["[PAD]", "[unused1]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + CHARS + ["##" + c for c in "北京上海"]
 TEXT = "我爱北京天安门，上海市长江大桥在中国。"
-
-
-def tiny_config(vocab_size: int = len(VOCAB), max_positions: int = 16, layers: int = 2):
-    from transformers import BertConfig
-
-    return BertConfig(vocab_size=vocab_size, hidden_size=16, num_hidden_layers=layers, num_attention_heads=2,
-                      intermediate_size=32, max_position_embeddings=max_positions, type_vocab_size=2)
-
-
-def write_lm(directory, vocab=VOCAB, lower=True, weights="safetensors", seed=0, config=None, prefix=""):
-    """A tiny random BertModel as a Hugging Face directory; returns the directory."""
-    from transformers import BertModel
-
-    torch.manual_seed(seed)
-    config = config or tiny_config(len(vocab))
-    directory.mkdir(parents=True, exist_ok=True)
-    config.save_pretrained(directory)
-    (directory / "vocab.txt").write_text("".join(t + "\n" for t in vocab), encoding="utf-8")
-    (directory / "tokenizer_config.json").write_text(json.dumps({"do_lower_case": lower}), encoding="utf-8")
-    state = {prefix + k: v.contiguous() for k, v in BertModel(config).state_dict().items()}  # with its pooler
-    if weights == "safetensors":
-        save_file(state, str(directory / "model.safetensors"))
-    else:
-        torch.save(state, directory / "pytorch_model.bin")
-    return directory
 
 
 @pytest.fixture
@@ -455,7 +431,7 @@ def break_pickle_bytes(d):
 
 
 def break_shapes(d):
-    config = tiny_config(len(VOCAB))
+    config = bert_config(len(VOCAB))
     config.hidden_size = 32
     config.save_pretrained(d)
 
@@ -468,15 +444,15 @@ def break_missing_tensors(d):
 
 
 def break_vocab_size(d):
-    write_lm(d, config=tiny_config(vocab_size=10))  # weights and config agree, the vocab is larger
+    write_lm(d, config=bert_config(vocab_size=10))  # weights and config agree, the vocab is larger
 
 
 def break_truncated_vocab(d):
-    write_lm(d, config=tiny_config(vocab_size=2 * len(VOCAB)))  # weights and config agree, vocab.txt is half
+    write_lm(d, config=bert_config(vocab_size=2 * len(VOCAB)))  # weights and config agree, vocab.txt is half
 
 
 def break_positions(d):
-    tiny_config(max_positions=2).save_pretrained(d)
+    bert_config(max_positions=2).save_pretrained(d)
 
 
 @needs_transformers
@@ -514,7 +490,6 @@ def fake_hub_cache(root, name: str, commit: str = "0123abcd"):
 def test_a_hub_name_is_read_from_the_local_hugging_face_cache(tmp_path, monkeypatch, nerkit, variable):
     """Issue 41: `embeddings.lm.path: org/name` was refused although the model was in the offline
     cache, with a fix that said "character-level encoder" (a sub-word encoder is read as well)."""
-    from conftest import tiny_raw_config
 
     from nerkit.config import build_config, config_to_yaml
 
@@ -542,7 +517,6 @@ def test_a_fine_tuned_lm_at_its_own_rate_records_both_rates(tmp_path, lm_dir):
     (issue 41: the report's rate panel showed only the first)."""
     import json
 
-    from conftest import tiny_raw_config
 
     from nerkit.config import build_config
     from nerkit.training.loop import train
@@ -558,13 +532,12 @@ def test_a_fine_tuned_lm_at_its_own_rate_records_both_rates(tmp_path, lm_dir):
 @needs_transformers
 def test_a_vocabulary_a_little_short_of_vocab_size_is_accepted(tmp_path):
     """Some models round vocab_size up past their vocab.txt: 90% of it or more is accepted."""
-    lm = load_lm(write_lm(tmp_path / "lm", config=tiny_config(vocab_size=len(VOCAB) + 5)))
+    lm = load_lm(write_lm(tmp_path / "lm", config=bert_config(vocab_size=len(VOCAB) + 5)))
     assert len(lm.vocab) == len(VOCAB)
 
 
 def saved_model(tmp_path, lm_dir):
     """A model directory with a language model (built, not trained: loading is what is tested)."""
-    from conftest import tiny_raw_config
 
     from nerkit.config import build_config
     from nerkit.data.splits import read_splits

@@ -16,9 +16,8 @@ import torch
 
 pytest.importorskip("transformers")
 
-from conftest import FIXTURES  # noqa: E402
+from helpers import FIXTURES, TINY_DEV, write_lm, write_subword_lm  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
-from test_lm import write_lm  # noqa: E402
 
 from nerkit.data.corpus import read_corpus  # noqa: E402
 from nerkit.pretrained.loading import load_lm  # noqa: E402
@@ -114,6 +113,7 @@ def test_whole_word_masking_masks_a_words_characters_together(lm_dir):
             start += len(word)
 
 
+@pytest.mark.slow
 def test_the_command_line(lm_dir, text, tmp_path):
     out = tmp_path / "cli"
     done = subprocess.run([sys.executable, "-m", "nerkit", "lm", "adapt", "--lm", str(lm_dir), "--text", str(text),
@@ -139,8 +139,6 @@ def test_the_command_line(lm_dir, text, tmp_path):
 def test_exclude_takes_out_the_lines_of_a_dev_or_test_set(lm_dir, tmp_path):
     """`--exclude` a corpus and a config: the lines holding their sentences are not trained on (nor held
     out), and the result says how many were found and taken out."""
-    from conftest import TINY_DEV
-
     dev = [s.text for s in read_corpus(TINY_DEV).sentences]
     train = [s.text for s in read_corpus(FIXTURES / "tiny_train.bio").sentences]
     text = tmp_path / "text.txt"
@@ -160,14 +158,9 @@ def test_exclude_takes_out_the_lines_of_a_dev_or_test_set(lm_dir, tmp_path):
 
 
 def subword_dir(kind: str, directory):
-    """A tiny model of test_subword's `kind` (its tokenizer trained on the fixtures), without a head."""
+    """A tiny model of helpers.build_tokenizer's `kind` (trained on the fixtures), without a head."""
     pytest.importorskip("tokenizers")
-    from test_subword import build_model, build_tokenizer
-
-    tokenizer = build_tokenizer(kind)
-    build_model(kind, len(tokenizer), tokenizer.pad_token_id).save_pretrained(str(directory))
-    tokenizer.save_pretrained(str(directory))
-    return directory
+    return write_subword_lm(kind, directory)
 
 
 @pytest.fixture

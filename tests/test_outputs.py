@@ -10,7 +10,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import TINY_TRAIN, tiny_raw_config
+from helpers import TINY_TRAIN, tiny_raw_config
 
 
 def snapshot(root: Path) -> dict[str, bytes]:
@@ -64,6 +64,7 @@ def test_export_to_the_current_directory_is_refused_with_a_message(tmp_path, tin
     assert snapshot(tmp_path / "m") == snapshot(tiny_model_dir)
 
 
+@pytest.mark.slow
 def test_export_replaces_only_an_earlier_export_and_only_with_force(user_dir, tmp_path, tiny_model_dir, nerkit):
     before = snapshot(user_dir)
     refused(nerkit("export", "--model", str(tiny_model_dir), "--out", str(user_dir), check=False), "not empty", "--force")

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import FIXTURES, build_pipeline
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from safetensors.torch import load_file, save_file
@@ -22,7 +23,6 @@ from scheme_reference import is_valid_path
 import nerkit.training.loop as train_module
 from nerkit.config import ENCODER_OPTIONS
 from nerkit.data.corpus import read_corpus
-from nerkit.data.splits import Splits
 from nerkit.data.tags import Span
 from nerkit.errors import ModelDirError, UserError
 from nerkit.features.batch import collate, collate_padded
@@ -31,7 +31,6 @@ from nerkit.inference.pipeline import Pipeline
 from nerkit.model.encoders import ENCODERS
 from nerkit.shapes import padded_size
 
-FIXTURES = Path(__file__).resolve().parent / "fixtures"
 PACKAGE = Path(__file__).resolve().parent.parent / "nerkit"
 LATTICE_FREE = sorted(name for name, cls in ENCODERS.items() if not getattr(cls, "uses_lattice", False))
 # Small sizes for whichever of these fields an encoder's Config has.
@@ -41,12 +40,6 @@ TINY_ENCODER = {"hidden_size": 8, "n_heads": 2, "head_dim": 4, "num_layers": 1, 
 def encoder_overrides(name: str) -> list[str]:
     known = {f.name for f in dataclasses.fields(ENCODER_OPTIONS[name])}
     return [f"encoder.name={name}"] + [f"encoder.{k}={v}" for k, v in TINY_ENCODER.items() if k in known]
-
-
-def build_pipeline(config, scheme: str = "bio", seed: int = 0) -> Pipeline:
-    torch.manual_seed(seed)
-    corpus = read_corpus(FIXTURES / "tiny_train.bio")
-    return train_module.build_pipeline(config, Splits(corpus.sentences, [], None, corpus.types, scheme, {}))
 
 
 def scramble(pipe: Pipeline, seed: int = 0, entity_bias: float = 0.0) -> Pipeline:
@@ -84,6 +77,7 @@ def random_texts(n: int, seed: int, max_len: int = 30) -> list[str]:
 # --------------------------------------------------------------------------------------- the model
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("encoder", ["bilstm", "flat"])
 def test_embedding_init_scales_random_vectors(tiny_config, encoder):
     """`embeddings.init`: `normal` is N(0, 1), `scaled` is U(+-sqrt(3/dim)) (std 1/sqrt(dim)); both
@@ -206,6 +200,7 @@ def test_padded_batches_predict_as_one_at_a_time(tiny_config, encoder, tmp_path)
     assert decoded[len(examples)] == decoded[len(examples) - 1]
 
 
+@pytest.mark.slow
 def test_prediction_batches_come_in_a_few_shapes(tiny_config):
     """Issue 33: memory grew with the input, as a native cache (oneDNN's, under bf16) kept an entry
     for every new batch shape. Texts of every length up to 300 characters, in calls of 1 to 70 texts:
@@ -321,6 +316,7 @@ def test_loading_uses_no_pickle(tiny_model_dir, monkeypatch):
     assert Pipeline.load(tiny_model_dir).predict(["张伟在北京"])
 
 
+@pytest.mark.slow
 def test_package_source_never_unpickles():
     """No pickle module is used, and torch.load appears only as the issue allows it for a third-party
     pytorch_model.bin: with weights_only=True (tensors and plain containers, no code)."""
@@ -506,6 +502,7 @@ def check_entities(text: str, entities: list[dict], types) -> None:
         end = e["end"]
 
 
+@pytest.mark.slow
 @settings(max_examples=150, deadline=None)
 @given(st.lists(st.text(ODD_CHARS, max_size=40), min_size=1, max_size=5))
 def test_predicted_offsets_index_the_original_text(eager_pipeline, texts):
@@ -529,6 +526,7 @@ def test_the_offset_checks_see_entities(eager_pipeline):
 SPACES = [" ", "  ", "\t", "\u3000", "\xa0", "\n", "\u2028", "\u2003"]
 
 
+@pytest.mark.slow
 @settings(max_examples=150, deadline=None)
 @given(st.lists(st.lists(st.one_of(st.sampled_from(list("张三李娜在北京大学读书，。ＡＢ")), st.sampled_from(SPACES)),
                          max_size=50).map("".join), min_size=1, max_size=4))
@@ -689,6 +687,7 @@ def windowed_tags(draw, scheme: str):
     return length, found
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("scheme", ["bio", "bioes", "bmes"])
 @settings(max_examples=300, deadline=None)
 @given(data=st.data())

@@ -297,6 +297,7 @@ def test_attention_spread_measures_how_far_attention_reaches():
     assert attention_spread(lattice, length) == (0.0, 1.0)
 
 
+@pytest.mark.slow
 @needs_cjk_font
 def test_two_models_one_under_the_other_with_their_spread(tener_model_dir, tmp_path, tiny_config, nerkit):
     from nerkit.training.loop import train

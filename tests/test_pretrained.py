@@ -11,7 +11,7 @@ import shutil
 import numpy as np
 import pytest
 import torch
-from conftest import TINY_DEV, TINY_TRAIN
+from helpers import TINY_DEV, training_chars
 
 from nerkit.data.corpus import read_corpus
 from nerkit.data.splits import read_splits
@@ -29,10 +29,6 @@ def write_vectors(path, words: list[str], dim: int, seed: int = 0) -> np.ndarray
     lines = [f"{len(words)} {dim}"] + [w + " " + " ".join(f"{v:.6f}" for v in row) for w, row in zip(words, matrix)]
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return np.array([[float(f"{v:.6f}") for v in row] for row in matrix], dtype=np.float32)
-
-
-def training_chars() -> list[str]:
-    return sorted({c for s in read_corpus(TINY_TRAIN).sentences for c in s.tokens})
 
 
 # ----------------------------------------------------------------------- static vectors
@@ -115,16 +111,6 @@ def test_a_model_with_vectors_loads_without_the_vector_file(tmp_path, tiny_confi
 # ----------------------------------------------------------------------- language-model features
 
 
-@pytest.fixture
-def lm_dir(tmp_path):
-    pytest.importorskip("transformers")
-    from test_lm import write_lm
-
-    chars = training_chars() + [c for s in read_corpus(TINY_DEV).sentences for c in s.tokens]
-    vocab = ["[PAD]", "[unused1]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + sorted(set(chars))
-    return write_lm(tmp_path / "tiny-lm", vocab=vocab)
-
-
 @needs_transformers
 @pytest.mark.parametrize("encoder", ["none", "bilstm", "flat"])
 def test_a_fine_tuned_lm_model_saves_and_loads_without_the_lm_directory(tmp_path, tiny_config, lm_dir, encoder):
@@ -186,6 +172,7 @@ def test_a_frozen_lm_runs_once_per_corpus_and_its_cache_equals_running_it(tmp_pa
     assert all(p.requires_grad for p in lm.scalar_mix.parameters())  # the mix still learns
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("override, words", [
     ("embeddings.char_vectors={tmp}/absent.vec", "vector file not found"),
     ("embeddings.char_vectors={tmp}/bad.vec", "bad.vec:2: embeddings.char_vectors: the value 'x' is not a finite number"),

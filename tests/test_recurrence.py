@@ -10,7 +10,7 @@ import json
 import numpy as np
 import pytest
 import torch
-from conftest import tiny_raw_config
+from helpers import tiny_raw_config
 
 from nerkit.config import build_config
 from nerkit.features.batch import collate

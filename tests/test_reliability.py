@@ -20,6 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from helpers import run_cli, run_nerkit
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from reliability_report import Section
@@ -54,20 +55,13 @@ def report():
 
 
 def nerkit(*args, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "nerkit", *map(str, args)], cwd=REPO, capture_output=True,
-                          timeout=timeout, env=ENV)
+    return run_nerkit(*args, timeout=timeout, env=ENV, text=False)
 
 
 def nerkit_here(monkeypatch, capfd, *args) -> subprocess.CompletedProcess:
-    """`nerkit ARGS` through the CLI's entry point in this process (no start-up cost): exit code and
-    output as a process would give them."""
-    from nerkit.cli.app import main
-
-    monkeypatch.setattr(sys, "argv", ["nerkit", *map(str, args)])
-    with pytest.raises(SystemExit) as info:
-        main()
-    out, err = capfd.readouterr()
-    return subprocess.CompletedProcess(args, info.value.code or 0, out.encode(), err.encode())
+    """`nerkit ARGS` in this process (no start-up cost): exit code and output as a process gives them."""
+    result = run_cli(monkeypatch, capfd, *args)
+    return subprocess.CompletedProcess(args, result.returncode, result.stdout.encode(), result.stderr.encode())
 
 
 def sets(overrides: list[str]) -> list[str]:
@@ -227,6 +221,7 @@ def check_validate_errors(result: subprocess.CompletedProcess, path: Path, where
     return f"{lines[0]} (and {len(lines) - 2} more, then: {lines[-1].removeprefix('nerkit: error: ')})"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name, content, outcome, words", CATALOGUE, ids=[c[0] for c in CATALOGUE])
 def test_validate_catalogue(validated, name, content, outcome, words):
     path, result = validated[name]
@@ -254,6 +249,7 @@ def test_separators_other_than_newline_stay_inside_their_line(tmp_path):
     assert sentence.tags == ["B-PER", "I-PER"] + ["O"] * 6
 
 
+@pytest.mark.slow
 def test_train_names_the_line_of_a_hostile_corpus(tmp_path):
     bad = tmp_path / "empty_type.jsonl"
     bad.write_text(jsonl({"text": "张三", "entities": [PER]}, {"text": "李四", "entities": [{"start": 0, "end": 2, "type": " "}]}),
@@ -263,6 +259,7 @@ def test_train_names_the_line_of_a_hostile_corpus(tmp_path):
     REPORT.row("Corpora given to `nerkit train`", "a JSON-lines entity whose type is a space", "error at line 2", message)
 
 
+@pytest.mark.slow
 def test_train_accepts_a_long_sentence_of_control_characters(tmp_path):
     corpus = tmp_path / "long.bio"
     controls = "\x0b\x1c\x1d\x1e\x85\u2028\u2029\x0c"
@@ -298,6 +295,7 @@ CONFIG_ERRORS = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("override, where, words", CONFIG_ERRORS, ids=[c[0] for c in CONFIG_ERRORS])
 def test_config_error_from_the_command_line(monkeypatch, capfd, tmp_path, override, where, words):
     """In this process: a process each would only add start-up time (`nerkit train` with a bad
@@ -308,6 +306,7 @@ def test_config_error_from_the_command_line(monkeypatch, capfd, tmp_path, overri
     REPORT.row("Configs: `nerkit train --set ...`", override, 2, message)
 
 
+@pytest.mark.slow
 def test_missing_training_file_names_the_file(monkeypatch, capfd, tmp_path):
     missing = tmp_path / "nowhere" / "train.bio"
     result = nerkit_here(monkeypatch, capfd, "train", "--config", DEMO, "--out", tmp_path / "run",
@@ -413,6 +412,7 @@ def fuzz_dir(tmp_path_factory) -> Path:
                    f"{FUZZ['refused']} inputs not UTF-8 text: an error naming the first such line, output untouched")
 
 
+@pytest.mark.slow
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(lines=st.lists(LINE, max_size=6), final_newline=st.booleans())
 def test_predict_stream_accepts_any_text_refuses_other_bytes_and_offsets_index_the_text(entity_model_pipe, fuzz_dir,
@@ -487,6 +487,7 @@ def nasty_lines() -> list[bytes]:
     return lines
 
 
+@pytest.mark.slow
 def test_predict_cli_on_every_kind_of_line(entity_model, entity_model_pipe, tmp_path):
     lines = nasty_lines()
     data = b"\n".join(lines)  # no final newline
@@ -509,6 +510,7 @@ NOT_TEXT = {  # inserted in the middle of a line of text
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", NOT_TEXT)
 def test_predict_cli_refuses_a_line_that_is_not_text(monkeypatch, capfd, entity_model, tmp_path, name):
     """As `nerkit data` does: one line naming the file and line, and no output file."""
@@ -550,6 +552,7 @@ def predict_peak_rss(model: Path, source: Path, out: Path) -> tuple[int, float]:
     return int(result.stderr.split()[-1]) * 1024, seconds  # Linux reports kilobytes
 
 
+@pytest.mark.slow
 @pytest.mark.slow
 def test_predict_streams_large_input_in_bounded_memory_and_order(trained_model, tmp_path):
     """Three times the input (624,000 characters against 208,000: four of predict's 200,000-character
@@ -611,6 +614,7 @@ def test_links_inside_the_model_directory_and_a_linked_directory_load(entity_mod
     assert Pipeline.load(tmp_path / "link").predict([text]) == entity_model_pipe.predict([text])
 
 
+@pytest.mark.slow
 def test_cli_refuses_an_escaping_link(monkeypatch, capfd, entity_model, tmp_path):
     model = copy_model(entity_model, tmp_path / "model")
     (model / "vocab.json").unlink()

@@ -15,7 +15,7 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
-from conftest import TINY_DEV
+from helpers import TINY_DEV
 
 from nerkit.data.tags import Span
 from nerkit.inference.evaluate import ERROR_KINDS
@@ -265,6 +265,7 @@ def in_browser(page: Path, tmp_path: Path) -> tuple[dict, list[str]]:
     return json.loads(html.unescape(found.group(1))), console
 
 
+@pytest.mark.slow
 @needs_browser
 def test_the_report_in_a_browser(report, tmp_path):
     out, metrics = report
@@ -277,6 +278,7 @@ def test_the_report_in_a_browser(report, tmp_path):
     assert found["missed"] and all("missed" in k.split("|") for _, k in found["missed"])
 
 
+@pytest.mark.slow
 @needs_browser
 def test_predictions_page_in_a_browser(tiny_model_dir, tmp_path):
     from nerkit.inference.pipeline import Pipeline
@@ -299,6 +301,7 @@ def test_predictions_page_in_a_browser(tiny_model_dir, tmp_path):
     assert [line for line in result.stderr.splitlines() if ":CONSOLE" in line] == []
 
 
+@pytest.mark.slow
 @needs_browser
 def test_a_report_of_4000_sentences_stays_usable(tiny_model_dir, gold_file, tmp_path):
     from nerkit.tools.report import ROWS_PER_PAGE, write_report

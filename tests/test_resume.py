@@ -18,11 +18,13 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
+from helpers import nerkit_command, wait_for_step
 from reliability_report import Section
+
+pytestmark = pytest.mark.slow  # these tests start, interrupt and resume training processes
 
 REPO = Path(__file__).resolve().parent.parent
 DEMO = REPO / "configs" / "demo.yaml"
@@ -123,7 +125,7 @@ def train_cli(out: Path, sets: list[str]) -> list[str]:
 
 
 def run(args: list[str], fault: str | None = None, n: int = 0, **kwargs) -> subprocess.CompletedProcess:
-    command = [sys.executable, "-c", FAULTS, fault, str(n)] if fault else [sys.executable, "-m", "nerkit"]
+    command = [sys.executable, "-c", FAULTS, fault, str(n)] if fault else nerkit_command()
     return subprocess.run(command + [str(a) for a in args], cwd=REPO, capture_output=True, text=True,
                           errors="replace", timeout=180, **kwargs)
 
@@ -237,23 +239,8 @@ def test_sigkill_then_resume_gives_the_uninterrupted_model(faulted_runs, name, e
     REPORT.row("Kill points", f"SIGKILL {name}", found, "identical to the uninterrupted run")
 
 
-def wait_for_step(process: subprocess.Popen, out: Path, step: int, timeout: float = 120) -> None:
-    """Poll the checkpoint until it has reached `step` (the run goes on meanwhile)."""
-    deadline = time.monotonic() + timeout
-    state = out / "checkpoint" / "state.json"
-    while time.monotonic() < deadline:
-        assert process.poll() is None, "the run ended before it could be interrupted"
-        try:
-            if json.loads(state.read_text(encoding="utf-8"))["progress"]["step"] >= step:
-                return
-        except (FileNotFoundError, ValueError, KeyError):
-            pass  # not written yet, or replaced between our open and read
-        time.sleep(0.002)
-    pytest.fail("the run did not reach the step in time")
-
-
 def start_training(out: Path, sets: list[str]) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "nerkit", *train_cli(out, sets)], cwd=REPO,
+    return subprocess.Popen(nerkit_command(*train_cli(out, sets)), cwd=REPO,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, errors="replace")
 
 

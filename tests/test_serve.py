@@ -32,8 +32,8 @@ pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 httpx = pytest.importorskip("httpx")
 
-from conftest import SERVER_STARTUP as STARTUP  # noqa: E402
-from conftest import Server, serving  # noqa: E402
+from helpers import SERVER_STARTUP as STARTUP  # noqa: E402
+from helpers import Server, serving, tiny_raw_config, write_lm  # noqa: E402
 
 from nerkit.inference.batcher import Batcher, QueueFull  # noqa: E402
 
@@ -229,6 +229,7 @@ def server(tiny_model_dir, tmp_path_factory) -> Iterator[Server]:
         yield running
 
 
+@pytest.mark.slow
 def test_the_records_are_those_of_nerkit_predict(server, expected):
     answer = post(server.url, json={"texts": TEXTS})
     assert answer.status_code == 200, answer.text
@@ -239,6 +240,7 @@ def test_the_records_are_those_of_nerkit_predict(server, expected):
     assert post(server.url, json={"texts": []}).json() == {"records": []}
 
 
+@pytest.mark.slow
 def test_an_exported_model_is_served_on_onnx_runtime_with_the_same_records(tiny_model_dir, tmp_path, expected):
     """Issue 30: `nerkit serve` runs what `nerkit export` wrote (ONNX Runtime, found from its
     nerkit.json), and answers what `nerkit predict` writes with the PyTorch model."""
@@ -266,6 +268,7 @@ def test_an_exported_model_is_served_on_onnx_runtime_with_the_same_records(tiny_
     assert found == {"torch": False, "answer": {"records": expected}}
 
 
+@pytest.mark.slow
 def test_sixteen_concurrent_clients_get_their_own_records(server, expected):
     """16 clients x 5 requests, each of a different slice of the texts, all at once."""
     def client(number: int) -> list[tuple[int, dict, list[dict]]]:
@@ -292,6 +295,7 @@ def test_sixteen_concurrent_clients_get_their_own_records(server, expected):
     assert after["texts"] - before["texts"] == sum(len(want) for _, _, want in results)
 
 
+@pytest.mark.slow
 def test_serve_window_reads_as_predict_window(tiny_model_dir, tmp_path):
     """Issue 33, item 2: `serve --window N` answers what `nerkit predict --window N` writes, and
     /info names the window."""
@@ -311,9 +315,6 @@ def test_a_language_model_is_served_in_small_model_batches(tmp_path):
     """Without --batch-size a model with a language model (one, or a stack) is served in model batches
     of 4 texts, any other in batches of 64; an explicit --batch-size wins."""
     pytest.importorskip("transformers")
-    from conftest import tiny_raw_config
-    from test_lm import write_lm
-
     from nerkit.config import build_config
     from nerkit.inference.server import ServeOptions, default_batch_size
 
@@ -325,6 +326,7 @@ def test_a_language_model_is_served_in_small_model_batches(tmp_path):
     assert ServeOptions().batch_size is None and ServeOptions(batch_size=16).batch_size == 16
 
 
+@pytest.mark.slow
 def test_health_info_and_the_api_docs(server, tiny_model_dir):
     import yaml
 
@@ -350,6 +352,7 @@ def test_health_info_and_the_api_docs(server, tiny_model_dir):
     assert docs.status_code == 200 and "swagger" in docs.text.lower()
 
 
+@pytest.mark.slow
 @pytest.mark.slow
 def test_the_api_schema_says_exactly_what_the_server_accepts(tiny_model_dir, tmp_path):
     """schemathesis sends requests made from /openapi.json (its examples, its edge cases, then 100
@@ -400,6 +403,7 @@ BAD_REQUESTS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", BAD_REQUESTS)
 def test_a_bad_request_gets_its_status_and_a_one_line_reason(server, expected, name):
     body, status, reason = BAD_REQUESTS[name]
@@ -411,6 +415,7 @@ def test_a_bad_request_gets_its_status_and_a_one_line_reason(server, expected, n
     assert post(server.url, json={"text": TEXTS[0]}).json() == expected[0]  # the server is still up
 
 
+@pytest.mark.slow
 def test_bad_requests_do_not_disturb_good_ones(server, expected):
     def good(i: int):
         answer = post(server.url, json={"texts": TEXTS[i % 4:i % 4 + 3]})
@@ -428,6 +433,7 @@ def test_bad_requests_do_not_disturb_good_ones(server, expected):
 
 
 @pytest.mark.slow
+@pytest.mark.slow
 def test_a_full_queue_answers_503_with_retry_after(tiny_model_dir, tmp_path, expected):
     """Two requests wait 3 s for others to join their batch and fill the queue of two: a third is
     refused at once, the two are answered, and the event loop answers /health meanwhile."""
@@ -444,6 +450,7 @@ def test_a_full_queue_answers_503_with_retry_after(tiny_model_dir, tmp_path, exp
         assert post(server.url, json={"text": TEXTS[2]}).json() == expected[2]
 
 
+@pytest.mark.slow
 @pytest.mark.slow
 def test_sigterm_answers_every_request_in_flight_and_exits_0(tiny_model_dir, tmp_path, expected):
     with serving(tiny_model_dir, tmp_path, "--max-wait-ms", "4000") as server:
@@ -496,6 +503,7 @@ def stop_under_keep_alive_load(server: Server, clients: int = 16, after: float =
 
 
 @pytest.mark.slow
+@pytest.mark.slow
 @pytest.mark.parametrize("workers", [1, 2])
 def test_sigterm_loses_no_request_of_a_kept_alive_connection(tiny_model_dir, tmp_path, workers):
     """Sixteen clients send request after request, each on its kept-alive connection, and SIGTERM
@@ -510,6 +518,7 @@ def test_sigterm_loses_no_request_of_a_kept_alive_connection(tiny_model_dir, tmp
 
 
 @pytest.mark.slow
+@pytest.mark.slow
 def test_worker_processes_answer_alike_and_stop_on_sigterm(tiny_model_dir, tmp_path, expected):
     with serving(tiny_model_dir, tmp_path, "--workers", "2", "--threads", "2") as server:
         with ThreadPoolExecutor(8) as pool:
@@ -522,6 +531,7 @@ def test_worker_processes_answer_alike_and_stop_on_sigterm(tiny_model_dir, tmp_p
         assert "Traceback" not in server.output()
 
 
+@pytest.mark.slow
 def test_the_listening_socket_gives_connections_without_nagles_delay():
     """asyncio sets TCP_NODELAY only on connections of a socket whose protocol is TCP by name."""
     import asyncio

@@ -1,8 +1,8 @@
 """Stacked feature sources (nerkit.pretrained.stacked, `embeddings.lm` as a list): each character's
 features are every source's own, concatenated in list order; each frozen source is cached on its
 own; the model directory holds every source and reloads without them; the config refuses a list it
-cannot read. The sources are the tiny offline models of test_lm (a character-level BERT), test_subword
-(a word-piece BERT) and test_lac (LAC-small)."""
+cannot read. The sources are the tiny offline models of helpers.py (a character-level BERT, a word-piece BERT
+and LAC-small)."""
 
 from __future__ import annotations
 
@@ -15,10 +15,8 @@ import torch
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("tokenizers")
 
-from conftest import tiny_raw_config  # noqa: E402
-from test_lac import TAGS, small_tagger, small_vocab  # noqa: E402
-from test_lm import write_lm  # noqa: E402
-from test_subword import build_model, build_tokenizer  # noqa: E402
+from helpers import LAC_TAGS as TAGS  # noqa: E402
+from helpers import build_model, build_tokenizer, small_tagger, small_vocab, tiny_raw_config, write_lm  # noqa: E402
 
 from nerkit.config import build_config, config_to_yaml  # noqa: E402
 from nerkit.errors import ConfigError, ModelDirError  # noqa: E402

@@ -17,93 +17,13 @@ import torch
 transformers = pytest.importorskip("transformers")
 tokenizers = pytest.importorskip("tokenizers")
 
-from conftest import FIXTURES  # noqa: E402
+from helpers import SUBWORD_TEXTS as TEXTS  # noqa: E402
+from helpers import build_model, build_tokenizer, subword_corpus_text, write_subword_lm  # noqa: E402
 
-from nerkit.data.corpus import read_corpus  # noqa: E402
 from nerkit.pretrained.loading import load_lm, load_saved_lm, save_lm  # noqa: E402
 from nerkit.pretrained.subword import SubwordEmbedder  # noqa: E402
 
-TEXTS = ["张三 在北京大学读书。", "Ａ１ｂ２ 😀 café Hello world 2024年", "e\u0301 上海\t新华社  记者", "  "]
 KINDS = ["wordpiece", "unigram", "bytelevel", "xlnet"]
-
-
-def corpus_text() -> list[str]:
-    return [s.text for s in read_corpus(FIXTURES / "tiny_train.bio").sentences] + TEXTS
-
-
-def build_tokenizer(kind: str):
-    from tokenizers import (
-        Tokenizer,
-        models,
-        normalizers,
-        pre_tokenizers,
-        processors,
-        trainers,
-    )
-
-    if kind == "wordpiece":
-        tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
-        tok.normalizer = normalizers.BertNormalizer(lowercase=True)
-        tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-        specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-        trainer = trainers.WordPieceTrainer(vocab_size=300, special_tokens=specials)
-        template, names = "[CLS] $A [SEP]", ("[CLS]", "[SEP]")
-        extra = dict(pad_token="[PAD]", unk_token="[UNK]", cls_token="[CLS]", sep_token="[SEP]", mask_token="[MASK]")
-    elif kind == "bytelevel":
-        tok = Tokenizer(models.BPE())
-        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-        specials = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
-        trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=specials,
-                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-        template, names = "<s> $A </s>", ("<s>", "</s>")
-        extra = dict(bos_token="<s>", eos_token="</s>", pad_token="<pad>", unk_token="<unk>", mask_token="<mask>",
-                     cls_token="<s>", sep_token="</s>")
-    else:  # unigram (XLM-R) and xlnet: SentencePiece-style
-        tok = Tokenizer(models.Unigram())
-        tok.pre_tokenizer = pre_tokenizers.Metaspace()
-        if kind == "unigram":
-            specials = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
-            template, names = "<s> $A </s>", ("<s>", "</s>")
-            extra = dict(bos_token="<s>", eos_token="</s>", pad_token="<pad>", unk_token="<unk>",
-                         mask_token="<mask>", cls_token="<s>", sep_token="</s>")
-        else:
-            specials = ["<unk>", "<s>", "</s>", "<cls>", "<sep>", "<pad>", "<mask>"]
-            template, names = "$A <sep> <cls>", ("<sep>", "<cls>")
-            extra = dict(bos_token="<s>", eos_token="</s>", pad_token="<pad>", unk_token="<unk>",
-                         mask_token="<mask>", cls_token="<cls>", sep_token="<sep>")
-        trainer = trainers.UnigramTrainer(vocab_size=300, special_tokens=specials, unk_token="<unk>")
-    tok.train_from_iterator(corpus_text(), trainer)
-    tok.post_processor = processors.TemplateProcessing(single=template,
-                                                       special_tokens=[(n, tok.token_to_id(n)) for n in names])
-    if kind == "bytelevel":
-        tok.decoder = __import__("tokenizers").decoders.ByteLevel()
-    return transformers.PreTrainedTokenizerFast(tokenizer_object=tok, **extra)
-
-
-def build_model(kind: str, vocab_size: int, pad_id: int):
-    torch.manual_seed(0)
-    if kind == "xlnet":
-        config = transformers.XLNetConfig(vocab_size=vocab_size, d_model=16, n_layer=2, n_head=2, d_inner=32,
-                                          pad_token_id=pad_id)
-        return transformers.XLNetModel(config)
-    if kind == "wordpiece":
-        config = transformers.BertConfig(vocab_size=vocab_size, hidden_size=16, num_hidden_layers=2,
-                                         num_attention_heads=2, intermediate_size=32, max_position_embeddings=64,
-                                         pad_token_id=pad_id)
-        return transformers.BertModel(config, add_pooling_layer=False)
-    cls = transformers.XLMRobertaConfig if kind == "unigram" else transformers.RobertaConfig
-    config = cls(vocab_size=vocab_size, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
-                 intermediate_size=32, max_position_embeddings=66, pad_token_id=pad_id)
-    model_cls = transformers.XLMRobertaModel if kind == "unigram" else transformers.RobertaModel
-    return model_cls(config, add_pooling_layer=False)
-
-
-def build_lm(kind: str, directory: Path) -> Path:
-    tokenizer = build_tokenizer(kind)
-    model = build_model(kind, len(tokenizer), tokenizer.pad_token_id)
-    model.save_pretrained(str(directory))
-    tokenizer.save_pretrained(str(directory))
-    return directory
 
 
 @pytest.fixture(scope="module")
@@ -113,7 +33,7 @@ def lm_directory(tmp_path_factory):
 
     def get(kind: str) -> Path:
         if kind not in made:
-            made[kind] = build_lm(kind, tmp_path_factory.mktemp(kind))
+            made[kind] = write_subword_lm(kind, tmp_path_factory.mktemp(kind))
         return made[kind]
     return get
 
@@ -216,7 +136,7 @@ def test_an_xlnet_directory_with_only_its_sentencepiece_model_reads_and_saves(tm
     sentencepiece library, read through transformers' conversion to a fast tokenizer, aligned by its
     offsets as the reference says; the model directory keeps a tokenizer that reloads without it."""
     spm = pytest.importorskip("sentencepiece")
-    (tmp_path / "corpus.txt").write_text("\n".join(corpus_text()), encoding="utf-8")
+    (tmp_path / "corpus.txt").write_text("\n".join(subword_corpus_text()), encoding="utf-8")
     spm.SentencePieceTrainer.train(input=str(tmp_path / "corpus.txt"), model_prefix=str(tmp_path / "spiece"),
                                    vocab_size=140, model_type="unigram", character_coverage=1.0, pad_id=0,
                                    unk_id=1, bos_id=-1, eos_id=-1, minloglevel=2)

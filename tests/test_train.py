@@ -9,7 +9,7 @@ import shutil
 
 import pytest
 import torch
-from conftest import TINY_TRAIN
+from helpers import TINY_TRAIN
 
 import nerkit.training.loop
 from nerkit.config import build_config, load_config
@@ -192,6 +192,7 @@ def test_the_output_directory_and_the_data_files_are_checked_before_any_data_is_
 LEARNING_FLOOR = 0.40
 
 
+@pytest.mark.slow
 @pytest.mark.slow
 def test_bilstm_learns_msra_from_2000_sentences(data_root, tmp_path, monkeypatch):
     path = data_root / "msra" / "train_dev.char.bmes"

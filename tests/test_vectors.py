@@ -257,6 +257,7 @@ def test_train_vectors_tokens_are_the_featurisers(tmp_path):
     assert [f["texts"] for f in report["files"]] == [3, 2]
 
 
+@pytest.mark.slow
 def test_train_vectors_is_reproducible(tmp_path):
     pytest.importorskip("gensim")
     _, first = train_tiny(tmp_path, "a", kinds=["char", "bichar"])

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_cli_model import parse_jsonl, run_cli
+from helpers import build_pipeline, parse_jsonl, run_cli
 
 from nerkit.errors import CorpusError, UserError
 from nerkit.inference.formats import FORMATS
@@ -130,6 +130,7 @@ def test_a_worker_that_closes_its_pipe_raises_instead_of_a_wait():
     assert outcome[:-1] == [b"%d" % n for n in range(len(outcome) - 1)] and len(outcome) <= 6  # none after 5
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model", ["absent", "tiny"])
 def test_a_worker_whose_main_process_has_gone_ends_quietly(tiny_model_dir, tmp_path, model):
     """The main process stops on the first worker's error and closes every connection: a second
@@ -185,6 +186,7 @@ def pipe(tiny_model_dir):
     return Pipeline.load(tiny_model_dir)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_two_workers_write_what_one_process_writes(pool, pipe, tmp_path, fmt):
     """Blank and whitespace-only lines, a BOM, CRLF, a line read in windows, no final newline; a
@@ -204,6 +206,7 @@ def test_two_workers_write_what_one_process_writes(pool, pipe, tmp_path, fmt):
         assert sum(len(r["entities"]) for r in records) >= 30  # a model that finds entities
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fmt", ["jsonl", "doccano", "label-studio"])
 def test_two_workers_keep_the_keys_of_json_lines_as_one_process_does(pool, pipe, tmp_path, fmt):
     """JSON-lines input (`--field`): each text's other keys go to the workers and back into its record."""
@@ -220,6 +223,7 @@ def test_two_workers_keep_the_keys_of_json_lines_as_one_process_does(pool, pipe,
         [(f"t{i}", ["张伟在北京工作。", "", "李娜 去了上海。"][i % 3], [i, None]) for i in range(24)]
 
 
+@pytest.mark.slow
 def test_invalid_utf8_with_workers_is_the_reader_error_after_the_same_records(pool, pipe, tmp_path, capfd):
     source = tmp_path / "in.txt"
     source.write_bytes("张伟在北京。\n".encode() * 40 + "李娜".encode("gbk") + "\n张伟\n".encode())
@@ -238,6 +242,7 @@ def test_invalid_utf8_with_workers_is_the_reader_error_after_the_same_records(po
     assert list(output.parent.iterdir()) == []  # nothing half-written
 
 
+@pytest.mark.slow
 def test_the_workers_option_on_the_command_line(tiny_model_dir, tmp_path, monkeypatch, capfd):
     """The same bytes from one process with one thread and from two workers sharing two threads
     (one each, which --verbose says)."""
@@ -283,6 +288,7 @@ def joined_dev_text() -> str:
     return "".join(s.text for s in read_corpus(FIXTURES / "tiny_dev.bio").sentences)
 
 
+@pytest.mark.slow
 def test_the_window_is_the_same_from_the_api_the_command_line_and_the_workers(tiny_model_dir, pool, pipe, tmp_path,
                                                                                monkeypatch, capfd):
     """Issue 33: a long text is read in windows of the longest training sentence (17 characters for
@@ -320,13 +326,12 @@ def test_the_window_is_the_same_from_the_api_the_command_line_and_the_workers(ti
         predict_stream(pool, str(source), None, window=-1)  # refused here, not by a worker
 
 
+@pytest.mark.slow
 def test_a_window_the_model_cannot_read_is_one_line_with_or_without_workers(tiny_config, tmp_path, monkeypatch,
                                                                            capfd):
     """A Transformer with learned positions reads at most encoder.max_positions characters: a larger
     --window is refused once the model loads, in one line and before any input is read, by one
     process as by the workers."""
-    from test_pipeline import build_pipeline
-
     model = tmp_path / "learned"
     build_pipeline(tiny_config("encoder.name=transformer", "encoder.attention=learned", "encoder.max_positions=20",
                                "data.max_len=20", "encoder.n_heads=2", "encoder.head_dim=4")).save(model)
@@ -362,6 +367,7 @@ def worker_pids(parent: int) -> list[int]:
     return found
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stop", ["kill a worker", "ctrl-c", "close the pipe"])
 def test_a_run_with_workers_ends_at_once_and_leaves_no_worker(tiny_model_dir, tmp_path, stop):
     """A worker killed mid-run (as the out-of-memory killer would) ends the command with one line
@@ -412,6 +418,7 @@ def test_a_run_with_workers_ends_at_once_and_leaves_no_worker(tiny_model_dir, tm
     assert list(output.parent.iterdir()) == []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("workers, target, old", [("1", "process", False), ("2", "job", True), ("2", "process", True)],
                          ids=["one process", "two workers, the job", "two workers, the main process"])
 def test_sigterm_during_predict_output_leaves_no_temporary_file(tiny_model_dir, tmp_path, workers, target, old):

@@ -121,7 +121,7 @@ def test_padding_is_zero_finite_and_inert(name, attention):
 
 @pytest.mark.parametrize("name, attention", CASES, ids=IDS)
 def test_train_save_load_predicts_the_same(name, attention, tmp_path, tiny_config):
-    from conftest import TINY_DEV
+    from helpers import TINY_DEV
 
     from nerkit.data.corpus import read_corpus
     from nerkit.inference.pipeline import Pipeline
