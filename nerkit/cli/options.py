@@ -22,7 +22,10 @@ Runtime = Literal["auto", "torch", "onnx"]
 Target = Literal["bio", "bioes", "bmes", "jsonl", "text", "doccano", "label-studio"]
 
 # nerkit.data.corpus.FORMATS (a test keeps them equal)
-Source = Literal["auto", "conll", "jsonl", "cluener", "doccano", "label-studio"]
+Source = Literal["auto", "conll", "jsonl", "cluener", "cblue", "doccano", "label-studio"]
+
+# nerkit.data.nesting.FLATS without none (a test keeps them equal): the flat projections
+Flat = Literal["outer", "inner"]
 
 
 def flag(*names: str, help: str, default: bool | None = False, **kwargs):
