@@ -8,7 +8,7 @@ from typing import Literal
 
 import typer
 
-from nerkit.config import DEVICES
+from nerkit.config import DEVICES, FLATS
 
 # Options with a fixed set of values (typer turns a Literal into a choice that it checks).
 Device = Literal[DEVICES]
@@ -24,8 +24,8 @@ Target = Literal["bio", "bioes", "bmes", "jsonl", "text", "doccano", "label-stud
 # nerkit.data.corpus.FORMATS (a test keeps them equal)
 Source = Literal["auto", "conll", "jsonl", "cluener", "cblue", "doccano", "label-studio"]
 
-# nerkit.data.nesting.FLATS without none (a test keeps them equal): the flat projections
-Flat = Literal["outer", "inner"]
+# The flat projections of nested entities (nerkit.data.nesting); leaving the option out is none.
+Flat = Literal[FLATS[1:]]
 
 
 def flag(*names: str, help: str, default: bool | None = False, **kwargs):

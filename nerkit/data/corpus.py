@@ -444,7 +444,8 @@ def write_corpus(path: str | Path, sentences: list[Sentence], to: str, source: s
         atomic_write_text(path, "".join(s.text + "\n" for s in sentences))
         return
     if to in SCHEMES:
-        refuse_nested(sentences, source or path, source_format, f"a character-per-line file ({to.upper()})",
+        refuse_nested(sentences, source or path, source_format,
+                      f"a character-per-line file ({to.upper()}) holds one entity per character",
                       "write a flat projection: --flat outer (the longest entity of each overlap) or --flat inner "
                       "(the shortest); or keep the nesting in jsonl, doccano or label-studio")
         found = _first_token(sentences, lambda t: not t or UNWRITABLE.search(t))
@@ -469,13 +470,13 @@ def write_corpus(path: str | Path, sentences: list[Sentence], to: str, source: s
 
 def refuse_nested(sentences: list[Sentence], path: str | Path, fmt: str, what: str, fix: str) -> None:
     """A CorpusError at the first nested sentence of `sentences` (read from `path` as `fmt`) when
-    any is: `what` holds one entity per character. Every place that cannot hold nesting refuses here."""
+    any is; `what` says what needs one entity per character. Every place that cannot hold nesting refuses here."""
     first = next((s for s in sentences if s.nested), None)
     if first is None:
         return
     count = sum(s.nested for s in sentences)
     a, b = overlapping_pairs(first.entities)[0]
-    raise CorpusError(f"{what} holds one entity per character, but the entities of {count:,} sentence"
+    raise CorpusError(f"{what}, but the entities of {count:,} sentence"
                       f"{'s' if count != 1 else ''} overlap (the first: {describe_pair(a, b, first.text)})",
                       where=sentence_where(path, fmt, first), fix=fix)
 

@@ -13,9 +13,6 @@ from dataclasses import asdict, dataclass
 
 from nerkit.data.tags import Span
 
-# What may project a nested corpus onto a flat one (`--flat`, `data.flat`): none keeps it as it is.
-FLATS = ("none", "outer", "inner")
-
 # What each projection keeps, as the messages say it.
 FLAT_RULES = {
     "outer": "keeps the longest entity of each overlap, the earliest of equal ones, as spaCy's filter_spans does",
