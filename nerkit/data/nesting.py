@@ -47,14 +47,15 @@ def overlapping_pairs(spans: list[Span]) -> list[tuple[Span, Span]]:
 
 def project(spans: list[Span], flat: str) -> list[Span]:
     """`spans` without overlaps: each overlap keeps its longest span (`outer`, spaCy's `filter_spans`)
-    or its shortest (`inner`), ties going to the earliest; spans claim their characters in that
-    order. Sorted by start."""
+    or its shortest (`inner`), ties going to the earliest (and of one span with two types, to the
+    type first in alphabetical order, whatever order a file lists them in); spans claim their
+    characters in that order. Sorted by start."""
     if flat not in FLAT_RULES:
         raise ValueError(f"unknown flat projection {flat!r}")
     sign = -1 if flat == "outer" else 1
     taken: set[int] = set()
     kept = []
-    for span in sorted(spans, key=lambda s: (sign * (s.end - s.start), s.start)):
+    for span in sorted(spans, key=lambda s: (sign * (s.end - s.start), s.start, s.type)):
         if taken.isdisjoint(range(span.start, span.end)):
             kept.append(span)
             taken.update(range(span.start, span.end))
