@@ -50,6 +50,11 @@ class DataConfig:
     # characters, Transformer-XL's memory carried from one to the next (needs encoder.memory;
     # docs/encoders.md). Long sentences are then cut into segments, not at max_len.
     context: str = "sentence"
+    # What a CRF learns from a nested training corpus (entities that overlap: nerkit.data.nesting),
+    # since it tags each character once: none refuses one, naming the fix | outer keeps the longest
+    # entity of each overlap | inner the shortest. Dev and test are scored as written, nested
+    # entities counted exactly. (Not the FLAT encoder: a flat projection of the data.)
+    flat: str = "none"
     limit: int = 0  # use only the first N training sentences (0 = all)
 
 
@@ -205,6 +210,7 @@ ENCODER_OPTIONS = {
 }
 DEVICES = ("auto", "cpu", "cuda")  # auto: the GPU when torch sees one
 CONTEXTS = ("sentence", "document")  # data.context: what a training sequence reads
+FLATS = ("none", "outer", "inner")  # data.flat and `--flat`: nerkit.data.nesting's flat projections
 # absolute ones, then nerkit.model.encoders.relative.VARIANTS
 ATTENTIONS = ("absolute", "learned", "tener", "xl", "shaw", "rope", "alibi")
 ABSOLUTE_ATTENTIONS = ("absolute", "learned")  # positions added to the input: the same in every segment
@@ -279,6 +285,7 @@ class Config:
 CHOICES = {
     ("data", "scheme"): ("auto", "bio", "bioes", "bmes"),
     ("data", "context"): CONTEXTS,
+    ("data", "flat"): FLATS,
     ("embeddings", "init"): ("normal", "scaled"),
     ("lexicon", "drop"): ("longest_first", "frequency"),
     ("train", "optimizer"): ("sgd", "adam", "adamw"),

@@ -170,7 +170,6 @@ DOCCANO_ERRORS = {
     "outside": ('{"text": "张三", "label": [[0, 3, "PER"]]}', "outside the text of 2 UTF-16 units"),
     "inside an emoji": ('{"text": "😀张三", "label": [[1, 4, "PER"]]}', "inside '😀' (U+1F600)"),
     "a label with a space": ('{"text": "张三", "label": [[0, 2, "Person name"]]}', "'Person name' cannot be an entity type"),
-    "overlap": ('{"text": "张三丰", "label": [[0, 2, "PER"], [1, 3, "PER"]]}', "'张三' at [0, 2] and PER '三丰' at [1, 3] overlap"),
     "nerkit's entities": ('{"text": "张三", "entities": [{"start": 0, "end": 2, "type": "PER"}]}', "needs integer \"start_offset\""),
 }
 
@@ -266,8 +265,8 @@ def ls_errors() -> dict[str, tuple[object, str]]:
     text = "张三丰在北京"
     hypertext = ls_task(text, [(0, 2, "PER")])
     hypertext["annotations"][0]["result"][0]["value"].update(start="/p[1]/text()[1]", end="/p[1]/text()[1]")
-    two_labels = ls_task(text, [(0, 2, "PER")])
-    two_labels["annotations"][0]["result"][0]["value"]["labels"] = ["PER", "LOC"]
+    no_label = ls_task(text, [(0, 2, "PER")])
+    no_label["annotations"][0]["result"][0]["value"]["labels"] = []  # two labels are a span with two types
     moved = ls_task(text, [(0, 2, "PER")])
     moved["annotations"][0]["result"][0]["value"]["text"] = "三丰"
     no_result = ls_task(text, [])
@@ -278,11 +277,10 @@ def ls_errors() -> dict[str, tuple[object, str]]:
         "no data.text": ({"data": {"sentence": text}, "annotations": []}, 'no "data": {"text": "..."} string'),
         "not an object": ([text], "the task is a JSON list, not an object"),
         "HyperText offsets": (hypertext, "needs integer start and end"),
-        "two labels on a span": (two_labels, "has labels ['PER', 'LOC'], not one label"),
+        "no label on a span": (no_label, "has labels [], not a list of labels"),
         "the text is not at the offsets": (moved, "the result's text '三丰' is not the text at 0:2 ('张三')"),
         "outside the text": (ls_task(text, [(4, 9, "LOC")]), "LOC at 4:9 is outside the text of 6 characters"),
         "a label with a space": (ls_task(text, [(0, 3, "Person name")]), "'Person name' cannot be an entity type"),
-        "overlap": (ls_task(text, [(0, 2, "PER"), (1, 3, "PER")]), "'张三' at 0:2 and PER '三丰' at 1:3 overlap"),
         "disagreeing annotations": (ls_task(text, [(0, 3, "PER")], [(0, 2, "PER")], id=42),
                                     "its 2 annotations (ids ?, ?) disagree"),
         "no result": (no_result, 'an item of "annotations" has no "result" list'),

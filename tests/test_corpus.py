@@ -461,8 +461,6 @@ JSONL_ERRORS = {
     "bad entity": ('{"text": "张三", "entities": [{"start": 0, "type": "PER"}]}\n', 1, "needs integer start"),
     "outside the text": ('{"text": "张三", "entities": [{"start": 1, "end": 3, "type": "PER"}]}\n', 1, "outside the text"),
     "empty entity": ('{"text": "张三", "entities": [{"start": 1, "end": 1, "type": "PER"}]}\n', 1, "outside the text"),
-    "overlap": ('{"text": "张三丰", "entities": [{"start": 0, "end": 2, "type": "PER"}, '
-                '{"start": 1, "end": 3, "type": "PER"}]}\n', 1, "the entities PER '张三' at 0:2 and PER '三丰' at 1:3 overlap"),
 }
 
 
@@ -475,28 +473,22 @@ def test_malformed_jsonl_names_the_line(case, write_file):
     assert words in err.message
 
 
-def test_overlapping_jsonl_entities_name_the_fix(write_file):
-    err = read_error(write_file(JSONL_ERRORS["overlap"][0], "bad.jsonl"))
-    assert err.fix == ('flat NER gives a character one entity at most: delete all but one of each overlap from "entities", '
-                       "or pass --repair, which keeps the longest entity of each overlap, the earliest of equal ones, "
-                       "as spaCy's filter_spans does")
-
-
 def entities(*spans: tuple[int, int, str]) -> str:
     return ", ".join(f'{{"start": {s}, "end": {e}, "type": "{t}"}}' for s, e, t in spans)
 
 
-# Issue 41: a record with several overlaps named its first alone. 0:6 holds 1:3 and 4:6 (nested),
+# Issue 41: a record with several overlaps named its first alone (issue 45: now kept). 0:6 holds 1:3 and 4:6 (nested),
 # 4:6 and 5:8 overlap, and 9:10 overlaps nothing.
 SEVERAL_OVERLAPS = ('{"text": "中华人民共和国国务院总理", "entities": [' +
                     entities((0, 6, "ORG"), (1, 3, "LOC"), (4, 6, "LOC"), (5, 8, "ORG"), (9, 10, "PER")) + "]}\n")
 
 
-def test_every_overlap_of_a_record_is_named(write_file):
-    err = read_error(write_file(SEVERAL_OVERLAPS, "bad.jsonl"))
-    assert err.message == ("4 pairs of entities overlap: ORG '中华人民共和' at 0:6 and LOC '华人' at 1:3; "
-                           "ORG '中华人民共和' at 0:6 and LOC '共和' at 4:6; ORG '中华人民共和' at 0:6 and ORG '和国国' at 5:8; "
-                           "LOC '共和' at 4:6 and ORG '和国国' at 5:8")
+def test_every_overlap_of_a_record_is_kept(write_file):
+    """Issue 45: overlapping entities were refused; they are nested data, kept as written."""
+    corpus = read_corpus(write_file(SEVERAL_OVERLAPS, "nested.jsonl"))
+    assert corpus.sentences[0].spans() == [Span(0, 6, "ORG"), Span(1, 3, "LOC"), Span(4, 6, "LOC"), Span(5, 8, "ORG"),
+                                           Span(9, 10, "PER")]
+    assert corpus.dropped_overlaps == 0 and corpus.sentences[0].nested
 
 
 def test_repair_keeps_the_longest_of_each_overlap_and_the_earliest_of_equal_ones(write_file):
@@ -540,8 +532,6 @@ CLUENER_ERRORS = {
     "places not pairs": ('{"text": "叶老桂", "label": {"name": {"叶老桂": [0, 2]}}}', "not a list of [start, end] integer pairs"),
     "no label": ('{"id": 0, "text": "叶老桂"}', 'no "label" key'),
     "unknown key": ('{"text": "叶老桂", "labels": {}}', "unknown key 'labels'; the keys are 'id', 'text', 'label'"),
-    "overlap": ('{"text": "叶老桂博士", "label": {"name": {"叶老桂": [[0, 2]]}, "title": {"桂博士": [[2, 4]]}}}',
-                "the entities name '叶老桂' at [0, 2] and title '桂博士' at [2, 4] overlap"),
 }
 
 

@@ -10,6 +10,7 @@ import typer
 
 from nerkit.cli.options import (
     WINDOW,
+    Flat,
     Source,
     Target,
     echo_json,
@@ -25,8 +26,8 @@ def data_stats(
     files: List[Path] = typer.Argument(..., help="Corpus files."),
     as_json: bool = flag("--json", help="Print JSON."),
 ):
-    """Sentences, characters, entities per type, lengths, scheme, invalid transitions, sha256.
-    A file that cannot be read gets one error line; the others are still reported (exit 2)."""
+    """Sentences, characters, entities per type, lengths, scheme, invalid transitions, nesting
+    (entities that overlap another, inside one or crossing, depth, spans with two types), sha256. A file that cannot be read gets one error line; the others are still reported (exit 2)."""
     from nerkit.data.stats import files_stats, format_stats
 
     stats, failures = files_stats(files)
@@ -45,10 +46,13 @@ def data_validate(
     file: Path = typer.Argument(..., help="Corpus file."),
     repair: Optional[Path] = typer.Option(None, "--repair", help="Write a repaired copy here."),
 ):
-    """Check a corpus strictly and list its errors (the first 20, and how many); with --repair OUT,
-    fix invalid transitions, split tokens of several characters, keep the longest of overlapping
-    entities (the earliest of equal ones), and write the result."""
+    """Check a corpus strictly, list its errors (the first 20, and how many) and say whether its
+    entities nest (a format of offsets holds nested ones; a CRF or a BIO file needs a flat
+    projection); with --repair OUT, fix invalid transitions, split tokens of several characters,
+    keep the longest of overlapping entities (the earliest of equal ones: --flat outer), and write
+    the result."""
     from nerkit.data.corpus import read_corpus, scheme_label, write_corpus
+    from nerkit.data.nesting import describe, nesting
     from nerkit.data.records import OVERLAP_RULE
 
     corpus = read_corpus(file, repair=repair is not None, max_errors=20,
@@ -61,8 +65,10 @@ def data_validate(
         typer.echo(f"{file}: repaired {corpus.repaired} tags ({corpus.invalid_transitions} invalid transitions){split}; "
                    f"wrote {repair}")
     else:
+        found = nesting(s.spans() for s in corpus.sentences)
+        nested = f"; {describe(found)}" if found.is_nested else ""  # a flat corpus's line is as it was
         typer.echo(f"{file}: OK, {len(corpus.sentences)} sentences, {scheme_label(corpus.labels)}, "
-                   f"types {', '.join(corpus.types) or '-'}")
+                   f"types {', '.join(corpus.types) or '-'}{nested}")
 
 
 @data_app.command("convert")
@@ -73,20 +79,25 @@ def data_convert(
                               "for nerkit predict or lm adapt; doccano: its JSONL; label-studio: its JSON, a task "
                               "with one annotation per sentence)."),
     from_: Source = typer.Option("auto", "--from", help="Input format: auto (.jsonl and .json are JSON lines, "
-                                 "anything else CoNLL), CLUENER's JSON (cluener), inline markup as `nerkit predict "
-                                 "--format inline` writes it (inline: [北京]LOC, a sentence a line), doccano's JSONL "
-                                 "export (doccano) or Label Studio's JSON export (label-studio)."),
+                                 "a .json array of CBLUE's records is cblue, anything else CoNLL), CLUENER's JSON "
+                                 "(cluener), CBLUE's CMeEE JSON (cblue: start_idx, end_idx inclusive), inline markup "
+                                 "as `nerkit predict --format inline` writes it (inline: [北京]LOC, a sentence a line), "
+                                 "doccano's JSONL export (doccano) or Label Studio's JSON export (label-studio)."),
     repair: bool = flag("--repair", help="Fix invalid transitions, split tokens of several characters and "
-                        "keep the longest of overlapping entities while reading."),
+                        "keep the longest of overlapping entities (--flat outer) while reading."),
+    flat: Optional[Flat] = typer.Option(None, "--flat", help="Project nested entities flat, as a "
+                                        "character-per-line file needs: outer keeps the longest entity of each "
+                                        "overlap, inner the shortest (default: keep them; bio, bioes and bmes "
+                                        "refuse them)."),
 ):
     """Convert between tag schemes and formats."""
     from nerkit.data.corpus import read_corpus, write_corpus
+    from nerkit.data.nesting import FLAT_RULES
 
-    from nerkit.data.records import OVERLAP_RULE
-
-    corpus = read_corpus(source, repair=repair, fmt=from_, texts_only=to == "text")
-    write_corpus(target, corpus.sentences, to, source, from_)
-    dropped = f", dropped {corpus.dropped_overlaps} overlapping entities (--repair {OVERLAP_RULE})" \
+    corpus = read_corpus(source, repair=repair, fmt=from_, texts_only=to == "text", flat=flat)
+    write_corpus(target, corpus.sentences, to, source, corpus.format)
+    option = f"--flat {flat}" if flat else "--repair"
+    dropped = f", dropped {corpus.dropped_overlaps} overlapping entities ({option} {FLAT_RULES[corpus.flat]})" \
         if corpus.dropped_overlaps else ""
     typer.echo(f"{source} ({corpus.labels}) -> {target} ({to}), {len(corpus.sentences)} sentences{dropped}")
 

@@ -61,14 +61,14 @@ def evaluate(
     result = pipe.evaluation(data, batch_size, repair=repair, with_errors=show_errors, window=window,
                              document=document, with_calibration=show_calibration, with_by_length=show_by_length)
     if output:
-        atomic_write_text(output, eval_output(result.sentences, result.predicted, result.scheme))
+        atomic_write_text(output, eval_output(result.sentences, result.predicted, result.scheme, data))
     metrics = result.metrics
     if as_json:
         typer.echo(json.dumps(metrics))
     else:
         typer.echo(format_table(metrics))
         if show_errors:
-            typer.echo("\n" + format_errors(metrics["errors"]))
+            typer.echo("\n" + format_errors(metrics["errors"], metrics.get("errors_by_nesting")))
         if show_calibration:
             typer.echo("\n" + format_calibration(metrics["calibration"]))
         if show_by_length:

@@ -8,7 +8,7 @@ from typing import Literal
 
 import typer
 
-from nerkit.config import DEVICES
+from nerkit.config import DEVICES, FLATS
 
 # Options with a fixed set of values (typer turns a Literal into a choice that it checks).
 Device = Literal[DEVICES]
@@ -22,7 +22,10 @@ Runtime = Literal["auto", "torch", "onnx"]
 Target = Literal["bio", "bioes", "bmes", "jsonl", "text", "doccano", "label-studio"]
 
 # nerkit.data.corpus.FORMATS (a test keeps them equal)
-Source = Literal["auto", "conll", "jsonl", "cluener", "inline", "doccano", "label-studio"]
+Source = Literal["auto", "conll", "jsonl", "cluener", "cblue", "inline", "doccano", "label-studio"]
+
+# The flat projections of nested entities (nerkit.data.nesting); leaving the option out is none.
+Flat = Literal[FLATS[1:]]
 
 
 def flag(*names: str, help: str, default: bool | None = False, **kwargs):

@@ -26,8 +26,9 @@ from nerkit.data.records import (
     _shown,
     _span_corpus,
     _text_of,
+    span_sentence,
 )
-from nerkit.data.tags import SCORE_DIGITS, Span, spans_to_tags
+from nerkit.data.tags import SCORE_DIGITS, Span
 from nerkit.errors import CorpusError
 
 log = logging.getLogger(__name__)
@@ -127,8 +128,7 @@ def _parse_doccano(line: str, number: int, where: str, overlaps: Overlaps) -> Se
                                   "counts otherwise: turn that off, or correct the offsets")
         spans.add(Span(first, last, _check_type(label, where, "doccano")))  # an entity listed twice is one
     spans = sorted(spans, key=lambda s: (s.start, s.end, s.type))
-    spans = overlaps.check(spans, text, where, lambda s: f"[{units.of(s.start)}, {units.of(s.end)}]", f'"{key}"')
-    return Sentence(list(text), spans_to_tags(len(text), spans, "bioes"), number)
+    return span_sentence(text, overlaps.check(spans), number)
 
 
 def _doccano_entity(item, key: str, where: str) -> tuple[int, int, object]:
@@ -236,9 +236,7 @@ def read_label_studio(path: str | Path, max_errors: int = 1, overlaps: Overlaps 
             left_out[sentence] += 1
     problems.raise_any()
     _report(path, len(tasks), len(sentences), left_out, key)
-    corpus = _span_corpus(path, sentences, "label-studio")
-    corpus.dropped_overlaps = overlaps.dropped
-    return corpus
+    return overlaps.noted(_span_corpus(path, sentences, "label-studio"))
 
 
 def _report(path: Path, tasks: int, read: int, left_out: dict[str, int], key: str) -> None:
@@ -278,7 +276,7 @@ def _parse_task(task, index: int, key: str, where: str, overlaps: Overlaps) -> S
     if not live:
         return "cancelled" if items and key == "annotations" else "none"
     readings = [(item, _result_spans(item, text, where, key, overlaps)) for item in live]
-    return Sentence(list(text), spans_to_tags(len(text), _agreed(readings, key, where), "bioes"), index + 1)
+    return span_sentence(text, _agreed(readings, key, where), index + 1)
 
 
 def _agreed(readings: list[tuple[dict, list[Span]]], key: str, where: str) -> list[Span]:
@@ -310,25 +308,33 @@ def _result_spans(item, text: str, where: str, key: str, overlaps: Overlaps) -> 
                               fix=LABEL_STUDIO_FORMAT)
         kind = result.get("type")
         if kind == "labels":
-            spans.add(_result_span(result.get("value"), text, where))
+            spans.update(_result_span(result.get("value"), text, where))
         elif isinstance(kind, str) and kind.endswith("labels"):
             raise CorpusError(f"a result of type {kind!r}: nerkit reads the spans of a <Text> tag (type \"labels\")",
                               where=where, fix="label the text with <Labels> on a <Text> tag, as the NER template does")
         # Relations, choices, text areas and the like say nothing about where entities are.
     spans = sorted(spans, key=lambda s: (s.start, s.end, s.type))
-    return overlaps.check(spans, text, where, lambda s: f"{s.start}:{s.end}", f"the {key[:-1]}")
+    return overlaps.check(spans)
 
 
-def _result_span(value, text: str, where: str) -> Span:
+def _result_span(value, text: str, where: str) -> list[Span]:
+    """A result's entities: its span once for each of its labels (a span may carry two types, as
+    a <Labels choice="multiple"> gives them)."""
     if not isinstance(value, dict) or not all(type(value.get(k)) is int for k in ("start", "end")):
         raise CorpusError(f"the result's value {_shown(json.dumps(value, ensure_ascii=False))} needs integer start "
                           "and end (character offsets; a <HyperText> tag's are XPaths)", where=where,
                           fix=LABEL_STUDIO_FORMAT)
     labels = value.get("labels")
-    if not isinstance(labels, list) or len(labels) != 1:
-        raise CorpusError(f"the result at {value['start']}:{value['end']} has labels {labels!r}, not one label",
-                          where=where, fix="give each span one label (an entity has one type)")
-    label = _check_type(labels[0], where, "Label Studio's labelling config")
+    if not isinstance(labels, list) or not labels:
+        raise CorpusError(f"the result at {value['start']}:{value['end']} has labels {labels!r}, not a list of "
+                          "labels", where=where, fix="give each span a label")
+    label, *others = [_check_type(label, where, "Label Studio's labelling config") for label in labels]
+    span = _result_offsets(value, text, where, label)
+    return [span, *(Span(span.start, span.end, other) for other in others)]
+
+
+def _result_offsets(value: dict, text: str, where: str, label: str) -> Span:
+    """The span of a result's offsets, with its (first) label."""
     start, end = value["start"], value["end"]
     seen = value.get("text")
     inside = 0 <= start < end <= len(text)

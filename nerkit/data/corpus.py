@@ -1,6 +1,6 @@
-"""Corpus reading, writing and checking: char-per-line CoNLL (BIO, BIOES, BMES), JSON-lines spans and
-CLUENER's JSON, and through `read_corpus` and `write_corpus` the annotation tools' files
-(nerkit.data.annotation: doccano, Label Studio) and inline markup (nerkit.data.inline).
+"""Corpus reading, writing and checking: char-per-line CoNLL (BIO, BIOES, BMES), JSON-lines spans,
+CLUENER's JSON and CBLUE's (nerkit.data.cblue), and through `read_corpus` and `write_corpus` the
+annotation tools' files (nerkit.data.annotation: doccano, Label Studio) and inline markup (nerkit.data.inline).
 
 The tag-scheme rules it checks with are nerkit.data.tags'; what every reader shares (Sentence,
 Corpus, reading a file, its errors) is nerkit.data.records'. Spans are token offsets, end exclusive;
@@ -13,8 +13,9 @@ import json
 import re
 from pathlib import Path
 
-from nerkit.data import annotation
+from nerkit.data import annotation, cblue
 from nerkit.data.inline import read_inline
+from nerkit.data.nesting import describe_pair, overlapping_pairs
 from nerkit.data.records import (
     DOCUMENT_SEPARATOR,
     SPANS,
@@ -29,6 +30,7 @@ from nerkit.data.records import (
     _shown,
     _text_of,
     nul_error,
+    span_sentence,
 )
 from nerkit.data.tags import (
     _TAG_RE,
@@ -36,7 +38,6 @@ from nerkit.data.tags import (
     Span,
     convert_tags,
     detect_scheme,
-    spans_to_tags,
     spread_tag,
     transition_problems,
 )
@@ -61,7 +62,7 @@ _CLUENER_FORMAT = 'each line is {"text": "...", "label": {"TYPE": {"MENTION": [[
 
 
 # What read_corpus's `fmt` may say (auto: by extension); the annotation tools' are annotation.FORMATS.
-FORMATS = ("auto", "conll", "jsonl", "cluener", "inline", *annotation.FORMATS)
+FORMATS = ("auto", "conll", "jsonl", "cluener", "cblue", "inline", *annotation.FORMATS)
 
 
 _SEPARATOR = re.compile(r"[ \t]+")  # only ASCII space and tab separate columns: U+3000 may be a token
@@ -94,7 +95,8 @@ REPAIR_OPTION = "pass --repair"  # how `nerkit eval` and `nerkit data convert` a
 
 
 def read_corpus(path: str | Path, repair: bool = False, strict: bool = True, max_errors: int = 1,
-                repair_option: str = REPAIR_OPTION, fmt: str = "auto", texts_only: bool = False) -> Corpus:
+                repair_option: str = REPAIR_OPTION, fmt: str = "auto", texts_only: bool = False,
+                flat: str | None = None) -> Corpus:
     """Read a corpus, CoNLL or JSON-lines (by extension .jsonl/.json), or as `fmt` (one of FORMATS)
     says: CLUENER's JSON, inline markup (`[北京]LOC`) and the annotation tools' files (nerkit.data.annotation) are read only when
     asked for. With `strict`, an invalid tag transition is
@@ -105,12 +107,19 @@ def read_corpus(path: str | Path, repair: bool = False, strict: bool = True, max
     counts them all (for `nerkit data validate`); a lone error is raised as itself.
     `repair_option`: how the command that reads the file asks for `repair`, for the error's fix.
     `texts_only`: only the texts are wanted (`nerkit data convert --to text`), so a JSON-lines or
-    CLUENER record without its labels (CLUENER's unlabelled test.json) is a text without entities."""
+    CLUENER record without its labels (CLUENER's unlabelled test.json) is a text without entities.
+    Overlapping (nested) entities are kept (`Sentence.entities`), or with `flat` (outer, inner)
+    projected flat (nerkit.data.nesting.project); `flat` None follows `repair`, which includes the
+    outer projection (what --repair did before nesting was kept)."""
     if fmt not in FORMATS:
         raise ValueError(f"unknown corpus format {fmt!r}")
-    overlaps = Overlaps(repair, repair_option)
+    overlaps = Overlaps(flat or ("outer" if repair else "none"))
     if fmt == "inline":
         return read_inline(path, max_errors=max_errors, overlaps=overlaps)
+    if fmt == "auto" and cblue.looks_like(path):
+        fmt = "cblue"
+    if fmt == "cblue":
+        return cblue.read_cblue(path, max_errors=max_errors, overlaps=overlaps, texts_only=texts_only)
     if fmt == "cluener":
         return read_cluener(path, max_errors=max_errors, overlaps=overlaps, texts_only=texts_only)
     if fmt in annotation.FORMATS:
@@ -337,8 +346,7 @@ def _parse_cluener(line: str, number: int, where: str, overlaps: Overlaps, texts
                                       fix="offsets count characters, from 0, end inclusive")
                 spans.add(Span(start, end + 1, typ))  # a place listed twice is one entity
     spans = sorted(spans, key=lambda s: (s.start, s.end, s.type))
-    spans = overlaps.check(spans, text, where, lambda s: f"[{s.start}, {s.end - 1}]", '"label"')
-    return Sentence(list(text), spans_to_tags(len(text), spans, "bioes"), number)
+    return span_sentence(text, overlaps.check(spans), number)
 
 
 def _parse_record(line: str, number: int, where: str, overlaps: Overlaps, texts_only: bool = False) -> Sentence:
@@ -351,8 +359,7 @@ def _parse_record(line: str, number: int, where: str, overlaps: Overlaps, texts_
     if not isinstance(entities, list):
         raise CorpusError(f'"entities" is {type(entities).__name__}, not a list', where=where)
     spans = sorted((_parse_entity(ent, text, where) for ent in entities), key=lambda s: (s.start, s.end))
-    spans = overlaps.check(spans, text, where, lambda s: f"{s.start}:{s.end}", '"entities"')
-    return Sentence(list(text), spans_to_tags(len(text), spans, "bioes"), number)
+    return span_sentence(text, overlaps.check(spans), number)
 
 
 def _parse_entity(ent, text: str, where: str) -> Span:
@@ -440,6 +447,10 @@ def write_corpus(path: str | Path, sentences: list[Sentence], to: str, source: s
         atomic_write_text(path, "".join(s.text + "\n" for s in sentences))
         return
     if to in SCHEMES:
+        refuse_nested(sentences, source or path, source_format,
+                      f"a character-per-line file ({to.upper()}) holds one entity per character",
+                      "write a flat projection: --flat outer (the longest entity of each overlap) or --flat inner "
+                      "(the shortest); or keep the nesting in jsonl, doccano or label-studio")
         found = _first_token(sentences, lambda t: not t or UNWRITABLE.search(t))
         if found:
             raise CorpusError(
@@ -460,6 +471,29 @@ def write_corpus(path: str | Path, sentences: list[Sentence], to: str, source: s
         atomic_write_text(path, format_jsonl(sentences) if to == "jsonl" else format_conll(sentences, to))
 
 
+def refuse_nested(sentences: list[Sentence], path: str | Path, fmt: str, what: str, fix: str) -> None:
+    """A CorpusError at the first nested sentence of `sentences` (read from `path` as `fmt`) when
+    any is; `what` says what needs one entity per character. Every place that cannot hold nesting refuses here."""
+    first = next((s for s in sentences if s.nested), None)
+    if first is None:
+        return
+    count = sum(s.nested for s in sentences)
+    a, b = overlapping_pairs(first.entities)[0]
+    raise CorpusError(f"{what}, but the entities of {count:,} sentence"
+                      f"{'s' if count != 1 else ''} overlap (the first: {describe_pair(a, b, first.text)})",
+                      where=sentence_where(path, fmt, first), fix=fix)
+
+
+def sentence_where(path: str | Path, fmt: str, sent: Sentence) -> str:
+    """Where a sentence of offsets is in the file it was read from: its line, or its task or record
+    in a JSON array (Label Studio's, CBLUE's)."""
+    if fmt == "label-studio":
+        return annotation.task_where(path, sent.line - 1)
+    if fmt == "cblue":
+        return cblue.record_where(path, sent.line - 1)
+    return f"{path}:{sent.line}"
+
+
 def _first_token(sentences: list[Sentence], bad) -> tuple[Sentence, int, str] | None:
     """The first (sentence, index, token) whose token is `bad`, or None."""
     return next(((s, i, t) for s in sentences for i, t in enumerate(s.tokens) if bad(t)), None)
@@ -471,7 +505,7 @@ def _token_where(path: str | Path, source: str | Path | None, source_format: str
     `path` when that is unknown."""
     if source is None or not sent.line:
         return str(path)
-    if source_format == "label-studio":
-        return annotation.task_where(source, sent.line - 1)
+    if source_format in ("label-studio", "cblue"):
+        return sentence_where(source, source_format, sent)
     per_sentence = source_format in ("jsonl", "cluener", "inline", "doccano") or (source_format == "auto" and is_jsonl(source))
     return f"{source}:{sent.line if per_sentence else sent.line + index}"

@@ -1,5 +1,6 @@
 """What every corpus reader shares: the Sentence and Corpus it returns, reading and decoding a file,
-collecting its errors, and the checks of a JSON record (its text, entities that overlap). The
+collecting its errors, and the checks of a JSON record (its text; its overlapping entities, kept or
+projected flat by nerkit.data.nesting's rules). The
 readers of nerkit's own formats (`corpus`) and of annotation tools' files (`annotation`) import it;
 it imports neither, so the two can dispatch to each other's formats without a circle."""
 
@@ -10,7 +11,8 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from nerkit.data.tags import Span, tags_to_spans
+from nerkit.data.nesting import FLAT_RULES, nested, project
+from nerkit.data.tags import Span, spans_to_tags, tags_to_spans
 from nerkit.errors import CorpusError, ManyErrors, did_you_mean
 
 SPANS = "spans"  # what JSON-lines files have instead of a tag scheme
@@ -31,13 +33,21 @@ class Sentence:
     # before it, 0 in a file without any. Consecutive sentences of one document are read as one
     # stream by `data.context: document` (nerkit.data.documents).
     document: int = 0
+    # The entities of a sentence whose entities overlap (nested, or a span with two types), which
+    # tags cannot hold: its `tags` are then the outer projection's, and only `spans()` is the truth.
+    # None for every other sentence, whose tags hold its entities.
+    entities: list[Span] | None = None
 
     @property
     def text(self) -> str:
         return "".join(self.tokens)
 
+    @property
+    def nested(self) -> bool:
+        return self.entities is not None
+
     def spans(self) -> list[Span]:
-        return tags_to_spans(self.tags or [])
+        return list(self.entities) if self.entities is not None else tags_to_spans(self.tags or [])
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -51,7 +61,8 @@ class Corpus:
     invalid_transitions: int = 0  # found while reading (each one fixed when repair=True)
     repaired: int = 0  # tags changed by repair
     split_tokens: int = 0  # tokens of several characters that repair split into their characters
-    dropped_overlaps: int = 0  # entities that repair dropped from overlaps (`Overlaps`)
+    dropped_overlaps: int = 0  # entities that a flat projection dropped from overlaps (`Overlaps`)
+    flat: str = "none"  # the flat projection applied while reading (nerkit.data.nesting.FLATS)
     types: list[str] = field(default_factory=list)
     format: str = "conll"  # or "jsonl", "cluener", "inline", "doccano", "label-studio"
 
@@ -154,7 +165,7 @@ def _read_records(path: str | Path, max_errors: int, parse, fmt: str, overlaps: 
         line = text[:len(text) - len(text.lstrip())].count("\n") + 1
         raise CorpusError("the file is one JSON array, not JSON lines (an object a line)", where=f"{path}:{line}",
                           fix="a Label Studio export? convert it with `nerkit data convert IN OUT --from label-studio "
-                              "--to jsonl`")
+                              "--to jsonl` (CBLUE's CMeEE JSON: --from cblue)")
     problems = _Problems(path, max_errors)
     sentences, document = [], 0
     for number, line in enumerate(text.split("\n"), 1):
@@ -171,9 +182,7 @@ def _read_records(path: str | Path, max_errors: int, parse, fmt: str, overlaps: 
         sentence.document = document
         sentences.append(sentence)
     problems.raise_any()
-    corpus = _span_corpus(path, sentences, fmt)
-    corpus.dropped_overlaps = overlaps.dropped
-    return corpus
+    return overlaps.noted(_span_corpus(path, sentences, fmt))
 
 
 def _json_array(first_line: str) -> bool:
@@ -221,48 +230,51 @@ def _text_of(record: dict, where: str, fmt: str) -> str:
     return text
 
 
+def span_sentence(text: str, spans: list[Span], line: int) -> Sentence:
+    """The Sentence of a text and its entities (sorted by start, end): tagged BIOES inside nerkit,
+    the entities kept beside the tags when they overlap (`Sentence.entities`)."""
+    if not nested(spans):
+        return Sentence(list(text), spans_to_tags(len(text), spans, "bioes"), line)
+    return Sentence(list(text), spans_to_tags(len(text), project(spans, "outer"), "bioes"), line,
+                    entities=sorted(spans, key=lambda s: (s.start, s.end, s.type)))
+
+
 @dataclass
 class Overlaps:
-    """What a reader of offsets does with overlapping or nested entities, which flat NER cannot
-    hold: refuse a record that has any, naming every overlapping pair; or, with `repair`, keep the
-    longest entity of each overlap (of equal lengths, the earliest), as spaCy's `filter_spans` does,
-    and count the entities dropped. `repair_option`: how the command asks for `repair`."""
+    """What a reader of offsets does with overlapping or nested entities: keep them (every format of
+    offsets holds them; what cannot, a character-per-line file or a CRF's training data, refuses
+    them later), or with `flat` "outer" or "inner" keep one entity of each overlap
+    (nerkit.data.nesting.project) and count the entities dropped."""
 
-    repair: bool = False
-    repair_option: str = "pass --repair"
+    flat: str = "none"
     dropped: int = 0
 
-    def check(self, spans: list[Span], text: str, where: str, shown, key: str) -> list[Span]:
-        """`spans` (sorted by start, end) without overlaps; `shown(span)` names one as its format
-        writes it, `key` is where the format lists them."""
-        pairs = [(a, b) for i, a in enumerate(spans) for b in spans[i + 1:] if b.start < a.end]
-        if not pairs:
+    def check(self, spans: list[Span]) -> list[Span]:
+        """`spans` (sorted by start, end), projected flat if asked."""
+        if self.flat == "none" or not nested(spans):
             return spans
-        if self.repair:
-            kept = keep_longest(spans)
-            self.dropped += len(spans) - len(kept)
-            return kept
-        said = [f"{a.type} {text[a.start:a.end]!r} at {shown(a)} and {b.type} {text[b.start:b.end]!r} at {shown(b)}"
-                for a, b in pairs]
-        message = f"the entities {said[0]} overlap" if len(said) == 1 else \
-            f"{len(said)} pairs of entities overlap: {'; '.join(said)}"
-        raise CorpusError(message, where=where,
-                          fix=f"flat NER gives a character one entity at most: delete all but one of each overlap "
-                              f"from {key}, or {self.repair_option}, which {OVERLAP_RULE}")
+        kept = project(spans, self.flat)
+        self.dropped += len(spans) - len(kept)
+        return kept
+
+    def noted(self, corpus: Corpus) -> Corpus:
+        corpus.dropped_overlaps, corpus.flat = self.dropped, self.flat
+        return corpus
 
 
-# What `Overlaps` repair does, as the messages say it.
-OVERLAP_RULE = "keeps the longest entity of each overlap, the earliest of equal ones, as spaCy's filter_spans does"
+# What `--repair` does with overlaps (it includes `--flat outer`), as the messages say it.
+OVERLAP_RULE = FLAT_RULES["outer"]
 
 
-def keep_longest(spans: list[Span]) -> list[Span]:
-    """The spans left when each overlap keeps its longest span, ties going to the earliest (spaCy's
-    `filter_spans`): longer spans claim their characters first. Sorted by start."""
-    taken: set[int] = set()
-    kept = []
-    for span in sorted(spans, key=lambda s: (s.start - s.end, s.start)):  # longest first, then earliest
-        if taken.isdisjoint(range(span.start, span.end)):
-            kept.append(span)
-            taken.update(range(span.start, span.end))
-    return sorted(kept, key=lambda s: (s.start, s.end))
-
+def flatten(sentences: list[Sentence], flat: str) -> tuple[list[Sentence], int]:
+    """`sentences` with every nested one projected flat (`flat`: outer or inner), and how many
+    entities that dropped."""
+    out, dropped = [], 0
+    for sent in sentences:
+        if not sent.nested:
+            out.append(sent)
+            continue
+        kept = project(sent.entities, flat)
+        dropped += len(sent.entities) - len(kept)
+        out.append(Sentence(sent.tokens, spans_to_tags(len(sent), kept, "bioes"), sent.line, sent.document))
+    return out, dropped

@@ -10,9 +10,10 @@ import random
 from dataclasses import dataclass
 
 from nerkit.config import Config
-from nerkit.data.corpus import REPAIR_OPTION, read_corpus
+from nerkit.data.corpus import REPAIR_OPTION, read_corpus, refuse_nested
 from nerkit.data.documents import contiguous_dev_split, documents
-from nerkit.data.records import OVERLAP_RULE, Corpus, Sentence
+from nerkit.data.nesting import FLAT_RULES
+from nerkit.data.records import Corpus, Sentence, flatten
 from nerkit.data.stats import sha256_file
 from nerkit.data.tags import continues
 from nerkit.data.text import SPACE, split_sentence
@@ -68,13 +69,28 @@ def insert_spaces(sentences: list[Sentence], rate: float, seed: int) -> list[Sen
 TRAIN_REPAIR_OPTION = "set data.repair: true (--set data.repair=true)"  # how a training run asks for repair
 
 
+def flat_training(sentences: list[Sentence], corpus: Corpus, flat: str) -> list[Sentence]:
+    """The training sentences a CRF can learn from: a nested corpus is refused unless `flat`
+    (data.flat) projects it, and what the projection dropped is logged."""
+    if flat == "none":
+        refuse_nested(sentences, corpus.path, corpus.format, "a CRF head tags each character once",
+                      "train on a flat projection: data.flat: outer (the longest entity of each overlap) or inner "
+                      "(the shortest), e.g. --set data.flat=outer; or the span head (model.head: span, coming)")
+        return sentences
+    sentences, dropped = flatten(sentences, flat)
+    if dropped:
+        log.info(f"{corpus.path}: dropped {dropped:,} overlapping entities from training (data.flat: {flat} "
+                 f"{FLAT_RULES[flat]})")
+    return sentences
+
+
 def read_gold(path: str, repair: bool, repair_option: str = REPAIR_OPTION) -> Corpus:
-    """A corpus file; the tags `repair` fixed and the tokens it split are logged, never silent. `repair_option`: as read_corpus's."""
-    corpus = read_corpus(path, repair=repair, repair_option=repair_option)
+    """A corpus file, its nested entities kept (gold is scored as written; training projects them,
+    `flat_training`); the tags `repair` fixed and the tokens it split are logged, never silent.
+    `repair_option`: as read_corpus's."""
+    corpus = read_corpus(path, repair=repair, repair_option=repair_option, flat="none")
     if corpus.repaired:
         log.info(f"{path}: repaired {corpus.repaired} tags in {corpus.invalid_transitions} invalid transitions")
-    if corpus.dropped_overlaps:
-        log.info(f"{path}: dropped {corpus.dropped_overlaps} overlapping entities (repair {OVERLAP_RULE})")
     if corpus.split_tokens:
         log.info(f"{path}: split {corpus.split_tokens} tokens of several characters into their characters")
     return corpus
@@ -111,6 +127,7 @@ def read_splits(config: Config) -> Splits:
         blocks = f", {len(documents(dev))} contiguous blocks" if dc.context == "document" else ""
         log.info(f"dev: {len(dev)} sentences carved from {dc.train} (seed {dc.split_seed}, {dc.dev_split:.0%}{blocks})")
     test = read_gold(dc.test, dc.repair, TRAIN_REPAIR_OPTION).sentences if dc.test else None
+    train = flat_training(train, train_corpus, dc.flat)  # dev and test stay as written (nested gold)
     if dc.insert_spaces:
         before = sum(len(s) for s in train)
         train = insert_spaces(train, dc.insert_spaces, dc.split_seed)

@@ -1,5 +1,5 @@
-"""Corpus statistics for `nerkit data stats`: sentences, characters, entities by type, lengths, and the
-checksums of the known benchmark files."""
+"""Corpus statistics for `nerkit data stats`: sentences, characters, entities by type, lengths, nesting,
+and the checksums of the known benchmark files."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import hashlib
 from pathlib import Path
 
 from nerkit.data.corpus import read_corpus, scheme_label
+from nerkit.data.nesting import Nesting, describe, nesting
 from nerkit.errors import CorpusError
 
 # ---------------------------------------------------------------------------------------------
@@ -57,6 +58,7 @@ def corpus_stats(path: str | Path) -> dict:
         "length": {"p50": _percentile(lengths, 50), "p90": _percentile(lengths, 90),
                    "p95": _percentile(lengths, 95), "p99": _percentile(lengths, 99), "max": lengths[-1]},
         "invalid_transitions": corpus.invalid_transitions,
+        "nesting": nesting(s.spans() for s in corpus.sentences).to_dict(),
         "sha256": digest,
         "known_as": KNOWN_FILES.get(digest),
     }
@@ -87,4 +89,7 @@ def format_stats(stats: dict) -> str:
         "  length        " + ", ".join(f"{k} {v}" for k, v in stats["length"].items()),
         f"  invalid transitions  {stats['invalid_transitions']}",
     ]
+    found = Nesting(**stats["nesting"])
+    if found.is_nested:  # a flat corpus's report is as it was
+        lines.append(f"  nesting       {describe(found)}")
     return "\n".join(lines)

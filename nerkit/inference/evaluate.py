@@ -2,11 +2,29 @@
 
 This is the only scoring code: training's dev F1 and `nerkit eval` both call `score`. Spans are
 read from tags as conlleval reads them, so the figures equal conlleval's on the same file.
+
+Nested gold (entities that overlap: nerkit.data.nesting) is counted exactly, each sentence's
+entities a set of (start, end, type), so a span with two types is two entities; the figures are
+then also split into NESTING classes: `nested`, the gold entities that share a character with
+another gold entity and the predictions that share a character with one of those, and `flat`, the
+rest (a correct prediction falls in its gold entity's class). A flat gold corpus has no split.
 """
 
 from __future__ import annotations
 
+from nerkit.data.nesting import nested_entities
 from nerkit.data.tags import Span
+
+NESTING = ("nested", "flat")
+
+
+def nesting_class(gold: list[Span], nested: set[Span] | None = None):
+    """A function from an entity (gold or predicted) of a sentence with these `gold` entities to
+    its NESTING class; `nested`: the sentence's nested gold entities, when known."""
+    nested = nested_entities(gold) if nested is None else nested
+    if not nested:
+        return lambda span: "flat"
+    return lambda span: "nested" if any(span.start < g.end and g.start < span.end for g in nested) else "flat"
 
 
 def _prf(correct: int, predicted: int, gold: int) -> dict:
@@ -22,19 +40,30 @@ def score(gold: list[list[Span]], predicted: list[list[Span]]) -> dict:
     if len(gold) != len(predicted):
         raise ValueError(f"{len(gold)} gold sentences but {len(predicted)} predicted")
     counts: dict[str, list[int]] = {}  # type -> [correct, predicted, gold]
+    split = {k: [0, 0, 0] for k in NESTING}  # the same by nesting class
+    any_nested = False
     for g_spans, p_spans in zip(gold, predicted):
         g_set, p_set = set(g_spans), set(p_spans)
+        nested = nested_entities(list(g_set))
+        any_nested = any_nested or bool(nested)
+        kind = nesting_class(list(g_set), nested)
         for s in g_set:
             counts.setdefault(s.type, [0, 0, 0])[2] += 1
+            split[kind(s)][2] += 1
         for s in p_set:
-            c = counts.setdefault(s.type, [0, 0, 0])
+            c, k = counts.setdefault(s.type, [0, 0, 0]), split[kind(s)]
             c[1] += 1
+            k[1] += 1
             if s in g_set:
                 c[0] += 1
+                k[0] += 1
     totals = [sum(c[i] for c in counts.values()) for i in range(3)]
     result = _prf(*totals)
     result["per_type"] = {t: {**_prf(*c), "support": c[2]} for t, c in sorted(counts.items())}
     result["counts"] = {"correct": totals[0], "predicted": totals[1], "gold": totals[2]}
+    if any_nested:  # a flat gold corpus's metrics are as they were
+        result["nesting"] = {k: {**_prf(*c), "support": c[2],
+                                 "counts": {"correct": c[0], "predicted": c[1], "gold": c[2]}} for k, c in split.items()}
     return result
 
 
@@ -168,6 +197,20 @@ def errors(gold: list[list[Span]], predicted: list[list[Span]]) -> dict[str, dic
     return dict(sorted(counts.items()))
 
 
+def nesting_errors(gold: list[list[Span]], predicted: list[list[Span]]) -> dict[str, dict[str, int]] | None:
+    """`errors` by NESTING class instead of by type (what a flat model misses of nested gold), or
+    None for a flat gold corpus."""
+    counts = {k: dict.fromkeys(ERROR_KINDS, 0) for k in NESTING}
+    any_nested = False
+    for g_spans, p_spans in zip(gold, predicted):
+        nested = nested_entities(list(set(g_spans)))
+        any_nested = any_nested or bool(nested)
+        kind = nesting_class(g_spans, nested)
+        for span, what in sentence_errors(g_spans, p_spans):
+            counts[kind(span)][what] += 1
+    return counts if any_nested else None
+
+
 def sentence_errors(gold: list[Span], predicted: list[Span]) -> list[tuple[Span, str]]:
     """One sentence's part of `errors`: each gold entity with what became of it, then each
     spurious prediction with `spurious`, in order of position. `errors` counts these, and the HTML
@@ -197,22 +240,33 @@ def _overlap(a: Span, b: Span) -> bool:
     return a.start < b.end and b.start < a.end
 
 
-def format_errors(counts: dict[str, dict[str, int]]) -> str:
-    """`errors` as a table: one row per type and a total, gold count first."""
+def format_errors(counts: dict[str, dict[str, int]], by_nesting: dict[str, dict[str, int]] | None = None) -> str:
+    """`errors` as a table: one row per type and a total, gold count first; with `by_nesting`
+    (`nesting_errors`), a second table of the same by nesting class."""
     header = ("type", "gold", "correct", "wrong type", "wrong boundary", "wrong both", "missed", "spurious")
     total = {k: sum(c[k] for c in counts.values()) for k in ERROR_KINDS}
     rows = [header] + [(t, str(sum(c[k] for k in ERROR_KINDS[:5])), *(str(c[k]) for k in ERROR_KINDS))
                        for t, c in [*counts.items(), ("overall", total)]]
-    return _rule_table(rows)
+    if not by_nesting:
+        return _rule_table(rows)
+    split = [("entities", *header[1:])] + [(k, str(sum(c[w] for w in ERROR_KINDS[:5])), *(str(c[w]) for w in ERROR_KINDS))
+                                           for k, c in by_nesting.items()]
+    return _rule_table(rows) + "\n\n" + _rule_table(split, total=False)
 
 
 def format_table(metrics: dict) -> str:
+    """The scores by type and overall; for nested gold, then by nesting class (`score`'s "nesting")."""
     rows = [("type", "precision", "recall", "f1", "support")]
     for t, m in metrics["per_type"].items():
         rows.append((t, f"{100 * m['precision']:.2f}", f"{100 * m['recall']:.2f}", f"{100 * m['f1']:.2f}", str(m["support"])))
     rows.append(("overall", f"{100 * metrics['precision']:.2f}", f"{100 * metrics['recall']:.2f}",
                  f"{100 * metrics['f1']:.2f}", str(metrics["counts"]["gold"])))
-    return _rule_table(rows)
+    if "nesting" not in metrics:
+        return _rule_table(rows)
+    split = [("entities", *rows[0][1:])] + [
+        (k, f"{100 * m['precision']:.2f}", f"{100 * m['recall']:.2f}", f"{100 * m['f1']:.2f}", str(m["support"]))
+        for k, m in metrics["nesting"].items()]
+    return _rule_table(rows) + "\n\n" + _rule_table(split, total=False)
 
 
 def _rule_table(rows: list[tuple[str, ...]], total: bool = True) -> str:

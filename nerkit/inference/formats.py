@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 
 from nerkit.data import annotation
-from nerkit.data.corpus import conll_line
+from nerkit.data.corpus import conll_line, refuse_nested
 from nerkit.data.inline import inline_line
 from nerkit.data.records import Sentence
 from nerkit.data.tags import Span, spans_to_tags
@@ -102,8 +102,12 @@ def model_version(pipe) -> str:
     return f"nerkit {__version__} {Path(directory).resolve().name}" if directory is not None else f"nerkit {__version__}"
 
 
-def eval_output(sentences: list[Sentence], predicted: list[list[Span]], scheme: str) -> str:
-    """`char gold predicted` lines with a blank line between sentences: conlleval's input."""
+def eval_output(sentences: list[Sentence], predicted: list[list[Span]], scheme: str,
+                source: str | Path = "the gold corpus") -> str:
+    """`char gold predicted` lines with a blank line between sentences: conlleval's input. Nested
+    gold (read from `source`) has no such lines: refused."""
+    refuse_nested(sentences, source, "jsonl", "--output writes one gold tag per character",
+                  "leave out --output: the scores count the nested entities exactly (--errors breaks them down)")
     lines = []
     for sent, spans in zip(sentences, predicted):
         gold = sent.tags

@@ -40,20 +40,31 @@ def type_colors(types) -> dict[str, str]:
 
 
 def highlight(text: str, spans: list[Span], colors: dict[str, str], wrong: set[Span] = frozenset()) -> str:
-    """`text` as escaped HTML with each entity of `spans` (not overlapping) in a `<mark>` showing its
-    type; those in `wrong` are outlined as errors."""
-    out, position = [], 0
-    for span in sorted(spans, key=lambda s: (s.start, s.end)):
-        if span.start < position:  # overlapping spans cannot come from tags; never lose text to one
+    """`text` as escaped HTML with each entity of `spans` in a `<mark>` showing its type; those in
+    `wrong` are outlined as errors. A nested entity is a mark inside its outer one's; of two that
+    cross, the later is left out (no HTML element can hold half of another), never any text."""
+    return _marks(text, sorted(set(spans), key=lambda s: (s.start, -s.end, s.type)), 0, 0, len(text), colors, wrong)[0]
+
+
+def _marks(text: str, spans: list[Span], i: int, low: int, high: int, colors: dict[str, str],
+           wrong: set[Span]) -> tuple[str, int]:
+    """The HTML of text[low:high] with the marks of spans[i:] that lie in it (spans sorted outer
+    first), and the index of the first span after them."""
+    out, position = [], low
+    while i < len(spans) and spans[i].start < high:
+        span = spans[i]
+        i += 1
+        if span.start < position or span.end > high:  # crosses one already shown
             continue
+        inner, i = _marks(text, spans, i, span.start, span.end, colors, wrong)
         css = "ent err" if span in wrong else "ent"
         color = colors.get(span.type, "#eee")
         out.append(esc(text[position:span.start]))
         out.append(f'<mark class="{css}" style="background:{color}" title="{esc(span.type)}">'
-                   f'{esc(text[span.start:span.end])}<sub>{esc(span.type)}</sub></mark>')
+                   f'{inner}<sub>{esc(span.type)}</sub></mark>')
         position = span.end
-    out.append(esc(text[position:]))
-    return "".join(out)
+    out.append(esc(text[position:high]))
+    return "".join(out), i
 
 
 def page_start(title: str) -> str:

@@ -20,7 +20,7 @@ from nerkit.data.splits import read_gold
 from nerkit.data.tags import Span, split_tag, tags_to_spans
 from nerkit.errors import ModelDirError, UserError
 from nerkit.features.featurizer import Example, Featurizer
-from nerkit.inference.evaluate import by_length, calibration, errors, score
+from nerkit.inference.evaluate import by_length, calibration, errors, nesting_errors, score
 from nerkit.inference.model_dir import (
     FORMAT_VERSION,
     MODEL_FILES,
@@ -201,6 +201,9 @@ class Predictor:
         metrics = score(gold, predicted)
         if with_errors:
             metrics["errors"] = errors(gold, predicted)
+            by_nesting = nesting_errors(gold, predicted)
+            if by_nesting:  # nested gold only: a flat corpus's metrics are as they were
+                metrics["errors_by_nesting"] = by_nesting
         if with_calibration:
             metrics["calibration"] = calibration(gold, predicted)
         if with_by_length:

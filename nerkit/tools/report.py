@@ -98,6 +98,10 @@ def scores_table(metrics: dict) -> str:
     rows.append(f'<tr class="total"><td>overall</td><td class=num>{_pct(metrics["precision"])}</td><td class=num>'
                 f'{_pct(metrics["recall"])}</td><td class=num id="overall-f1">{_pct(metrics["f1"])}</td>'
                 f'<td class=num>{metrics["counts"]["gold"]}</td></tr>')
+    for kind, m in metrics.get("nesting", {}).items():  # nested gold: the scores by nesting class
+        rows.append(f'<tr class="nesting"><td>{kind} entities</td><td class=num>{_pct(m["precision"])}</td>'
+                    f'<td class=num>{_pct(m["recall"])}</td><td class=num id="{kind}-f1">{_pct(m["f1"])}</td>'
+                    f'<td class=num>{m["support"]}</td></tr>')
     return f'<table class="scores">{"".join(rows)}</table>'
 
 
@@ -115,7 +119,8 @@ def confusion_table(counts: dict[str, dict[str, int]]) -> str:
     return f'<table class="confusion">{head}{"".join(body)}</table>'
 
 
-def errors_table(counts: dict[str, dict[str, int]]) -> str:
+def errors_table(counts: dict[str, dict[str, int]], by_nesting: dict[str, dict[str, int]] | None = None) -> str:
+    """The error kinds by type and overall, then (nested gold) by nesting class."""
     head = ("<tr><th>type</th><th class=num>gold</th>" + "".join(f"<th class=num>{KIND_LABELS[k]}</th>"
                                                                 for k in ERROR_KINDS) + "</tr>")
     total = {k: sum(c[k] for c in counts.values()) for k in ERROR_KINDS}
@@ -125,6 +130,9 @@ def errors_table(counts: dict[str, dict[str, int]]) -> str:
         css = ' class="total"' if t == "overall" and c is total else ""
         rows.append(f"<tr{css}><td>{esc(t)}</td><td class=num>{gold}</td>"
                     + "".join(f"<td class=num>{c[k]}</td>" for k in ERROR_KINDS) + "</tr>")
+    for kind, c in (by_nesting or {}).items():
+        rows.append(f'<tr class="nesting"><td>{kind} entities</td><td class=num>{sum(c[k] for k in ERROR_KINDS[:5])}'
+                    "</td>" + "".join(f"<td class=num>{c[k]}</td>" for k in ERROR_KINDS) + "</tr>")
     return f'<table class="errors">{head}{"".join(rows)}</table>'
 
 
@@ -185,8 +193,10 @@ that side.</p>
 <section id="breakdown"><h2>Errors by kind</h2>
 <p>What became of each gold entity (wrong type: the same boundaries, another type; wrong boundary: an
 overlapping prediction of its type; wrong both: only overlapping predictions of other types; missed:
-no overlapping prediction), and predictions that overlap no gold entity (spurious).</p>
-{errors_table(metrics["errors"])}</section>
+no overlapping prediction), and predictions that overlap no gold entity (spurious). With nested gold,
+also by nesting class: nested entities share a character with another gold entity (a prediction, with
+a nested gold entity), flat ones do not.</p>
+{errors_table(metrics["errors"], metrics.get("errors_by_nesting"))}</section>
 <section id="sentences"><h2>Sentences with an error ({count} of {len(sentences)})</h2>
 <div class="filters">
 <label>type <select id="filter-type"><option value="">all</option>{type_options}</select></label>
