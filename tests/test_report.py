@@ -182,15 +182,6 @@ def test_a_model_without_training_history_still_gets_a_report(tiny_model_dir, go
     assert "No training history" in dom.find_all("section", id="curves")[0].text()
 
 
-def test_the_command_line_offers_every_predict_format():
-    import typing
-
-    from nerkit.cli.options import Format
-    from nerkit.inference.formats import FORMATS
-
-    assert typing.get_args(Format) == FORMATS
-
-
 def test_report_from_the_command_line(tiny_model_dir, gold_file, tmp_path, nerkit):
     out = tmp_path / "r.html"
     result = nerkit("report", "--model", str(tiny_model_dir), "--data", str(gold_file), "--out", str(out))

@@ -39,7 +39,7 @@ def adapt(
                               "AVX512-BF16; the perplexity is measured in float32)."),
 ):
     """Continue masked-language-model training of an encoder on your text (domain adaptation)."""
-    from nerkit.config import parse_duration
+    from nerkit.typed_yaml import parse_duration
     from nerkit.device import set_threads
     from nerkit.tools.lm_adapt import AdaptOptions
     from nerkit.tools.lm_adapt import adapt as run

@@ -30,6 +30,14 @@ CRF_FILE = "crf.safetensors"
 RUNTIMES = ("torch", "onnx")
 
 
+# What `nerkit export` writes (a directory whose nerkit.json says `runtime: onnx`), and how it may
+# store its weights (`--quantize`).
+EXPORT_FORMATS = ("onnx",)
+
+
+QUANTIZE = ("int8",)
+
+
 # nerkit.json's key for the temperature that divides the CRF's scores when entities are scored
 # (written by `nerkit calibrate`; absent: 1).
 SCORE_TEMPERATURE = "score_temperature"

@@ -30,7 +30,15 @@ from nerkit.errors import UserError
 from nerkit.features.batch import Batch, collate
 from nerkit.features.padding import collate_arrays
 from nerkit.files import atomic_directory, atomic_write_bytes, atomic_write_text, check_output_directory
-from nerkit.inference.model_dir import CRF_FILE, ONNX_FILE, _read_json, runtime, vocab_fingerprint
+from nerkit.inference.model_dir import (
+    CRF_FILE,
+    EXPORT_FORMATS,
+    ONNX_FILE,
+    QUANTIZE,
+    _read_json,
+    runtime,
+    vocab_fingerprint,
+)
 from nerkit.inference.pipeline import Pipeline
 from nerkit.model.tagger import Tagger
 from nerkit.tools.onnx_graphs import (
@@ -43,12 +51,6 @@ from nerkit.tools.onnx_graphs import (
 from nerkit.training.model_card import MODEL_CARD
 
 log = logging.getLogger(__name__)
-
-FORMATS = ("onnx",)
-
-
-QUANTIZE = ("int8",)
-
 
 CHAR_INPUTS = ("char_ids", "bichar_ids", "mask")  # names of nerkit.features.batch.Batch's fields
 LATTICE_INPUTS = ("word_ids", "word_heads", "word_tails", "word_mask")
@@ -326,8 +328,8 @@ def export_model(model_dir: str | Path, out: str | Path, fmt: str = "onnx", quan
     and how the graph compares with the PyTorch model. OUT may be replaced only with `force`, and
     only if it is an earlier export."""
     model_dir, out = Path(model_dir), Path(out)
-    if fmt not in FORMATS:
-        raise UserError(f"unknown export format {fmt!r}", fix=f"use one of {', '.join(FORMATS)}")
+    if fmt not in EXPORT_FORMATS:
+        raise UserError(f"unknown export format {fmt!r}", fix=f"use one of {', '.join(EXPORT_FORMATS)}")
     if quantize is not None and quantize not in QUANTIZE:
         raise UserError(f"unknown quantisation {quantize!r}", fix=f"use one of {', '.join(QUANTIZE)}")
     check_output_directory(out, force, own=is_export, inputs=[model_dir], what="an earlier ONNX export")

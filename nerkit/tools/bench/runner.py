@@ -18,11 +18,12 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
 from pathlib import Path
 
-from nerkit.config import load_config, run_differences
+from nerkit.config import load_config
 from nerkit.errors import UserError, killed_by
 from nerkit.files import CHECKPOINT, atomic_write_text, check_output_directory, read_json_lines
 from nerkit.tools.bench.matrix import MatrixRun, load_matrix, select_runs
 from nerkit.tools.bench.report import render_markdown, short_error
+from nerkit.training.resume import run_differences
 from nerkit.version import __version__
 
 RESULTS = "results.jsonl"
