@@ -25,7 +25,7 @@ from nerkit.data.tags import tags_to_spans
 from nerkit.errors import UserError
 from nerkit.files import atomic_write_text
 from nerkit.inference.pipeline import Pipeline
-from nerkit.inference.model_dir import SCORE_TEMPERATURE, _read_json, runtime
+from nerkit.inference.model_dir import META_FILE, SCORE_TEMPERATURE, _read_json, runtime
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +85,7 @@ def calibrate(model_dir: str | Path, data: str | Path, batch_size: int = 128, wi
     set, whose scores would then be fitted to it), write it into MODEL_DIR/nerkit.json, and return
     it with the expected calibration error and log loss before and after."""
     model_dir = Path(model_dir)
-    meta_path = model_dir / "nerkit.json"
+    meta_path = model_dir / META_FILE
     if meta_path.is_file() and runtime(_read_json(meta_path)) == "onnx":
         raise UserError("this is an ONNX export, which has no torch model to fit", where=str(model_dir),
                         fix="calibrate the model directory that `nerkit train` wrote, then export it again")
