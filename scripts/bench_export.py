@@ -52,9 +52,9 @@ def measure(model: str, data: str, threads: int, batch_size: int, repeat: int, b
             import torch
 
             with torch.autocast("cpu", dtype=torch.bfloat16):
-                result = pipe.evaluation(sentences, batch_size)
+                result = pipe.predict_and_score(sentences, batch_size)
         else:
-            result = pipe.evaluation(sentences, batch_size)
+            result = pipe.predict_and_score(sentences, batch_size)
         best, metrics = min(best, result.seconds), result.metrics
     return {"model": model, "runtime": type(pipe).__name__ + (" bf16" if bf16 else ""), "f1": round(100 * metrics["f1"], 2),
             "chars": chars, "chars_per_s": round(chars / best), "load_s": round(loaded, 2),

@@ -43,7 +43,7 @@ def main() -> None:
         by_precision = {}
         for bf16 in (False, True):
             lm.bf16 = bf16
-            evaluation = pipeline.evaluation(sentences, args.batch_size)
+            evaluation = pipeline.predict_and_score(sentences, args.batch_size)
             by_precision[bf16] = evaluation.predicted
             f1 = score(gold, evaluation.predicted)["f1"]
             rows.append({"split": name, "precision": "bf16" if bf16 else "fp32", "f1": round(100 * f1, 2),

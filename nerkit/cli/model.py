@@ -51,7 +51,7 @@ def evaluate(
     if output:
         check_output(output, data)  # before the evaluation: a wrong path costs no wait
     pipe = load_pipeline(model, device, threads)  # an ONNX export (`nerkit export`) runs without torch
-    result = pipe.evaluation(data, batch_size, repair=repair, with_errors=show_errors, window=window,
+    result = pipe.predict_and_score(data, batch_size, repair=repair, with_errors=show_errors, window=window,
                              document=document, with_calibration=show_calibration)
     if output:
         atomic_write_text(output, eval_output(result.sentences, result.predicted, result.scheme))

@@ -1,5 +1,5 @@
 """An exported model directory (`nerkit export`, nerkit.json's `runtime: onnx`) run on ONNX Runtime,
-without torch: `OnnxPipeline` has the Pipeline's `predict`, `evaluate` and `evaluation` (they are
+without torch: `OnnxPipeline` has the Pipeline's `predict`, `evaluate` and `predict_and_score` (they are
 `Predictor`'s), featurises with the same `Featurizer` and batches with numpy
 (nerkit.features.padding); the graph gives tag ids, decoded in it by the constrained Viterbi.
 

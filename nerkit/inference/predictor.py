@@ -171,10 +171,11 @@ class Predictor:
 
     # ------------------------------------------------------------------------------ evaluation
 
-    def evaluation(self, data: str | Path | list[Sentence], batch_size: int = 128, repair: bool | None = None,
+    def predict_and_score(self, data: str | Path | list[Sentence], batch_size: int = 128, repair: bool | None = None,
                    with_errors: bool = False, window: int | None = None, document: bool = False,
                    with_calibration: bool = False) -> Evaluation:
-        """Entity-level P/R/F1 of the model on a corpus file or on sentences already read; with
+        """The model's predictions on a corpus file or on sentences already read, with their entity-level
+        P/R/F1 and the time they took (an `Evaluation`; `evaluate` gives the metrics alone); with
         `with_errors` the metrics also hold `errors` (see `nerkit.inference.evaluate.errors`). A file is read
         as the model's training data was: `repair` None follows the model's `data.repair`, so a file
         the training repaired is repaired here too (and said so). `window`: as for `predict`. With
@@ -229,8 +230,9 @@ class Predictor:
 
     def evaluate(self, data: str | Path | list[Sentence], batch_size: int = 128, repair: bool | None = None,
                  with_errors: bool = False, window: int | None = None, document: bool = False) -> dict:
-        """The metrics of `evaluation`: {"precision", "recall", "f1", "per_type"[, "errors"]}."""
-        return self.evaluation(data, batch_size, repair, with_errors, window, document).metrics
+        """The model's scores on `data`: {"precision", "recall", "f1", "per_type", "counts"[, "errors"]}
+        (`predict_and_score` gives the predictions and the time beside them)."""
+        return self.predict_and_score(data, batch_size, repair, with_errors, window, document).metrics
 
 
 # ------------------------------------------------------------------------------ model directory

@@ -99,7 +99,7 @@ def calibrate(model_dir: str | Path, data: str | Path, batch_size: int = 128, wi
     result = {"temperature": round(temperature, 4), "entities": entities, "data": str(data)}
     for name, t in (("before", 1.0), ("after", temperature)):
         pipe.score_temperature = t
-        metrics = pipe.evaluation(data, batch_size, window=window, with_calibration=True).metrics
+        metrics = pipe.predict_and_score(data, batch_size, window=window, with_calibration=True).metrics
         result[name] = {"ece": metrics["calibration"]["ece"], "brier": metrics["calibration"]["brier"],
                         "log_loss": log_loss(pipe, batches, t)}
     meta = json.loads(meta_path.read_text(encoding="utf-8"))
