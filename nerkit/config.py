@@ -357,7 +357,7 @@ def _check_encoder(options, where: str) -> None:
     if memory and attention in ABSOLUTE_ATTENTIONS:
         raise ConfigError(f"memory = {memory} needs a relative attention, but attention is {attention}: absolute "
                           "positions repeat in every segment, so a cached state could not tell where it came from",
-                          where=where, fix=f"use attention: {', '.join(RELATIVE_ATTENTIONS)}, or memory: 0")
+                          where=where, fix=f"use attention: {', '.join(RELATIVE_ATTENTIONS[:-1])} or {RELATIVE_ATTENTIONS[-1]}, or memory: 0")
     if memory and not segment:
         raise ConfigError(f"memory = {memory} needs segment, the characters read at a time", where=where,
                           fix="e.g. segment: 128")
