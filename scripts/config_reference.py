@@ -1,6 +1,7 @@
 """Write docs/config.md, the reference of every config key, from nerkit/config.py: the dataclasses
-give each key, its type and default, config.py's comments (on the field's line or the lines just
-above it) its description, and its tables (CHOICES, DURATIONS, RESUMABLE_KEYS) the allowed values.
+give each key, its type (a Literal's choices) and default, its metadata its range, whether it is a
+duration and whether a resume may change it, and config.py's comments (on the field's line or the
+lines just above it) its description.
 Every key needs its comment there (`--missing` lists those without one; a test fails on any).
 
     python scripts/config_reference.py            # rewrite docs/config.md
@@ -15,6 +16,7 @@ import dataclasses
 import io
 import sys
 import tokenize
+import typing
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -23,6 +25,7 @@ DOC = REPO / "docs" / "config.md"
 sys.path.insert(0, str(REPO))
 
 from nerkit import config as cfg  # noqa: E402 (a base module: imports no torch)
+from nerkit import typed_yaml  # noqa: E402
 
 SECTIONS = {"data": "DataConfig", "embeddings": "EmbeddingsConfig", "lexicon": "LexiconConfig",
             "crf": "CRFConfig", "train": "TrainConfig"}
@@ -49,8 +52,9 @@ How a config is read (all checked when it loads, before any data is read):
 
 - An unknown section or key is an error naming it, with the closest valid key (`did you mean ...?`).
 - Values are converted to the key's type (`1e-3` is a number, `"32"` an integer); `null` leaves an
-  optional key unset. A key with a fixed set of values refuses any other; negative numbers are
-  refused everywhere, a dropout must be below 1, and sizes such as `hidden_size` must be at least 1.
+  optional key unset. A key with a fixed set of values refuses any other. A number must be as its
+  type says (`at least 1`, `positive`, or in an interval: `[0, 1)` takes 0 but not 1); any other
+  number must be finite and not negative.
 - `${VAR}` and `${VAR:-default}` in a value are read from the environment; `${NERKIT_DATA}`
   defaults to `data`.
 - `--set section.key=value` (repeatable) overrides a key from the command line, for example
@@ -120,14 +124,16 @@ def read_comments(path: Path) -> tuple[dict[str, str], dict[tuple[str, str], str
     return classes, fields_
 
 
-def type_name(section: str, f: dataclasses.Field) -> str:
-    choices = cfg.CHOICES.get((section, f.name))
+def type_name(cls, f: dataclasses.Field) -> str:
+    """The key's type as the reference prints it: its choices, or its type and range."""
+    choices = typed_yaml.choices(cls, f.name)
     if choices:
         return " \\| ".join(f"`{c}`" for c in choices)
-    if (section, f.name) in cfg.DURATIONS:
-        return "duration"
-    text = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
-    return text.replace(" | None", " or null")
+    text = "duration" if typed_yaml.is_duration(f) else f.type.replace(" | None", " or null")
+    if text.split()[0] in ("int", "float", "duration") and typed_yaml.interval(f) != typed_yaml.ANY_AMOUNT:
+        words = typed_yaml.range_words(typed_yaml.interval(f))
+        text += f" {words}" if words.startswith("in ") else f", {words}"
+    return text
 
 
 def default(f: dataclasses.Field) -> str:
@@ -150,7 +156,7 @@ def owner(cls, name: str) -> str:
 def description(cls, name: str, notes: dict, key: str) -> str:
     where = owner(cls, name)
     text = notes.get((where, name), "")
-    if key in cfg.RESUMABLE_KEYS:
+    if key in cfg.RESUMABLE_KEYS:  # the fields whose metadata says `resumable`
         text = join(text if text.endswith(".") else text + ".", "a resume may change it.")
     return text.replace("|", "\\|")
 
@@ -159,11 +165,18 @@ def table(cls, section: str, notes: dict) -> str:
     """One row per key of dataclass `cls`; `section` is how config.py's tables name its keys."""
     lines = ["| key | type | default | meaning |", "|---|---|---|---|"]
     for f in dataclasses.fields(cls):
-        if (section, f.name) in cfg.NESTED:
+        if nested(cls, f.name):
             continue
         key = f"{section}.{f.name}" if section else f.name
-        lines.append(f"| `{key}` | {type_name(section, f)} | {default(f)} | {description(cls, f.name, notes, key)} |")
+        lines.append(f"| `{key}` | {type_name(cls, f)} | {default(f)} | {description(cls, f.name, notes, key)} |")
     return "\n".join(lines) + "\n"
+
+
+def nested(cls, name: str) -> type | None:
+    """The dataclass of a section inside a section (embeddings.lm: LMConfig, or a list of them)."""
+    hint = typed_yaml.hints(cls)[name]
+    inner = [a for a in (typing.get_args(hint) or (hint,)) if dataclasses.is_dataclass(a)]
+    return inner[0] if inner else None
 
 
 def undocumented() -> list[str]:
@@ -208,15 +221,16 @@ def render() -> str:
             cls = getattr(cfg, SECTIONS[f.name])
             parts.append(f"\n## {f.name}\n\n{join(INTRO[f.name], classes.get(cls.__name__, ''))}\n\n")
             parts.append(table(cls, f.name, notes))
-            for (section, sub), nested in cfg.NESTED.items():
-                if section == f.name:
-                    key = f"{section}.{sub}"
-                    parts.append(f"\n### {key}\n\n{join(classes.get(nested.__name__, ''), INTRO[key])}\n\n")
-                    parts.append(table(nested, key, notes))
+            for g in dataclasses.fields(cls):
+                inner = nested(cls, g.name)
+                if inner:
+                    key = f"{f.name}.{g.name}"
+                    parts.append(f"\n### {key}\n\n{join(classes.get(inner.__name__, ''), INTRO[key])}\n\n")
+                    parts.append(table(inner, key, notes))
         else:
             parts.append(f"\n## {f.name}\n\n")
             lines = ["| key | type | default | meaning |", "|---|---|---|---|",
-                     f"| `{f.name}` | {type_name('', f)} | {default(f)} | {description(cfg.Config, f.name, notes, f.name)} |"]
+                     f"| `{f.name}` | {type_name(cfg.Config, f)} | {default(f)} | {description(cfg.Config, f.name, notes, f.name)} |"]
             parts.append("\n".join(lines) + "\n")
     return "".join(parts)
 

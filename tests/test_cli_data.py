@@ -351,15 +351,6 @@ def test_convert_to_text_needs_no_labels(write_file, tmp_path):
         assert "nerkit predict" in labelled.stderr
 
 
-def test_convert_format_choices_are_the_readers():
-    from typing import get_args
-
-    from nerkit.cli.options import Source
-    from nerkit.data.corpus import FORMATS
-
-    assert get_args(Source) == FORMATS
-
-
 def test_convert_with_repair(tmp_path):
     out = tmp_path / "fixed.bmes"
     result = nerkit("data", "convert", FIXTURES / "invalid_transitions.bio", out, "--to", "bmes", "--repair")

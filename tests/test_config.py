@@ -12,20 +12,20 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nerkit.config import (
-    CHOICES,
     ENCODER_OPTIONS,
     Config,
     DataConfig,
+    LMConfig,
     TrainConfig,
     build_config,
     config_to_dict,
     config_to_yaml,
     load_config,
-    run_differences,
-    same_run,
 )
 from nerkit.errors import ConfigError, UserError
 from nerkit.model.encoders import ENCODERS
+from nerkit.training.resume import run_differences, same_run
+from nerkit.typed_yaml import choices
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -121,7 +121,7 @@ def test_wrong_type_names_the_key(section, key, value, words):
 
 
 @pytest.mark.parametrize("section, key, value", [
-    ("train", "epochs", -1), ("train", "lr", "-1e-3"), ("data", "max_len", "-5"),
+    ("train", "patience", -1), ("train", "lr", "-1e-3"), ("data", "max_len", "-5"),
 ])
 def test_negative_value_is_an_error(section, key, value):
     err = config_error({section: {key: value}})
@@ -136,6 +136,19 @@ def test_negative_value_is_an_error(section, key, value):
     ({"train": "fast"}, "must be a mapping"),
 ])
 def test_invalid_values(raw, words):
+    assert words in str(config_error(raw))
+
+
+@pytest.mark.parametrize("raw, words", [
+    ({"train": {"epochs": -1}}, "train.epochs = -1 must be at least 1"),
+    ({"encoder": {"name": "bilstm", "dropout": 1}}, "encoder.dropout = 1.0 must be in [0, 1)"),
+    ({"encoder": {"name": "transformer", "ff_ratio": 0}}, "encoder.ff_ratio = 0.0 must be positive"),
+    ({"train": {"dist_timeout": "0s"}}, "train.dist_timeout = 0.0 must be positive"),
+    ({"embeddings": {"lm": {"path": "a", "layer_decay": 0}}}, "embeddings.lm.layer_decay = 0.0 must be in (0, 1]"),
+    ({"train": {"lr": "inf"}}, "train.lr = inf must be a finite number"),
+])
+def test_a_number_outside_its_fields_range_names_the_range(raw, words):
+    """Each range is the field's metadata, read by the one validator (nerkit.typed_yaml)."""
     assert words in str(config_error(raw))
 
 
@@ -159,10 +172,29 @@ def test_a_time_budget_that_is_not_a_duration_is_named(value, words):
         assert '"20m"' in err.fix
 
 
+def _choice_fields():
+    """(section, key, choices) of every field whose type is a Literal, read from the classes."""
+    sections = {f.name: f.default_factory for f in dataclasses.fields(Config) if dataclasses.is_dataclass(f.default_factory)}
+    sections["embeddings.lm"] = LMConfig
+    sections.update({f"encoder:{name}": cls for name, cls in ENCODER_OPTIONS.items()})
+    found = {}
+    for section, cls in sections.items():
+        for f in dataclasses.fields(cls):
+            if choices(cls, f.name):
+                found.setdefault((section.split(":")[0], f.name), choices(cls, f.name))
+    return found
+
+
+def test_every_fixed_set_of_values_is_a_literal_field():
+    found = _choice_fields()
+    assert {("data", "scheme"), ("lexicon", "drop"), ("train", "device"), ("encoder", "attention"),
+            ("encoder", "fusion"), ("embeddings.lm", "layers"), ("crf", "algorithm")} <= set(found)
+
+
 def test_choices_accept_their_values():
     encoder_of = {"attention": "tener", "fusion": "flat"}  # the encoder whose options have the key
-    for (section, key), choices in CHOICES.items():
-        for choice in choices:
+    for (section, key), values in _choice_fields().items():
+        for choice in values:
             if section == "encoder":
                 options = build_config({"encoder": {"name": encoder_of[key], key: choice}}).encoder.options
                 assert getattr(options, key) == choice
@@ -382,8 +414,8 @@ def _field_values(cls, section: str):
     }
     values = {}
     for f in dataclasses.fields(cls):
-        choices = CHOICES.get((section, f.name))
-        values[f.name] = st.sampled_from(choices) if choices else by_type[f.type]
+        allowed = choices(cls, f.name)
+        values[f.name] = st.sampled_from(allowed) if allowed else by_type[f.type]
     if cls is DataConfig:
         values["dev_split"] = st.floats(0, 0.99)
         values["insert_spaces"] = st.floats(0, 1)

@@ -309,7 +309,7 @@ def test_dist_timeout_is_a_duration(value, seconds):
 
 
 def test_a_dist_timeout_of_zero_is_refused():
-    with pytest.raises(ConfigError, match="train.dist_timeout must be positive"):
+    with pytest.raises(ConfigError, match=r"train.dist_timeout = 0.0 must be positive"):
         build_config({"train": {"dist_timeout": 0}})
 
 

@@ -11,7 +11,6 @@ import json
 import shutil
 import subprocess
 import sys
-import typing
 from pathlib import Path
 
 import numpy as np
@@ -22,18 +21,15 @@ from helpers import TINY_DEV, serving, tiny_raw_config, write_lm
 pytest.importorskip("onnxruntime")
 pytest.importorskip("onnxscript")
 
-from nerkit.cli.export import ExportFormat, Quantize  # noqa: E402
-from nerkit.cli.options import Runtime  # noqa: E402
 from nerkit.config import build_config  # noqa: E402
 from nerkit.data.corpus import read_corpus  # noqa: E402
 from nerkit.data.splits import Splits  # noqa: E402
 from nerkit.errors import UserError  # noqa: E402
 from nerkit.inference.loading import load_pipeline  # noqa: E402
-from nerkit.inference.model_dir import RUNTIMES  # noqa: E402
 from nerkit.inference.onnx_runtime import OnnxPipeline  # noqa: E402
 from nerkit.inference.pipeline import Pipeline  # noqa: E402
 from nerkit.model.crf import CRF  # noqa: E402
-from nerkit.tools.export import FORMATS, QUANTIZE, compare, export_model  # noqa: E402
+from nerkit.tools.export import compare, export_model  # noqa: E402
 from nerkit.tools.onnx_graphs import fold_weights, viterbi_model  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
@@ -377,11 +373,6 @@ def test_what_cannot_be_exported_is_a_user_error(exported, tmp_path):
         export_model(exported("bilstm")[1], tmp_path / "again")
     with pytest.raises(UserError, match="quantisation"):
         export_model(exported("bilstm")[0], tmp_path / "x", quantize="int4")
-
-
-def test_the_cli_choices_are_the_exporters():
-    assert typing.get_args(ExportFormat) == FORMATS and typing.get_args(Quantize) == QUANTIZE
-    assert typing.get_args(Runtime) == ("auto", *RUNTIMES)
 
 
 def test_runtime_refuses_a_directory_made_for_the_other(exported, nerkit, tmp_path):

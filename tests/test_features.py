@@ -175,3 +175,29 @@ def test_every_whitespace_character_is_one_space_to_the_model(tmp_path, tiny_con
         units = featurizer.units(list("北 京\t上\u3000海\xa0\n\u2003。"))
         assert units.chars == ["北", SPACE, "京", SPACE, "上", SPACE, "海", SPACE, SPACE, SPACE, "。"]
         assert units.bichars[:2] == ["北" + SPACE, SPACE + "京"]
+
+
+def test_a_binary_word2vec_file_is_the_lattice_of_a_trained_pipeline(tmp_path, tiny_config):
+    """`lexicon.source` may be a binary word2vec file, as `embeddings.word_vectors` may (issue 42: one
+    reader for both): a FLAT pipeline built from it matches its words in a training sentence and its
+    model takes a step on them."""
+    import numpy as np
+
+    from nerkit.data.corpus import read_corpus
+    from nerkit.data.splits import read_splits
+    from nerkit.features.batch import collate
+    from nerkit.training.build import build_pipeline
+
+    sentence = read_corpus(tiny_config().data.train).sentences[0]
+    words = ["".join(sentence.tokens[i:i + 2]) for i in range(0, len(sentence.tokens) - 1, 2)]
+    records = b"".join(w.encode() + b" " + np.full(4, 0.5, "<f4").tobytes() + b"\n" for w in words)
+    path = tmp_path / "w2v.bin"
+    path.write_bytes(f"{len(words)} 4\n".encode() + records)
+    config = tiny_config("encoder.name=flat", "encoder.n_heads=2", "encoder.head_dim=4", "embeddings.word_dim=4",
+                         f"lexicon.source={path}")
+    pipe = build_pipeline(config, read_splits(config))
+    example = pipe.featurizer.example(sentence.tokens, sentence.tags)
+    assert {pipe.featurizer.words.tokens[i] for i in example.word_ids} == set(words)
+    loss = pipe.model.loss(collate([example]))
+    loss.backward()
+    assert torch.isfinite(loss)

@@ -139,7 +139,7 @@ def test_evaluation_reads_each_document_in_order(memory_pipe, tmp_path):
     texts = [TEXTS[2], TEXTS[1], TEXTS[0]]
     gold.write_text(sentence(texts[0]) + sentence(texts[1]) + "-DOCSTART- O\n\n" + sentence(texts[2]),
                     encoding="utf-8")
-    document = memory_pipe.evaluation(gold, document=True)
+    document = memory_pipe.predict_and_score(gold, document=True)
     expected = MemoryReader(memory_pipe).read_lines(texts[:2]) + [MemoryReader(memory_pipe).read(texts[2])]
     assert document.predicted == [memory_pipe.spans_of(t, e) for t, e in zip(texts, expected)]
     continued = MemoryReader(memory_pipe).read_lines(texts)[2]  # what no separator would have given

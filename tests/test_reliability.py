@@ -287,12 +287,12 @@ CONFIG_ERRORS = [
     ("train.epochz=3", "--set train.epochz=3", "unknown key train.epochz; did you mean 'epochs'?"),
     ("train.lr=fast", "--set train.lr=fast", "train.lr: 'fast' is not a valid float"),
     ("encoder.name=lstmm", "--set encoder.name=lstmm: encoder.name", "unknown encoder 'lstmm'"),
-    ("encoder.hidden_size=-5", "--set encoder.hidden_size=-5", "encoder.hidden_size = -5 must not be negative"),
+    ("encoder.hidden_size=-5", "--set encoder.hidden_size=-5", "encoder.hidden_size = -5 must be at least 1"),
     ("encoder.hidden_size=0", "--set encoder.hidden_size=0", "encoder.hidden_size = 0 must be at least 1"),
     ("encoder.num_layers=0", "--set encoder.num_layers=0", "encoder.num_layers = 0 must be at least 1"),
     ("train.eval_batch_size=0", "--set train.eval_batch_size=0", "train.eval_batch_size = 0 must be at least 1"),
     ("train.lr=.nan", "--set train.lr=.nan", "train.lr = nan must be a finite number"),
-    ("encoder.dropout=1.5", "--set encoder.dropout=1.5", "encoder.dropout = 1.5 must be below 1"),
+    ("encoder.dropout=1.5", "--set encoder.dropout=1.5", "encoder.dropout = 1.5 must be in [0, 1)"),
 ]
 
 

@@ -120,7 +120,7 @@ def test_the_report_shows_the_evaluations_scores_and_errors(report, tiny_model_d
     from nerkit.inference.pipeline import Pipeline
 
     out, metrics = report
-    evaluation = Pipeline.load(tiny_model_dir).evaluation(gold_file, with_errors=True, with_calibration=True)
+    evaluation = Pipeline.load(tiny_model_dir).predict_and_score(gold_file, with_errors=True, with_calibration=True)
     assert metrics == evaluation.metrics  # the one evaluation path
     dom = parse(out.read_text(encoding="utf-8"))
     (ece,) = dom.find_all("b", id="ece")  # how sure the model is: the calibration section, its figure and tables
@@ -142,7 +142,7 @@ def test_every_sentence_with_an_error_is_listed_with_its_kinds(report, tiny_mode
     from nerkit.inference.pipeline import Pipeline
 
     out, _ = report
-    evaluation = Pipeline.load(tiny_model_dir).evaluation(gold_file, with_errors=True)
+    evaluation = Pipeline.load(tiny_model_dir).predict_and_score(gold_file, with_errors=True)
     expected = []
     for sentence, predicted in zip(evaluation.sentences, evaluation.predicted):
         kinds = sorted({k for _, k in sentence_errors(sentence.spans(), predicted) if k != "correct"})
@@ -180,15 +180,6 @@ def test_a_model_without_training_history_still_gets_a_report(tiny_model_dir, go
     dom = parse((tmp_path / "r.html").read_text(encoding="utf-8"))
     assert not dom.find_all("section", id="curves")[0].find_all("svg")
     assert "No training history" in dom.find_all("section", id="curves")[0].text()
-
-
-def test_the_command_line_offers_every_predict_format():
-    import typing
-
-    from nerkit.cli.options import Format
-    from nerkit.inference.formats import FORMATS
-
-    assert typing.get_args(Format) == FORMATS
 
 
 def test_report_from_the_command_line(tiny_model_dir, gold_file, tmp_path, nerkit):

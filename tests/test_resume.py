@@ -66,12 +66,12 @@ elif fault == "sigkill_mid_rename":  # the old checkpoint moved aside, the new o
             os.kill(os.getpid(), signal.SIGKILL)
     os.replace = patched
 elif fault == "sigint_in_evaluation":  # Ctrl-C while epoch N is evaluated on dev
-    evaluate = T.Pipeline.evaluation
+    evaluate = T.Pipeline.evaluate
     def patched(self, *args, **kwargs):
         if count():
             os.kill(os.getpid(), signal.SIGINT)
         return evaluate(self, *args, **kwargs)
-    T.Pipeline.evaluation = patched
+    T.Pipeline.evaluate = patched
 else:  # something happens right after checkpoint N is in place
     save = T.save_checkpoint
     def patched(out, *args, **kwargs):

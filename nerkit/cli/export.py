@@ -14,12 +14,12 @@ from typing import Literal, Optional
 import typer
 
 from nerkit.cli.options import flag
+from nerkit.inference.model_dir import EXPORT_FORMATS, QUANTIZE
 
-# nerkit.tools.export.FORMATS and QUANTIZE (a test keeps them equal).
-ExportFormat = Literal["onnx"]
+ExportFormat = Literal[EXPORT_FORMATS]
 
 
-Quantize = Literal["int8"]
+Quantize = Literal[QUANTIZE]
 
 
 def export(

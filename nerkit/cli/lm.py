@@ -43,7 +43,7 @@ def adapt(
                                  "load no model, write nothing."),
 ):
     """Continue masked-language-model training of an encoder on your text (domain adaptation)."""
-    from nerkit.config import parse_duration
+    from nerkit.typed_yaml import parse_duration
     from nerkit.device import set_threads
     from nerkit.tools.lm_adapt import AdaptOptions
     from nerkit.tools.lm_adapt import adapt as run

@@ -58,8 +58,8 @@ def evaluate(
     if output:
         check_output(output, data)  # before the evaluation: a wrong path costs no wait
     pipe = load_pipeline(model, device, threads)  # an ONNX export (`nerkit export`) runs without torch
-    result = pipe.evaluation(data, batch_size, repair=repair, with_errors=show_errors, window=window,
-                             document=document, with_calibration=show_calibration, with_by_length=show_by_length)
+    result = pipe.predict_and_score(data, batch_size, repair=repair, with_errors=show_errors, window=window,
+                                    document=document, with_calibration=show_calibration, with_by_length=show_by_length)
     if output:
         atomic_write_text(output, eval_output(result.sentences, result.predicted, result.scheme, data))
     metrics = result.metrics

@@ -9,20 +9,20 @@ from typing import Literal
 import typer
 
 from nerkit.config import DEVICES, FLATS
+from nerkit.data import corpus
+from nerkit.inference import formats, model_dir
 
-# Options with a fixed set of values (typer turns a Literal into a choice that it checks).
+# Options with a fixed set of values (typer turns a Literal into a choice that it checks), each read
+# from the module that owns the values.
 Device = Literal[DEVICES]
 
-# nerkit.inference.formats.FORMATS (a test keeps them equal)
-Format = Literal["jsonl", "conll", "inline", "html", "doccano", "label-studio"]
+Format = Literal[formats.FORMATS]  # what `nerkit predict --format` writes
 
-# nerkit.inference.model_dir.RUNTIMES and auto (a test keeps them equal)
-Runtime = Literal["auto", "torch", "onnx"]
+Runtime = Literal[("auto", *model_dir.RUNTIMES)]  # auto: what the model directory's nerkit.json says
 
-Target = Literal["bio", "bioes", "bmes", "jsonl", "text", "doccano", "label-studio"]
+Target = Literal[corpus.TARGETS]  # what `nerkit data convert --to` writes
 
-# nerkit.data.corpus.FORMATS (a test keeps them equal)
-Source = Literal["auto", "conll", "jsonl", "cluener", "cblue", "inline", "doccano", "label-studio"]
+Source = Literal[corpus.FORMATS]  # what `nerkit data convert --from` reads
 
 # The flat projections of nested entities (nerkit.data.nesting); leaving the option out is none.
 Flat = Literal[FLATS[1:]]

@@ -428,6 +428,10 @@ def format_jsonl(sentences: list[Sentence]) -> str:
     return "".join(lines)
 
 
+# What write_corpus's `to` may say: a tag scheme (CoNLL), jsonl, text, or an annotation tool's format.
+TARGETS = (*SCHEMES, "jsonl", "text", *annotation.FORMATS)
+
+
 def write_corpus(path: str | Path, sentences: list[Sentence], to: str, source: str | Path | None = None,
                  source_format: str = "auto") -> None:
     """Write `sentences` as `to` in bio|bioes|bmes (CoNLL), jsonl, text (the sentences alone, one a
@@ -435,9 +439,8 @@ def write_corpus(path: str | Path, sentences: list[Sentence], to: str, source: s
     read_corpus's `fmt`), is never written over, and a token that cannot be written is named with
     its line there."""
     check_output(path, *([source] if source is not None else []))  # not a directory, not the input
-    if to not in (*SCHEMES, "jsonl", "text", *annotation.FORMATS):
-        raise CorpusError(f"unknown output format {to!r}",
-                          fix=f"use {', '.join((*SCHEMES, 'jsonl', 'text', *annotation.FORMATS))}")
+    if to not in TARGETS:
+        raise CorpusError(f"unknown output format {to!r}", fix=f"use {', '.join(TARGETS)}")
     if to == "text":  # one sentence a line, no labels: what `nerkit predict` and `nerkit lm adapt --text` read
         found = _first_token(sentences, lambda t: "\x00" in t or "".join(t.splitlines()) != t)
         if found:

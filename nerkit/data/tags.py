@@ -7,8 +7,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-SCHEMES = ("bio", "bioes", "bmes")
-
+from nerkit.config import SCHEMES  # the tag schemes, defined once there
 
 _TAG_RE = re.compile(r"^([BIMES])-(\S+)$")
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from nerkit.config import DROP_POLICIES
 from nerkit.errors import UserError
 from nerkit.files import atomic_write_text
 from nerkit.data.word2vec import check_vector_file, is_vector_file, read_vector_words
@@ -30,10 +31,7 @@ except ImportError:
 Backend = Literal["auto", "ahocorasick", "trie"]
 
 
-DropPolicy = Literal["longest_first", "frequency"]
-
-
-DROP_POLICIES = ("longest_first", "frequency")
+DropPolicy = Literal[DROP_POLICIES]  # lexicon.drop's values, defined once in nerkit.config
 
 
 # Single characters are already lattice nodes, so words start at two characters. There is no default

@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from nerkit.errors import UserError
-from nerkit.inference.model_dir import _read_json, runtime
+from nerkit.inference.model_dir import META_FILE, _read_json, runtime
 
 
 def require_runtime(directory: str | Path, wanted: str) -> None:
@@ -16,7 +16,7 @@ def require_runtime(directory: str | Path, wanted: str) -> None:
     asks for that one, so that a script that means to run on onnxruntime (without torch) fails at once
     on the wrong directory instead of running it on the other runtime."""
     directory = Path(directory)
-    meta = directory / "nerkit.json"
+    meta = directory / META_FILE
     if wanted == "auto" or not meta.is_file():  # no nerkit.json: loading says what is wrong
         return
     found = runtime(_read_json(meta))
@@ -38,7 +38,7 @@ def load_pipeline(directory: str | Path, device: str = "cpu", threads: int | Non
     as it is); an export spends them on batches read at once unless `lanes` is False (then on
     each batch, as torch does: nerkit.inference.onnx_runtime)."""
     directory = Path(directory)
-    meta = directory / "nerkit.json"
+    meta = directory / META_FILE
     if meta.is_file() and runtime(_read_json(meta)) == "onnx":
         from nerkit.inference.onnx_runtime import OnnxPipeline
 

@@ -12,14 +12,22 @@ from nerkit.errors import ModelDirError
 FORMAT_VERSION = 1
 
 
-MODEL_FILES = ("nerkit.json", "config.yaml", "vocab.json", "model.safetensors")
+# The names of a model directory's files, here and nowhere else.
+META_FILE = "nerkit.json"  # the format version, runtime, tag set and what ties the files together
+CONFIG_FILE = "config.yaml"  # the resolved config it was trained with
+VOCAB_FILE = "vocab.json"  # the featuriser's vocabularies
+WEIGHTS_FILE = "model.safetensors"  # the network's weights
+LEXICON_FILE = "lexicon.txt"  # a lattice encoder's lexicon, when the model has one
+
+
+MODEL_FILES = (META_FILE, CONFIG_FILE, VOCAB_FILE, WEIGHTS_FILE)
 
 
 # A directory exported by `nerkit export` (nerkit.json's `runtime: onnx`) holds the graph instead of the weights.
 ONNX_FILE = "model.onnx"
 
 
-ONNX_MODEL_FILES = ("nerkit.json", "config.yaml", "vocab.json", ONNX_FILE)
+ONNX_MODEL_FILES = (META_FILE, CONFIG_FILE, VOCAB_FILE, ONNX_FILE)
 
 
 # An export's CRF scores (start, transitions, end), for its entity scores in numpy (absent in exports
@@ -28,6 +36,14 @@ CRF_FILE = "crf.safetensors"
 
 
 RUNTIMES = ("torch", "onnx")
+
+
+# What `nerkit export` writes (a directory whose nerkit.json says `runtime: onnx`), and how it may
+# store its weights (`--quantize`).
+EXPORT_FORMATS = ("onnx",)
+
+
+QUANTIZE = ("int8",)
 
 
 # nerkit.json's key for the temperature that divides the CRF's scores when entities are scored
@@ -79,7 +95,7 @@ def check_model_dir(directory: Path, files: tuple[str, ...] = MODEL_FILES) -> No
         raise ModelDirError(f"refusing a model directory that holds pickle-capable files: {', '.join(unsafe)}",
                             where=str(directory), fix="nerkit models are safetensors + JSON/YAML; remove those files")
     root = directory.resolve()
-    for name in files + ("lexicon.txt",):  # every file the loader reads
+    for name in files + (LEXICON_FILE,):  # every file the loader reads
         path = directory / name
         if path.is_symlink() and not path.resolve().is_relative_to(root):
             raise ModelDirError(f"{name} is a link to {path.resolve()}, outside the model directory",

@@ -1,5 +1,5 @@
 """An exported model directory (`nerkit export`, nerkit.json's `runtime: onnx`) run on ONNX Runtime,
-without torch: `OnnxPipeline` has the Pipeline's `predict`, `evaluate` and `evaluation` (they are
+without torch: `OnnxPipeline` has the Pipeline's `predict`, `evaluate` and `predict_and_score` (they are
 `Predictor`'s), featurises with the same `Featurizer` and batches with numpy
 (nerkit.features.padding); the graph gives tag ids, decoded in it by the constrained Viterbi.
 
@@ -22,7 +22,7 @@ from pathlib import Path
 from nerkit.errors import ModelDirError, UserError
 from nerkit.features.featurizer import Example, Featurizer
 from nerkit.features.padding import budgeted_batches, collate_arrays
-from nerkit.inference.model_dir import CRF_FILE, ONE_RUN_FIX, ONNX_FILE, ONNX_MODEL_FILES
+from nerkit.inference.model_dir import CRF_FILE, ONE_RUN_FIX, ONNX_FILE, ONNX_MODEL_FILES, VOCAB_FILE
 from nerkit.model.crf_numpy import entity_probabilities, masked_scores
 from nerkit.inference.predictor import Predictor, read_model_dir
 
@@ -188,7 +188,7 @@ class OnnxPipeline(Predictor):
             from nerkit.pretrained.vocab import LMVocab
 
             lm_vocab = LMVocab.read(directory / "lm")
-        featurizer = Featurizer.from_json(found.config, found.vocab, found.lexicon, where=str(directory / "vocab.json"),
+        featurizer = Featurizer.from_json(found.config, found.vocab, found.lexicon, where=str(directory / VOCAB_FILE),
                                           lm_vocab=lm_vocab)
         graph = found.meta.get("onnx") or {}
         graph_threads = 1 if lane_count > 1 else threads

@@ -20,7 +20,16 @@ from nerkit.features.batch import bucketed_batches, collate_padded
 from nerkit.features.featurizer import Example, Featurizer
 from nerkit.files import atomic_directory, atomic_write_bytes, atomic_write_text
 from nerkit.data.tags import Span
-from nerkit.inference.model_dir import FORMAT_VERSION, ONE_RUN_FIX, vocab_fingerprint
+from nerkit.inference.model_dir import (
+    CONFIG_FILE,
+    FORMAT_VERSION,
+    LEXICON_FILE,
+    META_FILE,
+    ONE_RUN_FIX,
+    VOCAB_FILE,
+    WEIGHTS_FILE,
+    vocab_fingerprint,
+)
 from nerkit.inference.predictor import (  # noqa: F401 (Evaluation and without_whitespace re-exported)
     Evaluation,
     Predictor,
@@ -115,10 +124,10 @@ class Pipeline(Predictor):
         """Everything of a model directory but the weights and metrics."""
         lexicon = self.featurizer.lexicon
         self.write_meta(directory)
-        atomic_write_text(directory / "config.yaml", config_to_yaml(self.config))
-        atomic_write_text(directory / "vocab.json", json.dumps(self.featurizer.to_json(), ensure_ascii=False) + "\n")
+        atomic_write_text(directory / CONFIG_FILE, config_to_yaml(self.config))
+        atomic_write_text(directory / VOCAB_FILE, json.dumps(self.featurizer.to_json(), ensure_ascii=False) + "\n")
         if lexicon is not None:
-            lexicon.save(directory / "lexicon.txt")
+            lexicon.save(directory / LEXICON_FILE)
         if self.model.lm is not None:  # its config and vocabulary; the weights are in model.safetensors
             from nerkit.pretrained.loading import save_lm
 
@@ -129,7 +138,7 @@ class Pipeline(Predictor):
         the vocabulary's checksums) and the longest training sentence, which sets the default
         prediction window."""
         lexicon = self.featurizer.lexicon
-        atomic_write_text(directory / "nerkit.json", json.dumps(
+        atomic_write_text(directory / META_FILE, json.dumps(
             {"format_version": FORMAT_VERSION, "nerkit_version": __version__, "encoder": self.config.encoder.name,
              "lexicon_sha256": lexicon.fingerprint if lexicon is not None else None,
              "vocab_sha256": vocab_fingerprint(self.featurizer.to_json()),
@@ -139,7 +148,7 @@ class Pipeline(Predictor):
         state = {k: v.detach().to("cpu").contiguous() for k, v in self.model.state_dict().items()}
         # Serialised here and written by Python, so that a full disk is an OSError with its errno.
         data = safetensors_bytes(state, metadata={"format_version": str(FORMAT_VERSION)})
-        atomic_write_bytes(directory / "model.safetensors", data)
+        atomic_write_bytes(directory / WEIGHTS_FILE, data)
         if metrics is not None:
             atomic_write_text(directory / "metrics.json", json.dumps(metrics, indent=2, ensure_ascii=False) + "\n")
 
@@ -161,12 +170,12 @@ class Pipeline(Predictor):
             from nerkit.pretrained.loading import load_saved_lm
 
             lm = load_saved_lm(directory, sources=len(config.embeddings.lm_sources()))
-        featurizer = Featurizer.from_json(config, vocab, lexicon, where=str(directory / "vocab.json"))
+        featurizer = Featurizer.from_json(config, vocab, lexicon, where=str(directory / VOCAB_FILE))
         pipe = cls(config, featurizer, device=resolve_device(device), lm=lm)
         pipe.train_max_len = found.train_max_len
         pipe.score_temperature = found.score_temperature
         pipe.directory = directory
-        weights = directory / "model.safetensors"
+        weights = directory / WEIGHTS_FILE
         state = read_safetensors(weights, fix="the file is damaged or not a safetensors file; retrain or copy it again",
                                  error=ModelDirError)
         load_checked(pipe.model, state, "model.safetensors does not match config.yaml and vocab.json", where=str(weights),

@@ -22,10 +22,14 @@ from nerkit.errors import ModelDirError, UserError
 from nerkit.features.featurizer import Example, Featurizer
 from nerkit.inference.evaluate import by_length, calibration, errors, nesting_errors, score
 from nerkit.inference.model_dir import (
+    CONFIG_FILE,
     FORMAT_VERSION,
+    LEXICON_FILE,
+    META_FILE,
     MODEL_FILES,
     ONE_RUN_FIX,
     SCORE_TEMPERATURE,
+    VOCAB_FILE,
     _read_json,
     check_model_dir,
     vocab_fingerprint,
@@ -167,10 +171,11 @@ class Predictor:
 
     # ------------------------------------------------------------------------------ evaluation
 
-    def evaluation(self, data: str | Path | list[Sentence], batch_size: int = 128, repair: bool | None = None,
+    def predict_and_score(self, data: str | Path | list[Sentence], batch_size: int = 128, repair: bool | None = None,
                    with_errors: bool = False, window: int | None = None, document: bool = False,
                    with_calibration: bool = False, with_by_length: bool = False) -> Evaluation:
-        """Entity-level P/R/F1 of the model on a corpus file or on sentences already read; with
+        """The model's predictions on a corpus file or on sentences already read, with their entity-level
+        P/R/F1 and the time they took (an `Evaluation`; `evaluate` gives the metrics alone); with
         `with_errors` the metrics also hold `errors` (see `nerkit.inference.evaluate.errors`). A file is read
         as the model's training data was: `repair` None follows the model's `data.repair`, so a file
         the training repaired is repaired here too (and said so). `window`: as for `predict`. With
@@ -231,8 +236,9 @@ class Predictor:
 
     def evaluate(self, data: str | Path | list[Sentence], batch_size: int = 128, repair: bool | None = None,
                  with_errors: bool = False, window: int | None = None, document: bool = False) -> dict:
-        """The metrics of `evaluation`: {"precision", "recall", "f1", "per_type"[, "errors"]}."""
-        return self.evaluation(data, batch_size, repair, with_errors, window, document).metrics
+        """The model's scores on `data`: {"precision", "recall", "f1", "per_type", "counts"[, "errors"]}
+        (`predict_and_score` gives the predictions and the time beside them)."""
+        return self.predict_and_score(data, batch_size, repair, with_errors, window, document).metrics
 
 
 # ------------------------------------------------------------------------------ model directory
@@ -253,41 +259,41 @@ def read_model_dir(directory: Path, files: tuple[str, ...] = MODEL_FILES) -> Mod
     """nerkit.json (its format version), config.yaml, vocab.json and lexicon.txt (against the checksum
     the model was trained with), after `check_model_dir` has seen that `files` are there."""
     check_model_dir(directory, files)
-    meta = _read_json(directory / "nerkit.json")
+    meta = _read_json(directory / META_FILE)
     if meta.get("format_version") != FORMAT_VERSION:
         raise ModelDirError(
             f"model format version {meta.get('format_version')!r}, but this nerkit reads version {FORMAT_VERSION}",
-            where=str(directory / "nerkit.json"), fix="retrain the model with this nerkit version")
+            where=str(directory / META_FILE), fix="retrain the model with this nerkit version")
     import yaml
 
     try:
-        raw = yaml.safe_load((directory / "config.yaml").read_text(encoding="utf-8"))
+        raw = yaml.safe_load((directory / CONFIG_FILE).read_text(encoding="utf-8"))
     except (yaml.YAMLError, UnicodeDecodeError) as e:
         mark = getattr(e, "problem_mark", None)  # where the YAML breaks, when the parser knows
         raise ModelDirError("config.yaml is not valid YAML",
-                            where=f"{directory / 'config.yaml'}" + (f":{mark.line + 1}" if mark else ""),
+                            where=f"{directory / CONFIG_FILE}" + (f":{mark.line + 1}" if mark else ""),
                             fix="nerkit wrote it with the model, so the copy is damaged or was edited: undo the "
                                 "edit, or copy the whole model directory again") from None
     if isinstance(raw, dict) and isinstance(raw.get("data") or {}, dict):
         # nerkit always writes data.normalize; a hand-edited file without it is read as the
         # models trained before it became true by default were.
         raw["data"] = {"normalize": False, **(raw.get("data") or {})}
-    config = build_config(raw, str(directory / "config.yaml"))
-    vocab = _read_json(directory / "vocab.json")
+    config = build_config(raw, str(directory / CONFIG_FILE))
+    vocab = _read_json(directory / VOCAB_FILE)
     check_vocab(meta, vocab, directory)
     lexicon = None
     if vocab.get("words") is not None:
         from nerkit.features.lexicon import Lexicon
 
-        lexicon = Lexicon.load(directory / "lexicon.txt")
+        lexicon = Lexicon.load(directory / LEXICON_FILE)
         if meta.get("lexicon_sha256") and lexicon.fingerprint != meta["lexicon_sha256"]:
             raise ModelDirError("lexicon.txt does not match the checksum the model was trained with",
-                                where=str(directory / "lexicon.txt"))
+                                where=str(directory / LEXICON_FILE))
     if not (directory / "lm").is_dir() and config.embeddings.lm_sources():
         raise ModelDirError("lm/ is missing: the model was trained with a language model, which lives in lm/",
                             where=str(directory), fix="copy the whole model directory, lm/ included")
-    return ModelFiles(meta, config, vocab, lexicon, _train_max_len(meta, directory / "nerkit.json"),
-                      _score_temperature(meta, directory / "nerkit.json"))
+    return ModelFiles(meta, config, vocab, lexicon, _train_max_len(meta, directory / META_FILE),
+                      _score_temperature(meta, directory / META_FILE))
 
 
 def _score_temperature(meta: dict, where: Path) -> float:
@@ -307,7 +313,7 @@ def check_vocab(meta: dict, vocab: dict, directory: Path) -> None:
     recorded = meta.get("vocab_sha256")
     if recorded is not None and vocab_fingerprint(vocab) != recorded:
         raise ModelDirError("vocab.json is not the vocabulary this model was written with (its checksum differs "
-                            "from nerkit.json's vocab_sha256)", where=str(directory / "vocab.json"), fix=ONE_RUN_FIX)
+                            "from nerkit.json's vocab_sha256)", where=str(directory / VOCAB_FILE), fix=ONE_RUN_FIX)
 
 
 def _train_max_len(meta: dict, where: Path) -> int | None:

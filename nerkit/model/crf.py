@@ -10,6 +10,7 @@ import torch
 from torch import nn
 from torchcrf import CRF as TorchCRF
 
+from nerkit.config import CRF_ALGORITHMS
 from nerkit.data.tags import continues, split_tag, tags_to_spans, transition_table
 from nerkit.model.viterbi import StreamingViterbi
 
@@ -25,7 +26,7 @@ _FORBIDDEN_IN_LIKELIHOOD = -1e30
 _REDUCTIONS = ("sum", "mean", "token_mean")
 
 
-ALGORITHMS = ("auto", "loop", "scan")
+ALGORITHMS = CRF_ALGORITHMS  # crf.algorithm's values, defined once in nerkit.config
 
 
 # `auto` takes the scan on a GPU up to this many tags: its (B, T/2, K, K, K) first level grows with K^3.

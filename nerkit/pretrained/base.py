@@ -12,10 +12,11 @@ import re
 import torch
 from torch import nn
 
+from nerkit.config import LM_LAYERS
 from nerkit.errors import UserError
 from nerkit.pretrained.vocab import CharVocab, _read_optional_json  # noqa: F401 (re-exported: their home before)
 
-LAYERS = ("last", "mix")
+LAYERS = LM_LAYERS  # embeddings.lm.layers's values, defined once in nerkit.config
 
 # A parameter of a numbered layer: BERT's and RoBERTa's `encoder.layer.3.`, XLNet's `layer.3.`, LAC's `layers.3.`
 NUMBERED_LAYER = re.compile(r"(?:^|\.)layers?\.(\d+)\.")

@@ -25,7 +25,7 @@ from nerkit.data.tags import tags_to_spans
 from nerkit.errors import UserError
 from nerkit.files import atomic_write_text
 from nerkit.inference.pipeline import Pipeline
-from nerkit.inference.model_dir import SCORE_TEMPERATURE, _read_json, runtime
+from nerkit.inference.model_dir import META_FILE, SCORE_TEMPERATURE, _read_json, runtime
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +85,7 @@ def calibrate(model_dir: str | Path, data: str | Path, batch_size: int = 128, wi
     set, whose scores would then be fitted to it), write it into MODEL_DIR/nerkit.json, and return
     it with the expected calibration error and log loss before and after."""
     model_dir = Path(model_dir)
-    meta_path = model_dir / "nerkit.json"
+    meta_path = model_dir / META_FILE
     if meta_path.is_file() and runtime(_read_json(meta_path)) == "onnx":
         raise UserError("this is an ONNX export, which has no torch model to fit", where=str(model_dir),
                         fix="calibrate the model directory that `nerkit train` wrote, then export it again")
@@ -99,7 +99,7 @@ def calibrate(model_dir: str | Path, data: str | Path, batch_size: int = 128, wi
     result = {"temperature": round(temperature, 4), "entities": entities, "data": str(data)}
     for name, t in (("before", 1.0), ("after", temperature)):
         pipe.score_temperature = t
-        metrics = pipe.evaluation(data, batch_size, window=window, with_calibration=True).metrics
+        metrics = pipe.predict_and_score(data, batch_size, window=window, with_calibration=True).metrics
         result[name] = {"ece": metrics["calibration"]["ece"], "brier": metrics["calibration"]["brier"],
                         "log_loss": log_loss(pipe, batches, t)}
     meta = json.loads(meta_path.read_text(encoding="utf-8"))

@@ -30,7 +30,19 @@ from nerkit.errors import UserError
 from nerkit.features.batch import Batch, collate
 from nerkit.features.padding import collate_arrays
 from nerkit.files import atomic_directory, atomic_write_bytes, atomic_write_text, check_output_directory
-from nerkit.inference.model_dir import CRF_FILE, ONNX_FILE, _read_json, runtime, vocab_fingerprint
+from nerkit.inference.model_dir import (
+    CONFIG_FILE,
+    CRF_FILE,
+    EXPORT_FORMATS,
+    LEXICON_FILE,
+    META_FILE,
+    ONNX_FILE,
+    QUANTIZE,
+    VOCAB_FILE,
+    _read_json,
+    runtime,
+    vocab_fingerprint,
+)
 from nerkit.inference.pipeline import Pipeline
 from nerkit.model.tagger import Tagger
 from nerkit.tools.onnx_graphs import (
@@ -43,12 +55,6 @@ from nerkit.tools.onnx_graphs import (
 from nerkit.training.model_card import MODEL_CARD
 
 log = logging.getLogger(__name__)
-
-FORMATS = ("onnx",)
-
-
-QUANTIZE = ("int8",)
-
 
 CHAR_INPUTS = ("char_ids", "bichar_ids", "mask")  # names of nerkit.features.batch.Batch's fields
 LATTICE_INPUTS = ("word_ids", "word_heads", "word_tails", "word_mask")
@@ -313,7 +319,7 @@ def crf_scores(pipe: Pipeline) -> bytes:
 
 def is_export(directory: Path) -> bool:
     """Whether `directory` is an ONNX export that `nerkit export --force` may replace."""
-    meta = directory / "nerkit.json"
+    meta = directory / META_FILE
     try:
         return meta.is_file() and runtime(_read_json(meta)) == "onnx"
     except UserError:
@@ -326,20 +332,20 @@ def export_model(model_dir: str | Path, out: str | Path, fmt: str = "onnx", quan
     and how the graph compares with the PyTorch model. OUT may be replaced only with `force`, and
     only if it is an earlier export."""
     model_dir, out = Path(model_dir), Path(out)
-    if fmt not in FORMATS:
-        raise UserError(f"unknown export format {fmt!r}", fix=f"use one of {', '.join(FORMATS)}")
+    if fmt not in EXPORT_FORMATS:
+        raise UserError(f"unknown export format {fmt!r}", fix=f"use one of {', '.join(EXPORT_FORMATS)}")
     if quantize is not None and quantize not in QUANTIZE:
         raise UserError(f"unknown quantisation {quantize!r}", fix=f"use one of {', '.join(QUANTIZE)}")
     check_output_directory(out, force, own=is_export, inputs=[model_dir], what="an earlier ONNX export")
-    if model_dir.is_dir() and (model_dir / "nerkit.json").is_file() and \
-            runtime(_read_json(model_dir / "nerkit.json")) == "onnx":
+    if model_dir.is_dir() and (model_dir / META_FILE).is_file() and \
+            runtime(_read_json(model_dir / META_FILE)) == "onnx":
         raise UserError("this model directory is already an ONNX export", where=str(model_dir),
                         fix="export the model directory that `nerkit train` wrote")
     pipe = Pipeline.load(model_dir)
     limit = max_length(pipe)
     proto = build_graph(pipe)
     texts = verification_texts(pipe, limit)
-    meta = _read_json(model_dir / "nerkit.json")
+    meta = _read_json(model_dir / META_FILE)
     with tempfile.TemporaryDirectory() as scratch:
         fp32 = Path(scratch) / "fp32.onnx"
         fp32.write_bytes(proto.SerializeToString())
@@ -356,19 +362,19 @@ def export_model(model_dir: str | Path, out: str | Path, fmt: str = "onnx", quan
             found = compare(pipe, _session(graph_file), texts)
         # The checksum of the vocab.json copied beside the graph (a directory trained before nerkit.json
         # held it gets it here), so that loading the export refuses another model's vocabulary.
-        vocab_sha256 = vocab_fingerprint(_read_json(model_dir / "vocab.json"))
+        vocab_sha256 = vocab_fingerprint(_read_json(model_dir / VOCAB_FILE))
         meta.update({"runtime": "onnx", "vocab_sha256": vocab_sha256, "onnx": {
             "opset": OPSET, "quantize": quantize, "max_length": limit,
             "inputs": input_names(pipe.model), "outputs": ["tag_ids", "emissions"]}})
         with atomic_directory(out) as tmp:
-            for name in ("config.yaml", "vocab.json", "lexicon.txt", MODEL_CARD):
+            for name in (CONFIG_FILE, VOCAB_FILE, LEXICON_FILE, MODEL_CARD):
                 if (model_dir / name).is_file():
                     shutil.copyfile(model_dir / name, tmp / name)
             if (model_dir / "lm").is_dir():  # its config and vocabulary (the weights are in the graph)
                 shutil.copytree(model_dir / "lm", tmp / "lm", ignore=shutil.ignore_patterns("*.safetensors"))
             shutil.copyfile(graph_file, tmp / ONNX_FILE)
             atomic_write_bytes(tmp / CRF_FILE, crf_scores(pipe))
-            atomic_write_text(tmp / "nerkit.json", json.dumps(meta, indent=2) + "\n")
+            atomic_write_text(tmp / META_FILE, json.dumps(meta, indent=2) + "\n")
     size = (out / ONNX_FILE).stat().st_size
     log.info(f"wrote {out / ONNX_FILE} ({size / 2**20:.1f} MiB); against the PyTorch model on {found['sentences']} "
              f"sentences: {100 * found['same_tags']:.0f}% identical tags, emissions within "

@@ -264,7 +264,7 @@ def write_report(model_dir: str | Path, data: str | Path, out: str | Path, batch
     model_dir, out = Path(model_dir), Path(out)
     check_output(out, data)
     pipe = Pipeline.load(model_dir, device=device)
-    evaluation = pipe.evaluation(data, batch_size, repair=repair, with_errors=True, with_calibration=True)
+    evaluation = pipe.predict_and_score(data, batch_size, repair=repair, with_errors=True, with_calibration=True)
     meta = [("model", str(model_dir)), ("encoder", pipe.config.encoder.name), ("data", str(data)),
             ("sentences", f"{len(evaluation.sentences):,}"),
             ("prediction", f"{evaluation.seconds:.1f} s"), ("written", time.strftime("%Y-%m-%d %H:%M"))]

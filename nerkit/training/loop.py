@@ -446,7 +446,7 @@ def evaluate(run: Run, sentences: list) -> dict:
     """The model's metrics on dev or test sentences, through the one evaluation path; a model trained
     in document context reads them as it trained, in order as a stream (`document`)."""
     document = run.config.data.context == "document"
-    return run.pipe.evaluation(sentences, run.config.train.eval_batch_size, document=document).metrics
+    return run.pipe.evaluate(sentences, run.config.train.eval_batch_size, document=document)
 
 
 def log_epoch(run: Run, epoch: int, n_batches: int, partial: bool) -> dict:

@@ -13,6 +13,7 @@ from nerkit.config import RESUMABLE_KEYS, Config, config_to_yaml, load_config
 from nerkit.data.splits import check_data_files
 from nerkit.errors import UserError
 from nerkit.files import CHECKPOINT, atomic_write_text, check_output_directory
+from nerkit.inference.model_dir import CONFIG_FILE, META_FILE
 from nerkit.training.build import check_pretrained_files
 from nerkit.training.distributed import (
     check_batch_size,
@@ -22,7 +23,7 @@ log = logging.getLogger(__name__)
 
 
 # What a training run writes in its directory first; any of them marks an earlier run that --force may replace.
-RUN_MARKERS = ("config.yaml", "nerkit.json", "metrics.jsonl", CHECKPOINT)
+RUN_MARKERS = (CONFIG_FILE, META_FILE, "metrics.jsonl", CHECKPOINT)
 
 
 def is_run_dir(directory: Path) -> bool:
@@ -85,12 +86,12 @@ def prepare_output_dir(out: Path, force: bool) -> None:
 
 def save_run_config(out: str | Path, config: Config) -> None:
     """The run's resolved config, beside its model: the directory keeps explaining itself."""
-    atomic_write_text(Path(out) / "config.yaml", config_to_yaml(config))
+    atomic_write_text(Path(out) / CONFIG_FILE, config_to_yaml(config))
 
 
 def resume_config(out: str | Path, overrides: list[str] = ()) -> Config:
     """The resolved config saved with a run, for `nerkit train --resume DIR [--set train.epochs=N]`."""
-    path = Path(out) / "config.yaml"
+    path = Path(out) / CONFIG_FILE
     if not path.is_file():
         raise UserError("not a training run directory (no config.yaml)", where=str(out),
                         fix="pass the --out directory of an interrupted `nerkit train`")

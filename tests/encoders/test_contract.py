@@ -11,7 +11,7 @@ import dataclasses
 import pytest
 import torch
 
-from nerkit.config import ENCODER_OPTIONS, build_config
+from nerkit.config import ENCODER_ALIASES, ENCODER_OPTIONS, RELATIVE_ATTENTIONS, build_config
 from nerkit.model.encoders import ENCODERS, LatticeWords
 
 INPUT_DIM, WORD_DIM = 12, 6
@@ -21,8 +21,8 @@ TINY = {"hidden_size": 5, "n_heads": 2, "head_dim": 4, "num_layers": 2, "dropout
 # Every position scheme of the Transformer, and the relative ones with Transformer-XL's memory
 # ("+memory": segments of 4 characters, 3 remembered, so the test sentences span several segments).
 CASES = ([(name, None) for name in ENCODERS if name != "tener"] + [("transformer", "learned")]
-         + [("tener", a) for a in ("tener", "xl", "shaw", "rope", "alibi")]
-         + [("tener", f"{a}+memory") for a in ("tener", "xl", "shaw", "rope", "alibi")])
+         + [("tener", a) for a in RELATIVE_ATTENTIONS]
+         + [("tener", f"{a}+memory") for a in RELATIVE_ATTENTIONS])
 IDS = [name if attention is None else f"{name}-{attention}" for name, attention in CASES]
 MEMORY = {"memory": 3, "segment": 4}
 
@@ -62,9 +62,9 @@ def make_inputs(lengths: list[int], words: list[int], seed: int = 0):
     return x, mask, LatticeWords(vectors, heads, tails, word_mask)
 
 
-def test_the_two_registries_name_the_same_encoders():
-    assert set(ENCODERS) == set(ENCODER_OPTIONS)
+def test_every_encoder_name_builds_a_config_and_an_alias_its_target():
     for name, cls in ENCODERS.items():
+        assert cls is ENCODERS[ENCODER_ALIASES.get(name, name)], name
         assert isinstance(cls.uses_lattice, bool), name
         build_config({"encoder": {"name": name}})  # every registered name is a valid config
 

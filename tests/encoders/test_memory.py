@@ -10,11 +10,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from nerkit.config import TenerOptions, build_config
+from nerkit.config import RELATIVE_ATTENTIONS, TenerOptions, build_config
 from nerkit.errors import ConfigError
 from nerkit.model.encoders.transformer import Transformer
 
-RELATIVE = ["tener", "xl", "shaw", "rope", "alibi"]
+RELATIVE = RELATIVE_ATTENTIONS
 
 
 def make_encoder(attention: str, memory: int = 0, segment: int = 0, seed: int = 0) -> Transformer:

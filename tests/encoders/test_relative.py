@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from nerkit.config import TenerOptions
+from nerkit.config import RELATIVE_ATTENTIONS, TenerOptions
 from nerkit.errors import ConfigError
 from nerkit.model.encoders import ENCODERS
 from nerkit.model.encoders.attention import SinusoidTable
@@ -20,7 +20,7 @@ from nerkit.model.encoders.transformer import Transformer
 HEADS, HEAD_DIM = 2, 4
 D_MODEL = HEADS * HEAD_DIM
 CLIP = 2  # Shaw's k, small so that the test lengths are clipped
-ATTENTIONS = ["tener", "xl", "shaw", "rope", "alibi"]
+ATTENTIONS = RELATIVE_ATTENTIONS
 
 
 def make_batch(lengths, dim, seed=0):

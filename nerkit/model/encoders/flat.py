@@ -24,6 +24,7 @@ from nerkit.model.encoders.base import LatticeWords
 # Which of the four head/tail distances each fusion feeds to W_r, in this order (the column blocks of
 # W_r follow it): the paper's eq. (8) uses all four; the official code's default (`ff_two`) only
 # head-head and tail-tail.
+# The distances each fusion (encoder.fusion, nerkit.config.FUSIONS) combines.
 FUSIONS = {
     "four": ("hh", "ht", "th", "tt"),
     "two": ("hh", "tt"),

@@ -8,7 +8,7 @@ not). Scoring each pair by its signed distance i - j gives attention distance an
 
 One attention module serves them all (`MultiHeadAttention` from attention.py plus a position module
 here); the variants differ only in the switches listed in `VARIANTS`. The encoder that stacks it is
-`Transformer` in transformer.py (`attention: tener | xl | shaw | rope | alibi`). Every scheme here
+`Transformer` in transformer.py (a relative `attention`: nerkit.config.RELATIVE_ATTENTIONS names them). Every scheme here
 depends on i - j alone, so each works with Transformer-XL's memory: a query at position M + i of
 [memory ; segment] scores key j by the distance M + i - j.
 """
@@ -35,7 +35,8 @@ class Variant:
     alibi: bool = False  # a fixed bias -m_h |i - j| per head (alibi); no position table
 
 
-# As in each paper. `key_projection` and `scale` can be overridden from the config.
+# As in each paper, one per name of nerkit.config.RELATIVE_ATTENTIONS. `key_projection` and `scale`
+# can be overridden from the config.
 VARIANTS = {
     # score = Q_t K_j + Q_t R_{t-j} + u K_j + v R_{t-j}; K = x unprojected, R of width head_dim, unscaled.
     "tener": Variant(

@@ -120,8 +120,8 @@ def train_round(config, splits, train_sentences, run_dir: Path, seed: int, dev_l
     metrics = train(config, out=run_dir, force=True, progress_bar=False, splits=subset)
     pipe = Pipeline.load(run_dir, device=metrics["device"])
     batch = config.train.eval_batch_size
-    dev_f1 = pipe.evaluation(splits.dev, batch).metrics["f1"]
-    test_f1 = pipe.evaluation(splits.test, batch).metrics["f1"] if splits.test else None
+    dev_f1 = pipe.evaluate(splits.dev, batch)["f1"]
+    test_f1 = pipe.evaluate(splits.test, batch)["f1"] if splits.test else None
     return pipe, {"dev_f1": dev_f1, "test_f1": test_f1, "best_epoch": metrics["best_epoch"],
                   "device": describe_device(metrics["device"])}
 

@@ -9,8 +9,9 @@ import re
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from nerkit.config import DEVICES, read_yaml
-from nerkit.errors import UserError, did_you_mean
+from nerkit.config import DEVICES
+from nerkit.errors import UserError
+from nerkit.typed_yaml import parse_override, read_yaml, suggest, value_of
 
 MATRIX_KEYS = ("runs", "quick", "anchors", "predict_batch_size", "env", "rounds")
 
@@ -88,7 +89,7 @@ def _check_keys(values, allowed, where: str, source: Path, at: tuple | None = No
         if key not in allowed:
             raise UserError(f"unknown key {key!r} in {where}",
                             where=line_of(source, (*at, key)) if at is not None else str(source),
-                            fix=did_you_mean(key, allowed) or f"valid keys: {', '.join(allowed)}")
+                            fix=suggest(key, allowed))
 
 
 def _count(value, key: str, where: str, source: Path, at: tuple, default: int) -> int:
@@ -120,7 +121,7 @@ def _env(values, where: str, source: Path, at: tuple) -> dict[str, str | None]:
 
 
 def _overrides(values, where: str, source: Path) -> list[str]:
-    from nerkit.config import Config, parse_override
+    from nerkit.config import Config
 
     if values is None:
         return []
@@ -186,9 +187,7 @@ def load_matrix(path: str | Path, quick: bool = False, device: str | None = None
     entries = raw.get("runs")
     if not isinstance(entries, list) or not entries:
         raise UserError("the matrix needs `runs:`, a non-empty list", where=str(path))
-    batch_size = raw.get("predict_batch_size", 64)
-    if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
-        raise UserError("predict_batch_size must be a positive integer", where=str(path))
+    batch_size = value_of(raw.get("predict_batch_size", 64), int, "predict_batch_size", str(path), "(0, inf)")
     if raw.get("anchors") is not None and not isinstance(raw["anchors"], str):
         raise UserError("anchors must be the path of an anchors file", where=str(path))
     shared_quick = _overrides(raw.get("quick"), "quick", path)

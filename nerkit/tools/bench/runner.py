@@ -18,11 +18,13 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
 from pathlib import Path
 
-from nerkit.config import load_config, run_differences
+from nerkit.config import load_config
 from nerkit.errors import UserError, killed_by
 from nerkit.files import CHECKPOINT, atomic_write_text, check_output_directory, read_json_lines
+from nerkit.inference.model_dir import CONFIG_FILE
 from nerkit.tools.bench.matrix import MatrixRun, load_matrix, select_runs
 from nerkit.tools.bench.report import render_markdown, short_error, spread
+from nerkit.training.resume import run_differences
 from nerkit.version import __version__
 
 RESULTS = "results.jsonl"
@@ -135,7 +137,7 @@ def continuation(run: MatrixRun, run_dir: Path) -> tuple[bool, str]:
     if not (run_dir / CHECKPOINT / "state.json").is_file():
         return False, ""
     try:
-        saved = load_config(run_dir / "config.yaml")
+        saved = load_config(run_dir / CONFIG_FILE)
     except UserError as e:
         return False, f"the config saved with its checkpoint cannot be read ({e.message})"
     changed = run_differences(saved, load_config(run.config, run.overrides))  # loads: check_configs ran first

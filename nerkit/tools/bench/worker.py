@@ -86,10 +86,10 @@ def measure(config_path: str, overrides: list[str], out: str, predict_batch_size
     else:
         metrics = train(config, out=out, force=not resume, resume=resume, progress_bar=False, splits=splits)
     pipe = Pipeline.load(out, device=metrics["device"])
-    dev = pipe.evaluation(splits.dev, config.train.eval_batch_size).metrics
+    dev = pipe.evaluate(splits.dev, config.train.eval_batch_size)
     timed = splits.test if splits.test is not None else splits.dev
     pipe.predict_tokens([s.tokens for s in timed[:predict_batch_size]], predict_batch_size)  # warm-up
-    timing = pipe.evaluation(timed, predict_batch_size)
+    timing = pipe.predict_and_score(timed, predict_batch_size)
     on_gpu = pipe.device.type == "cuda"
     emb = config.embeddings
     return {
