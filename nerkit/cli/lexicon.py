@@ -35,7 +35,7 @@ def build(
     min_freedom: float = typer.Option(DEFAULT_MIN_FREEDOM, "--min-freedom", help="Least entropy (nats) of the "
                                       "characters on a word's left, and on its right."),
     merge_jieba: bool = flag("--merge-jieba", help="Add jieba's dictionary words (after the mined ones)."),
-    normalize: bool = typer.Option(True, "--normalize/--no-normalize", help="NFKC-fold characters, as "
+    normalize: bool = flag("--normalize/--no-normalize", default=True, help="NFKC-fold characters, as "
                                    "data.normalize does (keep it as the model's config has it)."),
     force: bool = flag("--force", help="Replace --out if it exists."),
 ):
@@ -54,7 +54,7 @@ def build(
 def coverage(
     words: str = typer.Argument(..., help="The lexicon: a word list, a word2vec file, or jieba."),
     data: Path = typer.Option(..., "--data", "-d", help="A labelled corpus (any format `nerkit data` reads)."),
-    normalize: bool = typer.Option(True, "--normalize/--no-normalize", help="NFKC-fold the corpus's "
+    normalize: bool = flag("--normalize/--no-normalize", default=True, help="NFKC-fold the corpus's "
                                    "characters before matching, as data.normalize does."),
     repair: bool = flag("--repair", help="Read a corpus with overlapping entities, keeping the longest of each."),
     as_json: bool = flag("--json", help="Print JSON."),
