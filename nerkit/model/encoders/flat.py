@@ -94,6 +94,9 @@ class LatticePositions(nn.Module):
             query_rows = torch.stack([ends[query_end] + (span - 1) for query_end, _ in pairs])  # (K, B, L)
             key_rows = torch.stack([ends[key_end] for _, key_end in pairs])  # (K, B, L)
             return lattice_scores(moved_q, rows, query_rows, key_rows)
+        # Under autocast the einsums give half precision and b_r's row float32: the block gathers and
+        # accumulates into buffers of one dtype, the queries'.
+        rows = rows.to(moved_q.dtype)
         return BlockScores.apply(moved_q, rows, spans.heads, spans.tails, spans.chars, pairs, self.chunk)
 
     def values(self, weights: torch.Tensor) -> None:
