@@ -63,6 +63,7 @@ def bench_run(tmp_path_factory):
     return matrix, out, result
 
 
+@pytest.mark.slow
 def test_tiny_matrix_writes_results_and_table(bench_run):
     _, out, result = bench_run
     records = {r["name"]: r for r in read_jsonl(out / "results.jsonl")}
@@ -87,6 +88,7 @@ def test_tiny_matrix_writes_results_and_table(bench_run):
     assert "random-init embeddings" in table
 
 
+@pytest.mark.slow
 def test_failed_runs_are_recorded_and_the_others_finish(bench_run):
     _, out, result = bench_run
     assert result.returncode == 1, result.stderr  # some run failed
@@ -101,6 +103,7 @@ def test_failed_runs_are_recorded_and_the_others_finish(bench_run):
     assert "`broken`" in table
 
 
+@pytest.mark.slow
 def test_two_seeds_give_mean_and_std(bench_run):
     _, out, _ = bench_run
     records = {r["name"]: r for r in read_jsonl(out / "results.jsonl")}
@@ -114,6 +117,7 @@ def test_two_seeds_give_mean_and_std(bench_run):
     assert float(std) == pytest.approx(abs(f1s[0] - f1s[1]) / 2 ** 0.5, abs=0.01)  # sample std of two
 
 
+@pytest.mark.slow
 def test_resume_skips_completed_runs(bench_run, tmp_path):
     matrix, out, _ = bench_run
     copy = tmp_path / "out"
@@ -148,6 +152,7 @@ def test_the_sessions_file_names_every_session_of_a_run_oldest_first(tmp_path):
     assert record_session(path, {"git_commit": "z", "date": "d4"}, {}) == ["unknown", "z"]
 
 
+@pytest.mark.slow
 def test_resume_continues_a_stopped_run_from_its_checkpoint(tmp_path):
     """A run stopped by its step limit goes on from its checkpoint when --resume raises the limit: the
     model equals `nerkit train` then `nerkit train --resume` of the same config, the log keeps both
@@ -202,6 +207,7 @@ def test_resume_continues_a_stopped_run_from_its_checkpoint(tmp_path):
     assert (out / "logs" / "tiny.previous.log").read_text(encoding="utf-8") == log  # the run it replaced keeps its log
 
 
+@pytest.mark.slow
 def test_a_run_continues_when_its_data_file_is_named_another_way(tmp_path, monkeypatch):
     """The same training file, named relative to NERKIT_DATA in one session and absolute in the next
     (NERKIT_DATA set one way, then another), is the same run: it continues from its checkpoint."""
@@ -222,6 +228,7 @@ def test_a_run_continues_when_its_data_file_is_named_another_way(tmp_path, monke
     assert record["status"] == "ok" and (record["steps"], record["continued"]) == (8, 1)
 
 
+@pytest.mark.slow
 def test_a_continued_run_with_vectors_keeps_their_width_in_its_model_directory(tmp_path):
     """A matrix run whose table widths come from its vector file (`char_dim: null`) continues with
     --resume to a model directory that loads: its config.yaml keeps the file's width (once the
@@ -246,6 +253,7 @@ def test_a_continued_run_with_vectors_keeps_their_width_in_its_model_directory(t
     assert saved["embeddings"]["char_dim"] == 6 and saved["train"]["max_steps"] == 12
 
 
+@pytest.mark.slow
 def test_a_failed_continuation_keeps_the_last_good_figures(tmp_path):
     """When a continued run fails (here its training file changed since the checkpoint), its record
     says so, and the figures of the record it continued stay in it."""
@@ -273,6 +281,7 @@ def test_a_failed_continuation_keeps_the_last_good_figures(tmp_path):
     ({"config": "missing.yaml"}, ["run second:", "missing.yaml"]),
     ({"overrides": ["train.optimizer=adamm"]}, ["run second:", "train.optimizer", "adam"]),
 ])
+@pytest.mark.slow
 def test_every_config_is_checked_before_any_run_starts(tmp_path, change, words):
     """A typo in the second run's overrides (or a config that is not there) ends `nerkit bench` with
     one exit-2 line naming the run and the key, and nothing is created: the first run never starts."""
@@ -290,6 +299,7 @@ def test_every_config_is_checked_before_any_run_starts(tmp_path, change, words):
     assert not out.exists()
 
 
+@pytest.mark.slow
 def test_markdown_only_rebuilds_the_table(bench_run, tmp_path):
     matrix, out, _ = bench_run
     copy = tmp_path / "out"
@@ -303,6 +313,7 @@ def test_markdown_only_rebuilds_the_table(bench_run, tmp_path):
     assert log.stat().st_mtime_ns == before and "running" not in result.stderr  # nothing ran
 
 
+@pytest.mark.slow
 def test_parallel_jobs_with_set_and_seeds_match_the_sequential_runs(bench_run, tmp_path):
     """--jobs 2 trains two runs at once; --seeds replaces the entry's seeds and --set reaches every
     run. With the same seeds and values the figures equal the sequential fixture's (one thread each,
@@ -351,6 +362,7 @@ def test_jobs_run_at_the_same_time(tmp_path, monkeypatch):
     assert failed == 2 and not barrier.broken
 
 
+@pytest.mark.slow
 def test_bad_matrix_is_a_user_error(tmp_path):
     matrix = write_yaml(tmp_path / "bad.yaml", {"runs": [{"name": "a", "dataset": "d", "config": "c.yaml",
                                                           "seed": [1]}]})
@@ -538,9 +550,8 @@ def test_env_reaches_the_runs_process_and_rounds_give_min_median_max(tmp_path):
         "runs": [{"name": "tiny", "dataset": "sample", "config": str(config), "overrides": ["train.max_steps=10"],
                   "env": {"NERKIT_BENCH_GONE": None}}]})
     out = tmp_path / "out"
-    result = subprocess.run([sys.executable, "-m", "nerkit", "bench", "--matrix", str(matrix), "--out", str(out)],
-                            cwd=REPO, capture_output=True, text=True, timeout=300,
-                            env={**os.environ, "NERKIT_BENCH_GONE": "here"})
+    result = nerkit("bench", "--matrix", matrix, "--out", out,
+                    env={**os.environ, "PYTHONWARNINGS": "error", "NERKIT_BENCH_GONE": "here"})
     assert result.returncode == 0, result.stderr
     (record,) = read_jsonl(out / "results.jsonl")
     assert record["env_seen"] == {"NERKIT_BENCH_PROBE": "seen", "NERKIT_BENCH_GONE": None}

@@ -480,6 +480,7 @@ def test_same_run_takes_a_vector_files_width_for_the_null_dimension_it_replaced(
     assert not same_run(load_config(path), load_config(path, ["embeddings.char_vectors=other.vec"]))
 
 
+@pytest.mark.slow
 def test_loading_a_config_imports_no_torch():
     """The config validates everything when it loads, without the heavy libraries: a typo in a config
     is reported in a fraction of a second."""

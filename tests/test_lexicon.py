@@ -39,6 +39,7 @@ def backend_param(name: str):
 # ---- jieba ----------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_jieba_dict_is_read_without_importing_jieba():
     # A fresh interpreter: other tests (or plugins) may have imported jieba into this one.
     script = textwrap.dedent(
