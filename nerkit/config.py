@@ -310,7 +310,6 @@ class TrainConfig:
 
 @dataclass
 class DistillConfig:
-    """`nerkit distill` alone reads it (nerkit.training.distill); `nerkit train` ignores it."""
     targets: Literal[DISTILL_TARGETS] = "soft"  # soft: KL(teacher marginals || student marginals); hard: the teachers' best path as a CRF target
     temperature: float = ranged(1.0, POSITIVE)  # soft targets: teacher and student marginals both at this temperature (loss times T^2)
     weight: float = ranged(1.0, ANY_AMOUNT)  # the distillation loss's weight against the gold likelihood
