@@ -51,6 +51,7 @@ CRF_ALGORITHMS = ("auto", "loop", "scan")  # the CRF likelihood's forward algori
 OPTIMIZERS = ("sgd", "adam", "adamw")
 SCHEDULES = ("constant", "linear", "inverse_time")
 DEVICES = ("auto", "cpu", "cuda")  # auto: the GPU when torch sees one
+DISTILL_TARGETS = ("soft", "hard")  # `nerkit distill`: the teachers' marginals, or their best paths
 
 # Ranges of the numbers that are not ANY_AMOUNT (any finite value from 0 up)
 AT_LEAST_ONE = "[1, inf)"  # sizes torch cannot build with 0
@@ -308,6 +309,16 @@ class TrainConfig:
 
 
 @dataclass
+class DistillConfig:
+    targets: Literal[DISTILL_TARGETS] = "soft"  # soft: KL(teacher marginals || student marginals); hard: the teachers' best path as a CRF target
+    temperature: float = ranged(1.0, POSITIVE)  # soft targets: teacher and student marginals both at this temperature (loss times T^2)
+    weight: float = ranged(1.0, ANY_AMOUNT)  # the distillation loss's weight against the gold likelihood
+    ratio: float = ranged(1.0, ANY_AMOUNT)  # unlabelled batches per gold batch in an epoch (the text cycles across epochs)
+    window: int = ranged(0, ANY_AMOUNT)  # characters per unlabelled sequence (0: the smallest prediction window of the teachers)
+    cache: str | None = None  # where teacher targets are cached (None: $XDG_CACHE_HOME/nerkit/distill, else ~/.cache/nerkit/distill)
+
+
+@dataclass
 class Config:
     data: DataConfig = field(default_factory=DataConfig)
     embeddings: EmbeddingsConfig = field(default_factory=EmbeddingsConfig)
@@ -315,6 +326,7 @@ class Config:
     encoder: EncoderConfig = field(default_factory=EncoderConfig)
     crf: CRFConfig = field(default_factory=CRFConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    distill: DistillConfig = field(default_factory=DistillConfig)
     output_dir: str = "runs/model"  # the model directory when `nerkit train` is given no `--out`
 
 

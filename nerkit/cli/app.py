@@ -21,6 +21,7 @@ from typer._click.exceptions import (  # the click that typer carries
 from nerkit import __version__
 from nerkit.cli.bench import bench_app
 from nerkit.cli.data import data_app
+from nerkit.cli.distill import distill
 from nerkit.cli.lexicon import lexicon_app
 from nerkit.cli.export import export
 from nerkit.cli.lm import lm_app
@@ -38,6 +39,7 @@ app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, no_args_
 
 # One module per command group; the order here is the order of `nerkit --help`.
 app.command()(train)  # nerkit/cli/train.py
+app.command()(distill)  # nerkit/cli/distill.py
 app.command("eval")(evaluate)  # nerkit/cli/model.py
 app.command()(predict)
 app.command()(serve)  # nerkit/cli/serve.py

@@ -229,6 +229,31 @@ class CRF(nn.Module):
         probs = torch.exp(alpha + beta - log_z[:, None, None])  # (B, T, K)
         return probs.masked_fill(~mask.unsqueeze(2), 0.0)
 
+    def log_marginals(self, emissions: torch.Tensor, mask: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+        """log P(tag k at position t) under the same constraints as `marginals`, (B, T, K), with
+        gradients (a student's side of distillation), in the emissions' dtype (float32 at least);
+        forbidden tags get about -1e30 and padding rows are meaningless."""
+        self._check_shapes(emissions, mask)
+        mask = mask.bool()
+        emissions = emissions.to(torch.promote_types(emissions.dtype, torch.float32)) / temperature
+        start, trans, end = self._scaled_scores(emissions.dtype, temperature)
+        alpha, beta, log_z = self._forward_backward(emissions, mask, start, trans, end)
+        return alpha + beta - log_z[:, None, None]
+
+    def posterior_kl(self, emissions: torch.Tensor, mask: torch.Tensor, targets: torch.Tensor,
+                     temperature: float = 1.0) -> torch.Tensor:
+        """Posterior distillation (Wang et al. 2020): KL(targets || this CRF's marginals) summed over
+        each sequence's real positions, the mean over sequences, times temperature^2 (Hinton's
+        scaling, so that the gradients keep their size whatever the temperature). `targets` (B, T, K):
+        the teachers' marginals at the same temperature (each real position sums to 1). Zero exactly
+        when the marginals are equal."""
+        log_student = self.log_marginals(emissions, mask, temperature)  # (B, T, K)
+        targets = targets.to(log_student.dtype)
+        # xlogy: a tag the teacher gives no mass (a forbidden one) adds 0, not 0 * log 0
+        per_tag = torch.xlogy(targets, targets) - targets * log_student
+        per_position = per_tag.sum(2).masked_fill(~mask.bool(), 0.0)  # (B, T)
+        return per_position.sum(1).mean() * temperature ** 2
+
     @torch.no_grad()
     def path_probabilities(self, emissions: torch.Tensor, mask: torch.Tensor, paths: list[list[int]],
                            temperature: float = 1.0) -> list[float]:

@@ -148,6 +148,11 @@ class Tagger(nn.Module):
         """Mean negative log-likelihood per sentence."""
         return self.crf.neg_log_likelihood(self.emissions(batch), batch.tag_ids, batch.mask, reduction="mean")
 
+    def soft_loss(self, batch: Batch, targets: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+        """Distillation's soft-target loss: KL(teachers' marginals `targets` (B, T, K) || the model's),
+        per sentence (`CRF.posterior_kl`)."""
+        return self.crf.posterior_kl(self.emissions(batch), batch.mask, targets, temperature)
+
     @torch.no_grad()
     def decode(self, batch: Batch) -> list[list[int]]:
         return self.crf.decode(self.emissions(batch), batch.mask)

@@ -9,6 +9,7 @@ from dataclasses import replace
 import torch
 
 from nerkit.config import Config
+from nerkit.data.records import Sentence
 from nerkit.data.splits import Splits
 from nerkit.data.tags import scheme_tags
 from nerkit.features.featurizer import Featurizer
@@ -21,11 +22,13 @@ log = logging.getLogger(__name__)
 # ------------------------------------------------------------------------------ the parts of a run
 
 
-def build_pipeline(config: Config, splits: Splits, device: torch.device | str = "cpu") -> Pipeline:
+def build_pipeline(config: Config, splits: Splits, device: torch.device | str = "cpu",
+                   unlabelled: list[list[str]] = ()) -> Pipeline:
     """A new model for the training data: vocabularies counted on train (never dev or test) and
     extended by the rows of pretrained vector files (`embeddings.vectors_keep: all`), the lexicon for
     a lattice encoder, a language model's features, the pretrained vectors in their tables, and
-    the longest training sentence (`Pipeline.train_max_len`).
+    the longest training sentence (`Pipeline.train_max_len`). `unlabelled`: sequences of characters
+    the model also trains on (`nerkit distill`'s text), counted into the vocabularies as train is.
     Table widths the config leaves out are the vector files': the pipeline holds a copy of `config`
     with them resolved (the one its model directory saves); `config` itself is left as it is."""
     vectors, config = read_pretrained(config, lattice=ENCODERS[config.encoder.name].uses_lattice)
@@ -45,13 +48,14 @@ def build_pipeline(config: Config, splits: Splits, device: torch.device | str = 
             log.info(f"language model {options.path}: {source.output_dim} features per character, "
                      f"{'fine-tuned' if options.finetune else 'frozen'}, layers {options.layers}")
     extra = {kind: v.words for kind, v in vectors.items()} if emb.vectors_keep == "all" else {}
-    featurizer = Featurizer.build(config, splits.train, scheme_tags(splits.types, splits.scheme), lexicon,
+    featurizer = Featurizer.build(config, [*splits.train, *(Sentence(list(u)) for u in unlabelled)],
+                                  scheme_tags(splits.types, splits.scheme), lexicon,
                                   extra=extra)
     if lexicon is not None:
         log.info(f"lexicon: {len(lexicon)} words; {len(featurizer.counts['word'])} of them occur in the training data")
     pipe = Pipeline(config, featurizer, device, lm)
     # The longest sentence the model trains on (train's pieces): its default prediction window.
-    pipe.train_max_len = max((len(s) for s in splits.train), default=0) or None
+    pipe.train_max_len = max((len(s) for s in [*splits.train, *unlabelled]), default=0) or None
     vocabs = {"char": featurizer.chars, "bichar": featurizer.bichars, "word": featurizer.words}
     for kind, found in vectors.items():
         vocab, rows = vocabs[kind], found.index()

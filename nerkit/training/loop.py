@@ -1,6 +1,7 @@
 """The training loop, in named steps: `set_up` (data, vocabularies, model, optimiser, schedule, a
 fresh or resumed state), `train_step` (one batch), `run_epoch` (its batches, stopping where a limit
-or Ctrl-C says), `end_epoch` (dev evaluation, best and last models, the checkpoint) and `finish`
+or Ctrl-C says; with `nerkit distill`, `distill_step` on the unlabelled batches mixed among
+them), `end_epoch` (dev evaluation, best and last models, the checkpoint) and `finish`
 (the best model's final figures, test scored once and never used for selection). `train` runs them.
 
 Under torchrun every rank runs the same steps (nerkit.training.distributed): each trains on its slice of the
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import random
 import signal
@@ -46,6 +48,7 @@ from nerkit.training.distributed import (
     resume_command,
     seed_rank,
 )
+from nerkit.training.distill import Distillation, UnlabelledBatch
 from nerkit.training.model_card import write_model_card
 from nerkit.training.run_dir import check_run, prepare_output_dir, save_run_config
 from nerkit.training.schedule import (
@@ -170,6 +173,7 @@ class Run:
     streams: Streams | None = None
     memory: list | None = None
     empty: Example | None = None
+    distill: Distillation | None = None  # `nerkit distill`: the unlabelled text and its teachers' targets
 
     @cached_property
     def lengths(self) -> list[int]:
@@ -188,7 +192,7 @@ class Run:
 
 
 def set_up(config: Config, out: Path, force: bool, resume: bool, splits: Splits | None, stop: StopRequest,
-           progress_bar: bool | None, world: World) -> Run:
+           progress_bar: bool | None, world: World, distill: Distillation | None = None) -> Run:
     """Everything a run needs before its first step: a fresh output directory, or the state of the
     run in `out` restored from its checkpoint; with several processes, this rank in their group."""
     tc = config.train
@@ -198,7 +202,11 @@ def set_up(config: Config, out: Path, force: bool, resume: bool, splits: Splits 
     device = world.join(resolve_device(tc.device, "train.device"), tc.dist_timeout)
     seed_everything(tc.seed)
     splits = splits if splits is not None else read_splits(config)
-    pipe = build_pipeline(config, splits, device)
+    if distill is not None and world.size > 1:
+        raise UserError("nerkit distill trains on one process", fix="run it without torchrun")
+    pipe = build_pipeline(config, splits, device, unlabelled=distill.units if distill else ())
+    if distill is not None:
+        distill.attach(pipe.featurizer)
     config = pipe.config  # the widths its vector files gave resolved
     world.check_same("the corpora and vocabularies", [splits.checksums, pipe.featurizer.sizes()], config.data.train)
     streams = document_streams(config, pipe, splits, world)
@@ -211,15 +219,18 @@ def set_up(config: Config, out: Path, force: bool, resume: bool, splits: Splits 
              f"{', '.join(splits.types)}; train {len(splits.train)} sentences, dev {len(splits.dev)}; "
              f"device {device}{ranks}")
     optimizer = make_optimizer(config, pipe.model)
-    steps_per_epoch, total_steps = run_steps(config, len(examples), streams.steps_per_epoch() if streams else 0)
+    gold_steps = streams.steps_per_epoch() if streams else math.ceil(len(examples) / tc.batch_size)
+    steps_per_epoch, total_steps = run_steps(
+        config, len(examples), gold_steps + (distill.steps_per_epoch(gold_steps) if distill else 0))
     warned = warn_long_run_warmup(config, steps_per_epoch, total_steps)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: lr_factor(config, step, steps_per_epoch, total_steps))
     run = Run(config, out, splits, pipe, examples, optimizer, scheduler,
-              Progress(checksums=splits.checksums, world_size=world.size), None, stop, world, pipe.model,
+              Progress(checksums={**splits.checksums, **(distill.checksums if distill else {})},
+                       world_size=world.size), None, stop, world, pipe.model,
               progress_bar, params=[p for p in pipe.model.parameters() if p.requires_grad],
               total_steps=total_steps, warned_warmup=warned, streams=streams,
-              empty=pipe.featurizer.example([], []) if streams else None)
+              empty=pipe.featurizer.example([], []) if streams else None, distill=distill)
     if resume:
         _restore(run)
         if world.main:  # the run's config.yaml: this session's limits, and the widths its vector files gave
@@ -279,7 +290,7 @@ def _restore(run: Run) -> None:
     (or lifted), inside the epoch the limit cut, with that epoch's remaining batches."""
     tc, history, world = run.config.train, run.out / "metrics.jsonl", run.world
     progress, run.best_state = load_checkpoint(run.out, run.pipe.model, run.optimizer, run.scheduler,
-                                               run.splits.checksums, world.rank)
+                                               run.progress.checksums, world.rank)
     if world.rank >= progress.world_size:  # a rank the run did not have: its own random stream
         seed_rank(tc.seed, world.rank, progress.step)
     if progress.world_size != world.size:
@@ -333,7 +344,8 @@ def run_epoch(run: Run, epoch: int) -> int:
     try:
         for item in batches[progress.batch:]:
             t0 = time.perf_counter()
-            loss, chars = document_step(run, item) if run.streams else sentence_step(run, item)
+            step = document_step if run.streams else distill_step if isinstance(item, UnlabelledBatch) else sentence_step
+            loss, chars = step(run, item)
             late = bool(tc.time_budget) and run.elapsed() > tc.time_budget
             loss, stops, lates = world.sum([loss / world.size, run.stop.requested, late])
             seconds = time.perf_counter() - t0
@@ -370,7 +382,8 @@ def epoch_batches(run: Run, epoch: int) -> list:
     rng = random.Random(run.config.train.seed * 1000 + epoch)
     if run.streams is not None:
         return run.streams.epoch(rng)
-    return bucketed_batches(run.lengths, run.config.train.batch_size, rng)
+    gold = bucketed_batches(run.lengths, run.config.train.batch_size, rng)
+    return run.distill.mix(gold, epoch, run.config.train.batch_size) if run.distill else gold
 
 
 def sentence_step(run: Run, idx: list[int]) -> tuple[float, int]:
@@ -382,6 +395,15 @@ def sentence_step(run: Run, idx: list[int]) -> tuple[float, int]:
     loss = train_step(run.learner, batch, run.optimizer, run.scheduler, run.params, tc.clip_norm,
                       tc.clip_value, weight)
     return loss, sum(run.lengths[i] for i in idx)
+
+
+def distill_step(run: Run, item: UnlabelledBatch) -> tuple[float, int]:
+    """One step on unlabelled sequences: the distillation loss against the teachers' targets
+    (nerkit.training.distill), times `distill.weight`. Returns the weighted loss and the characters."""
+    tc = run.config.train
+    loss, chars = run.distill.loss(run.pipe.model, item.indices, run.pipe.device)
+    return learn(loss, run.optimizer, run.scheduler, run.params, tc.clip_norm, tc.clip_value,
+                 run.distill.options.weight), chars
 
 
 def document_step(run: Run, step: Step) -> tuple[float, int]:
@@ -507,10 +529,13 @@ def finish(run: Run, epoch: int) -> dict:
 
 
 def train(config: Config, out: str | Path | None = None, force: bool = False, resume: bool = False,
-          progress_bar: bool | None = None, splits: Splits | None = None) -> dict | None:
+          progress_bar: bool | None = None, splits: Splits | None = None,
+          distill: Distillation | None = None) -> dict | None:
     """Train as the config says (or continue a run with `resume`); returns the final metrics,
     also written to OUT/metrics.json. `splits`: the config's corpora, when the caller has already
     read them with `read_splits(config)` (the benchmark scores dev and test again afterwards).
+    `distill`: `nerkit distill`'s unlabelled text and targets (nerkit.tools.distill), trained on
+    between the gold batches.
 
     Started by torchrun (WORLD_SIZE > 1), the process is one rank of a data-parallel run; rank 0
     returns the metrics, the others None.
@@ -526,7 +551,7 @@ def train(config: Config, out: str | Path | None = None, force: bool = False, re
     finished = False
     try:
         with stop.on_signals():
-            run = set_up(config, out, force, resume, splits, stop, progress_bar, world)
+            run = set_up(config, out, force, resume, splits, stop, progress_bar, world, distill)
             progress = run.progress
             # A finished run only lacks its final model: its last epoch is the one before
             # progress.epoch, unless a limit cut that epoch short (then progress stayed inside it).
