@@ -292,3 +292,18 @@ def test_the_onnx_export_gives_the_same_spans_and_scores(nested_model, tmp_path)
     got = onnx.predict(texts, scores=True, window=16)
     assert [[{**e, "score": pytest.approx(e["score"], abs=1e-4)} for e in f] for f in expected] == got
     assert not (tmp_path / "onnx" / "crf.safetensors").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("finetune", [False, True])
+def test_the_span_head_reads_language_model_features(lm_dir, tmp_path, tiny_config, finetune):
+    from helpers import TINY_DEV
+
+    from nerkit.inference.pipeline import Pipeline
+    from nerkit.training.loop import train
+
+    out = tmp_path / "model"
+    metrics = train(tiny_config(f"embeddings.lm.path={lm_dir}", f"embeddings.lm.finetune={str(finetune).lower()}",
+                                "model.head=span", "span.size=8", "train.epochs=1"), out=out, progress_bar=False)
+    loaded = Pipeline.load(out)
+    assert loaded.model.lm is not None and loaded.evaluate(TINY_DEV)["counts"] == metrics["dev"]["counts"]
