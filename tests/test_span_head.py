@@ -45,12 +45,13 @@ def small_head(types=3, size=4, width=3, seed=0):
     return SpanHead(5, types, size, width).double().eval()
 
 
-def test_band_scores_equal_a_naive_loop_over_every_pair():
+@pytest.mark.parametrize("diagonals", [False, True], ids=["blocks", "diagonals"])
+def test_band_scores_equal_a_naive_loop_over_every_pair(diagonals):
     head = small_head()
-    h = torch.randn(2, 6, 5, dtype=torch.float64)
-    band = head(h)  # (B, K, T, W)
-    qk = head.projection(h).view(2, 6, 3, 2, 4)  # (B, T, K, start/end, D)
-    for b, k, s, e in itertools.product(range(2), range(3), range(6), range(6)):
+    h = torch.randn(2, 7, 5, dtype=torch.float64)  # 7: blocks of 3 starts, the last one padded
+    band = head(h, diagonals)  # (B, K, T, W)
+    qk = head.projection(h).view(2, 7, 3, 2, 4)  # (B, T, K, start/end, D)
+    for b, k, s, e in itertools.product(range(2), range(3), range(7), range(7)):
         q = rotate_naive(qk[b, s, k, 0].tolist(), s)
         key = rotate_naive(qk[b, e, k, 1].tolist(), e)
         expected = sum(x * y for x, y in zip(q, key)) / 2.0  # sqrt(D) = 2
@@ -58,12 +59,15 @@ def test_band_scores_equal_a_naive_loop_over_every_pair():
             assert band[b, k, s, e - s].item() == pytest.approx(expected, abs=1e-6)  # angles in float32
 
 
-def test_band_is_the_full_matrix_masked_to_the_band():
+@pytest.mark.parametrize("length", [1, 4, 9, 12])
+def test_band_is_the_full_matrix_masked_to_the_band(length):
     head = small_head(width=4)
-    h = torch.randn(3, 9, 5, dtype=torch.float64)
+    h = torch.randn(3, length, 5, dtype=torch.float64)
     band, full = head(h), head.full(h)  # (B, K, T, W), (B, K, T, T)
-    for s, w in itertools.product(range(9), range(4)):
-        if s + w < 9:
+    torch.testing.assert_close(head(h, diagonals=True), band)
+    assert band.shape == (3, 3, length, 4)
+    for s, w in itertools.product(range(length), range(4)):
+        if s + w < length:
             torch.testing.assert_close(band[:, :, s, w], full[:, :, s, s + w])
 
 

@@ -56,13 +56,34 @@ class SpanHead(nn.Module):
         qk = qk.permute(3, 0, 2, 1, 4)  # (2, B, K, T, D)
         return rotary(qk[0]), rotary(qk[1])
 
-    def forward(self, h: torch.Tensor) -> torch.Tensor:
+    def forward(self, h: torch.Tensor, diagonals: bool = False) -> torch.Tensor:
         """The band logits (B, K, T, W): cell (k, s, w) scores span s..s+w of type k. Cells past a
-        sentence's end hold numbers that mean nothing (`band_valid` says which are real)."""
+        sentence's end hold numbers that mean nothing (`band_valid` says which are real). With
+        `diagonals`, computed one width at a time (`by_diagonals`: what an ONNX export traces, its
+        shapes never depending on the length in Python)."""
         q, k = self.queries_keys(h)  # (B, K, T, D)
+        if diagonals:
+            return self.by_diagonals(q, k)
+        B, K, T, D = q.shape
+        W = self.max_width
+        # The starts in blocks of W: the ends of block i's spans lie in blocks i and i + 1, so one
+        # batched product per block, (W, D) x (D, 2W), holds its whole band: twice the band's work in
+        # one matrix product instead of W thin ones, and never the L x L matrix.
+        blocks = -(-T // W)  # ceil(T / W)
+        q = nn.functional.pad(q, (0, 0, 0, blocks * W - T)).view(B, K, blocks, W, D)
+        k = nn.functional.pad(k, (0, 0, 0, (blocks + 1) * W - T)).view(B, K, blocks + 1, W, D)  # ends past T: zeros
+        k = torch.cat([k[:, :, :-1], k[:, :, 1:]], dim=3)  # (B, K, blocks, 2W, D)
+        scores = q @ k.transpose(-1, -2)  # (B, K, blocks, W, 2W): start i of the block, end j of the pair
+        offsets = torch.arange(W, device=q.device)
+        ends = (offsets[:, None] + offsets[None, :]).expand(B, K, blocks, W, W)  # start i, width w -> end i + w
+        band = scores.gather(-1, ends).reshape(B, K, blocks * W, W)[:, :, :T]  # (B, K, T, W)
+        return band / D ** 0.5
+
+    def by_diagonals(self, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+        """The band from rotated q, k (B, K, T, D), one diagonal of the L x L matrix per width:
+        W thin products, slower on a CPU than `forward`'s blocks, the same numbers."""
         T, W = q.size(2), self.max_width
         k = nn.functional.pad(k, (0, 0, 0, W - 1))  # (B, K, T + W - 1, D): ends past T read zeros
-        # One diagonal of the L x L score matrix per width: never more than (B, K, T, W) at once.
         band = [(q * k[:, :, w:w + T]).sum(-1) for w in range(W)]  # W x (B, K, T)
         return torch.stack(band, dim=-1) / self.size ** 0.5  # (B, K, T, W)
 

@@ -142,9 +142,10 @@ class Tagger(nn.Module):
                                    batch.word_tails, batch.word_mask)
         return self.encoder(x, batch.mask, lattice)  # (B, T, H)
 
-    def span_band(self, batch: Batch) -> torch.Tensor:
-        """The span head's band logits (B, K, T, W) (nerkit.model.span.SpanHead)."""
-        return self.span(self.hidden(batch))
+    def span_band(self, batch: Batch, diagonals: bool = False) -> torch.Tensor:
+        """The span head's band logits (B, K, T, W) (nerkit.model.span.SpanHead; `diagonals`: as
+        an ONNX export computes them)."""
+        return self.span(self.hidden(batch), diagonals)
 
     def read_segment(self, batch: Batch, memory: list | None = None, keep: int | None = None
                      ) -> tuple[torch.Tensor, list | None]:

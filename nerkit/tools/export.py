@@ -84,7 +84,7 @@ class EmissionGraph(nn.Module):
         batch = Batch(char_ids, bichar_ids, mask, word_ids=word_ids, word_heads=word_heads, word_tails=word_tails,
                       word_mask=word_mask, lm_ids=lm_ids)
         if self.model.crf is None:  # the span head: its band logits, decoded in numpy (nerkit.model.span_decode)
-            return self.model.span_band(batch)  # (B, K, T, W)
+            return self.model.span_band(batch, diagonals=True)  # (B, K, T, W), no Python-side lengths
         return self.model.emissions(batch)  # (B, T, K)
 
 
