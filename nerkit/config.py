@@ -280,17 +280,12 @@ class CRFConfig:
 
 @dataclass
 class ModelConfig:
-    # crf: one tag per character (BIO/BIOES/BMES), so entities never overlap; span: every span of at
-    # most span.max_width characters scored for each type (GlobalPointer), so nested and overlapping
-    # entities are predicted (docs/nested.md)
-    head: Literal[HEADS] = "crf"
+    head: Literal[HEADS] = "crf"  # crf: one tag per character, entities never overlap; span: nested and overlapping spans (GlobalPointer)
 
 
 @dataclass
 class SpanConfig:
-    # the longest entity the span head scores, in characters: time and memory grow with it
-    # (types x length x max_width); 32 holds 99.7% of CMeEE's training entities
-    max_width: int = ranged(32, AT_LEAST_ONE)
+    max_width: int = ranged(32, AT_LEAST_ONE)  # the longest entity scored, in characters (cost: types x length x max_width)
     size: int = ranged(64, AT_LEAST_ONE)  # the width of each type's start and end projections (even: rotary positions)
     threshold: float = ranged(0.5, "(0, 1)")  # a span is predicted when its probability is above this
     # false: every span above the threshold, nested and overlapping; true: the non-overlapping set of

@@ -75,7 +75,7 @@ def flat_training(sentences: list[Sentence], corpus: Corpus, flat: str) -> list[
     if flat == "none":
         refuse_nested(sentences, corpus.path, corpus.format, "a CRF head tags each character once",
                       "train on a flat projection: data.flat: outer (the longest entity of each overlap) or inner "
-                      "(the shortest), e.g. --set data.flat=outer; or the span head: --set model.head=span")
+                      "(the shortest), e.g. --set data.flat=outer; or the span head, model.head: span (--set model.head=span)")
         return sentences
     sentences, dropped = flatten(sentences, flat)
     if dropped:
