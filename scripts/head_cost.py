@@ -55,11 +55,12 @@ def measure(head: str, hidden: int, train_file: str) -> dict:
     rates = {}
     for scores in (False, True):
         started = time.perf_counter()
-        pipe.predict(texts, batch_size=64, scores=scores)
+        found = pipe.predict(texts, batch_size=64, scores=scores)
         rates[scores] = sum(map(len, texts)) / (time.perf_counter() - started)
     head_params = sum(p.numel() for n, p in pipe.model.named_parameters() if n.startswith(("span.", "emission.", "crf.")))
     return {"head": head, "hidden": hidden, "head_params": head_params, "train_chars_s": round(train_rate),
             "predict_chars_s": round(rates[False]), "predict_scored_chars_s": round(rates[True]),
+            "entities_predicted": sum(map(len, found)),
             "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)}
 
 

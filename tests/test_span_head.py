@@ -260,7 +260,7 @@ def test_flat_decoding_gives_non_overlapping_spans(nested_model):
     pipe = Pipeline.load(nested_model[0])
     texts = [t for t, _ in NESTED]
     nested = pipe.predict(texts, scores=True)
-    pipe.config.span.flat = pipe.model.flat = True
+    pipe.config.span.flat = True
     predicted = pipe.predict(texts + [NESTED[0][0] * 3], scores=True, window=16)
     for found in predicted:
         assert all(a["end"] <= b["start"] for a, b in zip(found, found[1:])), found
@@ -272,13 +272,13 @@ def test_flat_decoding_gives_non_overlapping_spans(nested_model):
     assert len(predicted[0]) < len(nested[0])
 
 
-@pytest.mark.slow
-def test_conll_output_of_nested_predictions_is_the_outer_projection():
+def test_conll_and_inline_output_of_nested_predictions_is_the_outer_projection():
     from nerkit.inference.formats import format_record
 
     spans = [Span(0, 4, "ORG"), Span(0, 2, "LOC"), Span(5, 7, "PER")]
     lines = format_record("北京大学的张三", spans, "conll").split("\n")
     assert [line.split()[-1] for line in lines if line] == ["B-ORG", "I-ORG", "I-ORG", "I-ORG", "O", "B-PER", "I-PER"]
+    assert format_record("北京大学的张三", spans, "inline") == "[北京大学]ORG的[张三]PER\n"
     assert json.loads(format_record("北京大学的张三", spans, "jsonl"))["entities"][1]["type"] == "LOC"
 
 

@@ -40,11 +40,12 @@ def format_record(text: str, spans: list[Span], fmt: str, scheme: str = "bio",
         return prediction_record(text, spans, colors or {})
     if fmt == "jsonl":
         return json.dumps({**keys, **record(text, spans)}, ensure_ascii=False) + "\n"
+    # inline and conll mark each character once: a span head's nested predictions are written as
+    # their outer projection (data.flat: outer's rule); the other formats carry every span.
+    spans = project(spans, "outer") if nested(spans) else spans
     if fmt == "inline":
         return inline_line(text, spans) + "\n"
-    # One tag per character: a span head's nested predictions are written as their outer projection
-    # (data.flat: outer's rule); the other formats carry every span.
-    tags = spans_to_tags(len(text), project(spans, "outer") if nested(spans) else spans, scheme)
+    tags = spans_to_tags(len(text), spans, scheme)
     return "".join(conll_line(c, t) for c, t in zip(text, tags)) + "\n"
 
 

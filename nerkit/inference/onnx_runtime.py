@@ -183,7 +183,7 @@ class OnnxPipeline(Predictor):
         def decode(idx: list[int]):
             arrays = collate_arrays([examples[j] for j in idx])
             band = self.session.run(["band"], {name: arrays[name] for name in self.inputs})[0]  # (B, K, T, W)
-            return decode_band(band, [len(examples[j]) for j in idx], span.threshold, span.flat)
+            return decode_band(band, [len(examples[j]) for j in idx], span.threshold, flat=False)  # span.flat: stitched_spans
 
         results = self._pool.map(decode, batches) if self._pool is not None and len(batches) > 1 else map(decode, batches)
         decoded: list = [[] for _ in examples]

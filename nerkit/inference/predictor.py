@@ -149,8 +149,8 @@ class Predictor:
                        scores: bool) -> list[list[Span]]:
         """The span head's `predict_tokens`: each window's spans (start, end, type index, probability),
         a span kept from the window that holds it most centrally (`central_spans`, the rule that
-        scores a CRF's stitched entities); with `span.flat`, the non-overlapping choice is made
-        again over the stitched spans, which two windows may have chosen differently."""
+        scores a CRF's stitched entities); with `span.flat`, the non-overlapping choice among the
+        stitched spans (`flat_spans`)."""
         types = self.featurizer.types
         by_text: list[list[tuple[int, int, list[Span]]]] = [[] for _ in token_lists]
         for (i, a, b), found in zip(pieces, decoded):
@@ -394,6 +394,10 @@ def central_spans(windows: list[tuple[int, int, list[Span]]]) -> list[Span]:
     it most centrally (the largest distance to its nearer edge; the earlier on a tie), so each part
     of the text is decided by the window that sees most context around it. Offsets into the text,
     ordered by start, end, type."""
+    if len(windows) == 1:  # a text read whole: nothing to choose
+        start, _, found = windows[0]
+        return sorted((Span(start + s.start, start + s.end, s.type, s.score) for s in found),
+                      key=lambda s: (s.start, s.end, s.type))
     kept = []
     for j, (start, _, found) in enumerate(windows):
         for s in found:

@@ -11,13 +11,14 @@ from torch import nn
 
 
 def rotary(x: torch.Tensor) -> torch.Tensor:
-    """x (B, K, T, D) rotated by position: pair (i, i + D/2) of position t turns by t * 10000^(-2i/D)."""
-    T, D = x.size(2), x.size(3)
+    """x (B, T, N, D) rotated by position t: pair (i, i + D/2) turns by t * 10000^(-2i/D), the same
+    for each of the N vectors at a position."""
+    T, D = x.size(1), x.size(3)
     inv_freq = 10000.0 ** (-torch.arange(0, D, 2, dtype=torch.float32, device=x.device) / D)  # (D/2,)
     angles = torch.arange(T, dtype=torch.float32, device=x.device)[:, None] * inv_freq[None, :]  # (T, D/2)
-    cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
-    first, second = x[..., : D // 2], x[..., D // 2:]  # (B, K, T, D/2) each
-    return torch.cat([first * cos - second * sin, first * sin + second * cos], dim=-1)  # (B, K, T, D)
+    cos, sin = angles.cos().to(x.dtype)[:, None], angles.sin().to(x.dtype)[:, None]  # (T, 1, D/2)
+    first, second = x[..., : D // 2], x[..., D // 2:]  # (B, T, N, D/2) each
+    return torch.cat([first * cos - second * sin, first * sin + second * cos], dim=-1)  # (B, T, N, D)
 
 
 def band_valid(mask: torch.Tensor, max_width: int) -> torch.Tensor:
@@ -52,9 +53,9 @@ class SpanHead(nn.Module):
     def queries_keys(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The rotated start (query) and end (key) vectors, (B, K, T, D) each."""
         B, T, _ = h.shape
-        qk = self.projection(self.dropout(h)).view(B, T, self.num_types, 2, self.size)  # (B, T, K, 2, D)
-        qk = qk.permute(3, 0, 2, 1, 4)  # (2, B, K, T, D)
-        return rotary(qk[0]), rotary(qk[1])
+        qk = rotary(self.projection(self.dropout(h)).view(B, T, self.num_types * 2, self.size))  # (B, T, 2K, D)
+        qk = qk.view(B, T, self.num_types, 2, self.size).permute(3, 0, 2, 1, 4)  # (2, B, K, T, D)
+        return qk[0], qk[1]
 
     def forward(self, h: torch.Tensor, diagonals: bool = False) -> torch.Tensor:
         """The band logits (B, K, T, W): cell (k, s, w) scores span s..s+w of type k. Cells past a

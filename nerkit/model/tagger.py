@@ -97,7 +97,7 @@ class Tagger(nn.Module):
             sc = config.span
             self.types = sorted({split_tag(t)[1] for t in tags if t != "O"})
             self.span = SpanHead(self.encoder.output_dim, len(self.types), sc.size, sc.max_width, sc.dropout)
-            self.threshold, self.flat = sc.threshold, sc.flat
+            self.threshold = sc.threshold  # span.flat is the predictor's, after windows are stitched
             self.crf = None
             return
         self.output_dropout = nn.Dropout(config.crf.dropout)
@@ -175,14 +175,14 @@ class Tagger(nn.Module):
     @torch.no_grad()
     def decode(self, batch: Batch) -> list[list[int]] | list[list[Found]]:
         """The CRF's tag ids of each sentence; the span head's spans (start, end exclusive, type
-        index, probability), above `span.threshold`, non-overlapping with `span.flat`."""
+        index, probability) above `span.threshold`, nested and overlapping."""
         if self.head == "span":
             return self.decode_spans(self.span_band(batch), batch.mask)
         return self.crf.decode(self.emissions(batch), batch.mask)
 
     def decode_spans(self, band: torch.Tensor, mask: torch.Tensor) -> list[list[Found]]:
         """The spans of band logits (B, K, T, W), decoded in numpy as an export decodes them."""
-        return decode_band(band.float().cpu().numpy(), mask.sum(1).tolist(), self.threshold, self.flat)
+        return decode_band(band.float().cpu().numpy(), mask.sum(1).tolist(), self.threshold, flat=False)
 
     @torch.no_grad()
     def decode_scored(self, batch: Batch, temperature: float = 1.0) -> tuple[list[list[int]], list[list[float]]]:
