@@ -47,6 +47,7 @@ ABSOLUTE_ATTENTIONS = ("absolute", "learned")  # positions added to the input: t
 RELATIVE_ATTENTIONS = ("tener", "xl", "shaw", "rope", "alibi")
 ATTENTIONS = ABSOLUTE_ATTENTIONS + RELATIVE_ATTENTIONS
 FUSIONS = ("four", "two")  # FLAT's relative distances (nerkit.model.encoders.flat)
+HEADS = ("crf", "span")  # model.head: what turns the encoder's output into entities (nerkit.model.tagger)
 CRF_ALGORITHMS = ("auto", "loop", "scan")  # the CRF likelihood's forward algorithm (nerkit.model.crf)
 OPTIMIZERS = ("sgd", "adam", "adamw")
 SCHEDULES = ("constant", "linear", "inverse_time")
@@ -279,6 +280,22 @@ class CRFConfig:
 
 
 @dataclass
+class ModelConfig:
+    head: Literal[HEADS] = "crf"  # crf: one tag per character, entities never overlap; span: nested and overlapping spans (GlobalPointer)
+
+
+@dataclass
+class SpanConfig:
+    max_width: int = ranged(32, AT_LEAST_ONE)  # the longest entity scored, in characters (cost: types x length x max_width)
+    size: int = ranged(64, AT_LEAST_ONE)  # the width of each type's start and end projections (even: rotary positions)
+    threshold: float = ranged(0.5, "(0, 1)")  # a span is predicted when its probability is above this
+    # false: every span above the threshold, nested and overlapping; true: the non-overlapping set of
+    # them with the largest sum of log-odds (the most probable flat labelling)
+    flat: bool = False
+    dropout: float = ranged(0.0, PROBABILITY)  # on encoder outputs before the projections
+
+
+@dataclass
 class TrainConfig:
     epochs: int = ranged(20, AT_LEAST_ONE, resumable=True)  # the most epochs the run trains
     batch_size: int = ranged(32, AT_LEAST_ONE)  # sentences per optimiser step (with several processes, the global batch they share)
@@ -325,6 +342,8 @@ class Config:
     lexicon: LexiconConfig = field(default_factory=LexiconConfig)
     encoder: EncoderConfig = field(default_factory=EncoderConfig)
     crf: CRFConfig = field(default_factory=CRFConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    span: SpanConfig = field(default_factory=SpanConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     distill: DistillConfig = field(default_factory=DistillConfig)
     output_dir: str = "runs/model"  # the model directory when `nerkit train` is given no `--out`
@@ -443,6 +462,7 @@ def build_config(raw: dict, source: str = "<config>", overrides: list[str] = ())
     _check_stack(config.embeddings, origin)
     _check_config(config, source)
     _check_context(config, source)
+    _check_head(config, source)
     return config
 
 
@@ -494,6 +514,19 @@ def _check_context(config: Config, source: str) -> None:
                       f"Transformer-XL's memory, but encoder {config.encoder.name} {lacks}", where=source,
                       fix="use encoder.name: transformer with a relative attention (e.g. attention: xl), "
                           "memory and segment (e.g. memory: 128, segment: 128), or data.context: sentence")
+
+
+def _check_head(config: Config, source: str) -> None:
+    """The span head's rotary positions rotate pairs of numbers; it reads each window or sentence
+    whole, so it does not stream through Transformer-XL's memory."""
+    if config.model.head != "span":
+        return
+    if config.span.size % 2:
+        raise ConfigError(f"span.size = {config.span.size}: rotary positions need an even width", where=source,
+                          fix="choose an even span.size, e.g. 64")
+    if getattr(config.encoder.options, "memory", 0):
+        raise ConfigError("model.head: span reads each sentence or window whole, not through Transformer-XL's "
+                          "memory (encoder.memory)", where=source, fix="set encoder.memory: 0, or model.head: crf")
 
 
 def load_config(path: str | Path, overrides: list[str] = ()) -> Config:

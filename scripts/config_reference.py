@@ -28,13 +28,16 @@ from nerkit import config as cfg  # noqa: E402 (a base module: imports no torch)
 from nerkit import typed_yaml  # noqa: E402
 
 SECTIONS = {"data": "DataConfig", "embeddings": "EmbeddingsConfig", "lexicon": "LexiconConfig",
-            "crf": "CRFConfig", "train": "TrainConfig", "distill": "DistillConfig"}
+            "crf": "CRFConfig", "model": "ModelConfig", "span": "SpanConfig", "train": "TrainConfig",
+            "distill": "DistillConfig"}
 INTRO = {
     "data": "The corpora and how their text is read.",
     "embeddings": "Character, bigram and lexicon-word tables, and pretrained vectors ([pretrained.md](pretrained.md)).",
     "embeddings.lm": "Where to get one, and what each option costs: [pretrained.md](pretrained.md).",
     "lexicon": "The words FLAT matches into each sentence's lattice (the other encoders ignore this section).",
     "crf": "The CRF head.",
+    "model": "Which head turns the encoder's output into entities ([nested.md](nested.md)).",
+    "span": "The span head (`model.head: span`, GlobalPointer; [nested.md](nested.md)).",
     "train": "The optimiser, its schedule, and the limits of a run.",
     "distill": "Read by `nerkit distill` alone ([distillation.md](distillation.md)); `nerkit train` ignores it.",
 }

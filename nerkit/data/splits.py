@@ -75,7 +75,7 @@ def flat_training(sentences: list[Sentence], corpus: Corpus, flat: str) -> list[
     if flat == "none":
         refuse_nested(sentences, corpus.path, corpus.format, "a CRF head tags each character once",
                       "train on a flat projection: data.flat: outer (the longest entity of each overlap) or inner "
-                      "(the shortest), e.g. --set data.flat=outer; or the span head (model.head: span, coming)")
+                      "(the shortest), e.g. --set data.flat=outer; or the span head, model.head: span (--set model.head=span)")
         return sentences
     sentences, dropped = flatten(sentences, flat)
     if dropped:
@@ -127,7 +127,8 @@ def read_splits(config: Config) -> Splits:
         blocks = f", {len(documents(dev))} contiguous blocks" if dc.context == "document" else ""
         log.info(f"dev: {len(dev)} sentences carved from {dc.train} (seed {dc.split_seed}, {dc.dev_split:.0%}{blocks})")
     test = read_gold(dc.test, dc.repair, TRAIN_REPAIR_OPTION).sentences if dc.test else None
-    train = flat_training(train, train_corpus, dc.flat)  # dev and test stay as written (nested gold)
+    if config.model.head != "span" or dc.flat != "none":  # the span head learns nested entities as they are
+        train = flat_training(train, train_corpus, dc.flat)  # dev and test stay as written (nested gold)
     if dc.insert_spaces:
         before = sum(len(s) for s in train)
         train = insert_spaces(train, dc.insert_spaces, dc.split_seed)

@@ -73,7 +73,9 @@ def split_sentence(sent: Sentence, max_len: int) -> list[Sentence]:
     pieces = []
     for a, b in zip(starts, ends):
         tags = sent.tags[a:b] if sent.tags is not None else None
-        pieces.append(Sentence(sent.tokens[a:b], tags, sent.line + a if sent.line else 0, sent.document))
+        entities = None if sent.entities is None else \
+            [Span(e.start - a, e.end - a, e.type) for e in sent.entities if a <= e.start and e.end <= b]
+        pieces.append(Sentence(sent.tokens[a:b], tags, sent.line + a if sent.line else 0, sent.document, entities))
     return pieces
 
 

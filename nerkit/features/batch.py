@@ -32,6 +32,7 @@ class Batch:
     # (row, start, length), and the rows whose document starts here (their memory is dropped).
     pieces: torch.Tensor | None = None  # (N, 3) long
     resets: torch.Tensor | None = None  # (B,) bool
+    spans: torch.Tensor | None = None  # (N, 4) long: the span head's gold, as (row, type, start, width - 1)
 
     def to(self, device) -> "Batch":
         return Batch(**{k: _to(v, device) for k, v in self.__dict__.items()})
@@ -68,6 +69,9 @@ def collate(examples: list[Example], width: int = 0, words: int = 0) -> Batch:
         batch.word_tails = _pad([e.word_tails for e in examples], words)
         batch.word_mask = torch.arange(words)[None, :] < counts[:, None]
     first = examples[0]
+    if first.spans is not None:
+        rows = [(b, *span) for b, e in enumerate(examples) for span in e.spans]
+        batch.spans = torch.tensor(rows, dtype=torch.long).reshape(-1, 4)  # (N, 4)
     if first.lm_states is not None:
         batch.lm_states = _lm_states([e.lm_states for e in examples], width)
     if first.lm_ids is not None and not _all_cached(first.lm_states):

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from nerkit.data.records import Sentence
-from nerkit.data.tags import detect_scheme, spans_to_tags
+from nerkit.data.tags import detect_scheme, spans_to_tags, split_tag
 from nerkit.data.text import SPACE, bigrams, normalize_char
 from nerkit.errors import ModelDirError
 from nerkit.features.lexicon import Lexicon, SentenceLattice, build_lattice
@@ -69,13 +69,16 @@ class Featurizer:
 
     def __init__(self, chars: Vocab, bichars: Vocab, tags: list[str], words: Vocab | None = None,
                  lexicon: Lexicon | None = None, *, normalize: bool = False, use_bichars: bool = True,
-                 max_words: int | None = None, drop: str = "longest_first", lm_vocab=None):
+                 max_words: int | None = None, drop: str = "longest_first", lm_vocab=None, span_head: bool = False):
         self.chars, self.bichars, self.tags, self.words, self.lexicon = chars, bichars, tags, words, lexicon
         # a language model's character vocabulary (nerkit.pretrained: LMVocab, a stack's StackedVocab), or None
         self.lm_vocab = lm_vocab
         self.normalize, self.use_bichars, self.max_words, self.drop = normalize, use_bichars, max_words, drop
         self.tag_index = {t: i for i, t in enumerate(tags)}
         self.scheme = detect_scheme(tags)
+        # The span head learns from spans (nested ones too), not tags; its types in the model's order.
+        self.span_head = span_head
+        self.types = sorted({split_tag(t)[1] for t in tags if t != "O"})
         self.counts: dict[str, Counter] = {}  # by kind, the training tokens `build` counted
 
     @classmethod
@@ -83,7 +86,7 @@ class Featurizer:
                     lexicon: Lexicon | None = None, lm_vocab=None) -> "Featurizer":
         return cls(chars, bichars, tags, words, lexicon, normalize=config.data.normalize,
                    use_bichars=config.embeddings.width("bichar") > 0, max_words=config.lexicon.max_words,
-                   drop=config.lexicon.drop, lm_vocab=lm_vocab)
+                   drop=config.lexicon.drop, lm_vocab=lm_vocab, span_head=config.model.head == "span")
 
     @classmethod
     def build(cls, config, sentences: list[Sentence], tags: list[str], lexicon: Lexicon | None = None,
@@ -130,6 +133,11 @@ class Featurizer:
         return ex
 
     def training_example(self, sentence: Sentence) -> Example:
+        if self.span_head:  # every gold span, nested or not, as (type, start, width - 1)
+            example = self.example(sentence.tokens)
+            index = {t: k for k, t in enumerate(self.types)}
+            example.spans = [(index[s.type], s.start, s.end - s.start - 1) for s in sentence.spans()]
+            return example
         return self.example(sentence.tokens, spans_to_tags(len(sentence), sentence.spans(), self.scheme))
 
     def sizes(self) -> dict:
@@ -171,6 +179,7 @@ class Example:
     lm_ids: list[int] | tuple[list[int], ...] | None = None
     # (T, S, D) a frozen LM's cached layer states, instead of running it; stacked: a tuple, None where a source runs
     lm_states: torch.Tensor | tuple[torch.Tensor | None, ...] | None = None
+    spans: list[tuple[int, int, int]] | None = None  # the span head's gold: (type, start, width - 1)
 
     def __len__(self) -> int:
         return len(self.char_ids)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from nerkit.data import annotation
 from nerkit.data.corpus import conll_line, refuse_nested
+from nerkit.data.nesting import nested, project
 from nerkit.data.inline import inline_line
 from nerkit.data.records import Sentence
 from nerkit.data.tags import Span, spans_to_tags
@@ -39,6 +40,9 @@ def format_record(text: str, spans: list[Span], fmt: str, scheme: str = "bio",
         return prediction_record(text, spans, colors or {})
     if fmt == "jsonl":
         return json.dumps({**keys, **record(text, spans)}, ensure_ascii=False) + "\n"
+    # inline and conll mark each character once: a span head's nested predictions are written as
+    # their outer projection (data.flat: outer's rule); the other formats carry every span.
+    spans = project(spans, "outer") if nested(spans) else spans
     if fmt == "inline":
         return inline_line(text, spans) + "\n"
     tags = spans_to_tags(len(text), spans, scheme)

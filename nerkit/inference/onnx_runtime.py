@@ -24,6 +24,7 @@ from nerkit.features.featurizer import Example, Featurizer
 from nerkit.features.padding import budgeted_batches, collate_arrays
 from nerkit.inference.model_dir import CRF_FILE, ONE_RUN_FIX, ONNX_FILE, ONNX_MODEL_FILES, VOCAB_FILE
 from nerkit.model.crf_numpy import entity_probabilities, masked_scores
+from nerkit.model.span_decode import decode_band
 from nerkit.inference.predictor import Predictor, read_model_dir
 
 log = logging.getLogger(__name__)
@@ -144,6 +145,8 @@ class OnnxPipeline(Predictor):
         graph's emissions in numpy (nerkit.model.crf_numpy); an export without the CRF's scores
         (`CRF_FILE`) gives its entities none."""
         batches = budgeted_batches([len(e) for e in examples], batch_size, BATCH_CHARS)
+        if self.config.model.head == "span":
+            return self.decode_spans(examples, batches)
         wanted, scores = scores, scores and self.crf_scores is not None
         if wanted and not scores and not self._said_unscored:
             log.warning(f"{self.directory}: this export has no {CRF_FILE} (it was written before nerkit scored "
@@ -170,6 +173,23 @@ class OnnxPipeline(Predictor):
             for k, (j, row) in enumerate(zip(idx, rows)):
                 path = row[:len(examples[j])].tolist()
                 decoded[j] = (path, probs[k] if probs is not None else None) if wanted else path
+        return decoded
+
+    def decode_spans(self, examples: list[Example], batches: list[list[int]]) -> list:
+        """The span head's spans of each example (start, end, type index, probability): the graph's
+        band logits, decoded in numpy as the PyTorch model decodes them (nerkit.model.span_decode)."""
+        span = self.config.span
+
+        def decode(idx: list[int]):
+            arrays = collate_arrays([examples[j] for j in idx])
+            band = self.session.run(["band"], {name: arrays[name] for name in self.inputs})[0]  # (B, K, T, W)
+            return decode_band(band, [len(examples[j]) for j in idx], span.threshold, flat=False)  # span.flat: stitched_spans
+
+        results = self._pool.map(decode, batches) if self._pool is not None and len(batches) > 1 else map(decode, batches)
+        decoded: list = [[] for _ in examples]
+        for idx, found in zip(batches, results):
+            for j, spans in zip(idx, found):
+                decoded[j] = spans
         return decoded
 
     @classmethod

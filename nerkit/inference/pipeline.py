@@ -15,7 +15,7 @@ from safetensors.torch import save as safetensors_bytes
 
 from nerkit.config import Config, config_to_yaml, memory_segment
 from nerkit.device import resolve_device
-from nerkit.errors import ModelDirError
+from nerkit.errors import ModelDirError, UserError
 from nerkit.features.batch import bucketed_batches, collate_padded
 from nerkit.features.featurizer import Example, Featurizer
 from nerkit.files import atomic_directory, atomic_write_bytes, atomic_write_text
@@ -68,8 +68,8 @@ class Pipeline(Predictor):
         with torch.inference_mode():
             for idx in bucketed_batches([len(e) for e in examples], batch_size):
                 batch = collate_padded([examples[j] for j in idx], batch_size, window).to(self.device)
-                found = zip(*self.model.decode_scored(batch, self.score_temperature)) if scores \
-                    else self.model.decode(batch)
+                found = zip(*self.model.decode_scored(batch, self.score_temperature)) \
+                    if scores and self.model.crf is not None else self.model.decode(batch)  # spans carry their scores
                 for j, result in zip(idx, found):  # the padding rows' paths are dropped
                     decoded[j] = result
         return decoded
@@ -78,6 +78,9 @@ class Pipeline(Predictor):
         """Each batch of the texts' prediction windows (`text_windows`), decoded: (rows, emissions
         (B, T, K), mask, paths), `rows` the (text index, window start) of each row. What the tools that
         score beyond the entities (`nerkit calibrate`, `nerkit data select`) need beside the tags."""
+        if self.model.crf is None:
+            raise UserError("this model has the span head (model.head: span), which has no tags and no CRF to "
+                            "score them with", fix="use a model trained with model.head: crf")
         window = self.check_window(window)
         pieces = [(i, a, b) for i, tokens in enumerate(token_lists) for a, b in text_windows(len(tokens), window)]
         examples = [self.featurizer.example(list(token_lists[i][a:b])) for i, a, b in pieces]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -128,6 +129,8 @@ class Predictor:
             pieces.extend((i, a, b) for a, b in text_windows(len(tokens), window))
         examples = [self.featurizer.example(token_lists[i][a:b]) for i, a, b in pieces]
         decoded = self.decode_examples(examples, batch_size, window, scores) if examples else []
+        if self.config.model.head == "span":
+            return self.stitched_spans(token_lists, pieces, decoded, scores)
         by_sentence: list[list[tuple[int, list[str]]]] = [[] for _ in token_lists]  # (window start, tags)
         window_spans: list[list[tuple[int, int, list[Span]]]] = [[] for _ in token_lists]  # (start, end, scored)
         for (i, a, b), result in zip(pieces, decoded):
@@ -140,6 +143,23 @@ class Predictor:
         spans = [tags_to_spans(stitch(found, self.scheme)) if found else [] for found in by_sentence]
         if scores:
             spans = [scored_spans(found, windows) for found, windows in zip(spans, window_spans)]
+        return [without_whitespace(tokens, found) for tokens, found in zip(token_lists, spans)]
+
+    def stitched_spans(self, token_lists: list, pieces: list[tuple[int, int, int]], decoded: list,
+                       scores: bool) -> list[list[Span]]:
+        """The span head's `predict_tokens`: each window's spans (start, end, type index, probability),
+        a span kept from the window that holds it most centrally (`central_spans`, the rule that
+        scores a CRF's stitched entities); with `span.flat`, the non-overlapping choice among the
+        stitched spans (`flat_spans`)."""
+        types = self.featurizer.types
+        by_text: list[list[tuple[int, int, list[Span]]]] = [[] for _ in token_lists]
+        for (i, a, b), found in zip(pieces, decoded):
+            by_text[i].append((a, b, [Span(s, e, types[k], p) for s, e, k, p in found]))
+        spans = [central_spans(windows) for windows in by_text]
+        if self.config.span.flat:
+            spans = [flat_spans(found) for found in spans]
+        if not scores:
+            spans = [[Span(s.start, s.end, s.type) for s in found] for found in spans]
         return [without_whitespace(tokens, found) for tokens, found in zip(token_lists, spans)]
 
     def spans_of(self, tokens: Sequence[str], tag_ids: list[int]) -> list[Span]:
@@ -366,6 +386,36 @@ def scored_spans(spans: list[Span], windows: list[tuple[int, int, list[Span]]]) 
                          and p.score is not None), default=None)
         out.append(Span(span.start, span.end, span.type, score))
     return out
+
+
+def central_spans(windows: list[tuple[int, int, list[Span]]]) -> list[Span]:
+    """The spans of a text read in overlapping windows ((start, end, spans with offsets in the
+    window) each, in order): a span is kept from the window that, of those holding it whole, holds
+    it most centrally (the largest distance to its nearer edge; the earlier on a tie), so each part
+    of the text is decided by the window that sees most context around it. Offsets into the text,
+    ordered by start, end, type."""
+    if len(windows) == 1:  # a text read whole: nothing to choose
+        start, _, found = windows[0]
+        return sorted((Span(start + s.start, start + s.end, s.type, s.score) for s in found),
+                      key=lambda s: (s.start, s.end, s.type))
+    kept = []
+    for j, (start, _, found) in enumerate(windows):
+        for s in found:
+            a, b = start + s.start, start + s.end
+            deciding = max((min(a - ws, we - b), -i) for i, (ws, we, _) in enumerate(windows) if ws <= a and b <= we)
+            if -deciding[1] == j:
+                kept.append(Span(a, b, s.type, s.score))
+    return sorted(kept, key=lambda s: (s.start, s.end, s.type))
+
+
+def flat_spans(spans: list[Span]) -> list[Span]:
+    """The non-overlapping choice among scored spans with the largest sum of log-odds
+    (nerkit.model.span_decode.flat_choice)."""
+    from nerkit.model.span_decode import flat_choice
+
+    odds = [(s.start, s.end, k, math.log(s.score / (1 - s.score)) if 0 < s.score < 1 else
+             math.copysign(50.0, s.score - 0.5)) for k, s in enumerate(spans)]
+    return sorted((spans[k] for _, _, k, _ in flat_choice(odds)), key=lambda s: (s.start, s.end, s.type))
 
 
 def without_whitespace(tokens: list[str], spans: list[Span]) -> list[Span]:

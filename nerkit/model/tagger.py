@@ -1,4 +1,6 @@
-"""The tagger: embedder (char + bichar [+ language-model features]) -> encoder -> linear -> CRF.
+"""The tagger: embedder (char + bichar [+ language-model features]) -> encoder -> a head: linear ->
+CRF (`model.head: crf`), or the span head (`model.head: span`, nerkit.model.span), whose decoding
+gives spans (nerkit.model.span_decode) instead of tag ids.
 
 It exposes `loss(batch)` and `decode(batch)` and does no I/O; the pipeline builds it from a config
 and the featuriser's table sizes, and owns saving and loading.
@@ -9,10 +11,13 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from nerkit.data.tags import split_tag
 from nerkit.features.batch import Batch
 from nerkit.model.crf import CRF
 from nerkit.model.encoders import ENCODERS, LatticeWords
 from nerkit.model.encoders.transformer import forget
+from nerkit.model.span import SpanHead
+from nerkit.model.span_decode import Found, decode_band
 
 UNK_ID = 1  # features.Vocab: 0 is padding, 1 the unknown token
 
@@ -87,6 +92,14 @@ class Tagger(nn.Module):
         self.words = embedding(num_words, emb.width("word"), emb.init) if self.uses_lattice else None
         self.word_dropout = nn.Dropout(emb.dropout)
         self.encoder = encoder_cls(self.embedder.output_dim, config.encoder.options, emb.width("word"))
+        self.head = config.model.head
+        if self.head == "span":  # no emissions and no CRF: the spans are scored directly
+            sc = config.span
+            self.types = sorted({split_tag(t)[1] for t in tags if t != "O"})
+            self.span = SpanHead(self.encoder.output_dim, len(self.types), sc.size, sc.max_width, sc.dropout)
+            self.threshold = sc.threshold  # span.flat is the predictor's, after windows are stitched
+            self.crf = None
+            return
         self.output_dropout = nn.Dropout(config.crf.dropout)
         self.emission = nn.Linear(self.encoder.output_dim, len(tags))
         self.crf = CRF(tags, constrain_training=config.crf.constrain_training, algorithm=config.crf.algorithm)
@@ -115,6 +128,10 @@ class Tagger(nn.Module):
         table.weight.requires_grad_(not freeze)
 
     def emissions(self, batch: Batch) -> torch.Tensor:
+        return self.emission(self.output_dropout(self.hidden(batch)))  # (B, T, K)
+
+    def hidden(self, batch: Batch) -> torch.Tensor:
+        """The encoder's output (B, T, H) at the characters (FLAT's lattice words left out)."""
         x = self.embedder(batch)  # (B, T, D)
         lattice = None
         if self.uses_lattice:
@@ -123,8 +140,12 @@ class Tagger(nn.Module):
                 word_ids = token_dropout(word_ids, self.embedder.token_dropout)
             lattice = LatticeWords(self.word_dropout(self.words(word_ids)), batch.word_heads,
                                    batch.word_tails, batch.word_mask)
-        h = self.encoder(x, batch.mask, lattice)  # (B, T, H)
-        return self.emission(self.output_dropout(h))  # (B, T, K)
+        return self.encoder(x, batch.mask, lattice)  # (B, T, H)
+
+    def span_band(self, batch: Batch, diagonals: bool = False) -> torch.Tensor:
+        """The span head's band logits (B, K, T, W) (nerkit.model.span.SpanHead; `diagonals`: as
+        an ONNX export computes them)."""
+        return self.span(self.hidden(batch), diagonals)
 
     def read_segment(self, batch: Batch, memory: list | None = None, keep: int | None = None
                      ) -> tuple[torch.Tensor, list | None]:
@@ -145,7 +166,10 @@ class Tagger(nn.Module):
         return self.crf.neg_log_likelihood(emissions, tag_ids, mask, reduction="mean"), memory
 
     def loss(self, batch: Batch) -> torch.Tensor:
-        """Mean negative log-likelihood per sentence."""
+        """The CRF's mean negative log-likelihood per sentence; the span head's multi-label loss over
+        the gold spans `batch.spans`, averaged over (sentence, type)."""
+        if self.head == "span":
+            return self.span.loss(self.hidden(batch), batch.mask, batch.spans)
         return self.crf.neg_log_likelihood(self.emissions(batch), batch.tag_ids, batch.mask, reduction="mean")
 
     def soft_loss(self, batch: Batch, targets: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
@@ -154,12 +178,23 @@ class Tagger(nn.Module):
         return self.crf.posterior_kl(self.emissions(batch), batch.mask, targets, temperature)
 
     @torch.no_grad()
-    def decode(self, batch: Batch) -> list[list[int]]:
+    def decode(self, batch: Batch) -> list[list[int]] | list[list[Found]]:
+        """The CRF's tag ids of each sentence; the span head's spans (start, end exclusive, type
+        index, probability) above `span.threshold`, nested and overlapping."""
+        if self.head == "span":
+            return self.decode_spans(self.span_band(batch), batch.mask)
         return self.crf.decode(self.emissions(batch), batch.mask)
+
+    def decode_spans(self, band: torch.Tensor, mask: torch.Tensor) -> list[list[Found]]:
+        """The spans of band logits (B, K, T, W), decoded in numpy as an export decodes them."""
+        return decode_band(band.float().cpu().numpy(), mask.sum(1).tolist(), self.threshold, flat=False)
 
     @torch.no_grad()
     def decode_scored(self, batch: Batch, temperature: float = 1.0) -> tuple[list[list[int]], list[list[float]]]:
         """`decode`'s paths and the probability of each of their entities (`CRF.entity_probabilities`)."""
+        if self.head == "span":  # each span carries its probability already
+            spans = self.decode(batch)
+            return spans, [[p for *_, p in row] for row in spans]
         emissions = self.emissions(batch)
         paths = self.crf.decode(emissions, batch.mask)
         return paths, self.crf.entity_probabilities(emissions, batch.mask, paths, temperature)

@@ -44,6 +44,7 @@ from nerkit.inference.model_dir import (
     vocab_fingerprint,
 )
 from nerkit.inference.pipeline import Pipeline
+from nerkit.model.span import band_valid
 from nerkit.model.tagger import Tagger
 from nerkit.tools.onnx_graphs import (
     OPSET,
@@ -82,7 +83,14 @@ class EmissionGraph(nn.Module):
                 word_mask=None, lm_ids=None):
         batch = Batch(char_ids, bichar_ids, mask, word_ids=word_ids, word_heads=word_heads, word_tails=word_tails,
                       word_mask=word_mask, lm_ids=lm_ids)
+        if self.model.crf is None:  # the span head: its band logits, decoded in numpy (nerkit.model.span_decode)
+            return self.model.span_band(batch, diagonals=True)  # (B, K, T, W), no Python-side lengths
         return self.model.emissions(batch)  # (B, T, K)
+
+
+def graph_outputs(model: Tagger) -> list[str]:
+    """What the graph writes: the CRF's tag ids and emissions, or the span head's band logits."""
+    return ["band"] if model.crf is None else ["tag_ids", "emissions"]
 
 
 def input_names(model: Tagger) -> list[str]:
@@ -180,7 +188,7 @@ def trace_emissions(pipe: Pipeline, limit: int | None):
         warnings.simplefilter("ignore")  # the exporter's notes on its own internals
         try:
             program = torch.onnx.export(EmissionGraph(model), (), kwargs=inputs, input_names=names,
-                                        output_names=["emissions"], dynamic_shapes=dynamic, dynamo=True,
+                                        output_names=graph_outputs(model)[-1:], dynamic_shapes=dynamic, dynamo=True,
                                         opset_version=OPSET, custom_translation_table=_translations(),
                                         verbose=False)
         finally:
@@ -231,7 +239,8 @@ def build_graph(pipe: Pipeline):
     # the length is dynamic): runtimes infer shapes themselves, so no annotation is kept to mislead them.
     del proto.graph.value_info[:]
     _lower_lattice_scores(proto)
-    _add_decode(proto, pipe)
+    if pipe.model.crf is not None:  # the span head's decoding is numpy's, beside the graph
+        _add_decode(proto, pipe)
     proto.producer_name = "nerkit"
     onnx.checker.check_model(proto, full_check=True)
     return proto
@@ -280,6 +289,8 @@ def compare(pipe: Pipeline, session, token_lists: list[list[str]]) -> dict:
     examples = [pipe.featurizer.example(tokens) for tokens in token_lists]
     arrays = collate_arrays(examples)
     feeds = {i.name: arrays[i.name] for i in session.get_inputs()}
+    if pipe.model.crf is None:
+        return compare_spans(pipe, session.run(["band"], feeds)[0], examples)
     tag_ids, emissions = session.run(["tag_ids", "emissions"], feeds)
     batch = collate(examples)
     sources = pipe.model.lm_sources()
@@ -297,6 +308,21 @@ def compare(pipe: Pipeline, session, token_lists: list[list[str]]) -> dict:
     same = sum(list(row[:len(e)]) == tags for row, e, tags in zip(tag_ids, examples, expected))
     return {"sentences": len(examples), "same_tags": same / len(examples),
             "max_emission_difference": float(np.abs(emissions - expected_emissions)[mask].max())}
+
+
+def compare_spans(pipe: Pipeline, band: np.ndarray, examples: list) -> dict:
+    """The span head's `compare`: the share of sentences whose spans (offsets, types and
+    probabilities within 1e-4) the graph's band gives as the PyTorch model's does, and the largest
+    difference of a band logit inside a sentence (under the key the CRF's emissions use)."""
+    batch = collate(examples)
+    with torch.inference_mode():
+        expected_band = pipe.model.span_band(batch).float()
+    found, expected = (pipe.model.decode_spans(torch.from_numpy(b), batch.mask) for b in (band, expected_band.numpy()))
+    same = sum(len(f) == len(e) and all(a[:3] == b[:3] and abs(a[3] - b[3]) <= 1e-4 for a, b in zip(f, e))
+               for f, e in zip(found, expected))
+    valid = band_valid(batch.mask, band.shape[-1]).numpy()[:, None].repeat(band.shape[1], 1)  # (B, K, T, W)
+    return {"sentences": len(examples), "same_tags": same / len(examples),
+            "max_emission_difference": float(np.abs(band - expected_band.numpy())[valid].max())}
 
 
 def _session(path: Path):
@@ -365,7 +391,7 @@ def export_model(model_dir: str | Path, out: str | Path, fmt: str = "onnx", quan
         vocab_sha256 = vocab_fingerprint(_read_json(model_dir / VOCAB_FILE))
         meta.update({"runtime": "onnx", "vocab_sha256": vocab_sha256, "onnx": {
             "opset": OPSET, "quantize": quantize, "max_length": limit,
-            "inputs": input_names(pipe.model), "outputs": ["tag_ids", "emissions"]}})
+            "inputs": input_names(pipe.model), "outputs": graph_outputs(pipe.model)}})
         with atomic_directory(out) as tmp:
             for name in (CONFIG_FILE, VOCAB_FILE, LEXICON_FILE, MODEL_CARD):
                 if (model_dir / name).is_file():
@@ -373,7 +399,8 @@ def export_model(model_dir: str | Path, out: str | Path, fmt: str = "onnx", quan
             if (model_dir / "lm").is_dir():  # its config and vocabulary (the weights are in the graph)
                 shutil.copytree(model_dir / "lm", tmp / "lm", ignore=shutil.ignore_patterns("*.safetensors"))
             shutil.copyfile(graph_file, tmp / ONNX_FILE)
-            atomic_write_bytes(tmp / CRF_FILE, crf_scores(pipe))
+            if pipe.model.crf is not None:
+                atomic_write_bytes(tmp / CRF_FILE, crf_scores(pipe))
             atomic_write_text(tmp / META_FILE, json.dumps(meta, indent=2) + "\n")
     size = (out / ONNX_FILE).stat().st_size
     log.info(f"wrote {out / ONNX_FILE} ({size / 2**20:.1f} MiB); against the PyTorch model on {found['sentences']} "

@@ -146,3 +146,37 @@ def test_train_save_load_predicts_the_same(name, attention, tmp_path, tiny_confi
     assert again.predict(texts) == predicted
     for key, tensor in loaded.model.state_dict().items():
         assert torch.equal(again.model.state_dict()[key], tensor), key
+
+
+# The span head (model.head: span) under every encoder that reads a sentence whole (Transformer-XL's
+# memory streams segments, which the span head does not): a few steps of training, then a padded batch
+# decodes each sentence as it decodes alone, and the model saved and loaded predicts the same.
+SPAN_CASES = [(name, attention) for name, attention in CASES if "memory" not in (attention or "")]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name, attention", SPAN_CASES, ids=[i for i, c in zip(IDS, CASES) if c in SPAN_CASES])
+def test_the_span_head_trains_decodes_saves_and_loads_under_every_encoder(name, attention, tmp_path, tiny_config):
+    from helpers import TINY_DEV
+
+    from nerkit.data.corpus import read_corpus
+    from nerkit.inference.pipeline import Pipeline
+    from nerkit.training.loop import train
+
+    known = {f.name for f in dataclasses.fields(ENCODER_OPTIONS[name])}
+    overrides = [f"encoder.name={name}"] + [f"encoder.{k}={v}" for k, v in TINY.items() if k in known]
+    overrides += [f"encoder.{k}={v}" for k, v in attention_options(attention).items()]
+    if ENCODERS[name].uses_lattice:
+        words = tmp_path / "words.txt"
+        words.write_text("张三\n北京\n北京大学\n上海\n新华社\n记者\n", encoding="utf-8")
+        overrides += [f"lexicon.source={words}", "embeddings.word_dim=8"]
+    out = tmp_path / "model"
+    metrics = train(tiny_config(*overrides, "model.head=span", "span.size=8", "span.threshold=0.2",
+                                "train.epochs=2"), out=out, progress_bar=False)
+    loaded = Pipeline.load(out)
+    assert loaded.model.crf is None and loaded.evaluate(TINY_DEV)["counts"] == metrics["dev"]["counts"]
+    texts = [s.text for s in read_corpus(TINY_DEV).sentences] + ["张三在北京大学读书。" * 3, "上"]
+    together = loaded.predict(texts, scores=True)
+    assert any(together), "a threshold of 0.2 finds some span after two epochs"
+    alone = [loaded.predict(t, scores=True, batch_size=1)[0] for t in texts]
+    assert [[{**e, "score": pytest.approx(e["score"], abs=1e-5)} for e in f] for f in together] == alone

@@ -1,0 +1,106 @@
+"""The span head (GlobalPointer, Su et al. 2021): per entity type, start and end projections of the
+encoder's output, both rotated by rotary position embeddings (RoPE), so that the score of span
+(s, e) of type k, q_k(s) . k_k(e) / sqrt(d), depends on the two positions only through e - s. Only
+the band start <= end < start + max_width is computed: time and memory O(types x length x width).
+Its loss is Su's multi-label categorical cross-entropy over the spans of each (sentence, type)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+def rotary(x: torch.Tensor) -> torch.Tensor:
+    """x (B, T, N, D) rotated by position t: pair (i, i + D/2) turns by t * 10000^(-2i/D), the same
+    for each of the N vectors at a position."""
+    T, D = x.size(1), x.size(3)
+    inv_freq = 10000.0 ** (-torch.arange(0, D, 2, dtype=torch.float32, device=x.device) / D)  # (D/2,)
+    angles = torch.arange(T, dtype=torch.float32, device=x.device)[:, None] * inv_freq[None, :]  # (T, D/2)
+    cos, sin = angles.cos().to(x.dtype)[:, None], angles.sin().to(x.dtype)[:, None]  # (T, 1, D/2)
+    first, second = x[..., : D // 2], x[..., D // 2:]  # (B, T, N, D/2) each
+    return torch.cat([first * cos - second * sin, first * sin + second * cos], dim=-1)  # (B, T, N, D)
+
+
+def band_valid(mask: torch.Tensor, max_width: int) -> torch.Tensor:
+    """(B, T, W) bool: the band cells whose end lies inside the sentence (mask left-aligned)."""
+    T = mask.size(1)
+    ends = torch.arange(T, device=mask.device)[:, None] + torch.arange(max_width, device=mask.device)[None, :]
+    return ends[None] < mask.sum(1)[:, None, None]  # (B, T, W)
+
+
+def multilabel_loss(logits: torch.Tensor, targets: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """Su's multi-label categorical cross-entropy, log(1 + sum_neg e^s) + log(1 + sum_pos e^-s), over
+    the valid band cells of each (sentence, type), averaged over them. logits, targets (B, K, T, W);
+    valid (B, T, W)."""
+    B, K = logits.shape[:2]
+    s = logits.reshape(B, K, -1)  # (B, K, N)
+    positive = targets.reshape(B, K, -1)
+    outside = ~valid.reshape(B, 1, -1)
+    negatives = s.masked_fill(positive | outside, float("-inf"))
+    positives = (-s).masked_fill(~positive | outside, float("-inf"))
+    zero = s.new_zeros(B, K, 1)  # the 1 in log(1 + ...)
+    loss = torch.logsumexp(torch.cat([zero, negatives], -1), -1) + torch.logsumexp(torch.cat([zero, positives], -1), -1)
+    return loss.mean()
+
+
+class SpanHead(nn.Module):
+    def __init__(self, input_dim: int, num_types: int, size: int, max_width: int, dropout: float = 0.0):
+        super().__init__()
+        self.num_types, self.size, self.max_width = num_types, size, max_width
+        self.dropout = nn.Dropout(dropout)
+        self.projection = nn.Linear(input_dim, num_types * 2 * size)
+
+    def queries_keys(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The rotated start (query) and end (key) vectors, (B, K, T, D) each."""
+        B, T, _ = h.shape
+        qk = rotary(self.projection(self.dropout(h)).view(B, T, self.num_types * 2, self.size))  # (B, T, 2K, D)
+        qk = qk.view(B, T, self.num_types, 2, self.size).permute(3, 0, 2, 1, 4)  # (2, B, K, T, D)
+        return qk[0], qk[1]
+
+    def forward(self, h: torch.Tensor, diagonals: bool = False) -> torch.Tensor:
+        """The band logits (B, K, T, W): cell (k, s, w) scores span s..s+w of type k. Cells past a
+        sentence's end hold numbers that mean nothing (`band_valid` says which are real). With
+        `diagonals`, computed one width at a time (`by_diagonals`: what an ONNX export traces, its
+        shapes never depending on the length in Python)."""
+        q, k = self.queries_keys(h)  # (B, K, T, D)
+        if diagonals:
+            return self.by_diagonals(q, k)
+        B, K, T, D = q.shape
+        W = self.max_width
+        # The starts in blocks of W: the ends of block i's spans lie in blocks i and i + 1, so one
+        # batched product per block, (W, D) x (D, 2W), holds its whole band: twice the band's work in
+        # one matrix product instead of W thin ones, and never the L x L matrix.
+        blocks = -(-T // W)  # ceil(T / W)
+        q = nn.functional.pad(q, (0, 0, 0, blocks * W - T)).view(B, K, blocks, W, D)
+        k = nn.functional.pad(k, (0, 0, 0, (blocks + 1) * W - T)).view(B, K, blocks + 1, W, D)  # ends past T: zeros
+        k = torch.cat([k[:, :, :-1], k[:, :, 1:]], dim=3)  # (B, K, blocks, 2W, D)
+        scores = q @ k.transpose(-1, -2)  # (B, K, blocks, W, 2W): start i of the block, end j of the pair
+        offsets = torch.arange(W, device=q.device)
+        ends = (offsets[:, None] + offsets[None, :]).expand(B, K, blocks, W, W)  # start i, width w -> end i + w
+        band = scores.gather(-1, ends).reshape(B, K, blocks * W, W)[:, :, :T]  # (B, K, T, W)
+        return band / D ** 0.5
+
+    def by_diagonals(self, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+        """The band from rotated q, k (B, K, T, D), one diagonal of the L x L matrix per width:
+        W thin products, slower on a CPU than `forward`'s blocks, the same numbers."""
+        T, W = q.size(2), self.max_width
+        k = nn.functional.pad(k, (0, 0, 0, W - 1))  # (B, K, T + W - 1, D): ends past T read zeros
+        band = [(q * k[:, :, w:w + T]).sum(-1) for w in range(W)]  # W x (B, K, T)
+        return torch.stack(band, dim=-1) / self.size ** 0.5  # (B, K, T, W)
+
+    def full(self, h: torch.Tensor) -> torch.Tensor:
+        """Every (start, end) pair, (B, K, T, T): the L x L matrix the band is a part of (for tests)."""
+        q, k = self.queries_keys(h)
+        return torch.einsum("bksd,bked->bkse", q, k) / self.size ** 0.5
+
+    def targets(self, spans: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
+        """(B, K, T, W) bool from gold spans (N, 4): row, type, start, width - 1; a span wider than
+        the band cannot be scored and is left out."""
+        targets = torch.zeros(shape, dtype=torch.bool, device=spans.device)
+        spans = spans[spans[:, 3] < self.max_width]
+        targets[spans[:, 0], spans[:, 1], spans[:, 2], spans[:, 3]] = True
+        return targets
+
+    def loss(self, h: torch.Tensor, mask: torch.Tensor, spans: torch.Tensor) -> torch.Tensor:
+        logits = self(h)  # (B, K, T, W)
+        return multilabel_loss(logits, self.targets(spans, logits.shape), band_valid(mask, self.max_width))

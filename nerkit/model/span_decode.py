@@ -1,0 +1,69 @@
+"""The span head's decoding, in numpy (no torch), shared by the tagger and the ONNX runtime: from a
+band of logits (B, K, T, W) -- type k, start s, end s + w -- every span above a threshold (nested and
+overlapping allowed), or with `flat` the non-overlapping set of them with the largest sum of log-odds."""
+
+from __future__ import annotations
+
+import bisect
+import math
+
+import numpy as np
+
+# (start, end exclusive, type index, probability)
+Found = tuple[int, int, int, float]
+
+
+def logit(probability: float) -> float:
+    """The log-odds a probability threshold stands for (0.5 -> 0)."""
+    return math.log(probability / (1.0 - probability))
+
+
+def band_valid(lengths: np.ndarray, width: int, max_width: int) -> np.ndarray:
+    """(B, T, W) bool: the band cells whose span lies inside its sentence (start + w < length)."""
+    ends = np.arange(width)[:, None] + np.arange(max_width)[None, :]  # (T, W)
+    return ends[None] < np.asarray(lengths)[:, None, None]  # (B, T, W)
+
+
+def threshold_spans(logits: np.ndarray, length: int, threshold: float) -> list[tuple[int, int, int, float]]:
+    """Every span of one sentence whose logit (K, T, W) is above `threshold` (a logit), as (start,
+    end exclusive, type, logit), ordered by start, end, type."""
+    K, T, W = logits.shape
+    valid = band_valid(np.array([length]), T, W)[0]  # (T, W)
+    types, starts, widths = np.nonzero((logits > threshold) & valid[None])
+    found = [(int(s), int(s + w + 1), int(k), float(logits[k, s, w])) for k, s, w in zip(types, starts, widths)]
+    return sorted(found)
+
+
+def flat_choice(spans: list[tuple[int, int, int, float]]) -> list[tuple[int, int, int, float]]:
+    """The non-overlapping subset of `spans` (start, end exclusive, type, logit) with the largest
+    sum of logits: weighted interval scheduling by dynamic programming, O(n log n). Under the head's
+    independent per-span probabilities, that set is the most probable flat labelling (a span taken
+    adds log p, one left adds log(1 - p): the difference is its logit), so a span of logit <= 0 is
+    never taken. Ties keep the set without the later-ending span."""
+    order = sorted(spans, key=lambda s: (s[1], s[0], s[2]))
+    ends = [s[1] for s in order]
+    best = [0.0] * (len(order) + 1)  # best[i]: the best sum over the first i spans by end
+    before = [bisect.bisect_right(ends, s[0]) for s in order]  # spans ending at or before this one's start
+    for i, span in enumerate(order):
+        best[i + 1] = max(best[i], span[3] + best[before[i]])
+    chosen, i = [], len(order)
+    while i > 0:
+        if best[i] == best[i - 1]:
+            i -= 1
+        else:
+            chosen.append(order[i - 1])
+            i = before[i - 1]
+    return sorted(chosen)
+
+
+def decode_band(logits: np.ndarray, lengths, threshold: float, flat: bool) -> list[list[Found]]:
+    """Each sentence's spans from the band logits (B, K, T, W) and its length: (start, end
+    exclusive, type, probability), `threshold` a probability."""
+    cut = logit(threshold)
+    out = []
+    for b, length in enumerate(lengths):
+        found = threshold_spans(logits[b], int(length), cut)
+        if flat:
+            found = flat_choice(found)
+        out.append([(s, e, k, 1.0 / (1.0 + math.exp(-x))) for s, e, k, x in found])
+    return out
