@@ -92,7 +92,9 @@ def test_new_configs_normalise_and_the_benchmark_configs_read_the_corpus_as_it_i
     assert build_config({}).data.normalize is True
     assert load_config(REPO / "configs" / "demo.yaml").data.normalize is True
     benchmark = sorted((REPO / "configs").glob("*_*.yaml"))
-    assert len(benchmark) == 19  # {msra, peopledaily} x {bilstm, transformer, tener, flat, lm_crf, lm_bilstm, lm_flat, lac_bilstm, stacked_crf}, msra_lac_flat
+    # {msra, peopledaily} x {bilstm, transformer, tener, flat, lm_crf, lm_bilstm, lm_flat, lac_bilstm, stacked_crf},
+    # msra_lac_flat, and cmeee x {bilstm, lm} x {crf, span}
+    assert len(benchmark) == 23
     for path in benchmark:
         assert load_config(path).data.normalize is False, path
 

@@ -165,6 +165,14 @@ def test_a_teacher_with_other_tags_or_an_onnx_export_is_refused(teacher, tmp_pat
     (onnx / "model.onnx").write_bytes(b"onnx")
     with pytest.raises(UserError, match="ONNX"):
         distill(student_config(tmp_path), [onnx], [text], tmp_path / "s2")
+    with pytest.raises(UserError, match="student has model.head: span"):
+        distill(student_config(tmp_path, "model.head=span"), [teacher], [text], tmp_path / "s3")
+    from nerkit.training.loop import train
+
+    span_teacher = tmp_path / "span-teacher"
+    train(build_config(tiny_raw_config(), "<span>", ["train.max_steps=1", "model.head=span"]), out=span_teacher)
+    with pytest.raises(UserError, match="cannot teach"):
+        distill(student_config(tmp_path), [span_teacher], [text], tmp_path / "s4")
 
 
 @pytest.mark.slow  # runs the command line and `nerkit predict`

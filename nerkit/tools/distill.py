@@ -42,7 +42,11 @@ def load_teacher(directory: Path, device: str) -> Pipeline:
     if not (directory / WEIGHTS_FILE).is_file() and any(directory.glob("*.onnx")):
         raise UserError("an ONNX export cannot teach (its marginals need the torch model)", where=str(directory),
                         fix="pass the model directory it was exported from")
-    return Pipeline.load(directory, device)
+    pipe = Pipeline.load(directory, device)
+    if pipe.config.model.head != "crf":
+        raise UserError(f"a model with model.head: {pipe.config.model.head} cannot teach: distillation uses a "
+                        "CRF's marginals", where=str(directory), fix="pass a model trained with model.head: crf")
+    return pipe
 
 
 def text_units(lines: list[str], window: int) -> list[list[str]]:
@@ -78,6 +82,9 @@ def distill(config: Config, teachers: list[Path], texts: list[Path], out: Path, 
     the training's metrics with a `distillation` record (also in OUT/nerkit.json)."""
     out = Path(out)
     config = replace(config, output_dir=str(out))
+    if config.model.head != "crf":
+        raise UserError(f"the student has model.head: {config.model.head}; distillation trains a CRF's "
+                        "marginals", where="--config", fix="distil into a model with model.head: crf")
     check_run(config, out, force, resume)
     for path in texts:
         check_input(str(path), "--text", "no such file")
