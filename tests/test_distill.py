@@ -90,6 +90,18 @@ def test_lines_overlapping_dev_are_excluded_and_recorded(teacher, tmp_path):
     assert meta["distilled_from"]["teachers"][0]["path"] == str(teacher)
 
 
+def test_text_limit_reads_the_first_lines_of_each_text(teacher, tmp_path):
+    from nerkit.tools.distill import distill
+
+    dev = lines_of(FIXTURES / "tiny_dev.bio")
+    text = write_text(tmp_path / "text.txt", [line for line in lines_of(TINY_TRAIN) if line not in dev][:20])
+    config = student_config(tmp_path, "train.epochs=1", "distill.text_limit=7")
+    result = distill(config, [teacher], [text], tmp_path / "student")
+    record = result["distillation"]
+    assert record["texts"][0]["lines"] == 7 and record["texts"][0]["lines_used"] == 7
+    assert record["options"]["text_limit"] == 7
+
+
 def test_cache_is_reused_and_rebuilt_when_teacher_or_text_changes(teacher, tmp_path):
     import shutil
 
