@@ -332,6 +332,7 @@ class DistillConfig:
     weight: float = ranged(1.0, ANY_AMOUNT)  # the distillation loss's weight against the gold likelihood
     ratio: float = ranged(1.0, ANY_AMOUNT)  # unlabelled batches per gold batch in an epoch (the text cycles across epochs)
     window: int = ranged(0, ANY_AMOUNT)  # characters per unlabelled sequence (0: the smallest prediction window of the teachers)
+    text_limit: int = ranged(0, ANY_AMOUNT)  # read only the first N lines of each text (0 = all), as data.limit does sentences
     cache: str | None = None  # where teacher targets are cached (None: $XDG_CACHE_HOME/nerkit/distill, else ~/.cache/nerkit/distill)
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import FIXTURES, REPO, TINY_TRAIN, tiny_raw_config
+from helpers import FIXTURES, REPO, TINY_DEV, TINY_TRAIN, tiny_raw_config
 
 from nerkit.config import build_config
 from nerkit.data.corpus import read_corpus
@@ -88,6 +88,18 @@ def test_lines_overlapping_dev_are_excluded_and_recorded(teacher, tmp_path):
     meta = json.loads((tmp_path / "student" / "nerkit.json").read_text(encoding="utf-8"))
     assert meta["distilled_from"]["texts"][0]["lines_excluded"] == record["lines_excluded"]
     assert meta["distilled_from"]["teachers"][0]["path"] == str(teacher)
+
+
+def test_text_limit_reads_the_first_lines_of_each_text(teacher, tmp_path):
+    from nerkit.tools.distill import distill
+
+    dev = lines_of(FIXTURES / "tiny_dev.bio")
+    text = write_text(tmp_path / "text.txt", [line for line in lines_of(TINY_TRAIN) if line not in dev][:20])
+    config = student_config(tmp_path, "train.epochs=1", "distill.text_limit=7")
+    result = distill(config, [teacher], [text], tmp_path / "student")
+    record = result["distillation"]
+    assert record["texts"][0]["lines"] == 7 and record["texts"][0]["lines_used"] == 7
+    assert record["options"]["text_limit"] == 7
 
 
 def test_cache_is_reused_and_rebuilt_when_teacher_or_text_changes(teacher, tmp_path):
@@ -226,3 +238,202 @@ def test_resume_after_a_kill_gives_the_same_student(teacher, tmp_path, write_fil
     distill(config, [teacher], [text], tmp_path / "whole")
     for name in ("model.safetensors", "last/model.safetensors"):
         assert (tmp_path / "killed" / name).read_bytes() == (tmp_path / "whole" / name).read_bytes(), name
+
+
+# ------------------------------------------------------------------------------ in a bench matrix
+# `nerkit bench` runs whose `teachers:` name other runs: trained after them through `distill()`.
+
+
+def write_yaml(path: Path, data) -> Path:
+    import yaml
+
+    path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
+    return path
+
+
+def bench_matrix(tmp_path: Path, runs: list[dict]) -> Path:
+    """A matrix of `runs` over the tiny config (its distillation cache in tmp_path)."""
+    raw = tiny_raw_config()
+    raw["train"]["epochs"] = 2
+    raw["distill"] = {"cache": str(tmp_path / "cache")}
+    config = write_yaml(tmp_path / "tiny.yaml", raw)
+    return write_yaml(tmp_path / "matrix.yaml", {"predict_batch_size": 8, "runs": [
+        {"dataset": "tiny", "config": str(config), **run} for run in runs]})
+
+
+def read_records(out: Path) -> dict[str, dict]:
+    return {r["name"]: r for r in map(json.loads, (out / "results.jsonl").read_text(encoding="utf-8").splitlines())}
+
+
+@pytest.fixture(scope="module")
+def distill_bench(tmp_path_factory):
+    """Through the CLI with --jobs 2: teacher `t`, its students `s` (a text) and `own` (its training
+    split's text, dev carved from the training file), teacher `broken` (its training file is
+    missing) and its student `orphan`."""
+    from helpers import run_nerkit
+
+    root = tmp_path_factory.mktemp("distill-bench")
+    text = write_text(root / "text.txt", lines_of(TINY_TRAIN)[:20])
+    matrix = bench_matrix(root, [
+        {"name": "orphan", "teachers": ["broken"], "text": [str(text)]},
+        {"name": "s", "teachers": ["t"], "text": [str(text)], "overrides": ["distill.targets=hard"]},
+        {"name": "t"},
+        {"name": "broken", "overrides": ["data.train=/nonexistent/train.bio"]},
+        {"name": "own", "teachers": ["t"], "train_text": True,
+         "overrides": ["data.dev=null", "data.dev_split=0.3", f"data.test={TINY_DEV}"]},
+    ])
+    out = root / "out"
+    result = run_nerkit("bench", "--matrix", matrix, "--out", out, "--jobs", "2")
+    return matrix, out, text, result
+
+
+@pytest.mark.slow  # trains five runs in processes of their own
+def test_a_student_trains_after_its_teacher_and_names_it_and_its_text(distill_bench):
+    from nerkit.data.stats import sha256_file
+
+    _, out, text, result = distill_bench
+    records = read_records(out)
+    assert result.returncode == 1, result.stderr  # broken and orphan failed
+    assert records["t"]["status"] == "ok" and "teachers" not in records["t"]
+    student = records["s"]
+    assert student["status"] == "ok", student.get("error")
+    assert student["teachers"] == ["t"] and student["text"] == [str(text)]
+    read = student["distilled_from"]["texts"][0]
+    assert read["sha256"] == sha256_file(text) and read["lines"] == 20
+    assert read["lines_used"] + read["lines_excluded"] == 20
+    assert student["distilled_from"]["options"]["targets"] == "hard"
+    assert student["distilled_from"]["teachers"][0]["path"] == str(out / "runs" / "t")
+    meta = json.loads((out / "runs" / "s" / "nerkit.json").read_text(encoding="utf-8"))
+    assert meta["distilled_from"] == student["distilled_from"]  # the record is the model directory's
+    assert student["test"] is None and 0 <= student["dev"]["f1"] <= 1
+
+
+@pytest.mark.slow
+def test_a_student_of_a_failed_teacher_is_recorded_failed_with_the_reason(distill_bench):
+    _, out, _, _ = distill_bench
+    records = read_records(out)
+    assert records["broken"]["status"] == "failed" and "/nonexistent/train.bio" in records["broken"]["error"]
+    orphan = records["orphan"]
+    assert orphan["status"] == "failed" and orphan["failed_teachers"] == ["broken"]
+    assert "teacher broken failed" in orphan["error"]
+    assert not (out / "runs" / "orphan").exists()  # never started
+
+
+@pytest.mark.slow
+def test_train_text_is_the_training_split_and_never_dev_or_test(distill_bench):
+    from nerkit.config import load_config
+    from nerkit.data.splits import read_splits
+
+    matrix, out, _, _ = distill_bench
+    record = read_records(out)["own"]
+    assert record["status"] == "ok", record.get("error")
+    splits = read_splits(load_config(matrix.parent / "tiny.yaml", record["overrides"]))
+    written = (out / "texts" / "own.train.txt").read_text(encoding="utf-8").splitlines()
+    assert written == [s.text for s in splits.train]
+    # the dev sentences carved from the training file and the test sentences (less the texts that
+    # the training split repeats) are not in it
+    held_out = {s.text for s in splits.dev + splits.test} - {s.text for s in splits.train}
+    assert len(held_out) > 5 and not held_out & set(written)
+    assert len(written) < len(read_corpus(TINY_TRAIN).sentences)  # the carve took sentences out
+    read = record["distilled_from"]["texts"][0]
+    assert read["path"] == str(out / "texts" / "own.train.txt") and read["lines"] == len(written)
+
+
+@pytest.mark.slow
+def test_resume_skips_a_recorded_teacher_and_student(distill_bench, tmp_path):
+    import shutil
+
+    from helpers import run_nerkit
+
+    matrix, out, _, _ = distill_bench
+    copy = tmp_path / "out"
+    shutil.copytree(out, copy)
+    kept = [copy / "runs" / n / "model.safetensors" for n in ("t", "s", "own")]
+    before = {p: p.stat().st_mtime_ns for p in kept}
+    result = run_nerkit("bench", "--matrix", matrix, "--out", copy, "--resume", "--jobs", "2")
+    assert result.returncode == 1, result.stderr
+    assert {p: p.stat().st_mtime_ns for p in kept} == before
+    assert result.stderr.count("skipped, recorded as ok") == 3
+    assert read_records(copy)["orphan"]["failed_teachers"] == ["broken"]  # its teacher ran again, failed again
+
+
+def fake_execute(calls: list):
+    """`runner.execute` that records the order runs start and end in; runs named `bad*` fail."""
+    import nerkit.tools.bench.runner as runner
+
+    def execute(run, out, predict_batch_size, base, previous=None):
+        calls.append(f"start {run.name}")
+        record = {**runner.run_record(run, base), "status": "ok", "encoder": "bilstm", "test": None,
+                  "dev": {"f1": 0.5, "precision": 0.5, "recall": 0.5}, "wall_s": 1.0, "pretrained": False,
+                  "train_chars_per_s_steady": 1.0, "predict_chars_per_s": 1.0, "parameters": 1,
+                  "epochs": 1, "stopped": None, "peak_rss_mib": 1.0}
+        if run.name.startswith("bad"):
+            record = {**runner.run_record(run, base), "status": "failed", "error": "broken"}
+        calls.append(f"end {run.name}")
+        return record
+    return execute
+
+
+def test_with_jobs_a_student_waits_for_its_teachers_and_one_of_a_failed_teacher_is_not_run(tmp_path, monkeypatch):
+    import nerkit.tools.bench.runner as runner
+
+    calls: list = []
+    monkeypatch.setattr(runner, "execute", fake_execute(calls))
+    text = write_text(tmp_path / "text.txt", ["一二", "三四"])
+    matrix = bench_matrix(tmp_path, [
+        {"name": "student", "teachers": ["t1", "t2"], "text": [str(text)]},
+        {"name": "t1"}, {"name": "t2", "teachers": ["t1"], "text": [str(text)]},
+        {"name": "bad"}, {"name": "orphan", "teachers": ["bad"], "text": [str(text)]}])
+    _, failed = runner.run_bench(matrix, tmp_path / "out", jobs=3)
+    assert calls.index("end t1") < calls.index("start t2") < calls.index("end t2") < calls.index("start student")
+    assert "start orphan" not in calls and failed == 2
+    assert "teacher bad failed" in read_records(tmp_path / "out")["orphan"]["error"]
+
+
+def test_only_a_student_also_runs_its_teachers_unless_their_models_are_there(tmp_path, monkeypatch):
+    import nerkit.tools.bench.runner as runner
+
+    calls: list = []
+    monkeypatch.setattr(runner, "execute", fake_execute(calls))
+    text = write_text(tmp_path / "text.txt", ["一二", "三四"])
+    matrix = bench_matrix(tmp_path, [{"name": "t"}, {"name": "other"},
+                                     {"name": "s", "teachers": ["t"], "text": [str(text)]}])
+    runner.run_bench(matrix, tmp_path / "out", only=["s"])
+    assert calls == ["start t", "end t", "start s", "end s"]
+    calls.clear()
+    (tmp_path / "out" / "runs" / "t").mkdir(parents=True)
+    (tmp_path / "out" / "runs" / "t" / "model.safetensors").write_bytes(b"")
+    runner.run_bench(matrix, tmp_path / "out", only=["s"])
+    assert calls == ["start s", "end s"]  # t's model from the earlier session teaches
+
+
+@pytest.mark.parametrize("teachers, line, words", [
+    (["nosuch"], 6, "teacher 'nosuch' is no run of the matrix"),
+    (["a"], 6, "run a names itself as its teacher"),
+    (["b"], 6, "teachers: form a cycle: a -> b -> a"),
+])
+def test_bad_teachers_is_one_line_naming_the_matrix_file_and_line(tmp_path, monkeypatch, capfd, teachers, line,
+                                                                    words):
+    from helpers import run_cli
+
+    text = write_text(tmp_path / "text.txt", ["一二", "三四"])
+    matrix = bench_matrix(tmp_path, [{"name": "a", "teachers": teachers, "text": [str(text)]},
+                                     {"name": "b", "teachers": ["a"], "text": [str(text)]}])
+    result = run_cli(monkeypatch, capfd, "bench", "--matrix", matrix, "--out", tmp_path / "out")
+    assert result.returncode == 2
+    assert result.stderr.startswith(f"nerkit: error: {matrix}:{line}: ") and words in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("run, words", [
+    ({"text": ["x.txt"]}, "text is for a student"),
+    ({"teachers": ["t"]}, "a student needs unlabelled text"),
+    ({"teachers": ["t"], "text": ["x.txt"], "nproc": 2}, "trains in one process"),
+    ({"teachers": ["t"], "text": "x.txt"}, "must be a list of text files"),
+])
+def test_a_student_entry_is_checked(tmp_path, run, words):
+    from nerkit.tools.bench import load_matrix
+
+    matrix = bench_matrix(tmp_path, [{"name": "t"}, {"name": "s", **run}])
+    with pytest.raises(UserError, match=words):
+        load_matrix(matrix)

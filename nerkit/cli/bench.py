@@ -34,7 +34,8 @@ def bench(
     matrix: Optional[Path] = typer.Option(None, "--matrix", help="Matrix YAML, e.g. configs/bench/full.yaml."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output directory (default bench-out/MATRIX_NAME)."),
     quick: bool = flag("--quick", help="Apply the matrix's quick: overrides (a small slice, minutes)."),
-    only: List[str] = typer.Option([], "--only", help="Only the runs with this name or name prefix (repeatable, or a,b)."),
+    only: List[str] = typer.Option([], "--only", help="Only the runs with this name or name prefix (repeatable, or a,b), and "
+                             "the teachers they need that OUT has no model of."),
     resume: bool = flag("--resume", help="Skip runs recorded as ok in OUT/results.jsonl; continue a run from its "
                         "checkpoint when only train limits, threads or device changed (e.g. a larger "
                         "train.time_budget); a run whose model or data changed starts over, saying what "

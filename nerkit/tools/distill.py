@@ -77,9 +77,10 @@ def without_evaluation_lines(path: Path, lines: list[str], splits) -> tuple[list
 
 
 def distill(config: Config, teachers: list[Path], texts: list[Path], out: Path, force: bool = False,
-            resume: bool = False, progress_bar: bool | None = None) -> dict:
+            resume: bool = False, progress_bar: bool | None = None, splits=None) -> dict:
     """Train the student of `config` on its gold corpus and on `texts` tagged by `teachers`; returns
-    the training's metrics with a `distillation` record (also in OUT/nerkit.json)."""
+    the training's metrics with a `distillation` record (also in OUT/nerkit.json). `splits`: the
+    config's, where the caller has read them (`nerkit bench` scores them after)."""
     out = Path(out)
     config = replace(config, output_dir=str(out))
     if config.model.head != "crf":
@@ -88,7 +89,7 @@ def distill(config: Config, teachers: list[Path], texts: list[Path], out: Path, 
     check_run(config, out, force, resume)
     for path in texts:
         check_input(str(path), "--text", "no such file")
-    splits = read_splits(config)
+    splits = splits if splits is not None else read_splits(config)
     student_tags = scheme_tags(splits.types, splits.scheme)
     pipes = [load_teacher(Path(t), config.train.device) for t in teachers]
     for directory, pipe in zip(teachers, pipes):
@@ -98,7 +99,10 @@ def distill(config: Config, teachers: list[Path], texts: list[Path], out: Path, 
     units, per_teacher, record = [], [[] for _ in pipes], {"teachers": [], "texts": [], "window": window}
     teacher_shas = [teacher_sha256(Path(t)) for t in teachers]
     for path in texts:
-        lines, counts = without_evaluation_lines(path, read_lines([path]), splits)
+        lines = read_lines([path])
+        if dc.text_limit:
+            lines = lines[:dc.text_limit]
+        lines, counts = without_evaluation_lines(path, lines, splits)
         text_sha = sha256_file(path)
         options = {"window": window, "temperature": dc.temperature,
                    "lines_sha256": hashlib.sha256("\n".join(lines).encode("utf-8")).hexdigest()}
@@ -116,7 +120,8 @@ def distill(config: Config, teachers: list[Path], texts: list[Path], out: Path, 
     del pipes  # the teachers' weights are not needed while the student trains
     record["teachers"] = [{"path": str(t), "sha256": sha, "weights_sha256": sha256_file(Path(t) / WEIGHTS_FILE)}
                           for t, sha in zip(teachers, teacher_shas)]
-    record["options"] = {"targets": dc.targets, "temperature": dc.temperature, "weight": dc.weight, "ratio": dc.ratio}
+    record["options"] = {"targets": dc.targets, "temperature": dc.temperature, "weight": dc.weight, "ratio": dc.ratio,
+                         "text_limit": dc.text_limit}
     cache_use = [{"teacher": str(t), "text": str(p), "scored": targets.scored, "cache": str(targets.directory),
                   "bytes": targets.size_bytes()}
                  for t, per_text in zip(teachers, per_teacher) for p, targets in zip(texts, per_text)]

@@ -1,7 +1,9 @@
 """The benchmark matrix file (`configs/bench/*.yaml`) and its published anchors: read and checked as
 strictly as a config, expanded into runs (entry x seed), and selected with `--only`. A run may set
 its process's environment (`env:`), its process count (`nproc:`, data-parallel through torchrun)
-and how many times it is measured (`rounds:`)."""
+and how many times it is measured (`rounds:`). A run that names `teachers:` (other runs of the
+matrix) trains as a distilled student (`nerkit distill`) on `text:` files and/or its own training
+text (`train_text: true`), after its teachers; `ordered` and `with_teachers` hold that order."""
 
 from __future__ import annotations
 
@@ -10,13 +12,14 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from nerkit.config import DEVICES
-from nerkit.errors import UserError
-from nerkit.typed_yaml import parse_override, read_yaml, suggest, value_of
+from nerkit.errors import UserError, did_you_mean
+from nerkit.typed_yaml import interpolate, parse_override, read_yaml, suggest, value_of
 
 MATRIX_KEYS = ("runs", "quick", "anchors", "predict_batch_size", "env", "rounds")
 
 
-RUN_KEYS = ("name", "config", "dataset", "overrides", "seeds", "quick", "env", "nproc", "rounds")
+RUN_KEYS = ("name", "config", "dataset", "overrides", "seeds", "quick", "env", "nproc", "rounds", "teachers", "text",
+            "train_text")
 
 
 REQUIRED_RUN_KEYS = ("name", "config", "dataset")
@@ -45,6 +48,9 @@ class MatrixRun:
     env: dict[str, str | None] = field(default_factory=dict)  # set in the run's process; None: unset there
     nproc: int = 1  # processes training at once (torchrun, as `nerkit train --nproc`)
     rounds: int = 1  # times the run is trained and measured
+    teachers: list[str] = field(default_factory=list)  # run names whose model directories teach this run
+    texts: list[str] = field(default_factory=list)  # unlabelled text files (interpolated) a student reads
+    train_text: bool = False  # a student also reads its own training split's text
 
 
 @dataclass
@@ -139,6 +145,100 @@ def _overrides(values, where: str, source: Path) -> list[str]:
     return list(values)
 
 
+def _student(entry: dict, where: str, source: Path, i: int) -> tuple[list[str], list[str], bool]:
+    """A run's `teachers:`, `text:` (each path interpolated as a config's are) and `train_text:`."""
+    teachers, text, train_text = entry.get("teachers"), entry.get("text"), entry.get("train_text", False)
+    if teachers is None:
+        if text is not None or train_text:
+            key = "text" if text is not None else "train_text"
+            raise UserError(f"{where}.{key} is for a student, which names its teachers:",
+                            where=line_of(source, ("runs", i, key)), fix="add teachers: [RUN_NAME, ...]")
+        return [], [], False
+    if not isinstance(teachers, list) or not teachers or not all(isinstance(t, str) and t for t in teachers):
+        raise UserError(f"{where}.teachers must be a non-empty list of run names",
+                        where=line_of(source, ("runs", i, "teachers")))
+    if text is not None and (not isinstance(text, list) or not all(isinstance(t, str) and t for t in text)):
+        raise UserError(f"{where}.text must be a list of text files", where=line_of(source, ("runs", i, "text")),
+                        fix="e.g. text: [lm/text/pd199801.txt]")
+    if not isinstance(train_text, bool):
+        raise UserError(f"{where}.train_text must be true or false, not {train_text!r}",
+                        where=line_of(source, ("runs", i, "train_text")))
+    if not text and not train_text:
+        raise UserError(f"{where}: a student needs unlabelled text: text: [FILE, ...] or train_text: true",
+                        where=line_of(source, ("runs", i, "teachers")))
+    where_text = line_of(source, ("runs", i, "text"))
+    return teachers, [interpolate(t, where_text) for t in text or []], train_text
+
+
+def _resolve_teachers(runs: list[MatrixRun], lines: dict[str, str]) -> None:
+    """Each student's `teachers:` as run names: a run's name, or an entry's (its run of the student's
+    seed, or its only run). An unknown name, the run itself or a cycle is an error at the key's line."""
+    by_name = {r.name: r for r in runs}
+    for run in runs:
+        resolved = []
+        for wanted in run.teachers:
+            group = [r for r in runs if r.group == wanted]
+            if wanted in by_name:
+                found = by_name[wanted]
+            elif len(group) == 1 or any(r.seed == run.seed for r in group):
+                found = group[0] if len(group) == 1 else next(r for r in group if r.seed == run.seed)
+            elif group:
+                raise UserError(f"run {run.name}: teacher {wanted!r} has several seeds and none is {run.seed}",
+                                where=lines[run.name], fix=f"name one run: {', '.join(r.name for r in group)}")
+            else:
+                raise UserError(f"run {run.name}: teacher {wanted!r} is no run of the matrix", where=lines[run.name],
+                                fix=did_you_mean(wanted, list(by_name)) or f"runs: {', '.join(by_name)}")
+            if found.name == run.name:
+                raise UserError(f"run {run.name} names itself as its teacher", where=lines[run.name])
+            resolved.append(found.name)
+        run.teachers = list(dict.fromkeys(resolved))
+    for run in runs:  # a cycle: a teacher that (through its own teachers) learns from its student
+        path = _cycle(run.name, by_name, [])
+        if path:
+            raise UserError(f"teachers: form a cycle: {' -> '.join(path)}", where=lines[path[0]],
+                            fix="a student learns from runs that do not learn from it")
+
+
+def _cycle(name: str, by_name: dict[str, MatrixRun], seen: list[str]) -> list[str] | None:
+    """The cycle of teachers that leads from `name` back into `seen`, if any."""
+    if name in seen:
+        return seen[seen.index(name):] + [name]
+    for teacher in by_name[name].teachers:
+        found = _cycle(teacher, by_name, seen + [name])
+        if found:
+            return found
+    return None
+
+
+def ordered(runs: list[MatrixRun]) -> list[MatrixRun]:
+    """`runs` in matrix order, except that every run comes after the teachers among them."""
+    left, placed, order = list(runs), set(), []
+    names = {r.name for r in runs}
+    while left:
+        run = next(r for r in left if all(t in placed or t not in names for t in r.teachers))  # no cycles: loaded
+        order.append(run)
+        placed.add(run.name)
+        left.remove(run)
+    return order
+
+
+def with_teachers(selected: list[MatrixRun], runs: list[MatrixRun], have) -> tuple[list[MatrixRun], list[str]]:
+    """The `selected` runs and, before them, the teachers they need (through their teachers' own)
+    that are not selected and that `have(name)` says are not ready; and the names of those added."""
+    by_name = {r.name: r for r in runs}
+    chosen = {r.name for r in selected}
+    added: list[str] = []
+    todo = [t for r in selected for t in r.teachers]
+    while todo:
+        name = todo.pop(0)
+        if name in chosen or have(name):
+            continue
+        chosen.add(name)
+        added.append(name)
+        todo += by_name[name].teachers
+    return ordered([r for r in runs if r.name in chosen]), added
+
+
 def load_anchors(path: str | Path) -> dict:
     """Published figures by dataset (configs/bench/anchors.yaml), checked as strictly as a matrix."""
     path = Path(path)
@@ -195,6 +295,7 @@ def load_matrix(path: str | Path, quick: bool = False, device: str | None = None
         raise UserError("--quick, but the matrix has no quick: overrides", where=str(path),
                         fix="add a top-level quick: list (see configs/bench/quick.yaml)")
     runs: list[MatrixRun] = []
+    teacher_lines: dict[str, str] = {}  # run name -> FILE:LINE of its teachers: key
     for i, entry in enumerate(entries):
         where = f"runs[{i}]"
         _check_keys(entry, RUN_KEYS, where, path, at=("runs", i))
@@ -218,17 +319,23 @@ def load_matrix(path: str | Path, quick: bool = False, device: str | None = None
         env = {**shared_env, **_env(entry.get("env"), f"{where}.", path, ("runs", i, "env"))}
         nproc = _count(entry.get("nproc"), "nproc", f"{where}.", path, ("runs", i, "nproc"), 1)
         times = rounds or _count(entry.get("rounds"), "rounds", f"{where}.", path, ("runs", i, "rounds"), shared_rounds)
+        teachers, texts, train_text = _student(entry, where, path, i)
+        if teachers and nproc > 1:
+            raise UserError(f"{where}: a student (teachers:) trains in one process, not nproc: {nproc}",
+                            where=line_of(path, ("runs", i, "nproc")))
         for seed in run_seeds or [None]:
             name = group if seed is None else f"{group}_s{seed}"
             extra = [] if seed is None else [f"train.seed={seed}"]
             extra += [] if device is None else [f"train.device={device}"]
             runs.append(MatrixRun(name, group, entry["dataset"], entry["config"], overrides + sets + extra, seed,
-                                  env, nproc, times))
+                                  env, nproc, times, list(teachers), texts, train_text))
+            teacher_lines[name] = line_of(path, ("runs", i, "teachers"))
     names = [r.name for r in runs]
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
         raise UserError(f"run names repeat: {', '.join(duplicates)}", where=str(path),
                         fix="give every entry its own name")
+    _resolve_teachers(runs, teacher_lines)
     anchors = load_anchors(raw["anchors"]) if raw.get("anchors") else {}
     return Matrix(path, runs, anchors, batch_size)
 

@@ -14,15 +14,15 @@ import subprocess
 import sys
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from datetime import datetime, timezone
 from pathlib import Path
 
 from nerkit.config import load_config
 from nerkit.errors import UserError, killed_by
-from nerkit.files import CHECKPOINT, atomic_write_text, check_output_directory, read_json_lines
+from nerkit.files import CHECKPOINT, atomic_write_text, check_input, check_output_directory, read_json_lines
 from nerkit.inference.model_dir import CONFIG_FILE
-from nerkit.tools.bench.matrix import MatrixRun, load_matrix, select_runs
+from nerkit.tools.bench.matrix import MatrixRun, load_matrix, select_runs, with_teachers
 from nerkit.tools.bench.report import render_markdown, short_error, spread
 from nerkit.training.resume import run_differences
 from nerkit.version import __version__
@@ -39,13 +39,16 @@ WORKER_RESULT = "bench.json"  # written by the worker into its model directory
 ERROR_LINES = 20  # of a failed run's log, kept in its record
 
 
+TEXTS = "texts"  # DIR/texts/NAME.train.txt: the training text of a student with `train_text: true`
+
+
 log = logging.getLogger(__name__)
 
 
 def is_bench_dir(directory: Path) -> bool:
     """Whether `directory` holds nothing but what `nerkit bench` writes (a session killed before
-    its first record leaves only logs/ and runs/)."""
-    return all(path.name in (RESULTS, TABLE, "logs", "runs") for path in directory.iterdir())
+    its first record leaves only logs/ and runs/; texts/ holds the students' training texts)."""
+    return all(path.name in (RESULTS, TABLE, "logs", "runs", TEXTS) for path in directory.iterdir())
 
 
 def read_results(out: Path) -> dict[str, dict]:
@@ -144,15 +147,41 @@ def continuation(run: MatrixRun, run_dir: Path) -> tuple[bool, str]:
     return not changed, ("what it trains changed since its checkpoint: " + "; ".join(changed)) if changed else ""
 
 
+def run_record(run: MatrixRun, base: dict) -> dict:
+    """What a run's record says before it runs: the run, the machine and commit, the date; a
+    student's teachers (run names) and texts."""
+    record = {"name": run.name, "run": run.group, "dataset": run.dataset, "seed": run.seed, "config": run.config,
+              "overrides": run.overrides, "nproc": run.nproc, "env": run.env, **base,
+              "date": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+    if run.teachers:
+        record.update({"teachers": run.teachers, "text": run.texts, "train_text": run.train_text})
+    return record
+
+
+def student_of_failed(run: MatrixRun, out: Path, base: dict, failed: list[str]) -> dict:
+    """The record of a student not trained because teachers of it failed (their records say why)."""
+    error = (f"not trained: its teacher{'s' if len(failed) > 1 else ''} {', '.join(failed)} failed "
+             f"(see {'their records' if len(failed) > 1 else 'its record'} in {out / RESULTS})")
+    log_path = out / "logs" / f"{run.name}.log"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    log_path.write_text(error + "\n", encoding="utf-8")
+    return {**run_record(run, base), "status": "failed", "error": error, "failed_teachers": failed}
+
+
+def same_run(record: dict | None, run: MatrixRun) -> bool:
+    """Whether `record` is of `run` as the matrix gives it now (config, overrides, teachers, texts)."""
+    return record is not None and (
+        (record.get("config"), record.get("overrides"), record.get("teachers", []), record.get("text", []),
+         record.get("train_text", False)) == (run.config, run.overrides, run.teachers, run.texts, run.train_text))
+
+
 def execute(run: MatrixRun, out: Path, predict_batch_size: int, base: dict, previous: dict | None = None) -> dict:
     """Train and measure one run in a worker process; a failure becomes a `failed` record.
     `previous`: go on from the run's checkpoint instead of starting over; the record it continues
     (or {}), whose wall time is added to this session's and whose memory peaks count."""
     run_dir, log_path = out / "runs" / run.name, out / "logs" / f"{run.name}.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    record = {"name": run.name, "run": run.group, "dataset": run.dataset, "seed": run.seed, "config": run.config,
-              "overrides": run.overrides, "nproc": run.nproc, "env": run.env, **base,
-              "date": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+    record = run_record(run, base)
     if not Path(run.config).is_file():
         error = f"config file not found: {run.config}"
         log_path.write_text(error + "\n", encoding="utf-8")
@@ -161,7 +190,9 @@ def execute(run: MatrixRun, out: Path, predict_batch_size: int, base: dict, prev
     result_path.unlink(missing_ok=True)  # a stale result must not pass for this run's
     resume = previous is not None
     spec = {"config": run.config, "overrides": run.overrides, "out": str(run_dir),
-            "predict_batch_size": predict_batch_size, "resume": resume, "nproc": run.nproc, "env": sorted(run.env)}
+            "predict_batch_size": predict_batch_size, "resume": resume, "nproc": run.nproc, "env": sorted(run.env),
+            "teachers": [str(out / "runs" / t) for t in run.teachers], "texts": run.texts,
+            "train_text": str(out / TEXTS / f"{run.name}.train.txt") if run.train_text else None}
     commits = record_session(log_path.with_suffix(".sessions.jsonl"), record, previous)
     if not resume and log_path.is_file():  # the log of the run this one starts over keeps its own file
         log_path.replace(log_path.with_suffix(".previous.log"))
@@ -243,8 +274,66 @@ def check_configs(runs: list[MatrixRun]) -> None:
     for run in runs:
         try:
             load_config(run.config, run.overrides)
+            for text in run.texts:
+                check_input(text, "text", "no such file", fix="check the path (and NERKIT_DATA); "
+                            "`make pd1998` writes lm/text/pd199801.txt")
         except UserError as e:
             raise UserError(f"run {run.name}: {e.message}", where=e.where, fix=e.fix) from None
+
+
+def plan(runs: list[MatrixRun], out: Path, records: dict, resume: bool) -> list[tuple[str, MatrixRun, dict | None]]:
+    """The runs to train, in order, each with the record it continues from its checkpoint (or None):
+    with `resume`, a run recorded ok as it is now is skipped, unless a teacher of it trains again."""
+    todo, names = [], set()
+    for i, run in enumerate(runs, 1):
+        step = f"[{i}/{len(runs)}] {run.name}"
+        done = records.get(run.name) if resume else None
+        again = [t for t in run.teachers if t in names]
+        if done and done["status"] == "ok" and same_run(done, run) and not again:
+            log.info(f"{step}: skipped, recorded as ok in {out / RESULTS}")
+            continue
+        previous = None
+        go_on, why_not = continuation(run, out / "runs" / run.name) if resume else (False, "")
+        if go_on and again:
+            why_not = f"its teacher {', '.join(again)} trains again"
+        elif go_on:
+            previous = done or {}
+            log.info(f"{step}: continuing from its checkpoint")
+        if why_not:
+            log.info(f"{step}: starting over, {why_not}")
+        elif done and done["status"] == "ok":
+            log.info(f"{step}: its config, overrides, teachers or text changed since it was recorded; running it again")
+        todo.append((step, run, previous))
+        names.add(run.name)
+    return todo
+
+
+def run_in_order(todo: list, jobs: int, one, records: dict, teachers_failed) -> None:
+    """Up to `jobs` runs of `todo` at once (`one(step, run, previous)`), each started once its
+    teachers among them have finished; a run with a teacher not recorded ok is handed to
+    `teachers_failed(step, run, names)` instead."""
+    pending, running, finished = list(todo), {}, set()
+    names = {run.name for _, run, _ in todo}
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        while pending or running:
+            for job in list(pending):
+                step, run, _ = job
+                if len(running) >= jobs:
+                    break
+                if any(t in names and t not in finished for t in run.teachers):
+                    continue  # a teacher of it is still to train or training
+                pending.remove(job)
+                failed = [t for t in run.teachers if records.get(t, {}).get("status") != "ok"]
+                if failed:
+                    teachers_failed(step, run, failed)
+                    finished.add(run.name)
+                    continue
+                running[pool.submit(one, *job)] = run.name
+            if running:
+                done, _ = wait(running, return_when=FIRST_COMPLETED)
+                for future in done:
+                    future.result()
+                    finished.add(running.pop(future))
 
 
 def run_bench(matrix_path: str | Path, out: str | Path | None = None, quick: bool = False, only: list[str] = (),
@@ -258,10 +347,19 @@ def run_bench(matrix_path: str | Path, out: str | Path | None = None, quick: boo
         raise UserError(f"--jobs must be at least 1, not {jobs}")
     matrix = load_matrix(matrix_path, quick, device, sets, seeds, rounds)
     out = Path(out) if out else Path("bench-out") / matrix.path.stem
+    records = read_results(out)
     runs = select_runs(matrix.runs, list(only))
     if not markdown_only:
+        by_name = {r.name: r for r in matrix.runs}
+
+        def ready(name: str) -> bool:  # a teacher that --only left out: its model from an earlier session
+            return (records.get(name, {}).get("status") == "ok" and same_run(records[name], by_name[name])
+                    and (out / "runs" / name / "model.safetensors").is_file())
+
+        runs, added = with_teachers(runs, matrix.runs, ready)
+        for name in added:
+            log.info(f"also running {name}: a student of --only learns from it, and {out} has no model of it")
         check_configs(runs)  # before anything is created or any worker starts
-    records = read_results(out)
     if markdown_only:
         if not records:
             raise UserError(f"no {RESULTS} to build the table from", where=str(out),
@@ -271,36 +369,22 @@ def run_bench(matrix_path: str | Path, out: str | Path | None = None, quick: boo
         check_output_directory(out, True, own=is_bench_dir, inputs=[matrix.path], what="a benchmark's directory")
         out.mkdir(parents=True, exist_ok=True)
         base = {**host_info(), "quick": quick, "jobs": jobs}
-        todo = []
-        for i, run in enumerate(runs, 1):
-            step = f"[{i}/{len(runs)}] {run.name}"
-            done = records.get(run.name) if resume else None
-            if done and done["status"] == "ok" and (done.get("config"), done.get("overrides")) == (run.config, run.overrides):
-                log.info(f"{step}: skipped, recorded as ok in {out / RESULTS}")
-                continue
-            previous = None
-            go_on, why_not = continuation(run, out / "runs" / run.name) if resume else (False, "")
-            if go_on:
-                previous = done or {}
-                log.info(f"{step}: continuing from its checkpoint")
-            elif why_not:
-                log.info(f"{step}: starting over, {why_not}")
-            elif done and done["status"] == "ok":
-                log.info(f"{step}: its config or overrides changed since it was recorded; running it again")
-            todo.append((step, run, previous))
+        todo = plan(runs, out, records, resume)
         lock = threading.Lock()
 
         def one(step: str, run: MatrixRun, previous: dict | None) -> None:
             log.info(f"{step}: running (log: {out / 'logs' / run.name}.log)")
             record = execute_rounds(run, out, matrix.predict_batch_size, base, previous)
+            keep(step, run, record)
+
+        def keep(step: str, run: MatrixRun, record: dict) -> None:
             with lock:
                 records[run.name] = record
                 write_results(out, records)
             log.info(f"{step}: {_summary(record)}")
 
-        with ThreadPoolExecutor(max_workers=jobs) as pool:
-            for future in [pool.submit(one, *job) for job in todo]:
-                future.result()
+        run_in_order(todo, jobs, one, records, lambda step, run, failed: keep(
+            step, run, student_of_failed(run, out, base, failed)))
     table = render_markdown(list(records.values()), matrix.anchors, title=f"nerkit benchmark: {matrix.path}")
     atomic_write_text(out / TABLE, table)
     failed = sum(1 for r in runs if records.get(r.name, {}).get("status") == "failed")

@@ -1,6 +1,7 @@
 """The benchmark worker, one process per run (`python -m nerkit.tools.bench.worker SPEC`, started by
-`nerkit bench`): trains through the same `train()` as `nerkit train`, then scores dev and test
-through the one evaluation path and times prediction; the figures go to OUT/bench.json."""
+`nerkit bench`): trains through the same `train()` as `nerkit train` (a student with teachers:
+through the same `distill()` as `nerkit distill`), then scores dev and test through the one
+evaluation path and times prediction; the figures go to OUT/bench.json."""
 
 from __future__ import annotations
 
@@ -64,12 +65,33 @@ def train_processes(config_path: str, overrides: list[str], out: str, resume: bo
     return json.loads((Path(out) / "metrics.json").read_text(encoding="utf-8"))
 
 
+def write_train_text(splits, path: Path) -> Path:
+    """The training split's sentences as text, one a line (as `nerkit data convert --to text`): what a
+    student with `train_text: true` reads. The split as `read_splits` gives it, so never a dev
+    sentence carved from the training file, nor a test one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(path, "".join(s.text + "\n" for s in splits.train))
+    return path
+
+
+def distilled(config, splits, out: str, resume: bool, teachers: list[str], texts: list[str],
+              train_text: str | None) -> dict:
+    """Train a student as `nerkit distill` does: its metrics, with its `distilled_from` record."""
+    from nerkit.tools.distill import distill
+
+    paths = [Path(t) for t in texts] + ([write_train_text(splits, Path(train_text))] if train_text else [])
+    metrics = distill(config, [Path(t) for t in teachers], paths, Path(out), force=not resume, resume=resume,
+                      progress_bar=False, splits=splits)
+    return {**metrics, "distilled_from": metrics.pop("distillation")}
+
+
 def measure(config_path: str, overrides: list[str], out: str, predict_batch_size: int, resume: bool = False,
-            nproc: int = 1) -> dict:
+            nproc: int = 1, teachers: list[str] = (), texts: list[str] = (), train_text: str | None = None) -> dict:
     """Train one run through `train()` (from its checkpoint in `out` with `resume`; on `nproc`
-    processes through torchrun), then load the saved model, score dev and test once through the one
-    evaluation path, whose prediction time is the record's speed. Returns the figures of a
-    results.jsonl record."""
+    processes through torchrun; a student of `teachers` through `distill()` on `texts` and, where
+    `train_text` names a file to write, its training text), then load the saved model, score dev and
+    test once through the one evaluation path, whose prediction time is the record's speed. Returns
+    the figures of a results.jsonl record."""
     import resource
 
     import torch
@@ -81,7 +103,9 @@ def measure(config_path: str, overrides: list[str], out: str, predict_batch_size
     config = load_config(config_path, overrides)
     digest = config_sha256(config)
     splits = read_splits(config)  # read once: training selects on its dev split, and it is scored below
-    if nproc > 1:
+    if teachers:
+        metrics = distilled(config, splits, out, resume, list(teachers), list(texts), train_text)
+    elif nproc > 1:
         metrics = train_processes(config_path, overrides, out, resume, nproc)
     else:
         metrics = train(config, out=out, force=not resume, resume=resume, progress_bar=False, splits=splits)
@@ -92,8 +116,9 @@ def measure(config_path: str, overrides: list[str], out: str, predict_batch_size
     timing = pipe.predict_and_score(timed, predict_batch_size)
     on_gpu = pipe.device.type == "cuda"
     emb = config.embeddings
+    student = {"distilled_from": metrics["distilled_from"]} if teachers else {}
     return {
-        "encoder": config.encoder.name, "config_sha256": digest, "data_sha256": metrics["data_sha256"],
+        **student, "encoder": config.encoder.name, "config_sha256": digest, "data_sha256": metrics["data_sha256"],
         "test": timing.metrics if splits.test is not None else None, "dev": dev, "epochs": metrics["epochs"],
         "best_epoch": metrics["best_epoch"], "steps": metrics["steps"], "stopped": metrics["stopped"],
         "partial_epoch": metrics["partial_epoch"], "parameters": metrics["parameters"],
@@ -124,7 +149,8 @@ def worker_main(argv: list[str]) -> int:
     spec = json.loads(argv[0])
     try:
         result = measure(spec["config"], spec["overrides"], spec["out"], spec["predict_batch_size"],
-                         spec.get("resume", False), spec.get("nproc", 1))
+                         spec.get("resume", False), spec.get("nproc", 1), spec.get("teachers") or [],
+                         spec.get("texts") or [], spec.get("train_text"))
     except UserError as e:
         print(f"nerkit: error: {e}", file=sys.stderr)
         return 2
