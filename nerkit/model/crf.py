@@ -154,11 +154,13 @@ class CRF(nn.Module):
     @staticmethod
     def _log_partition(emissions, mask, start, trans, end) -> torch.Tensor:
         """log of the summed exp-score of all paths per sequence (forward algorithm), (B,)."""
-        alpha = start + emissions[:, 0]  # (B, K): log-sum over paths ending in each tag
-        for t in range(1, emissions.size(1)):
+        # One unbind, not a slice per step: each slice's backward fills a gradient of the whole (B, T, K).
+        steps, real = emissions.unbind(1), mask.unsqueeze(2).unbind(1)  # T of (B, K) and of (B, 1)
+        alpha = start + steps[0]  # (B, K): log-sum over paths ending in each tag
+        for t in range(1, len(steps)):
             # (B, K, 1) + (K, K) -> reduce over the previous tag -> (B, K)
-            stepped = torch.logsumexp(alpha.unsqueeze(2) + trans, dim=1) + emissions[:, t]
-            alpha = torch.where(mask[:, t].unsqueeze(1), stepped, alpha)  # padding keeps the old value
+            stepped = torch.logsumexp(alpha.unsqueeze(2) + trans, dim=1) + steps[t]
+            alpha = torch.where(real[t], stepped, alpha)  # padding keeps the old value
         return torch.logsumexp(alpha + end, dim=1)
 
     @staticmethod
