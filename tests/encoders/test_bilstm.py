@@ -1,6 +1,7 @@
-"""The BiLSTM's CPU path (a padded batch, each sentence reversed within its length for the backward
-direction) gives the packed LSTM's states and gradients, and is the path a CPU step takes: torch's
-packed CPU LSTM made a training step four times as slow (docs/notebook/speed.md)."""
+"""The BiLSTM's CPU training path (a padded batch, each sentence reversed within its length for the
+backward direction) gives the packed LSTM's states and gradients, and is the path a CPU training
+step takes: torch's packed CPU LSTM made a training step four times as slow (docs/notebook/speed.md).
+Prediction packs, as before."""
 
 from __future__ import annotations
 
@@ -42,11 +43,22 @@ def test_unpacked_gives_the_packed_states_and_gradients(dtype, tolerance):
         torch.testing.assert_close(b, a, rtol=tolerance, atol=tolerance)
 
 
-def test_forward_on_cpu_does_not_pack_and_zeroes_padding():
-    encoder, x, mask = encoder_and_inputs(torch.float32, layers=1)
+def packs(encoder: BiLSTM, x: torch.Tensor, mask: torch.Tensor) -> tuple[bool, torch.Tensor]:
+    """Whether the encoder's forward packed the batch, and its output."""
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         out = encoder(x, mask)
-        out.sum().backward()
-    ops = {event.key for event in prof.key_averages()}
-    assert "aten::_pack_padded_sequence" not in ops
+    return "aten::_pack_padded_sequence" in {event.key for event in prof.key_averages()}, out
+
+
+def test_a_cpu_training_step_does_not_pack_and_zeroes_padding():
+    encoder, x, mask = encoder_and_inputs(torch.float32, layers=1)
+    packed, out = packs(encoder, x, mask)
+    assert not packed
     assert torch.equal(out[~mask], torch.zeros_like(out[~mask]))
+
+
+def test_cpu_prediction_packs():
+    """Without gradients the packed LSTM skips the padding of prediction's batch shapes."""
+    encoder, x, mask = encoder_and_inputs(torch.float32, layers=1)
+    with torch.inference_mode():
+        assert packs(encoder.eval(), x, mask)[0]

@@ -1,12 +1,13 @@
 """Bidirectional LSTM encoder: the classic BiLSTM-CRF baseline (Huang et al. 2015; Lample et al. 2016).
 
-On a GPU the padded batch is packed (cuDNN runs packed sequences in one kernel). On the CPU and in
-an ONNX export (`nerkit export`, which cannot trace packing) the batch stays padded and the
-backward direction reads each sentence reversed within its own length instead (`_unpacked`), which
-gives the same states at every real position: torch's CPU LSTM runs packed sequences as one small
-operator per time step, whose backward pass fills a gradient the size of the whole packed input at
-every step, so a training step took four times as long packed (docs/notebook/speed.md); padded, it
-runs oneDNN's fused LSTM forward and backward."""
+A GPU, and prediction on the CPU, pack the padded batch (cuDNN runs packed sequences in one kernel;
+packed, the CPU skips the padding that prediction's batch shapes add). Training on the CPU and an
+ONNX export (`nerkit export`, which cannot trace packing) keep the batch padded, the backward
+direction reading each sentence reversed within its own length instead (`_unpacked`), which gives
+the same states at every real position: torch's CPU LSTM runs packed sequences as one small operator
+per time step, whose backward pass fills a gradient the size of the whole packed input at every
+step, so a training step took four times as long packed (docs/notebook/speed.md); padded, it runs
+oneDNN's fused LSTM forward and backward."""
 
 from __future__ import annotations
 
@@ -38,7 +39,7 @@ class BiLSTM(nn.Module):
         # x (B, T, D), mask (B, T) bool, left-aligned; the lattice is ignored.
         if torch.compiler.is_exporting():
             return self.dropout(self._unpacked(x, mask))
-        if not x.is_cuda:  # zeros at padding, as packing leaves them
+        if not x.is_cuda and torch.is_grad_enabled():  # zeros at padding, as packing leaves them
             return self.dropout(self._unpacked(x, mask).masked_fill(~mask[..., None], 0.0))
         return self.dropout(self._packed(x, mask))
 
