@@ -5,8 +5,8 @@ inserted spaces, LAC's tags and the tests. Spans are token offsets, end exclusiv
 from __future__ import annotations
 
 import re
-from functools import lru_cache
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 from nerkit.config import SCHEMES  # the tag schemes, defined once there
 
