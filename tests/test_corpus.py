@@ -586,6 +586,20 @@ def test_max_errors_reads_on_and_lists_the_first_errors_by_line(write_file):
     assert_at(read_error(path), path, 11)  # by default the first found (a line error) ends the read
 
 
+def test_repeated_lines_are_read_and_checked_as_the_first(write_file):
+    """A line read before is taken as read then (the fast path of a character corpus): every copy
+    lands in its sentence with its line number, and a repeated bad line is an error at each place."""
+    from nerkit.errors import ManyErrors
+
+    path = write_file("北 B-LOC\n京 E-LOC\n\n" * 3 + "北 B-LOC x\n京 E-LOC\n\n" * 2 + "北 B-LOC\n京 E-LOC\n")
+    with pytest.raises(ManyErrors) as info:
+        read_corpus(path, max_errors=5)
+    assert [e.where for e in info.value.errors] == [f"{path}:10", f"{path}:13"]
+    corpus = read_corpus(write_file("北 B-LOC\n京 E-LOC\n\n" * 3, "good.txt"))
+    assert [(s.tokens, s.tags, s.line) for s in corpus.sentences] == [
+        (["北", "京"], ["B-LOC", "E-LOC"], line) for line in (1, 4, 7)]
+
+
 def test_max_errors_in_json_lines(write_file):
     from nerkit.errors import ManyErrors
 

@@ -174,7 +174,17 @@ def _conll_sentences(path: Path, text: str, problems: _Problems, repair: bool = 
     lines = text.split("\n")
     if lines and lines[-1] == "":
         lines.pop()
+    # A character corpus repeats few distinct lines (a character and its tag) millions of times: a
+    # line read and checked once is a token line whose columns are known.
+    known: dict[str, list[str]] = {}
     for number, raw in enumerate(lines, 1):
+        parts = known.get(raw)
+        if parts is not None and len(parts) == columns:
+            if not tokens:
+                first_line = number
+            tokens.append(parts[0])
+            tags.append(parts[-1])
+            continue
         line = raw[:-1] if raw.endswith("\r") else raw
         separator = _SEPARATOR.split(line.strip(" \t"), 1)[0] == DOCUMENT_SEPARATOR
         if separator or not line.strip(" \t"):
@@ -192,6 +202,7 @@ def _conll_sentences(path: Path, text: str, problems: _Problems, repair: bool = 
             broken = True
             continue
         columns = columns or len(parts)
+        known[raw] = parts
         if not tokens:
             first_line = number
         tokens.append(parts[0])

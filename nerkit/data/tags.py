@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 from nerkit.config import SCHEMES  # the tag schemes, defined once there
 
@@ -36,6 +37,7 @@ class Span:
 SCORE_DIGITS = 6  # decimals of a written score: finer than any threshold, and than float32 agrees
 
 
+@lru_cache(maxsize=4096)
 def split_tag(tag: str) -> tuple[str, str | None]:
     """`B-PER` -> ("B", "PER"); `O` -> ("O", None). The type is everything after the first '-'."""
     if tag == "O":
@@ -130,6 +132,7 @@ def scheme_tags(types: list[str], scheme: str) -> list[str]:
     return ["O"] + [f"{p}-{t}" for t in sorted(types) for p in prefixes]
 
 
+@lru_cache(maxsize=4096)  # a corpus has few distinct pairs and millions of transitions
 def invalid_transition(prev: str | None, tag: str, scheme: str) -> str | None:
     """Why `prev -> tag` breaks `scheme` (prev None = sentence start, tag None = sentence end)."""
     p_prefix, p_type = split_tag(prev) if prev else ("O", None)

@@ -1,8 +1,13 @@
 """Bidirectional LSTM encoder: the classic BiLSTM-CRF baseline (Huang et al. 2015; Lample et al. 2016).
 
-Eager runs pack the padded batch; an ONNX export (`nerkit export`) cannot trace packing, so there the
-backward direction reads each sentence reversed within its own length instead (`_unpacked`), which
-gives the same states at every real position."""
+A GPU, and prediction on the CPU, pack the padded batch (cuDNN runs packed sequences in one kernel;
+packed, the CPU skips the padding that prediction's batch shapes add). Training on the CPU and an
+ONNX export (`nerkit export`, which cannot trace packing) keep the batch padded, the backward
+direction reading each sentence reversed within its own length instead (`_unpacked`), which gives
+the same states at every real position: torch's CPU LSTM runs packed sequences as one small operator
+per time step, whose backward pass fills a gradient the size of the whole packed input at every
+step, so a training step took four times as long packed (docs/notebook/speed.md); padded, it runs
+oneDNN's fused LSTM forward and backward."""
 
 from __future__ import annotations
 
@@ -34,23 +39,32 @@ class BiLSTM(nn.Module):
         # x (B, T, D), mask (B, T) bool, left-aligned; the lattice is ignored.
         if torch.compiler.is_exporting():
             return self.dropout(self._unpacked(x, mask))
+        if not x.is_cuda and torch.is_grad_enabled():  # zeros at padding, as packing leaves them
+            return self.dropout(self._unpacked(x, mask).masked_fill(~mask[..., None], 0.0))
+        return self.dropout(self._packed(x, mask))
+
+    def _packed(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """The LSTM over the batch packed to its real lengths (B, T, 2H); zeros at padding."""
         lengths = mask.sum(1).clamp(min=1).cpu()
         packed = pack_padded_sequence(x, lengths, batch_first=True, enforce_sorted=False)
         out, _ = self.lstm(packed)
         out, _ = pad_packed_sequence(out, batch_first=True, total_length=x.size(1))  # (B, T, 2H)
-        return self.dropout(out)
+        return out
 
     def _unpacked(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """The same as `forward` (in eval mode) without packing: per layer, the forward direction runs
-        over the padded batch (padding comes after every real step, so it never reaches one) and the
-        backward direction over each sentence reversed within its length, its output reversed back.
-        Padding positions hold junk, which the mask keeps out of every result."""
+        """The same as the packed LSTM without packing: per layer, the forward direction runs over the
+        padded batch (padding comes after every real step, so it never reaches one) and the backward
+        direction over each sentence reversed within its length, its output reversed back. Padding
+        positions hold junk, which the mask keeps out of every result (and their gradient is zero).
+        Between layers, in training, the LSTM's own inter-layer dropout."""
         lengths = mask.sum(1, keepdim=True)  # (B, 1)
         positions = torch.arange(mask.size(1), device=mask.device)[None, :]  # (1, T)
         # Position t of the reversed sentence is position length - 1 - t of the sentence; padding stays.
         reverse = torch.where(positions < lengths, lengths - 1 - positions, positions)[..., None]  # (B, T, 1)
         lstm, h = self.lstm, x
         for layer in range(lstm.num_layers):
+            if layer:
+                h = nn.functional.dropout(h, lstm.dropout, self.training)
             directions = []
             for suffix in ("", "_reverse"):
                 weights = [getattr(lstm, f"{name}_l{layer}{suffix}")
@@ -58,7 +72,7 @@ class BiLSTM(nn.Module):
                 inputs = h.gather(1, reverse.expand(-1, -1, h.size(2))) if suffix else h  # (B, T, D_in)
                 start = inputs.new_zeros(1, inputs.size(0), lstm.hidden_size)  # (1, B, H)
                 # aten's lstm: one layer, one direction, biases, batch first -> (output, h_n, c_n)
-                out = torch.lstm(inputs, (start, start), weights, True, 1, 0.0, False, False, True)[0]  # (B, T, H)
+                out = torch.lstm(inputs, (start, start), weights, True, 1, 0.0, self.training, False, True)[0]  # (B, T, H)
                 directions.append(out.gather(1, reverse.expand(-1, -1, out.size(2))) if suffix else out)
             h = torch.cat(directions, dim=2)  # (B, T, 2H)
         return h
