@@ -23,7 +23,7 @@ import pytest
 import torch
 import yaml
 from helpers import bert_config, checkpoint_step, fixture_lm_vocab, free_port, tiny_raw_config, wait_for_step, write_lm
-from helpers import nerkit_command as nerkit
+from helpers import nerkit_command
 from safetensors.torch import load_file
 
 import nerkit
@@ -320,7 +320,7 @@ def test_a_dist_timeout_of_zero_is_refused():
 def two_process_run(config_file, tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
     """`nerkit train --nproc 2` of the tiny config, uninterrupted."""
     out = tmp_path_factory.mktemp("two") / "run"
-    result = run(nerkit(*train_cli(config_file, out, []), "--nproc", "2"))
+    result = run(nerkit_command(*train_cli(config_file, out, []), "--nproc", "2"))
     assert result.returncode == 0, result.stderr
     return out, result
 
@@ -363,7 +363,7 @@ def test_sigint_on_one_rank_stops_both_at_one_step_and_the_run_resumes_exactly(c
     one = tmp_path / "one"
     shutil.copytree(out, one)
 
-    resumed = run(nerkit("train", "--resume", out, "--nproc", "2"))
+    resumed = run(nerkit_command("train", "--resume", out, "--nproc", "2"))
     assert resumed.returncode == 0, resumed.stderr
     for name in ("model.safetensors", "last/model.safetensors"):
         assert (out / name).read_bytes() == (reference / name).read_bytes(), name
@@ -381,7 +381,7 @@ def test_sigint_on_one_rank_stops_both_at_one_step_and_the_run_resumes_exactly(c
 @pytest.mark.slow
 def test_ctrl_c_on_nproc_stops_the_run_with_a_checkpoint_and_exit_130(config_file, tmp_path):
     out = tmp_path / "run"
-    process = start(nerkit(*train_cli(config_file, out, ["train.epochs=1000"]), "--nproc", "2"))
+    process = start(nerkit_command(*train_cli(config_file, out, ["train.epochs=1000"]), "--nproc", "2"))
     try:
         wait_for_step(process, out, 3)
         process.send_signal(signal.SIGINT)  # as a terminal's Ctrl-C: torchrun passes it to the ranks
@@ -484,7 +484,7 @@ def test_a_rank_killed_mid_training_ends_the_job_at_once_with_a_clear_message(co
     if not Path("/proc/self/stat").exists():
         pytest.skip("finding the rank's process needs /proc")
     out = tmp_path / "run"
-    process = start(nerkit(*train_cli(config_file, out, ["train.epochs=1000"]), "--nproc", "2"))
+    process = start(nerkit_command(*train_cli(config_file, out, ["train.epochs=1000"]), "--nproc", "2"))
     try:
         wait_for_step(process, out, 3)
         os.kill(rank_pid(process.pid, 1), signal.SIGKILL)
@@ -565,7 +565,7 @@ def test_torchrun_predict_writes_what_one_process_writes(tiny_model_dir, tmp_pat
     texts = tmp_path / "texts.txt"
     texts.write_text("".join(sentences[i % 4] * (4 if i % 4 < 3 else 40) + "\n" for i in range(lines)), encoding="utf-8")
     one, two = tmp_path / f"one.{fmt}", tmp_path / f"two.{fmt}"
-    done = run(nerkit("predict", "--model", tiny_model_dir, texts, "--format", fmt, "--output", one))
+    done = run(nerkit_command("predict", "--model", tiny_model_dir, texts, "--format", fmt, "--output", one))
     assert done.returncode == 0, done.stderr
     both = run(torchrun("-m", "nerkit", "predict", "--model", tiny_model_dir, texts, "--format", fmt,
                         "--output", two))
