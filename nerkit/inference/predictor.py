@@ -18,7 +18,7 @@ from typing import Iterable, Sequence
 from nerkit.config import Config, build_config, memory_segment
 from nerkit.data.records import Sentence
 from nerkit.data.splits import read_gold
-from nerkit.data.tags import Span, split_tag, tags_to_spans
+from nerkit.data.tags import SCORE_DIGITS, Span, split_tag, tags_to_spans
 from nerkit.errors import ModelDirError, UserError
 from nerkit.features.featurizer import Example, Featurizer
 from nerkit.inference.evaluate import by_length, calibration, errors, nesting_errors, score
@@ -357,9 +357,12 @@ def check_min_score(min_score) -> None:
 
 
 def above(spans: list[Span], min_score: float | None) -> list[Span]:
-    """The spans whose score is at least `min_score` (all of them when it is None); a span that
-    could not be scored (by an export written before nerkit scored entities) is kept."""
-    return spans if min_score is None else [s for s in spans if s.score is None or s.score >= min_score]
+    """The spans whose score, as written (SCORE_DIGITS), is at least `min_score` (all of them when it
+    is None), so that a threshold read off written scores keeps the entity it was read from; a span
+    that could not be scored (by an export written before nerkit scored entities) is kept."""
+    if min_score is None:
+        return spans
+    return [s for s in spans if s.score is None or round(s.score, SCORE_DIGITS) >= min_score]
 
 
 def scored_spans(spans: list[Span], windows: list[tuple[int, int, list[Span]]]) -> list[Span]:
