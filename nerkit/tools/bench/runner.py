@@ -121,15 +121,21 @@ def worker_env(jobs: int) -> dict:
     return env
 
 
-def run_env(jobs: int, env: dict[str, str | None]) -> dict:
-    """A run's worker environment: `worker_env`, then the matrix's `env:` (None unsets a variable)."""
-    merged = worker_env(jobs)
+def with_env(base: dict[str, str], env: dict[str, str | None]) -> dict[str, str]:
+    """`base` with `env` applied: a value sets its variable, None unsets it (a matrix's `env:`, or
+    `nerkit bench predict --env`)."""
+    merged = dict(base)
     for name, value in env.items():
         if value is None:
             merged.pop(name, None)
         else:
             merged[name] = value
     return merged
+
+
+def run_env(jobs: int, env: dict[str, str | None]) -> dict:
+    """A run's worker environment: `worker_env`, then the matrix's `env:`."""
+    return with_env(worker_env(jobs), env)
 
 
 def continuation(run: MatrixRun, run_dir: Path) -> tuple[bool, str]:

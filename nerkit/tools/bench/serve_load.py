@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from nerkit.errors import UserError
-from nerkit.tools.bench.speed import environment, nerkit_command, prepare_out, save, summarise
+from nerkit.tools.bench.speed import check_subject, environment, nerkit_command, prepare_out, save, summarise
 
 STARTUP_S = 180  # a server may take this long to load its model on a busy machine
 
@@ -148,10 +148,7 @@ def bench_serve(model: Path, text: Path, out: Path, load: Load, rounds: int, thr
     """Start `nerkit serve` on `model` (with `--threads`, `--workers` and any other `server_options`),
     warm it up, and measure `rounds` rounds of `load`; the record (with the server's start-up
     seconds) and the table."""
-    if rounds < 1:
-        raise UserError(f"--rounds must be at least 1, not {rounds}")
-    if not model.is_dir():
-        raise UserError("model directory not found", where=str(model))
+    check_subject(model, rounds)
     texts = read_texts(text)
     prepare_out(out, model, text)
     bodies = [json.dumps({"text": t}, ensure_ascii=False).encode("utf-8") for t in texts]

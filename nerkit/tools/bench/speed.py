@@ -18,7 +18,7 @@ from pathlib import Path
 from nerkit.errors import UserError
 from nerkit.files import atomic_write_text, check_output_directory
 from nerkit.tools.bench.report import spread, spread_text
-from nerkit.tools.bench.runner import TABLE, host_info, is_bench_dir, read_results, write_results
+from nerkit.tools.bench.runner import TABLE, host_info, is_bench_dir, read_results, with_env, write_results
 
 ERROR_LINES = 5  # of a failed command's stderr, in its error
 
@@ -58,13 +58,7 @@ def parse_env(items: list[str]) -> dict[str, str | None]:
 
 def environment(env: dict[str, str | None]) -> dict:
     """This process's environment with `env` applied (None unsets a variable)."""
-    merged = dict(os.environ)
-    for name, value in env.items():
-        if value is None:
-            merged.pop(name, None)
-        else:
-            merged[name] = value
-    return merged
+    return with_env(dict(os.environ), env)
 
 
 def time_process(command: list[str], env: dict[str, str | None]) -> Timed:
@@ -179,14 +173,19 @@ def text_chars(text: Path) -> int:
     return sum(len(line) for line in text.read_text(encoding="utf-8").splitlines())
 
 
-def bench_predict(model: Path, text: Path, out: Path, options: PredictOptions, rounds: int,
-                  name: str | None = None) -> tuple[str, dict]:
-    """Time `rounds` whole `nerkit predict` processes over `text` (start-up and loading included):
-    chars/s (the text's characters over the wall seconds) and peak RSS; the record and the table."""
+def check_subject(model: Path, rounds: int) -> None:
+    """What every timing subcommand needs: a model directory and at least one round."""
     if rounds < 1:
         raise UserError(f"--rounds must be at least 1, not {rounds}")
     if not model.is_dir():
         raise UserError("model directory not found", where=str(model))
+
+
+def bench_predict(model: Path, text: Path, out: Path, options: PredictOptions, rounds: int,
+                  name: str | None = None) -> tuple[str, dict]:
+    """Time `rounds` whole `nerkit predict` processes over `text` (start-up and loading included):
+    chars/s (the text's characters over the wall seconds) and peak RSS; the record and the table."""
+    check_subject(model, rounds)
     chars = text_chars(text)
     prepare_out(out, model, text)
     command = nerkit_command("predict", "--model", str(model), str(text), "--output", os.devnull, *options.arguments())
@@ -226,10 +225,7 @@ def bench_export(model: Path, out: Path, fmt: str, quantize: str | None, rounds:
     export's seconds, its size on disk and the process's peak RSS; with `data` (a gold file), also a
     whole `nerkit eval` process of the model and of its export each round (F1, seconds, peak RSS).
     The record and the table."""
-    if rounds < 1:
-        raise UserError(f"--rounds must be at least 1, not {rounds}")
-    if not model.is_dir():
-        raise UserError("model directory not found", where=str(model))
+    check_subject(model, rounds)
     if data is not None and not data.is_file():
         raise UserError("gold file not found", where=str(data))
     prepare_out(out, model, *([data] if data else []))
