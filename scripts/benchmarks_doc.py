@@ -5,7 +5,7 @@ pages are replaced by what the records give:
 
     <!-- bench: docs/bench/NAME configs/bench/full.yaml -->  the table `nerkit bench --markdown-only`
     <!-- loop: docs/bench/NAME -->                           builds, the loop's and the calibration's
-    <!-- calibration: docs/bench/NAME -->                    summaries (notebook, confidence.md)
+    <!-- calibration: docs/bench/NAME -->                    summaries (any page)
     <!-- best: DATASET -->    the dev-selected best run of each input kind, its config and command
     <!-- runs: DATASET -->    every run docs/bench/index.yaml lists for the dataset
     <!-- grid: NAME -->       a grid of test F1 (index.yaml's `grids`)
@@ -38,7 +38,7 @@ BENCHMARKS = DOCS / "BENCHMARKS.md"
 
 def pages() -> list[Path]:
     """Every page that may hold a block."""
-    return [REPO / "README.md", BENCHMARKS, DOCS / "confidence.md", *sorted((DOCS / "notebook").glob("*.md"))]
+    return [REPO / "README.md", *sorted(DOCS.glob("*.md")), *sorted((DOCS / "notebook").glob("*.md"))]
 
 
 BLOCK = re.compile(r"(<!-- bench: (\S+) (\S+) -->\n)(.*?)(<!-- /bench -->)", re.S)
