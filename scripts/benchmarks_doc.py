@@ -6,6 +6,7 @@ pages are replaced by what the records give:
     <!-- bench: docs/bench/NAME configs/bench/full.yaml -->  the table `nerkit bench --markdown-only`
     <!-- loop: docs/bench/NAME -->                           builds, the loop's and the calibration's
     <!-- calibration: docs/bench/NAME -->                    summaries (any page)
+    <!-- nesting: docs/bench/NAME -->       test F1 overall and on nested and flat gold entities
     <!-- best: DATASET -->    the dev-selected best run of each input kind, its config and command
     <!-- runs: DATASET -->    every run docs/bench/index.yaml lists for the dataset
     <!-- grid: NAME -->       a grid of test F1 (index.yaml's `grids`)
@@ -43,7 +44,7 @@ def pages() -> list[Path]:
 
 BLOCK = re.compile(r"(<!-- bench: (\S+) (\S+) -->\n)(.*?)(<!-- /bench -->)", re.S)
 # The records of `nerkit bench loop` and of calibration runs, rendered by their own modules.
-RECORD_BLOCK = re.compile(r"(<!-- (loop|calibration): (\S+) -->\n)(.*?)(<!-- /\2 -->)", re.S)
+RECORD_BLOCK = re.compile(r"(<!-- (loop|calibration|nesting): (\S+) -->\n)(.*?)(<!-- /\2 -->)", re.S)
 # The blocks built from docs/bench/index.yaml.
 INDEX_BLOCK = re.compile(r"(<!-- (best|runs|grid|dirty|readme): (\S+) -->\n)(.*?)(<!-- /\2 -->)", re.S)
 
@@ -67,7 +68,22 @@ def record_table(kind: str, out: str) -> str:
     from nerkit.tools.calibrate import calibration_table
 
     records = [r for _, r in read_json_lines(REPO / out / "results.jsonl", f"a {kind} record")]
-    return (summary if kind == "loop" else calibration_table)(records)
+    return {"loop": summary, "calibration": calibration_table, "nesting": nesting_table}[kind](records)
+
+
+def nesting_table(records: list[dict]) -> str:
+    """Each run's test F1 overall, on the gold entities that overlap another (nested) and on the rest
+    (flat), with dev F1 and the epochs (nerkit.inference.evaluate's split of a nested gold corpus)."""
+    lines = ["| run | config | test F1 | nested P / R / F1 | flat F1 | dev F1 | best epoch / epochs |",
+             "|---|---|---:|---:|---:|---:|---:|"]
+    for r in records:
+        if r.get("status") != "ok":
+            continue
+        nested, flat = r["test"]["nesting"]["nested"], r["test"]["nesting"]["flat"]
+        lines.append(f"| {r['name']} | `{r['config']}` | {f1(r['test']['f1'])} | {f1(nested['precision'])} / "
+                     f"{f1(nested['recall'])} / {f1(nested['f1'])} | {f1(flat['f1'])} | {f1(r['dev']['f1'])} "
+                     f"| {r['best_epoch']} / {r['epochs']} |")
+    return "\n".join(lines) + "\n"
 
 
 # ------------------------------------------------------------------------------- the index

@@ -28,10 +28,10 @@ def test_every_result_table_is_what_the_records_give():
         kinds |= {"bench"} if benchmarks_doc.BLOCK.search(doc) else set()
         kinds |= {m.group(2) for m in benchmarks_doc.RECORD_BLOCK.finditer(doc)}
         assert benchmarks_doc.render(doc, page) == doc, f"{page.name}: run make benchmarks-doc"
-    assert kinds == {"bench", "loop", "calibration", "best", "runs", "grid", "dirty", "readme"}
+    assert kinds == {"bench", "loop", "calibration", "nesting", "best", "runs", "grid", "dirty", "readme"}
 
 
-@pytest.mark.parametrize("block", [benchmarks_doc.BLOCK, benchmarks_doc.INDEX_BLOCK])
+@pytest.mark.parametrize("block", [benchmarks_doc.BLOCK, benchmarks_doc.INDEX_BLOCK, benchmarks_doc.RECORD_BLOCK])
 def test_a_hand_edited_figure_is_caught(block):
     page = next(p for p in benchmarks_doc.pages() if block.search(p.read_text(encoding="utf-8")))
     doc = page.read_text(encoding="utf-8")
@@ -98,3 +98,12 @@ def test_every_script_imports():
         script = importlib.util.spec_from_file_location(f"script_{path.stem}", path)
         module = importlib.util.module_from_spec(script)
         script.loader.exec_module(module)
+
+
+def test_the_nesting_table_reads_the_split_of_each_record():
+    nested = {"precision": 0.5, "recall": 0.25, "f1": 1 / 3}
+    record = {"name": "span", "status": "ok", "config": "c.yaml", "best_epoch": 3, "epochs": 4, "dev": {"f1": 0.7},
+              "test": {"f1": 0.6, "nesting": {"nested": nested, "flat": {"f1": 0.65}}}}
+    table = benchmarks_doc.nesting_table([record, {"name": "failed", "status": "failed"}])
+    assert table.splitlines()[2] == "| span | `c.yaml` | 60.00 | 50.00 / 25.00 / 33.33 | 65.00 | 70.00 | 3 / 4 |"
+    assert len(table.splitlines()) == 3
