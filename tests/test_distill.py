@@ -437,3 +437,17 @@ def test_a_student_entry_is_checked(tmp_path, run, words):
     matrix = bench_matrix(tmp_path, [{"name": "t"}, {"name": "s", **run}])
     with pytest.raises(UserError, match=words):
         load_matrix(matrix)
+
+
+def test_a_distilled_run_resumes_only_under_distillation_and_a_plain_one_only_without(teacher, tmp_path):
+    from nerkit.tools.distill import distill
+    from nerkit.training.loop import train
+
+    text = write_text(tmp_path / "text.txt", lines_of(TINY_TRAIN)[:10])
+    distill(student_config(tmp_path, "train.epochs=1"), [teacher], [text], tmp_path / "student")
+    with pytest.raises(UserError, match="started by nerkit distill") as info:
+        train(student_config(tmp_path, "train.epochs=2"), out=tmp_path / "student", resume=True)
+    assert "nerkit distill" in info.value.fix
+    train(student_config(tmp_path, "train.epochs=1"), out=tmp_path / "plain")
+    with pytest.raises(UserError, match="started without distillation"):
+        distill(student_config(tmp_path, "train.epochs=2"), [teacher], [text], tmp_path / "plain", resume=True)

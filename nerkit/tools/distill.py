@@ -26,6 +26,7 @@ from nerkit.inference.model_dir import META_FILE, WEIGHTS_FILE
 from nerkit.inference.pipeline import Pipeline
 from nerkit.inference.windows import text_windows
 from nerkit.tools.lm_adapt import read_lines
+from nerkit.training.checkpoint import TEACHING_KEY
 from nerkit.training.distill import Distillation, check_tags
 from nerkit.training.distill_cache import cached_targets, default_cache_root, teacher_sha256
 from nerkit.training.loop import train
@@ -125,7 +126,7 @@ def distill(config: Config, teachers: list[Path], texts: list[Path], out: Path, 
     cache_use = [{"teacher": str(t), "text": str(p), "scored": targets.scored, "cache": str(targets.directory),
                   "bytes": targets.size_bytes()}
                  for t, per_text in zip(teachers, per_teacher) for p, targets in zip(texts, per_text)]
-    checksums = {f"distill_{k}_{j}": targets.key for k, per_text in enumerate(per_teacher)
+    checksums = {f"{TEACHING_KEY}{k}_{j}": targets.key for k, per_text in enumerate(per_teacher)
                  for j, targets in enumerate(per_text)}
     if not units:
         raise UserError("no line of the text is left to distil on", where=str(texts[0]),

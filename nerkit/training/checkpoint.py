@@ -125,6 +125,23 @@ def save_checkpoint(out: Path, model: nn.Module, optimizer, scheduler, progress:
         (tmp / "state.json").write_text(json.dumps(meta), encoding="utf-8")
 
 
+# The checksums of a run's teachers' targets start with this (nerkit distill: one per teacher and text).
+TEACHING_KEY = "distill_"
+
+
+def check_same_teaching(out: Path, started_with: dict, now: dict) -> None:
+    """A run started by `nerkit distill` goes on only under distillation, and a plain run only without:
+    the other way would change what every later step learns from and the schedule's length."""
+    taught = any(k.startswith(TEACHING_KEY) for k in started_with)
+    teaching = any(k.startswith(TEACHING_KEY) for k in now)
+    if taught and not teaching:
+        raise UserError("this run was started by nerkit distill", where=str(out),
+                        fix="resume it with its `nerkit distill ... --resume` command (the same teachers and text)")
+    if teaching and not taught:
+        raise UserError("this run was started without distillation", where=str(out),
+                        fix="resume it with `nerkit train --resume`, or distil into a new --out")
+
+
 def load_checkpoint(out: Path, model: nn.Module, optimizer, scheduler, checksums: dict,
                     rank: int = 0) -> tuple[Progress, dict | None]:
     """Restore the model, optimiser, scheduler and random state of the run in `out`; `checksums`:
@@ -143,6 +160,7 @@ def load_checkpoint(out: Path, model: nn.Module, optimizer, scheduler, checksums
         raise UserError(f"the checkpoint cannot be read ({e})", where=str(directory)) from None
     # Checked before the weights are loaded: other data builds other vocabularies, i.e. other shapes.
     started_with = meta["progress"].get("checksums", {})
+    check_same_teaching(out, started_with, checksums)
     changed = [k for k, v in checksums.items() if started_with.get(k) not in (None, v)]
     if changed:
         raise UserError(f"the {', '.join(changed)} data changed since the run started", where=str(out),
