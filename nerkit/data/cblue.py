@@ -11,17 +11,19 @@ import re
 from pathlib import Path
 
 from nerkit.data.records import (
+    check_keys,
     Corpus,
-    Overlaps,
     _decode,
+    Overlaps,
     _Problems,
     _read_bytes,
+    record_entities,
     _shown,
     _span_corpus,
     span_sentence,
 )
 from nerkit.data.tags import Span
-from nerkit.errors import CorpusError, did_you_mean
+from nerkit.errors import CorpusError
 
 RECORD_KEYS = ("text", "entities")
 ENTITY_KEYS = ("start_idx", "end_idx", "type", "entity")
@@ -78,22 +80,17 @@ def read_cblue(path: str | Path, max_errors: int = 1, overlaps: Overlaps | None 
 def _parse(record, where: str, texts_only: bool) -> tuple[list[Span], str]:
     if not isinstance(record, dict) or not isinstance(record.get("text"), str):
         raise CorpusError('the record has no "text" string', where=where, fix=CBLUE_FORMAT)
-    _check_keys(record, RECORD_KEYS, "", where)
+    check_keys(record, RECORD_KEYS, "", where, CBLUE_FORMAT)
     text = record["text"]
-    if "entities" not in record and not texts_only:
-        raise CorpusError('the record has no "entities" key', where=where,
-                          fix='write "entities": [] for a text without entities (CBLUE\'s test split has none: '
-                              'write its texts with --to text)')
-    entities = record.get("entities", [])
-    if not isinstance(entities, list):
-        raise CorpusError(f'"entities" is {type(entities).__name__}, not a list', where=where, fix=CBLUE_FORMAT)
+    entities = record_entities(record, where, texts_only, 'write "entities": [] for a text without entities '
+                               '(CBLUE\'s test split has none: write its texts with --to text)', CBLUE_FORMAT)
     spans = {_entity(entity, text, where) for entity in entities}  # an entity listed twice is one
     return sorted(spans, key=lambda s: (s.start, s.end, s.type)), text
 
 
 def _entity(entity, text: str, where: str) -> Span:
     if isinstance(entity, dict):
-        _check_keys(entity, ENTITY_KEYS, " in an entity", where)
+        check_keys(entity, ENTITY_KEYS, " in an entity", where, CBLUE_FORMAT)
     if not (isinstance(entity, dict) and all(type(entity.get(k)) is int for k in ("start_idx", "end_idx"))
             and isinstance(entity.get("type"), str) and re.fullmatch(r"\S+", entity["type"])
             and isinstance(entity.get("entity"), str)):
@@ -108,10 +105,3 @@ def _entity(entity, text: str, where: str) -> Span:
                           f"({_shown(text[start:end + 1])})", where=where, fix=_OFFSETS)
     return Span(start, end + 1, typ)
 
-
-def _check_keys(obj: dict, known: tuple[str, ...], what: str, where: str) -> None:
-    """An unknown key is an error, not ignored: a misspelt `entities` would lose every entity."""
-    for key in obj:
-        if key not in known:
-            raise CorpusError(f"unknown key {key!r}{what}; the keys are {', '.join(map(repr, known))}", where=where,
-                              fix=did_you_mean(key, known) or CBLUE_FORMAT)

@@ -17,20 +17,22 @@ from nerkit.data import annotation, cblue
 from nerkit.data.inline import read_inline
 from nerkit.data.nesting import describe_pair, overlapping_pairs
 from nerkit.data.records import (
-    DOCUMENT_SEPARATOR,
-    SPANS,
+    check_keys,
     Corpus,
-    Overlaps,
-    Sentence,
     _decode,
+    DOCUMENT_SEPARATOR,
     _json_record,
+    nul_error,
+    Overlaps,
     _Problems,
     _read_bytes,
     _read_records,
+    record_entities,
+    Sentence,
     _shown,
-    _text_of,
-    nul_error,
     span_sentence,
+    SPANS,
+    _text_of,
 )
 from nerkit.data.tags import (
     _TAG_RE,
@@ -41,7 +43,7 @@ from nerkit.data.tags import (
     spread_tag,
     transition_problems,
 )
-from nerkit.errors import CorpusError, did_you_mean
+from nerkit.errors import CorpusError
 from nerkit.files import atomic_write_text, check_output
 
 RECORD_KEYS = ("text", "entities")
@@ -362,13 +364,8 @@ def _parse_cluener(line: str, number: int, where: str, overlaps: Overlaps, texts
 
 def _parse_record(line: str, number: int, where: str, overlaps: Overlaps, texts_only: bool = False) -> Sentence:
     record, text = _record_text(line, where, RECORD_KEYS, _JSONL_FORMAT)
-    if "entities" not in record and not texts_only:
-        raise CorpusError('the record has no "entities" key', where=where,
-                          fix='write "entities": [] for a text without entities (texts to tag need none: '
-                              '`nerkit predict FILE.jsonl` reads them)')
-    entities = record.get("entities", [])
-    if not isinstance(entities, list):
-        raise CorpusError(f'"entities" is {type(entities).__name__}, not a list', where=where)
+    entities = record_entities(record, where, texts_only, 'write "entities": [] for a text without entities '
+                               '(texts to tag need none: `nerkit predict FILE.jsonl` reads them)')
     spans = sorted((_parse_entity(ent, text, where) for ent in entities), key=lambda s: (s.start, s.end))
     return span_sentence(text, overlaps.check(spans), number)
 
@@ -392,17 +389,14 @@ def _parse_entity(ent, text: str, where: str) -> Span:
 
 
 def _check_keys(obj: dict, known: tuple[str, ...], what: str, where: str, fmt: str = _JSONL_FORMAT) -> None:
-    """An unknown key is an error, not ignored: a misspelt `entities` would lose every entity."""
-    for key in obj:
-        if key not in known:
-            if key in ("label", "labels") and known == RECORD_KEYS and isinstance(obj[key], list):
-                fix = f"this looks like doccano's format: {annotation.CONVERT_HINT.format(fmt='doccano')}"
-            elif key == "label" and known == RECORD_KEYS:
-                fix = "this looks like CLUENER's format: convert it with `nerkit data convert IN OUT --from cluener --to jsonl`"
-            else:
-                fix = did_you_mean(key, known) or fmt
-            raise CorpusError(f"unknown key {key!r}{what}; the keys are {', '.join(map(repr, known))}", where=where,
-                              fix=fix)
+    """records.check_keys, naming the format a JSON-lines record's unknown key belongs to."""
+    def other_format(key: str) -> str | None:
+        if key in ("label", "labels") and known == RECORD_KEYS and isinstance(obj[key], list):
+            return f"this looks like doccano's format: {annotation.CONVERT_HINT.format(fmt='doccano')}"
+        if key == "label" and known == RECORD_KEYS:
+            return "this looks like CLUENER's format: convert it with `nerkit data convert IN OUT --from cluener --to jsonl`"
+        return None
+    check_keys(obj, known, what, where, fmt, hint=other_format)
 
 
 # ---------------------------------------------------------------------------------------------

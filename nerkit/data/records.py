@@ -278,3 +278,23 @@ def flatten(sentences: list[Sentence], flat: str) -> tuple[list[Sentence], int]:
         dropped += len(sent.entities) - len(kept)
         out.append(Sentence(sent.tokens, spans_to_tags(len(sent), kept, "bioes"), sent.line, sent.document))
     return out, dropped
+
+
+def check_keys(obj: dict, known: tuple[str, ...], what: str, where: str, fix: str, hint=None) -> None:
+    """An unknown key is an error, not ignored: a misspelt `entities` would lose every entity. Its fix:
+    `hint(key)` where that names one (another format's key), else the nearest known key, else `fix`."""
+    for key in obj:
+        if key not in known:
+            raise CorpusError(f"unknown key {key!r}{what}; the keys are {', '.join(map(repr, known))}", where=where,
+                              fix=(hint and hint(key)) or did_you_mean(key, known) or fix)
+
+
+def record_entities(record: dict, where: str, texts_only: bool, missing_fix: str, fix: str | None = None) -> list:
+    """A record's "entities" list (empty when `texts_only` and it has none); `missing_fix` says what to
+    write where the key is missing, `fix` what the list should look like."""
+    if "entities" not in record and not texts_only:
+        raise CorpusError('the record has no "entities" key', where=where, fix=missing_fix)
+    entities = record.get("entities", [])
+    if not isinstance(entities, list):
+        raise CorpusError(f'"entities" is {type(entities).__name__}, not a list', where=where, fix=fix)
+    return entities
