@@ -122,6 +122,13 @@ class Lexicon:
         return cls.from_word_list(path, **filters)
 
     @classmethod
+    def from_config(cls, lexicon_config, source: str | None = None) -> Lexicon:
+        """The lexicon a config's `lexicon:` section gives a lattice encoder (its source, or
+        `source`, with its min_len / max_len / min_freq filters; 0 is no filter)."""
+        lc = lexicon_config
+        return cls.from_source(source or lc.source, lc.min_len, lc.max_len or None, lc.min_freq or None)
+
+    @classmethod
     def load(cls, path: str | Path) -> Lexicon:
         """Read back a lexicon written by `save`, keeping every word in it."""
         return cls(_read_word_list(Path(path)), max_len=None, source=str(path))
