@@ -116,7 +116,9 @@ class Lexicon:
         path = Path(source)
         if not path.is_file():
             raise UserError("lexicon file not found", where=source,
-                            fix="set lexicon.source to jieba, a word list, or a word2vec vector file")
+                            fix="set lexicon.source to jieba, a word list, or a word2vec vector file; "
+                            "`nerkit lexicon build --config CONFIG --out FILE` mines a word list from a config's "
+                            "training split (`make cmeee-lexicon` writes configs/cmeee_flat_mined.yaml's)")
         if is_vector_file(path):
             return cls.from_vectors(path, **filters)
         return cls.from_word_list(path, **filters)
