@@ -55,8 +55,8 @@ def build(
                            min_cohesion=min_cohesion, min_freedom=min_freedom, merge_jieba=merge_jieba,
                            normalize=normalize, force=force)
     jieba = f" and {report['jieba']:,} of jieba's" if merge_jieba else ""
-    split = (f"; {report['training_sentences']:,} training sentences of {config}, its "
-             f"{report['dev_left_out']:,} dev sentences left out") if config else ""
+    carved = f"its {report['dev_left_out']:,} dev sentences left out" if report["dev_left_out"] else "dev is its own file"
+    split = f"; {report['training_sentences']:,} training sentences of {config}, {carved}" if config else ""
     typer.echo(f"wrote {report['words']:,} words ({report['mined']:,} mined from {report['characters']:,} "
                f"characters{jieba}{split}) to {out} in {report['seconds']:.1f}s")
 
