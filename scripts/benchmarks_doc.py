@@ -7,6 +7,7 @@ pages are replaced by what the records give:
     <!-- loop: docs/bench/NAME -->                           builds, the loop's and the calibration's
     <!-- calibration: docs/bench/NAME -->                    summaries (any page)
     <!-- nesting: docs/bench/NAME -->       test F1 overall and on nested and flat gold entities
+    <!-- lexicon: docs/bench/NAME -->       each lattice run's lexicon, its coverage of dev and test, F1
     <!-- best: DATASET -->    the dev-selected best run of each input kind, its config and command
     <!-- runs: DATASET -->    every run docs/bench/index.yaml lists for the dataset
     <!-- grid: NAME -->       a grid of test F1 (index.yaml's `grids`)
@@ -44,7 +45,7 @@ def pages() -> list[Path]:
 
 BLOCK = re.compile(r"(<!-- bench: (\S+) (\S+) -->\n)(.*?)(<!-- /bench -->)", re.S)
 # The records of `nerkit bench loop` and of calibration runs, rendered by their own modules.
-RECORD_BLOCK = re.compile(r"(<!-- (loop|calibration|nesting): (\S+) -->\n)(.*?)(<!-- /\2 -->)", re.S)
+RECORD_BLOCK = re.compile(r"(<!-- (loop|calibration|nesting|lexicon): (\S+) -->\n)(.*?)(<!-- /\2 -->)", re.S)
 # The blocks built from docs/bench/index.yaml.
 INDEX_BLOCK = re.compile(r"(<!-- (best|runs|grid|dirty|readme): (\S+) -->\n)(.*?)(<!-- /\2 -->)", re.S)
 
@@ -68,7 +69,8 @@ def record_table(kind: str, out: str) -> str:
     from nerkit.tools.calibrate import calibration_table
 
     records = [r for _, r in read_json_lines(REPO / out / "results.jsonl", f"a {kind} record")]
-    return {"loop": summary, "calibration": calibration_table, "nesting": nesting_table}[kind](records)
+    return {"loop": summary, "calibration": calibration_table, "nesting": nesting_table,
+            "lexicon": lexicon_table}[kind](records)
 
 
 def nesting_table(records: list[dict]) -> str:
@@ -83,6 +85,31 @@ def nesting_table(records: list[dict]) -> str:
         lines.append(f"| {r['name']} | `{r['config']}` | {f1(r['test']['f1'])} | {f1(nested['precision'])} / "
                      f"{f1(nested['recall'])} / {f1(nested['f1'])} | {f1(flat['f1'])} | {f1(r['dev']['f1'])} "
                      f"| {r['best_epoch']} / {r['epochs']} |")
+    return "\n".join(lines) + "\n"
+
+
+def lexicon_table(records: list[dict]) -> str:
+    """Each run with a lexicon (FLAT's lattice): the lexicon's source, words and file sha256, its
+    coverage of dev and test (`nerkit lexicon coverage --config`: gold entities held, matches that
+    are exactly an entity, matches that cross one, matches per character), and the run's F1."""
+    def pct(part: int, whole: int) -> str:
+        return f"{100 * part / whole:.2f}" if whole else "-"
+
+    figures = {"held": lambda c: pct(c["entities"]["held"], c["entities"]["total"]),
+               "exact": lambda c: pct(c["matches"]["exact"], c["matches"]["total"]),
+               "crossing": lambda c: pct(c["matches"]["crossing"], c["matches"]["total"]),
+               "per_char": lambda c: f"{c['matches']['total'] / max(c['characters'], 1):.2f}"}
+    lines = ["| run | lexicon | words | sha256 | entities held, dev / test | matches exactly an entity "
+             "| matches crossing one | matches per character | test F1 | dev F1 |",
+             "|---|---|---:|---|---:|---:|---:|---:|---:|---:|"]
+    for r in records:
+        if r.get("status") != "ok" or "lexicon" not in r:
+            continue
+        lexicon = r["lexicon"]
+        cells = [" / ".join(figure(lexicon["coverage"][split]) for split in ("dev", "test"))
+                 for figure in figures.values()]
+        lines.append(f"| {r['name']} | `{lexicon['source']}` | {lexicon['words']:,} | `{lexicon['sha256'][:12]}` | "
+                     + " | ".join(cells) + f" | {f1(r['test']['f1'])} | {f1(r['dev']['f1'])} |")
     return "\n".join(lines) + "\n"
 
 

@@ -632,3 +632,33 @@ def test_bench_serve_puts_a_bounded_load_on_a_real_server(tiny_model_dir, tmp_pa
     for figure in ("requests_per_s", "chars_per_s", "p50_ms", "p95_ms"):
         assert_spread(record, figure)
     assert all(r["p50_ms"] <= r["p95_ms"] <= r["p99_ms"] for r in record["rounds"])
+
+
+@pytest.mark.slow
+def test_a_lattice_run_records_its_lexicons_sha256_and_coverage_of_dev_and_test(tmp_path):
+    import hashlib
+
+    from nerkit.data.corpus import read_corpus
+    from nerkit.features.lexicon import Lexicon
+    from nerkit.tools.lexicon import lexicon_record
+
+    corpora = {split: read_corpus(SAMPLE / f"{split}.bio").sentences for split in ("train", "dev", "test")}
+    entities = sorted({s.text[sp.start:sp.end] for s in corpora["train"] for sp in s.spans() if sp.end - sp.start > 1})
+    words = tmp_path / "words.txt"
+    words.write_text("\n".join(entities + ["中国", "我们"]) + "\n", encoding="utf-8")
+    flat = {**TINY, "embeddings": {**TINY["embeddings"], "word_dim": 8}, "lexicon": {"source": str(words)},
+            "encoder": {"name": "flat", "n_heads": 2, "head_dim": 8, "num_layers": 1},
+            "train": {**TINY["train"], "max_steps": 3}}
+    config = write_yaml(tmp_path / "flat.yaml", flat)
+    matrix = write_yaml(tmp_path / "matrix.yaml", {"runs": [
+        {"name": "flat", "dataset": "sample", "config": str(config)},
+        {"name": "bilstm", "dataset": "sample", "config": str(write_yaml(tmp_path / "tiny.yaml", TINY))}]})
+    nerkit("bench", "--matrix", matrix, "--out", tmp_path / "out")
+    records = {r["name"]: r for r in read_jsonl(tmp_path / "out" / "results.jsonl")}
+    assert records["flat"]["status"] == "ok", records["flat"].get("error")
+    recorded = records["flat"]["lexicon"]
+    assert recorded["sha256"] == hashlib.sha256(words.read_bytes()).hexdigest()
+    expected = lexicon_record(Lexicon.from_source(str(words)), str(words),
+                              {"dev": corpora["dev"], "test": corpora["test"]}, normalize=True)
+    assert recorded == expected and recorded["coverage"]["test"]["entities"]["held"] > 0
+    assert "lexicon" not in records["bilstm"]  # a model without a lattice has none

@@ -107,3 +107,19 @@ def test_the_nesting_table_reads_the_split_of_each_record():
     table = benchmarks_doc.nesting_table([record, {"name": "failed", "status": "failed"}])
     assert table.splitlines()[2] == "| span | `c.yaml` | 60.00 | 50.00 / 25.00 / 33.33 | 65.00 | 70.00 | 3 / 4 |"
     assert len(table.splitlines()) == 3
+
+
+def test_the_lexicon_table_reads_each_lattice_runs_coverage_of_dev_and_test():
+    def coverage(held: int, exact: int, crossing: int) -> dict:
+        return {"sentences": 5, "characters": 200, "entities": {"total": 40, "held": held},
+                "matches": {"total": 80, "exact": exact, "crossing": crossing}}
+
+    lexicon = {"source": "lexicons/cmeee_train.words", "sha256": "7fe597e1db0cd322" + "0" * 48, "words": 11598,
+               "coverage": {"dev": coverage(20, 8, 1), "test": coverage(10, 4, 2)}}
+    record = {"name": "cmeee_flat_mined", "status": "ok", "lexicon": lexicon, "dev": {"f1": 0.7}, "test": {"f1": 0.6}}
+    no_lexicon = {"name": "cmeee_bilstm_crf", "status": "ok", "dev": {"f1": 0.7}, "test": {"f1": 0.6}}
+    table = benchmarks_doc.lexicon_table([record, no_lexicon, {"name": "failed", "status": "failed"}])
+    assert table.splitlines()[2] == ("| cmeee_flat_mined | `lexicons/cmeee_train.words` | 11,598 | `7fe597e1db0c` "
+                                     "| 50.00 / 25.00 | 10.00 / 5.00 | 1.25 / 2.50 | 0.40 / 0.40 | 60.00 | 70.00 |")
+    assert len(table.splitlines()) == 3
+    assert "lexicon" in benchmarks_doc.RECORD_BLOCK.pattern

@@ -4,6 +4,7 @@ by hand, determinism, and an output file that is never overwritten without --for
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import random
@@ -138,3 +139,88 @@ def test_merge_jieba_appends_its_words_with_their_count_in_the_text(nerkit, writ
     assert len(words) == len(set(words)) and "中华人民共和国" in words
     counts = {word: int(count) for word, count in rows}
     assert counts["中华人民共和国"] == 0 and counts["北京大学"] == text.read_text().count("北京大学")
+
+
+# ---- from a config's training split ---------------------------------------------------------------
+
+def unique_word(i: int) -> str:
+    """Two characters no other sentence has."""
+    return chr(0x4E00 + 2 * i) + chr(0x4E01 + 2 * i)
+
+
+def write_split_corpus(tmp_path, sentences: int = 40, first: int = 0):
+    """A JSON-lines corpus whose sentence i is `w。w` with its own word w (an entity, type x), and a
+    config that carves 25% of it as dev with a seed."""
+    lines = [json.dumps({"text": f"{unique_word(i)}。{unique_word(i)}", "entities": [{"start": 0, "end": 2, "type": "x"}]},
+                        ensure_ascii=False) for i in range(first, first + sentences)]
+    corpus = tmp_path / f"corpus{first}.jsonl"
+    corpus.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return corpus
+
+
+def split_config(tmp_path, train, test) -> "Path":
+    config = tmp_path / "config.yaml"
+    config.write_text(f"data:\n  train: {train}\n  test: {test}\n  dev_split: 0.25\n  split_seed: 5\n"
+                      "lexicon:\n  source: words.txt\n", encoding="utf-8")
+    return config
+
+
+def test_build_from_a_config_mines_its_training_split_and_never_a_dev_or_test_line(nerkit, tmp_path):
+    from nerkit.config import load_config
+    from nerkit.data.splits import read_splits
+
+    train, test = write_split_corpus(tmp_path), write_split_corpus(tmp_path, 10, first=100)
+    config = split_config(tmp_path, train, test)
+    out = tmp_path / "mined.txt"
+    shown = nerkit("lexicon", "build", "--config", str(config), "--out", str(out), "--min-count", "2",
+                   "--min-freedom", "0").stdout
+    assert "30 training sentences" in shown and "10 dev sentences left out" in shown
+    mined = set(Lexicon.from_source(str(out)))
+    splits = read_splits(load_config(config))
+    assert mined == {s.text[:2] for s in splits.train}  # every training word, and nothing else
+    assert not mined & {s.text[:2] for s in splits.dev + splits.test}
+    # --set reaches the carve: another seed, another dev split left out
+    nerkit("lexicon", "build", "--config", str(config), "--set", "data.split_seed=6", "--out", str(out), "--force",
+           "--min-count", "2", "--min-freedom", "0")
+    reseeded = read_splits(load_config(config, ["data.split_seed=6"]))
+    assert set(Lexicon.from_source(str(out))) == {s.text[:2] for s in reseeded.train} != mined
+
+
+def test_build_needs_a_text_or_a_config_and_never_writes_over_the_corpus(nerkit, tmp_path):
+    refused = nerkit("lexicon", "build", "--out", str(tmp_path / "w.txt"), check=False)
+    assert refused.returncode == 2 and "--config" in refused.stderr and "--text" in refused.stderr
+    train = write_split_corpus(tmp_path)
+    config = split_config(tmp_path, train, write_split_corpus(tmp_path, 10, first=100))
+    refused = nerkit("lexicon", "build", "--config", str(config), "--out", str(train), "--force", check=False)
+    assert refused.returncode == 2 and "input" in refused.stderr
+    assert train.read_text(encoding="utf-8").startswith('{"text"')
+
+
+def test_coverage_of_a_config_scores_its_dev_and_test_splits(nerkit, tmp_path):
+    from nerkit.config import load_config
+    from nerkit.data.splits import read_splits
+
+    train, test = write_split_corpus(tmp_path), write_split_corpus(tmp_path, 10, first=100)
+    config = split_config(tmp_path, train, test)
+    splits = read_splits(load_config(config))
+    # The config's word list (relative to where nerkit runs) holds two dev words and one test word.
+    words = [splits.dev[0].text[:2], splits.dev[1].text[:2], splits.test[0].text[:2]]
+    (tmp_path / "words.txt").write_text("\n".join(words) + "\n", encoding="utf-8")
+    import os
+
+    here = os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        report = json.loads(nerkit("lexicon", "coverage", "--config", str(config), "--json").stdout)
+        table = nerkit("lexicon", "coverage", "--config", str(config)).stdout
+    finally:
+        os.chdir(here)
+    assert report["source"] == "words.txt" and report["words"] == 3
+    assert report["sha256"] == hashlib.sha256((tmp_path / "words.txt").read_bytes()).hexdigest()
+    dev, test = report["coverage"]["dev"], report["coverage"]["test"]
+    assert (dev["sentences"], dev["entities"]["total"], dev["entities"]["held"]) == (10, 10, 2)
+    assert dev["matches"] == {"total": 4, "exact": 2, "start": 2, "end": 2, "both": 2, "crossing": 0}  # w。w
+    assert (test["sentences"], test["entities"]["held"], test["matches"]["total"]) == (10, 1, 2)
+    assert "dev split" in table and "test split" in table
+    refused = nerkit("lexicon", "coverage", "jieba", "--config", str(config), "--data", str(test), check=False)
+    assert refused.returncode == 2 and "one of --data" in refused.stderr

@@ -109,23 +109,31 @@ def check_data_files(config: Config) -> None:
                         fix=f"check the path (and NERKIT_DATA), or give it with --set data.{key}=PATH")
 
 
-def read_splits(config: Config) -> Splits:
+def train_and_dev(config: Config) -> tuple[Corpus, list[Sentence], list[Sentence]]:
+    """The training corpus, and its sentences as training takes them (`data.limit`, then the dev
+    carve-out where `data.dev` is not set) with the dev split: the one place the carve is made, so
+    that what is mined from the training text (`nerkit lexicon build --config`) is what trains."""
     dc = config.data
-    check_data_files(config)
     train_corpus = read_gold(dc.train, dc.repair, TRAIN_REPAIR_OPTION)
     train = [s for s in train_corpus.sentences if len(s)]  # an empty JSON-lines text has nothing to learn
     if dc.limit:
         train = train[: dc.limit]
     if dc.dev:
-        dev = read_gold(dc.dev, dc.repair, TRAIN_REPAIR_OPTION).sentences
-    else:
-        if dc.dev_split <= 0:
-            raise UserError("no dev data: data.dev is not set and data.dev_split is 0",
-                            fix="set data.dev, or data.dev_split (e.g. 0.05) to carve a dev set from train")
-        carve = contiguous_dev_split if dc.context == "document" else seeded_dev_split
-        train, dev = carve(train, dc.dev_split, dc.split_seed)
-        blocks = f", {len(documents(dev))} contiguous blocks" if dc.context == "document" else ""
-        log.info(f"dev: {len(dev)} sentences carved from {dc.train} (seed {dc.split_seed}, {dc.dev_split:.0%}{blocks})")
+        return train_corpus, train, read_gold(dc.dev, dc.repair, TRAIN_REPAIR_OPTION).sentences
+    if dc.dev_split <= 0:
+        raise UserError("no dev data: data.dev is not set and data.dev_split is 0",
+                        fix="set data.dev, or data.dev_split (e.g. 0.05) to carve a dev set from train")
+    carve = contiguous_dev_split if dc.context == "document" else seeded_dev_split
+    train, dev = carve(train, dc.dev_split, dc.split_seed)
+    blocks = f", {len(documents(dev))} contiguous blocks" if dc.context == "document" else ""
+    log.info(f"dev: {len(dev)} sentences carved from {dc.train} (seed {dc.split_seed}, {dc.dev_split:.0%}{blocks})")
+    return train_corpus, train, dev
+
+
+def read_splits(config: Config) -> Splits:
+    dc = config.data
+    check_data_files(config)
+    train_corpus, train, dev = train_and_dev(config)
     test = read_gold(dc.test, dc.repair, TRAIN_REPAIR_OPTION).sentences if dc.test else None
     if config.model.head != "span" or dc.flat != "none":  # the span head learns nested entities as they are
         train = flat_training(train, train_corpus, dc.flat)  # dev and test stay as written (nested gold)

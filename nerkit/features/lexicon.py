@@ -116,10 +116,19 @@ class Lexicon:
         path = Path(source)
         if not path.is_file():
             raise UserError("lexicon file not found", where=source,
-                            fix="set lexicon.source to jieba, a word list, or a word2vec vector file")
+                            fix="set lexicon.source to jieba, a word list, or a word2vec vector file; "
+                            "`nerkit lexicon build --config CONFIG --out FILE` mines a word list from a config's "
+                            "training split (`make cmeee-lexicon` writes configs/cmeee_flat_mined.yaml's)")
         if is_vector_file(path):
             return cls.from_vectors(path, **filters)
         return cls.from_word_list(path, **filters)
+
+    @classmethod
+    def from_config(cls, lexicon_config, source: str | None = None) -> Lexicon:
+        """The lexicon a config's `lexicon:` section gives a lattice encoder (its source, or
+        `source`, with its min_len / max_len / min_freq filters; 0 is no filter)."""
+        lc = lexicon_config
+        return cls.from_source(source or lc.source, lc.min_len, lc.max_len or None, lc.min_freq or None)
 
     @classmethod
     def load(cls, path: str | Path) -> Lexicon:

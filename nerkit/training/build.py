@@ -37,8 +37,7 @@ def build_pipeline(config: Config, splits: Splits, device: torch.device | str = 
     if ENCODERS[config.encoder.name].uses_lattice:
         from nerkit.features.lexicon import Lexicon
 
-        lc = config.lexicon
-        lexicon = Lexicon.from_source(lc.source, lc.min_len, lc.max_len or None, lc.min_freq or None)
+        lexicon = Lexicon.from_config(config.lexicon)
     lm = None
     if emb.lm_sources():
         from nerkit.pretrained.loading import load_sources

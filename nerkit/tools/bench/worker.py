@@ -51,6 +51,19 @@ def pretrained_inputs(config) -> dict:
     return found
 
 
+def lexicon_of(config, pipe, splits) -> dict:
+    """A lattice model's lexicon for its record (`lexicon`: source, file sha256, words and their
+    sha256, coverage of dev and test: nerkit.tools.lexicon.lexicon_record), as the saved model holds
+    it; {} for a model without one."""
+    lexicon = pipe.featurizer.lexicon
+    if lexicon is None:
+        return {}
+    from nerkit.tools.lexicon import lexicon_record
+
+    return {"lexicon": lexicon_record(lexicon, config.lexicon.source, {"dev": splits.dev, "test": splits.test},
+                                      config.data.normalize)}
+
+
 def train_processes(config_path: str, overrides: list[str], out: str, resume: bool, nproc: int) -> dict:
     """Train as `nerkit train --nproc N` does (torchrun starting N processes of `python -m nerkit
     train`); rank 0's metrics.json."""
@@ -118,7 +131,7 @@ def measure(config_path: str, overrides: list[str], out: str, predict_batch_size
     emb = config.embeddings
     student = {"distilled_from": metrics["distilled_from"]} if teachers else {}
     return {
-        **student, "encoder": config.encoder.name, "config_sha256": digest, "data_sha256": metrics["data_sha256"],
+        **student, **lexicon_of(config, pipe, splits), "encoder": config.encoder.name, "config_sha256": digest, "data_sha256": metrics["data_sha256"],
         "test": timing.metrics if splits.test is not None else None, "dev": dev, "epochs": metrics["epochs"],
         "best_epoch": metrics["best_epoch"], "steps": metrics["steps"], "stopped": metrics["stopped"],
         "partial_epoch": metrics["partial_epoch"], "parameters": metrics["parameters"],
