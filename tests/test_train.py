@@ -96,6 +96,19 @@ def test_dev_is_carved_from_train_when_absent_seeded_disjoint_and_reproducible(t
     assert sorted(limited_train + limited_dev) == all_lines[:40] and len(limited_dev) == 10
 
 
+def test_a_limit_reads_the_training_file_only_that_far(tmp_path, tiny_config):
+    """data.limit: a training file whose lines after the limit are malformed trains as the whole one
+    does with the same limit (the same sentences, types and scheme)."""
+    broken = tmp_path / "broken.bio"
+    broken.write_text(TINY_TRAIN.read_text(encoding="utf-8") + "\n北 B-LOC x y\n京 M-LOC\n", encoding="utf-8")
+    with pytest.raises(UserError):
+        read_splits(tiny_config(f"data.train={broken}"))
+    whole, cut = (read_splits(tiny_config(f"data.train={path}", "data.limit=40")) for path in (TINY_TRAIN, broken))
+    assert [(s.tokens, s.tags) for s in cut.train] == [(s.tokens, s.tags) for s in whole.train]
+    assert (cut.types, cut.scheme) == (whole.types, whole.scheme)
+    assert train(tiny_config(f"data.train={broken}", "data.limit=40", "train.epochs=1"), out=tmp_path / "m")["best_epoch"] == 1
+
+
 def test_insert_spaces_puts_spaces_outside_entities_in_train_only(tiny_config):
     """data.insert_spaces: space tokens tagged O in gaps that no entity crosses, seeded, in the
     training sentences only; the entities keep their text, and the vocabulary learns the space."""
