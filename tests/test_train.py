@@ -64,6 +64,20 @@ def test_two_seeded_runs_are_bit_identical_and_another_seed_differs(tmp_path, ti
     assert losses[0] == losses[1]
 
 
+def test_the_best_epochs_dev_figures_are_reported_without_scoring_dev_again(tmp_path, tiny_config, monkeypatch):
+    """finish() reports the dev metrics the best epoch was chosen by: the saved model scores them
+    again to the last digit, and dev is scored once an epoch, not once more at the end."""
+    calls = []
+    evaluate = nerkit.training.loop.evaluate
+    monkeypatch.setattr(nerkit.training.loop, "evaluate", lambda run, sentences: calls.append(1) or evaluate(run, sentences))
+    out = tmp_path / "m"
+    config = tiny_config("train.epochs=3")
+    metrics = train(config, out=out)
+    assert len(calls) == 3  # the epochs' dev; the tiny config has no test set
+    assert json.loads((out / "metrics.json").read_text())["dev"] == metrics["dev"]
+    assert Pipeline.load(out).evaluate(read_splits(config).dev, config.train.eval_batch_size) == metrics["dev"]
+
+
 def test_early_stopping_stops_after_patience_epochs_without_improvement(tmp_path, tiny_config):
     # lr 0: the dev score never changes, so only epoch 1 counts as an improvement.
     metrics = train(tiny_config("train.lr=0", "train.patience=2", "train.epochs=10"), out=tmp_path / "m")
