@@ -216,6 +216,9 @@ def test_a_scored_corpus_is_read_in_trimmed_batches_and_predicted_as_by_predict(
     evaluation = pipe.predict_and_score(sentences, batch_size=8)
     assert shapes and all(width == longest for (_, width), longest in shapes)
     assert sum(rows for (rows, _), _ in shapes) == len(sentences)
+    shapes.clear()
+    assert pipe.predict_and_score(sentences, batch_size=8, trim=False).predicted == evaluation.predicted
+    assert any(width > longest for (_, width), longest in shapes)  # the benchmark times prediction's shapes
     pipe.model.decode = decode
     assert evaluation.predicted == pipe.predict_tokens([s.tokens for s in sentences], batch_size=8)
 

@@ -195,7 +195,7 @@ class Predictor:
 
     def predict_and_score(self, data: str | Path | list[Sentence], batch_size: int = 128, repair: bool | None = None,
                    with_errors: bool = False, window: int | None = None, document: bool = False,
-                   with_calibration: bool = False, with_by_length: bool = False) -> Evaluation:
+                   with_calibration: bool = False, with_by_length: bool = False, trim: bool = True) -> Evaluation:
         """The model's predictions on a corpus file or on sentences already read, with their entity-level
         P/R/F1 and the time they took (an `Evaluation`; `evaluate` gives the metrics alone); with
         `with_errors` the metrics also hold `errors` (see `nerkit.inference.evaluate.errors`). A file is read
@@ -204,7 +204,9 @@ class Predictor:
         `document` (a model with memory), the sentences of each document (`Sentence.document`: a file
         without `-DOCSTART-` lines is one) are read in order as one stream. With `with_calibration`
         the predictions carry scores and the metrics hold `calibration` (`nerkit.inference.evaluate.calibration`);
-        with `with_by_length`, `by_length` (`nerkit.inference.evaluate.by_length`)."""
+        with `with_by_length`, `by_length` (`nerkit.inference.evaluate.by_length`). `trim`: the batches
+        padded only to their longest sentence (`decode_examples`), as a corpus read once may be; False
+        times prediction's own batch shapes (the benchmark's prediction speed)."""
         window = self.check_window(window)  # before the file is read: a wrong value costs no wait
         reader = self.document_stream() if document else self  # a model without memory: refused now too
         if isinstance(data, list):
@@ -221,9 +223,8 @@ class Predictor:
                 reader.reset()
                 predicted += reader.predict_tokens([s.tokens for s in group], batch_size, window, with_calibration)
         else:
-            # Python lists: GPU work done. A corpus is read once: its batches need not take prediction's shapes
-            predicted = self.predict_tokens([s.tokens for s in sentences], batch_size, window, with_calibration,
-                                            trim=True)
+            predicted = self.predict_tokens([s.tokens for s in sentences], batch_size, window,  # Python lists: GPU work done
+                                            with_calibration, trim)
         seconds = time.perf_counter() - started
         gold = [s.spans() for s in sentences]
         metrics = score(gold, predicted)
