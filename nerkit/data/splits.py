@@ -84,11 +84,11 @@ def flat_training(sentences: list[Sentence], corpus: Corpus, flat: str) -> list[
     return sentences
 
 
-def read_gold(path: str, repair: bool, repair_option: str = REPAIR_OPTION) -> Corpus:
+def read_gold(path: str, repair: bool, repair_option: str = REPAIR_OPTION, limit: int = 0) -> Corpus:
     """A corpus file, its nested entities kept (gold is scored as written; training projects them,
     `flat_training`); the tags `repair` fixed and the tokens it split are logged, never silent.
-    `repair_option`: as read_corpus's."""
-    corpus = read_corpus(path, repair=repair, repair_option=repair_option, flat="none")
+    `repair_option` and `limit`: as read_corpus's."""
+    corpus = read_corpus(path, repair=repair, repair_option=repair_option, flat="none", limit=limit)
     if corpus.repaired:
         log.info(f"{path}: repaired {corpus.repaired} tags in {corpus.invalid_transitions} invalid transitions")
     if corpus.split_tokens:
@@ -114,7 +114,9 @@ def train_and_dev(config: Config) -> tuple[Corpus, list[Sentence], list[Sentence
     carve-out where `data.dev` is not set) with the dev split: the one place the carve is made, so
     that what is mined from the training text (`nerkit lexicon build --config`) is what trains."""
     dc = config.data
-    train_corpus = read_gold(dc.train, dc.repair, TRAIN_REPAIR_OPTION)
+    # with data.limit a char-per-line file is read up to its limit: the scheme and types are those
+    # of the sentences read (their entities hold the E-/S- or M- tags that tell the scheme)
+    train_corpus = read_gold(dc.train, dc.repair, TRAIN_REPAIR_OPTION, limit=dc.limit)
     train = [s for s in train_corpus.sentences if len(s)]  # an empty JSON-lines text has nothing to learn
     if dc.limit:
         train = train[: dc.limit]

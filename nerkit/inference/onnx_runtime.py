@@ -139,11 +139,11 @@ class OnnxPipeline(Predictor):
         return window
 
     def decode_examples(self, examples: list[Example], batch_size: int, window: int,
-                        scores: bool = False) -> list:
+                        scores: bool = False, trim: bool = False) -> list:
         """`Predictor.decode_examples` by the graph: batches of at most `batch_size` rows and
         `BATCH_CHARS` characters, on `lanes` threads at once. Entity scores are computed from the
         graph's emissions in numpy (nerkit.model.crf_numpy); an export without the CRF's scores
-        (`CRF_FILE`) gives its entities none."""
+        (`CRF_FILE`) gives its entities none. Its batches are trimmed always (`trim` changes nothing)."""
         batches = budgeted_batches([len(e) for e in examples], batch_size, BATCH_CHARS)
         if self.config.model.head == "span":
             return self.decode_spans(examples, batches)

@@ -16,7 +16,7 @@ from safetensors.torch import save as safetensors_bytes
 from nerkit.config import Config, config_to_yaml, memory_segment
 from nerkit.device import resolve_device
 from nerkit.errors import ModelDirError, UserError
-from nerkit.features.batch import bucketed_batches, collate_padded
+from nerkit.features.batch import bucketed_batches, collate, collate_padded
 from nerkit.features.featurizer import Example, Featurizer
 from nerkit.files import atomic_directory, atomic_write_bytes, atomic_write_text
 from nerkit.data.tags import Span
@@ -61,13 +61,15 @@ class Pipeline(Predictor):
         self.model.to(self.device)
 
     def decode_examples(self, examples: list[Example], batch_size: int, window: int,
-                        scores: bool = False) -> list:
-        """`Predictor.decode_examples` by the Tagger, with batches padded by `collate_padded`."""
+                        scores: bool = False, trim: bool = False) -> list:
+        """`Predictor.decode_examples` by the Tagger, with batches padded by `collate_padded`, or with
+        `trim` by `collate` (then the BiLSTM, with no padding to skip, runs oneDNN's fused LSTM)."""
         decoded: list = [[] for _ in examples]
         self.model.eval()
         with torch.inference_mode():
             for idx in bucketed_batches([len(e) for e in examples], batch_size):
-                batch = collate_padded([examples[j] for j in idx], batch_size, window).to(self.device)
+                chosen = [examples[j] for j in idx]
+                batch = (collate(chosen) if trim else collate_padded(chosen, batch_size, window)).to(self.device)
                 found = zip(*self.model.decode_scored(batch, self.score_temperature)) \
                     if scores and self.model.crf is not None else self.model.decode(batch)  # spans carry their scores
                 for j, result in zip(idx, found):  # the padding rows' paths are dropped
@@ -92,17 +94,17 @@ class Pipeline(Predictor):
                 yield [pieces[j][:2] for j in idx], emissions, batch.mask, self.model.crf.decode(emissions, batch.mask)
 
     def predict_tokens(self, token_lists: list[list[str]], batch_size: int = 64,
-                       window: int | None = None, scores: bool = False) -> list[list[Span]]:
+                       window: int | None = None, scores: bool = False, trim: bool = False) -> list[list[Span]]:
         """`Predictor.predict_tokens`; with Transformer-XL memory and no window, a text longer than
         one segment is read segment by segment in bounded memory (nerkit.inference.recurrence), and
         the others in batches as before (one segment, no memory: the same computation)."""
         window = self.check_window(window)
         segment = memory_segment(self.config)
         if not segment or window:
-            return super().predict_tokens(token_lists, batch_size, window, scores)
+            return super().predict_tokens(token_lists, batch_size, window, scores, trim)
         long = {i for i, tokens in enumerate(token_lists) if len(tokens) > segment}
         spans = super().predict_tokens([[] if i in long else t for i, t in enumerate(token_lists)], batch_size, 0,
-                                       scores)
+                                       scores, trim)
         reader = MemoryReader(self)
         for i in sorted(long):
             if scores:

@@ -108,16 +108,18 @@ class Predictor:
         return window
 
     def decode_examples(self, examples: list[Example], batch_size: int, window: int,
-                        scores: bool = False) -> list:
+                        scores: bool = False, trim: bool = False) -> list:
         """The tag ids of each example (as long as it), decoded in batches of at most `batch_size`
         padded to a few shapes (`nerkit.features.padding.padded_examples`, never past `window` unless
-        an example is longer), so that native caches keyed by the shape stop growing with the input.
-        With `scores`, each is (tag ids, the probability of each entity of them in order)."""
+        an example is longer), so that native caches keyed by the shape stop growing with the input;
+        with `trim`, each batch padded only to its longest example (a corpus scored once, whose
+        shapes are as many as its batches). With `scores`, each is (tag ids, the probability of each
+        entity of them in order)."""
         raise NotImplementedError
 
     def predict_tokens(self, token_lists: list[list[str]], batch_size: int = 64,
-                       window: int | None = None, scores: bool = False) -> list[list[Span]]:
-        """Spans for each token list. A list longer than the window (`window`, default the model's:
+                       window: int | None = None, scores: bool = False, trim: bool = False) -> list[list[Span]]:
+        """Spans for each token list (`trim`: as `decode_examples`). A list longer than the window (`window`, default the model's:
         `Predictor.window`) is read in overlapping windows of that length (`text_windows`) whose tag
         sequences are stitched into one (`stitch`), so that no entity is cut where a window ends.
         Whitespace never starts, ends or makes up an entity (`without_whitespace`): every
@@ -128,7 +130,7 @@ class Predictor:
         for i, tokens in enumerate(token_lists):
             pieces.extend((i, a, b) for a, b in text_windows(len(tokens), window))
         examples = [self.featurizer.example(token_lists[i][a:b]) for i, a, b in pieces]
-        decoded = self.decode_examples(examples, batch_size, window, scores) if examples else []
+        decoded = self.decode_examples(examples, batch_size, window, scores, trim) if examples else []
         if self.config.model.head == "span":
             return self.stitched_spans(token_lists, pieces, decoded, scores)
         by_sentence: list[list[tuple[int, list[str]]]] = [[] for _ in token_lists]  # (window start, tags)
@@ -193,7 +195,7 @@ class Predictor:
 
     def predict_and_score(self, data: str | Path | list[Sentence], batch_size: int = 128, repair: bool | None = None,
                    with_errors: bool = False, window: int | None = None, document: bool = False,
-                   with_calibration: bool = False, with_by_length: bool = False) -> Evaluation:
+                   with_calibration: bool = False, with_by_length: bool = False, trim: bool = True) -> Evaluation:
         """The model's predictions on a corpus file or on sentences already read, with their entity-level
         P/R/F1 and the time they took (an `Evaluation`; `evaluate` gives the metrics alone); with
         `with_errors` the metrics also hold `errors` (see `nerkit.inference.evaluate.errors`). A file is read
@@ -202,7 +204,9 @@ class Predictor:
         `document` (a model with memory), the sentences of each document (`Sentence.document`: a file
         without `-DOCSTART-` lines is one) are read in order as one stream. With `with_calibration`
         the predictions carry scores and the metrics hold `calibration` (`nerkit.inference.evaluate.calibration`);
-        with `with_by_length`, `by_length` (`nerkit.inference.evaluate.by_length`)."""
+        with `with_by_length`, `by_length` (`nerkit.inference.evaluate.by_length`). `trim`: the batches
+        padded only to their longest sentence (`decode_examples`), as a corpus read once may be; False
+        times prediction's own batch shapes (the benchmark's prediction speed)."""
         window = self.check_window(window)  # before the file is read: a wrong value costs no wait
         reader = self.document_stream() if document else self  # a model without memory: refused now too
         if isinstance(data, list):
@@ -220,7 +224,7 @@ class Predictor:
                 predicted += reader.predict_tokens([s.tokens for s in group], batch_size, window, with_calibration)
         else:
             predicted = self.predict_tokens([s.tokens for s in sentences], batch_size, window,  # Python lists: GPU work done
-                                            with_calibration)
+                                            with_calibration, trim)
         seconds = time.perf_counter() - started
         gold = [s.spans() for s in sentences]
         metrics = score(gold, predicted)

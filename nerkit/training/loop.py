@@ -174,6 +174,9 @@ class Run:
     memory: list | None = None
     empty: Example | None = None
     distill: Distillation | None = None  # `nerkit distill`: the unlabelled text and its teachers' targets
+    # best_state's dev metrics when this session scored that very state (rank 0's): `finish` reports
+    # them rather than score dev again; None after a resume, which restores a state it did not score
+    best_dev: dict | None = None
 
     @cached_property
     def lengths(self) -> list[int]:
@@ -436,12 +439,16 @@ def end_epoch(run: Run, epoch: int, n_batches: int) -> bool:
             pipe.save(run.out / "last", {"epoch": epoch, "dev": dev, "partial": True})
         progress.cut_dev_f1 = dev_f1  # progress.stopped: the limit that cut it
         run.checkpoint()
+        best_before = run.best_state
         run.best_state = adopt_cut_epoch(run)
+        if run.best_state is not best_before:  # the state `dev` scored
+            run.best_dev = dev
         return True
     if dev_f1 > progress.best_f1:
         progress.best_f1, progress.best_epoch, progress.bad_epochs = dev_f1, epoch, 0
         if main:
             run.best_state = {k: v.detach().clone() for k, v in pipe.model.state_dict().items()}
+            run.best_dev = dev
             pipe.write_weights(run.out, {"best_epoch": epoch, "dev": dev})
     else:
         progress.bad_epochs += 1
@@ -498,13 +505,15 @@ def log_epoch(run: Run, epoch: int, n_batches: int, partial: bool) -> dict:
 
 
 def finish(run: Run, epoch: int) -> dict:
-    """The best model's figures: dev again, test once (reported, never used for selection). Rank 0's
-    alone: the other ranks are done."""
+    """The best model's figures: dev (scored again unless this session scored that state: the
+    evaluation is deterministic, and took as long as the epoch's), test once (reported, never used
+    for selection). Rank 0's alone: the other ranks are done."""
     tc, progress, pipe, splits = run.config.train, run.progress, run.pipe, run.splits
     pipe.model.load_state_dict(run.best_state)
+    dev = run.best_dev if run.best_dev is not None else evaluate(run, splits.dev)
     metrics = {"best_epoch": progress.best_epoch, "epochs": min(epoch, tc.epochs), "steps": progress.step,
                "partial_epoch": progress.batch > 0,  # a limit stopped the run inside its last epoch
-               "stopped": run.progress.stopped, "dev": evaluate(run, splits.dev),
+               "stopped": run.progress.stopped, "dev": dev,
                "train_chars_per_s": (progress.train_chars + progress.epoch_chars)
                / max(progress.train_seconds + progress.epoch_seconds, 1e-9),  # with a cut epoch's
                "train_chars_per_s_steady": progress.steady_chars / max(progress.steady_seconds, 1e-9),

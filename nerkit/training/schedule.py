@@ -10,6 +10,7 @@ import math
 import torch
 
 from nerkit.config import Config
+from nerkit.training.eager_adam import eager_class
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +43,8 @@ def make_optimizer(config: Config, model: torch.nn.Module) -> torch.optim.Optimi
     # The fused kernels update every parameter in one pass: on CPU they make a BiLSTM step ~20%
     # faster, the dense bigram table being most of the parameters.
     fused = all(p.dtype in (torch.float32, torch.float64) and p.device.type in ("cpu", "cuda") for p in params)
-    cls = torch.optim.Adam if tc.optimizer == "adam" else torch.optim.AdamW
+    # torch's class called without its compiler guards, which import torch._dynamo (~1 s) and do nothing here
+    cls = eager_class(torch.optim.Adam if tc.optimizer == "adam" else torch.optim.AdamW)
     return cls(groups, lr=tc.lr, weight_decay=tc.weight_decay, fused=fused)
 
 

@@ -1,7 +1,7 @@
 """The BiLSTM's CPU training path (a padded batch, each sentence reversed within its length for the
 backward direction) gives the packed LSTM's states and gradients, and is the path a CPU training
 step takes: torch's packed CPU LSTM made a training step four times as slow (docs/notebook/speed.md).
-Prediction packs, as before."""
+Prediction packs a batch padded past its longest sentence, as before, and not a trimmed one."""
 
 from __future__ import annotations
 
@@ -57,8 +57,16 @@ def test_a_cpu_training_step_does_not_pack_and_zeroes_padding():
     assert torch.equal(out[~mask], torch.zeros_like(out[~mask]))
 
 
-def test_cpu_prediction_packs():
-    """Without gradients the packed LSTM skips the padding of prediction's batch shapes."""
+def test_cpu_prediction_packs_a_batch_padded_past_its_longest_sentence_only():
+    """Without gradients the packed LSTM skips the columns of prediction's batch shapes; a batch
+    without them (a scored corpus's, trimmed) runs the fused LSTM, its states the packed ones."""
     encoder, x, mask = encoder_and_inputs(torch.float32, layers=1)
+    encoder.eval()
+    wider = torch.cat([x, torch.zeros(len(LENGTHS), 3, x.size(2))], 1)
     with torch.inference_mode():
-        assert packs(encoder.eval(), x, mask)[0]
+        packed, padded_out = packs(encoder, wider, torch.cat([mask, torch.zeros(len(LENGTHS), 3, dtype=torch.bool)], 1))
+        assert packed
+        packed, out = packs(encoder, x, mask)
+        assert not packed
+    torch.testing.assert_close(out, padded_out[:, :max(LENGTHS)], rtol=1e-5, atol=1e-5)
+    assert torch.equal(out[~mask], torch.zeros_like(out[~mask]))

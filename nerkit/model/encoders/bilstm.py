@@ -1,8 +1,10 @@
 """Bidirectional LSTM encoder: the classic BiLSTM-CRF baseline (Huang et al. 2015; Lample et al. 2016).
 
-A GPU, and prediction on the CPU, pack the padded batch (cuDNN runs packed sequences in one kernel;
-packed, the CPU skips the padding that prediction's batch shapes add). Training on the CPU and an
-ONNX export (`nerkit export`, which cannot trace packing) keep the batch padded, the backward
+A GPU packs the padded batch (cuDNN runs packed sequences in one kernel), and so does prediction on
+the CPU when the batch is padded past its longest sentence (packed, the CPU skips the columns that
+prediction's batch shapes add). Training on the CPU, a CPU batch without such columns (a scored
+corpus's: its LSTM forward 1.14x faster than packed) and an ONNX export (`nerkit export`, which
+cannot trace packing) keep the batch padded, the backward
 direction reading each sentence reversed within its own length instead (`_unpacked`), which gives
 the same states at every real position: torch's CPU LSTM runs packed sequences as one small operator
 per time step, whose backward pass fills a gradient the size of the whole packed input at every
@@ -39,7 +41,9 @@ class BiLSTM(nn.Module):
         # x (B, T, D), mask (B, T) bool, left-aligned; the lattice is ignored.
         if torch.compiler.is_exporting():
             return self.dropout(self._unpacked(x, mask))
-        if not x.is_cuda and torch.is_grad_enabled():  # zeros at padding, as packing leaves them
+        # On the CPU packing pays only for the columns past the longest sentence that prediction's
+        # batch shapes add; a batch without them (training's, a scored corpus's) runs oneDNN's fused LSTM.
+        if not x.is_cuda and (torch.is_grad_enabled() or bool(mask[:, -1].any())):  # zeros at padding, as packing leaves them
             return self.dropout(self._unpacked(x, mask).masked_fill(~mask[..., None], 0.0))
         return self.dropout(self._packed(x, mask))
 

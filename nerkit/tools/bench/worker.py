@@ -126,7 +126,7 @@ def measure(config_path: str, overrides: list[str], out: str, predict_batch_size
     dev = pipe.evaluate(splits.dev, config.train.eval_batch_size)
     timed = splits.test if splits.test is not None else splits.dev
     pipe.predict_tokens([s.tokens for s in timed[:predict_batch_size]], predict_batch_size)  # warm-up
-    timing = pipe.predict_and_score(timed, predict_batch_size)
+    timing = pipe.predict_and_score(timed, predict_batch_size, trim=False)  # as `nerkit predict` batches text
     on_gpu = pipe.device.type == "cuda"
     emb = config.embeddings
     student = {"distilled_from": metrics["distilled_from"]} if teachers else {}
