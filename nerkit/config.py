@@ -327,7 +327,7 @@ class TrainConfig:
 
 @dataclass
 class DistillConfig:
-    targets: Literal[DISTILL_TARGETS] = "soft"  # soft: KL(teacher marginals || student marginals); hard: the teachers' best path as a CRF target
+    targets: Literal[DISTILL_TARGETS] = "hard"  # hard: the teachers' best path as a CRF target; soft: KL(teacher marginals || student marginals). hard measured better (docs/distillation.md)
     temperature: float = ranged(1.0, POSITIVE)  # soft targets: teacher and student marginals both at this temperature (loss times T^2)
     weight: float = ranged(1.0, ANY_AMOUNT)  # the distillation loss's weight against the gold likelihood
     ratio: float = ranged(1.0, ANY_AMOUNT)  # unlabelled batches per gold batch in an epoch (the text cycles across epochs)
