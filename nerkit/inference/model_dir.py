@@ -51,6 +51,11 @@ QUANTIZE = ("int8",)
 SCORE_TEMPERATURE = "score_temperature"
 
 
+# nerkit.json's key for the span head's threshold that `nerkit calibrate` chose on a dev set, which
+# replaces config.yaml's span.threshold when the model predicts (absent: span.threshold).
+SPAN_THRESHOLD = "span_threshold"
+
+
 # What a model directory whose files disagree asks for, whichever file the disagreement is found in.
 ONE_RUN_FIX = "use the files of one training run together"
 

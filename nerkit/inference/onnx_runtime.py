@@ -178,12 +178,12 @@ class OnnxPipeline(Predictor):
     def decode_spans(self, examples: list[Example], batches: list[list[int]]) -> list:
         """The span head's spans of each example (start, end, type index, probability): the graph's
         band logits, decoded in numpy as the PyTorch model decodes them (nerkit.model.span_decode)."""
-        span = self.config.span
+        threshold = self.threshold  # nerkit.json's calibrated one, else span.threshold
 
         def decode(idx: list[int]):
             arrays = collate_arrays([examples[j] for j in idx])
             band = self.session.run(["band"], {name: arrays[name] for name in self.inputs})[0]  # (B, K, T, W)
-            return decode_band(band, [len(examples[j]) for j in idx], span.threshold, flat=False)  # span.flat: stitched_spans
+            return decode_band(band, [len(examples[j]) for j in idx], threshold, flat=False)  # span.flat: stitched_spans
 
         results = self._pool.map(decode, batches) if self._pool is not None and len(batches) > 1 else map(decode, batches)
         decoded: list = [[] for _ in examples]
@@ -218,6 +218,7 @@ class OnnxPipeline(Predictor):
         pipe = cls(found.config, featurizer, graph_session, graph.get("max_length"), lane_count)
         pipe.train_max_len = found.train_max_len
         pipe.score_temperature = found.score_temperature
+        pipe.span_threshold = found.span_threshold
         if (directory / CRF_FILE).is_file():
             pipe.crf_scores = read_crf_scores(directory / CRF_FILE, pipe.tags)
         pipe.directory = directory

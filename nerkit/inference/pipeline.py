@@ -26,6 +26,7 @@ from nerkit.inference.model_dir import (
     LEXICON_FILE,
     META_FILE,
     ONE_RUN_FIX,
+    SPAN_THRESHOLD,
     VOCAB_FILE,
     WEIGHTS_FILE,
     vocab_fingerprint,
@@ -71,7 +72,7 @@ class Pipeline(Predictor):
                 chosen = [examples[j] for j in idx]
                 batch = (collate(chosen) if trim else collate_padded(chosen, batch_size, window)).to(self.device)
                 found = zip(*self.model.decode_scored(batch, self.score_temperature)) \
-                    if scores and self.model.crf is not None else self.model.decode(batch)  # spans carry their scores
+                    if scores and self.model.crf is not None else self.model.decode(batch, self.threshold)  # spans: scored
                 for j, result in zip(idx, found):  # the padding rows' paths are dropped
                     decoded[j] = result
         return decoded
@@ -141,13 +142,14 @@ class Pipeline(Predictor):
     def write_meta(self, directory: Path) -> None:
         """nerkit.json: what the directory is (format and nerkit versions, encoder, the lexicon's and
         the vocabulary's checksums) and the longest training sentence, which sets the default
-        prediction window."""
+        prediction window; the span threshold `nerkit calibrate` chose, when there is one."""
         lexicon = self.featurizer.lexicon
-        atomic_write_text(directory / META_FILE, json.dumps(
-            {"format_version": FORMAT_VERSION, "nerkit_version": __version__, "encoder": self.config.encoder.name,
-             "lexicon_sha256": lexicon.fingerprint if lexicon is not None else None,
-             "vocab_sha256": vocab_fingerprint(self.featurizer.to_json()),
-             "train_max_len": self.train_max_len}, indent=2) + "\n")
+        meta = {"format_version": FORMAT_VERSION, "nerkit_version": __version__, "encoder": self.config.encoder.name,
+                "lexicon_sha256": lexicon.fingerprint if lexicon is not None else None,
+                "vocab_sha256": vocab_fingerprint(self.featurizer.to_json()), "train_max_len": self.train_max_len}
+        if self.span_threshold is not None:
+            meta[SPAN_THRESHOLD] = self.span_threshold
+        atomic_write_text(directory / META_FILE, json.dumps(meta, indent=2) + "\n")
 
     def write_weights(self, directory: Path, metrics: dict | None = None) -> None:
         state = {k: v.detach().to("cpu").contiguous() for k, v in self.model.state_dict().items()}
@@ -179,6 +181,7 @@ class Pipeline(Predictor):
         pipe = cls(config, featurizer, device=resolve_device(device), lm=lm)
         pipe.train_max_len = found.train_max_len
         pipe.score_temperature = found.score_temperature
+        pipe.span_threshold = found.span_threshold
         pipe.directory = directory
         weights = directory / WEIGHTS_FILE
         state = read_safetensors(weights, fix="the file is damaged or not a safetensors file; retrain or copy it again",

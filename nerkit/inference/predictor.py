@@ -30,6 +30,7 @@ from nerkit.inference.model_dir import (
     MODEL_FILES,
     ONE_RUN_FIX,
     SCORE_TEMPERATURE,
+    SPAN_THRESHOLD,
     VOCAB_FILE,
     _read_json,
     check_model_dir,
@@ -64,6 +65,9 @@ class Predictor:
         self.directory: Path | None = None  # where `load` read it from (None: built in memory)
         # Divides the CRF's scores when entities are scored: 1, or what `nerkit calibrate` fitted on a dev set.
         self.score_temperature = 1.0
+        # The span head's threshold that `nerkit calibrate` chose on a dev set (nerkit.json's
+        # span_threshold), or None: config.yaml's span.threshold.
+        self.span_threshold: float | None = None
 
     @property
     def tags(self) -> list[str]:
@@ -72,6 +76,11 @@ class Predictor:
     @property
     def scheme(self) -> str:
         return self.featurizer.scheme
+
+    @property
+    def threshold(self) -> float:
+        """The probability above which the span head predicts a span: the calibrated one, else span.threshold."""
+        return self.config.span.threshold if self.span_threshold is None else self.span_threshold
 
     @property
     def types(self) -> list[str]:
@@ -277,6 +286,7 @@ class ModelFiles:
     lexicon: object | None  # nerkit.features.lexicon.Lexicon, for a lattice encoder
     train_max_len: int | None
     score_temperature: float = 1.0
+    span_threshold: float | None = None
 
 
 def read_model_dir(directory: Path, files: tuple[str, ...] = MODEL_FILES) -> ModelFiles:
@@ -317,7 +327,7 @@ def read_model_dir(directory: Path, files: tuple[str, ...] = MODEL_FILES) -> Mod
         raise ModelDirError("lm/ is missing: the model was trained with a language model, which lives in lm/",
                             where=str(directory), fix="copy the whole model directory, lm/ included")
     return ModelFiles(meta, config, vocab, lexicon, _train_max_len(meta, directory / META_FILE),
-                      _score_temperature(meta, directory / META_FILE))
+                      _score_temperature(meta, directory / META_FILE), _span_threshold(meta, directory / META_FILE))
 
 
 def _score_temperature(meta: dict, where: Path) -> float:
@@ -327,6 +337,15 @@ def _score_temperature(meta: dict, where: Path) -> float:
         raise ModelDirError(f"{SCORE_TEMPERATURE} is {found!r}, not a positive number", where=str(where),
                             fix="run `nerkit calibrate` again, or remove the key to score at temperature 1")
     return float(found)
+
+
+def _span_threshold(meta: dict, where: Path) -> float | None:
+    """nerkit.json's `span_threshold` (written by `nerkit calibrate`), None when absent."""
+    found = meta.get(SPAN_THRESHOLD)
+    if found is not None and (isinstance(found, bool) or not isinstance(found, (int, float)) or not 0 < found < 1):
+        raise ModelDirError(f"{SPAN_THRESHOLD} is {found!r}, not a probability between 0 and 1", where=str(where),
+                            fix="run `nerkit calibrate` again, or remove the key to predict at config.yaml's span.threshold")
+    return None if found is None else float(found)
 
 
 def check_vocab(meta: dict, vocab: dict, directory: Path) -> None:

@@ -18,6 +18,12 @@ def logit(probability: float) -> float:
     return math.log(probability / (1.0 - probability))
 
 
+def band_cut(threshold: float) -> float:
+    """The logit a probability threshold stands for, as the float32 band compares with it (numpy
+    casts a Python float to the array's float32): a span of logit x is kept when x > band_cut."""
+    return float(np.float32(logit(threshold)))
+
+
 def band_valid(lengths: np.ndarray, width: int, max_width: int) -> np.ndarray:
     """(B, T, W) bool: the band cells whose span lies inside its sentence (start + w < length)."""
     ends = np.arange(width)[:, None] + np.arange(max_width)[None, :]  # (T, W)
@@ -65,5 +71,10 @@ def decode_band(logits: np.ndarray, lengths, threshold: float, flat: bool) -> li
         found = threshold_spans(logits[b], int(length), cut)
         if flat:
             found = flat_choice(found)
-        out.append([(s, e, k, 1.0 / (1.0 + math.exp(-x))) for s, e, k, x in found])
+        out.append(with_probabilities(found))
     return out
+
+
+def with_probabilities(spans: list[tuple[int, int, int, float]]) -> list[Found]:
+    """Spans (start, end exclusive, type, logit) with their probability in place of the logit."""
+    return [(s, e, k, 1.0 / (1.0 + math.exp(-x))) for s, e, k, x in spans]

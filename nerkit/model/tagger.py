@@ -178,16 +178,18 @@ class Tagger(nn.Module):
         return self.crf.posterior_kl(self.emissions(batch), batch.mask, targets, temperature)
 
     @torch.no_grad()
-    def decode(self, batch: Batch) -> list[list[int]] | list[list[Found]]:
+    def decode(self, batch: Batch, threshold: float | None = None) -> list[list[int]] | list[list[Found]]:
         """The CRF's tag ids of each sentence; the span head's spans (start, end exclusive, type
-        index, probability) above `span.threshold`, nested and overlapping."""
+        index, probability) above `threshold` (None: `span.threshold`), nested and overlapping."""
         if self.head == "span":
-            return self.decode_spans(self.span_band(batch), batch.mask)
+            return self.decode_spans(self.span_band(batch), batch.mask, threshold)
         return self.crf.decode(self.emissions(batch), batch.mask)
 
-    def decode_spans(self, band: torch.Tensor, mask: torch.Tensor) -> list[list[Found]]:
-        """The spans of band logits (B, K, T, W), decoded in numpy as an export decodes them."""
-        return decode_band(band.float().cpu().numpy(), mask.sum(1).tolist(), self.threshold, flat=False)
+    def decode_spans(self, band: torch.Tensor, mask: torch.Tensor, threshold: float | None = None) -> list[list[Found]]:
+        """The spans of band logits (B, K, T, W) above `threshold` (None: `span.threshold`), decoded in
+        numpy as an export decodes them."""
+        threshold = self.threshold if threshold is None else threshold
+        return decode_band(band.float().cpu().numpy(), mask.sum(1).tolist(), threshold, flat=False)
 
     @torch.no_grad()
     def decode_scored(self, batch: Batch, temperature: float = 1.0) -> tuple[list[list[int]], list[list[float]]]:

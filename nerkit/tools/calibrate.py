@@ -8,6 +8,9 @@ does not move (the best path is the best at any T), so tags and F1 stay exactly 
 the scores change. T is the one that minimises the log loss of "this entity is right" (span and
 type exactly as in the gold file) over the dev set's predicted entities, found on a grid of log T
 and refined around its best point. The emissions are computed once and kept for every T tried.
+
+A span-head model has no temperature to fit: its threshold is chosen instead
+(nerkit.tools.span_threshold).
 """
 
 from __future__ import annotations
@@ -83,13 +86,18 @@ def fit_temperature(pipe: Pipeline, batches: list[Scored]) -> float:
 def calibrate(model_dir: str | Path, data: str | Path, batch_size: int = 128, window: int | None = None) -> dict:
     """Fit the temperature of MODEL_DIR's scores on the gold file DATA (a dev set: never the test
     set, whose scores would then be fitted to it), write it into MODEL_DIR/nerkit.json, and return
-    it with the expected calibration error and log loss before and after."""
+    it with the expected calibration error and log loss before and after. A span-head model gets its
+    threshold chosen instead (`nerkit.tools.span_threshold.calibrate_threshold`)."""
     model_dir = Path(model_dir)
     meta_path = model_dir / META_FILE
     if meta_path.is_file() and runtime(_read_json(meta_path)) == "onnx":
         raise UserError("this is an ONNX export, which has no torch model to fit", where=str(model_dir),
                         fix="calibrate the model directory that `nerkit train` wrote, then export it again")
     pipe = Pipeline.load(model_dir)
+    if pipe.config.model.head == "span":
+        from nerkit.tools.span_threshold import calibrate_threshold
+
+        return calibrate_threshold(pipe, model_dir, data, batch_size, window)
     batches = decoded_batches(pipe, data, batch_size, window)
     entities = sum(len(b.right) for b in batches)
     if entities == 0:

@@ -1,0 +1,97 @@
+"""`nerkit calibrate` on a span-head model: choose the threshold (the probability above which a span
+is predicted) that maximises micro F1 on a dev set, and keep it in the model directory (nerkit.json's
+`span_threshold`), where prediction, evaluation, the server and an export made afterwards read it.
+
+GlobalPointer's default threshold, 0.5 (logit 0), is no more than a default: a head trained on
+many more negative spans than positive ones tends to predict too few. The band logits are
+computed once, every span above the lowest threshold tried is kept with its logit, and each
+threshold of `GRID` decodes from those (windows stitched and `span.flat` applied as prediction
+does), so the F1 at each is exactly what `nerkit eval` reports at that threshold.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import torch
+
+from nerkit.data.splits import read_gold
+from nerkit.errors import UserError
+from nerkit.features.batch import bucketed_batches, collate
+from nerkit.files import atomic_write_text
+from nerkit.inference.evaluate import score
+from nerkit.inference.model_dir import META_FILE, SPAN_THRESHOLD
+from nerkit.inference.pipeline import Pipeline
+from nerkit.inference.windows import text_windows
+from nerkit.model.span_decode import band_cut, threshold_spans, with_probabilities
+
+log = logging.getLogger(__name__)
+
+# 0.05 to 0.95 by 0.05: F1 is flat near its best threshold, so a finer grid would follow the dev
+# set's noise rather than the model, and 19 decodes of the kept spans take little time.
+GRID = [round(0.05 * k, 2) for k in range(1, 20)]
+
+
+def band_candidates(pipe: Pipeline, token_lists: list, batch_size: int, window: int | None, floor: float):
+    """The texts' windows (text index, start, end) as prediction reads them, and each window's spans
+    above the probability `floor` (start, end exclusive, type index, logit), from one pass of the
+    model over them (batches trimmed, as `nerkit eval` reads a corpus)."""
+    window = pipe.check_window(window)
+    pieces = [(i, a, b) for i, tokens in enumerate(token_lists) for a, b in text_windows(len(tokens), window)]
+    examples = [pipe.featurizer.example(list(token_lists[i][a:b])) for i, a, b in pieces]
+    found: list = [[] for _ in examples]
+    cut = band_cut(floor)
+    pipe.model.eval()
+    with torch.inference_mode():
+        for idx in bucketed_batches([len(e) for e in examples], batch_size):
+            batch = collate([examples[j] for j in idx]).to(pipe.device)
+            band = pipe.model.span_band(batch).float().cpu().numpy()  # (B, K, T, W)
+            for j, logits in zip(idx, band):
+                found[j] = threshold_spans(logits, len(examples[j]), cut)
+    return pieces, found
+
+
+def f1_at(pipe: Pipeline, token_lists: list, gold: list, pieces: list, found: list, threshold: float) -> dict:
+    """The scores (`nerkit.inference.evaluate.score`) of the spans above `threshold`, stitched as
+    prediction stitches them."""
+    cut = band_cut(threshold)
+    decoded = [with_probabilities([s for s in spans if s[3] > cut]) for spans in found]
+    return score(gold, pipe.stitched_spans(token_lists, pieces, decoded, scores=False))
+
+
+def best_threshold(f1: dict[float, float]) -> float:
+    """The threshold of the best F1; on a tie the one nearest 0.5, then the higher (fewer spans)."""
+    return min(f1, key=lambda t: (-f1[t], round(abs(t - 0.5), 6), -t))  # rounded: 0.45 and 0.55 tie
+
+
+def calibrate_threshold(pipe: Pipeline, model_dir: Path, data: str | Path, batch_size: int = 128,
+                        window: int | None = None) -> dict:
+    """Choose the span threshold of MODEL_DIR (loaded as `pipe`) that maximises micro F1 on the gold
+    file DATA (a dev set: never the test set), write it into MODEL_DIR/nerkit.json, and return it
+    with the F1 at every threshold of `GRID` and the dev scores before and after."""
+    corpus = read_gold(data, pipe.config.data.repair, "pass --repair")
+    pipe.check_types(corpus.types, str(data))
+    gold = [s.spans() for s in corpus.sentences]
+    if not any(gold):
+        raise UserError("the gold file has no entities: no threshold is better than another on it", where=str(data),
+                        fix="choose the threshold on a labelled dev set")
+    token_lists = [s.tokens for s in corpus.sentences]
+    previous = pipe.threshold
+    pieces, found = band_candidates(pipe, token_lists, batch_size, window, min(GRID[0], previous))
+    by_threshold = {t: f1_at(pipe, token_lists, gold, pieces, found, t) for t in sorted({*GRID, previous})}
+    chosen = best_threshold({t: m["f1"] for t, m in by_threshold.items() if t in GRID})
+    brief = lambda m: {k: m[k] for k in ("precision", "recall", "f1")} | {"predicted": m["counts"]["predicted"]}  # noqa: E731
+    result = {"threshold": chosen, "data": str(data), "gold": by_threshold[chosen]["counts"]["gold"],
+              "before": {"threshold": previous, **brief(by_threshold[previous])},
+              "after": {"threshold": chosen, **brief(by_threshold[chosen])},
+              "grid": {str(t): round(by_threshold[t]["f1"], 6) for t in GRID}}
+    meta_path = model_dir / META_FILE
+    meta = json.loads(meta_path.read_text(encoding="utf-8"))
+    meta[SPAN_THRESHOLD] = chosen
+    atomic_write_text(meta_path, json.dumps(meta, indent=2) + "\n")
+    pipe.span_threshold = chosen
+    log.info(f"span threshold {previous:g} -> {chosen:g} on {data}: dev F1 {100 * result['before']['f1']:.2f} -> "
+             f"{100 * result['after']['f1']:.2f}; wrote {meta_path}")
+    return result
