@@ -8,6 +8,7 @@ pages are replaced by what the records give:
     <!-- calibration: docs/bench/NAME -->                    summaries (any page)
     <!-- nesting: docs/bench/NAME -->       test F1 overall and on nested and flat gold entities
     <!-- lexicon: docs/bench/NAME -->       each lattice run's lexicon, its coverage of dev and test, F1
+    <!-- speed: docs/bench/NAME -->         `nerkit bench predict` / `bench export` records, min / median / max
     <!-- best: DATASET -->    the dev-selected best run of each input kind, its config and command
     <!-- runs: DATASET -->    every run docs/bench/index.yaml lists for the dataset
     <!-- grid: NAME -->       a grid of test F1 (index.yaml's `grids`)
@@ -45,7 +46,7 @@ def pages() -> list[Path]:
 
 BLOCK = re.compile(r"(<!-- bench: (\S+) (\S+) -->\n)(.*?)(<!-- /bench -->)", re.S)
 # The records of `nerkit bench loop` and of calibration runs, rendered by their own modules.
-RECORD_BLOCK = re.compile(r"(<!-- (loop|calibration|nesting|lexicon): (\S+) -->\n)(.*?)(<!-- /\2 -->)", re.S)
+RECORD_BLOCK = re.compile(r"(<!-- (loop|calibration|nesting|lexicon|speed): (\S+) -->\n)(.*?)(<!-- /\2 -->)", re.S)
 # The blocks built from docs/bench/index.yaml.
 INDEX_BLOCK = re.compile(r"(<!-- (best|runs|grid|dirty|readme): (\S+) -->\n)(.*?)(<!-- /\2 -->)", re.S)
 
@@ -66,11 +67,12 @@ def table(out: str, matrix: str) -> str:
 
 def record_table(kind: str, out: str) -> str:
     from nerkit.tools.bench.loop import summary
+    from nerkit.tools.bench.speed import render_speed
     from nerkit.tools.calibrate import calibration_table
 
     records = [r for _, r in read_json_lines(REPO / out / "results.jsonl", f"a {kind} record")]
     return {"loop": summary, "calibration": calibration_table, "nesting": nesting_table,
-            "lexicon": lexicon_table}[kind](records)
+            "lexicon": lexicon_table, "speed": lambda rs: render_speed(rs).split("\n", 2)[2]}[kind](records)
 
 
 def nesting_table(records: list[dict]) -> str:
