@@ -71,8 +71,10 @@ class Pipeline(Predictor):
             for idx in bucketed_batches([len(e) for e in examples], batch_size):
                 chosen = [examples[j] for j in idx]
                 batch = (collate(chosen) if trim else collate_padded(chosen, batch_size, window)).to(self.device)
-                found = zip(*self.model.decode_scored(batch, self.score_temperature)) \
-                    if scores and self.model.crf is not None else self.model.decode(batch, self.threshold)  # spans: scored
+                if self.model.crf is None:  # the span head: its spans carry their probabilities
+                    found = self.model.decode(batch, self.threshold)
+                else:
+                    found = zip(*self.model.decode_scored(batch, self.score_temperature)) if scores else self.model.decode(batch)
                 for j, result in zip(idx, found):  # the padding rows' paths are dropped
                     decoded[j] = result
         return decoded
