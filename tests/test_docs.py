@@ -28,7 +28,7 @@ def test_every_result_table_is_what_the_records_give():
         kinds |= {"bench"} if benchmarks_doc.BLOCK.search(doc) else set()
         kinds |= {m.group(2) for m in benchmarks_doc.RECORD_BLOCK.finditer(doc)}
         assert benchmarks_doc.render(doc, page) == doc, f"{page.name}: run make benchmarks-doc"
-    assert kinds == {"bench", "loop", "calibration", "nesting", "speed", "best", "runs", "grid", "dirty", "readme"}
+    assert kinds == {"bench", "loop", "calibration", "nesting", "lexicon", "speed", "best", "runs", "grid", "dirty", "readme"}
 
 
 @pytest.mark.parametrize("block", [benchmarks_doc.BLOCK, benchmarks_doc.INDEX_BLOCK, benchmarks_doc.RECORD_BLOCK])
