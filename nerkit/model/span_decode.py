@@ -65,7 +65,7 @@ def flat_choice(spans: list[tuple[int, int, int, float]]) -> list[tuple[int, int
 def decode_band(logits: np.ndarray, lengths, threshold: float, flat: bool) -> list[list[Found]]:
     """Each sentence's spans from the band logits (B, K, T, W) and its length: (start, end
     exclusive, type, probability), `threshold` a probability."""
-    cut = logit(threshold)
+    cut = band_cut(threshold)
     out = []
     for b, length in enumerate(lengths):
         found = threshold_spans(logits[b], int(length), cut)

@@ -193,10 +193,8 @@ class Tagger(nn.Module):
 
     @torch.no_grad()
     def decode_scored(self, batch: Batch, temperature: float = 1.0) -> tuple[list[list[int]], list[list[float]]]:
-        """`decode`'s paths and the probability of each of their entities (`CRF.entity_probabilities`)."""
-        if self.head == "span":  # each span carries its probability already
-            spans = self.decode(batch)
-            return spans, [[p for *_, p in row] for row in spans]
+        """`decode`'s paths and the probability of each of their entities (`CRF.entity_probabilities`);
+        the CRF head's (the span head's spans carry their probabilities: `decode`)."""
         emissions = self.emissions(batch)
         paths = self.crf.decode(emissions, batch.mask)
         return paths, self.crf.entity_probabilities(emissions, batch.mask, paths, temperature)
