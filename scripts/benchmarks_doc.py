@@ -77,16 +77,20 @@ def record_table(kind: str, out: str) -> str:
 
 def nesting_table(records: list[dict]) -> str:
     """Each run's test F1 overall, on the gold entities that overlap another (nested) and on the rest
-    (flat), with dev F1 and the epochs (nerkit.inference.evaluate's split of a nested gold corpus)."""
-    lines = ["| run | config | test F1 | nested P / R / F1 | flat F1 | dev F1 | best epoch / epochs |",
-             "|---|---|---:|---:|---:|---:|---:|"]
+    (flat), with dev F1 and the epochs (nerkit.inference.evaluate's split of a nested gold corpus);
+    a span head's threshold where the bench chose it on dev, with the test F1 it had before."""
+    lines = ["| run | config | test F1 | nested P / R / F1 | flat F1 | dev F1 | threshold (dev) / test F1 before "
+             "| best epoch / epochs |", "|---|---|---:|---:|---:|---:|---:|---:|"]
     for r in records:
         if r.get("status") != "ok":
             continue
         nested, flat = r["test"]["nesting"]["nested"], r["test"]["nesting"]["flat"]
+        chosen = r.get("span_threshold")
+        threshold = (f"{chosen['threshold']:g} / {f1(chosen['test_before']['f1'])} at {chosen['before']['threshold']:g}"
+                     if chosen else "-")
         lines.append(f"| {r['name']} | `{r['config']}` | {f1(r['test']['f1'])} | {f1(nested['precision'])} / "
                      f"{f1(nested['recall'])} / {f1(nested['f1'])} | {f1(flat['f1'])} | {f1(r['dev']['f1'])} "
-                     f"| {r['best_epoch']} / {r['epochs']} |")
+                     f"| {threshold} | {r['best_epoch']} / {r['epochs']} |")
     return "\n".join(lines) + "\n"
 
 

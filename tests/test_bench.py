@@ -662,3 +662,33 @@ def test_a_lattice_run_records_its_lexicons_sha256_and_coverage_of_dev_and_test(
                               {"dev": corpora["dev"], "test": corpora["test"]}, normalize=True)
     assert recorded == expected and recorded["coverage"]["test"]["entities"]["held"] > 0
     assert "lexicon" not in records["bilstm"]  # a model without a lattice has none
+
+
+@pytest.mark.slow
+def test_a_span_run_chooses_its_threshold_on_dev_and_scores_test_at_it(tmp_path):
+    from nerkit.data.corpus import read_corpus
+    from nerkit.inference.evaluate import score
+    from nerkit.inference.pipeline import Pipeline
+    from nerkit.tools.span_threshold import GRID
+
+    span = {**TINY, "model": {"head": "span"}, "span": {"size": 8, "max_width": 6},
+            "train": {**TINY["train"], "max_steps": 40}}
+    matrix = write_yaml(tmp_path / "matrix.yaml", {"runs": [
+        {"name": "span", "dataset": "sample", "config": str(write_yaml(tmp_path / "span.yaml", span))},
+        {"name": "crf", "dataset": "sample", "config": str(write_yaml(tmp_path / "tiny.yaml", TINY))}]})
+    nerkit("bench", "--matrix", matrix, "--out", tmp_path / "out")
+    records = {r["name"]: r for r in read_jsonl(tmp_path / "out" / "results.jsonl")}
+    assert records["span"]["status"] == "ok", records["span"].get("error")
+    chosen = records["span"]["span_threshold"]
+    assert chosen["threshold"] in GRID and chosen["before"]["threshold"] == 0.5
+    assert round(chosen["after"]["f1"], 6) == max(chosen["grid"].values()) and chosen["after"]["f1"] >= chosen["before"]["f1"]
+    assert records["span"]["dev"]["f1"] == pytest.approx(chosen["after"]["f1"])
+    # the saved model holds the threshold, and the record's test F1 is that model's on test
+    model = tmp_path / "out" / "runs" / "span"
+    assert json.loads((model / "nerkit.json").read_text(encoding="utf-8"))["span_threshold"] == chosen["threshold"]
+    test = read_corpus(SAMPLE / "test.bio").sentences
+    pipe = Pipeline.load(model)
+    found = pipe.predict_tokens([s.tokens for s in test], 16)
+    assert score([s.spans() for s in test], found)["f1"] == pytest.approx(records["span"]["test"]["f1"])
+    assert set(chosen["test_before"]) == {"threshold", "precision", "recall", "f1"}
+    assert "span_threshold" not in records["crf"]  # a CRF model has no threshold

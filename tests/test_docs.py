@@ -104,9 +104,13 @@ def test_the_nesting_table_reads_the_split_of_each_record():
     nested = {"precision": 0.5, "recall": 0.25, "f1": 1 / 3}
     record = {"name": "span", "status": "ok", "config": "c.yaml", "best_epoch": 3, "epochs": 4, "dev": {"f1": 0.7},
               "test": {"f1": 0.6, "nesting": {"nested": nested, "flat": {"f1": 0.65}}}}
-    table = benchmarks_doc.nesting_table([record, {"name": "failed", "status": "failed"}])
-    assert table.splitlines()[2] == "| span | `c.yaml` | 60.00 | 50.00 / 25.00 / 33.33 | 65.00 | 70.00 | 3 / 4 |"
-    assert len(table.splitlines()) == 3
+    chosen = {**record, "name": "chosen", "span_threshold": {"threshold": 0.35, "before": {"threshold": 0.5},
+                                                             "test_before": {"f1": 0.55}}}
+    table = benchmarks_doc.nesting_table([record, {"name": "failed", "status": "failed"}, chosen])
+    assert table.splitlines()[2] == "| span | `c.yaml` | 60.00 | 50.00 / 25.00 / 33.33 | 65.00 | 70.00 | - | 3 / 4 |"
+    assert table.splitlines()[3] == ("| chosen | `c.yaml` | 60.00 | 50.00 / 25.00 / 33.33 | 65.00 | 70.00 "
+                                     "| 0.35 / 55.00 at 0.5 | 3 / 4 |")
+    assert len(table.splitlines()) == 4
 
 
 def test_the_lexicon_table_reads_each_lattice_runs_coverage_of_dev_and_test():

@@ -66,6 +66,37 @@ def best_threshold(f1: dict[float, float]) -> float:
     return min(f1, key=lambda t: (-f1[t], round(abs(t - 0.5), 6), -t))  # rounded: 0.45 and 0.55 tie
 
 
+def choose_threshold(pipe: Pipeline, sentences: list, where: str, batch_size: int = 128,
+                     window: int | None = None) -> dict:
+    """The span threshold of `GRID` that maximises micro F1 on the gold SENTENCES (a dev set, never
+    the test set; `where` names it in messages), with the F1 at every threshold and the scores at
+    the model's present threshold ("before") and at the chosen one ("after"). Sets it on `pipe`."""
+    gold = [s.spans() for s in sentences]
+    if not any(gold):
+        raise UserError("the gold file has no entities: no threshold is better than another on it", where=where,
+                        fix="choose the threshold on a labelled dev set")
+    token_lists = [s.tokens for s in sentences]
+    previous = pipe.threshold
+    pieces, found = band_candidates(pipe, token_lists, batch_size, window, min(GRID[0], previous))
+    by_threshold = {t: f1_at(pipe, token_lists, gold, pieces, found, t) for t in sorted({*GRID, previous})}
+    chosen = best_threshold({t: m["f1"] for t, m in by_threshold.items() if t in GRID})
+    brief = lambda m: {k: m[k] for k in ("precision", "recall", "f1")} | {"predicted": m["counts"]["predicted"]}  # noqa: E731
+    pipe.span_threshold = chosen
+    return {"threshold": chosen, "data": where, "gold": by_threshold[chosen]["counts"]["gold"],
+            "before": {"threshold": previous, **brief(by_threshold[previous])},
+            "after": {"threshold": chosen, **brief(by_threshold[chosen])},
+            "grid": {str(t): round(by_threshold[t]["f1"], 6) for t in GRID}}
+
+
+def keep_threshold(model_dir: Path, threshold: float) -> Path:
+    """Write THRESHOLD into MODEL_DIR/nerkit.json's `span_threshold` (atomically); its path."""
+    meta_path = model_dir / META_FILE
+    meta = json.loads(meta_path.read_text(encoding="utf-8"))
+    meta[SPAN_THRESHOLD] = threshold
+    atomic_write_text(meta_path, json.dumps(meta, indent=2) + "\n")
+    return meta_path
+
+
 def calibrate_threshold(pipe: Pipeline, model_dir: Path, data: str | Path, batch_size: int = 128,
                         window: int | None = None) -> dict:
     """Choose the span threshold of MODEL_DIR (loaded as `pipe`) that maximises micro F1 on the gold
@@ -73,25 +104,8 @@ def calibrate_threshold(pipe: Pipeline, model_dir: Path, data: str | Path, batch
     with the F1 at every threshold of `GRID` and the dev scores before and after."""
     corpus = read_gold(data, pipe.config.data.repair, "pass --repair")
     pipe.check_types(corpus.types, str(data))
-    gold = [s.spans() for s in corpus.sentences]
-    if not any(gold):
-        raise UserError("the gold file has no entities: no threshold is better than another on it", where=str(data),
-                        fix="choose the threshold on a labelled dev set")
-    token_lists = [s.tokens for s in corpus.sentences]
-    previous = pipe.threshold
-    pieces, found = band_candidates(pipe, token_lists, batch_size, window, min(GRID[0], previous))
-    by_threshold = {t: f1_at(pipe, token_lists, gold, pieces, found, t) for t in sorted({*GRID, previous})}
-    chosen = best_threshold({t: m["f1"] for t, m in by_threshold.items() if t in GRID})
-    brief = lambda m: {k: m[k] for k in ("precision", "recall", "f1")} | {"predicted": m["counts"]["predicted"]}  # noqa: E731
-    result = {"threshold": chosen, "data": str(data), "gold": by_threshold[chosen]["counts"]["gold"],
-              "before": {"threshold": previous, **brief(by_threshold[previous])},
-              "after": {"threshold": chosen, **brief(by_threshold[chosen])},
-              "grid": {str(t): round(by_threshold[t]["f1"], 6) for t in GRID}}
-    meta_path = model_dir / META_FILE
-    meta = json.loads(meta_path.read_text(encoding="utf-8"))
-    meta[SPAN_THRESHOLD] = chosen
-    atomic_write_text(meta_path, json.dumps(meta, indent=2) + "\n")
-    pipe.span_threshold = chosen
-    log.info(f"span threshold {previous:g} -> {chosen:g} on {data}: dev F1 {100 * result['before']['f1']:.2f} -> "
-             f"{100 * result['after']['f1']:.2f}; wrote {meta_path}")
+    result = choose_threshold(pipe, corpus.sentences, str(data), batch_size, window)
+    meta_path = keep_threshold(model_dir, result["threshold"])
+    log.info(f"span threshold {result['before']['threshold']:g} -> {result['threshold']:g} on {data}: dev F1 "
+             f"{100 * result['before']['f1']:.2f} -> {100 * result['after']['f1']:.2f}; wrote {meta_path}")
     return result

@@ -64,6 +64,26 @@ def lexicon_of(config, pipe, splits) -> dict:
                                       config.data.normalize)}
 
 
+def span_threshold_of(pipe, out: str, splits, batch_size: int) -> dict:
+    """A span-head model's threshold chosen on its dev split as `nerkit calibrate` chooses it, kept
+    in its nerkit.json (so dev and test are then scored at it, and the saved model predicts with it),
+    with the test set's scores at the threshold it had before, shown beside and never used to choose;
+    {} for a CRF model."""
+    if pipe.config.model.head != "span":
+        return {}
+    from nerkit.tools.span_threshold import choose_threshold, keep_threshold
+
+    default = pipe.threshold
+    chosen = choose_threshold(pipe, splits.dev, "the dev split", batch_size)
+    if splits.test is not None:
+        pipe.span_threshold = default
+        test = pipe.evaluate(splits.test, batch_size)
+        chosen["test_before"] = {"threshold": default, **{k: test[k] for k in ("precision", "recall", "f1")}}
+        pipe.span_threshold = chosen["threshold"]
+    keep_threshold(Path(out), chosen["threshold"])
+    return {"span_threshold": chosen}
+
+
 def train_processes(config_path: str, overrides: list[str], out: str, resume: bool, nproc: int) -> dict:
     """Train as `nerkit train --nproc N` does (torchrun starting N processes of `python -m nerkit
     train`); rank 0's metrics.json."""
@@ -103,7 +123,8 @@ def measure(config_path: str, overrides: list[str], out: str, predict_batch_size
     """Train one run through `train()` (from its checkpoint in `out` with `resume`; on `nproc`
     processes through torchrun; a student of `teachers` through `distill()` on `texts` and, where
     `train_text` names a file to write, its training text), then load the saved model, score dev and
-    test once through the one evaluation path, whose prediction time is the record's speed. Returns
+    test once through the one evaluation path, whose prediction time is the record's speed (a span
+    head's threshold chosen on dev first: `span_threshold_of`). Returns
     the figures of a results.jsonl record."""
     import resource
 
@@ -123,6 +144,7 @@ def measure(config_path: str, overrides: list[str], out: str, predict_batch_size
     else:
         metrics = train(config, out=out, force=not resume, resume=resume, progress_bar=False, splits=splits)
     pipe = Pipeline.load(out, device=metrics["device"])
+    threshold = span_threshold_of(pipe, out, splits, config.train.eval_batch_size)
     dev = pipe.evaluate(splits.dev, config.train.eval_batch_size)
     timed = splits.test if splits.test is not None else splits.dev
     pipe.predict_tokens([s.tokens for s in timed[:predict_batch_size]], predict_batch_size)  # warm-up
@@ -131,7 +153,8 @@ def measure(config_path: str, overrides: list[str], out: str, predict_batch_size
     emb = config.embeddings
     student = {"distilled_from": metrics["distilled_from"]} if teachers else {}
     return {
-        **student, **lexicon_of(config, pipe, splits), "encoder": config.encoder.name, "config_sha256": digest, "data_sha256": metrics["data_sha256"],
+        **student, **lexicon_of(config, pipe, splits), **threshold,
+        "encoder": config.encoder.name, "config_sha256": digest, "data_sha256": metrics["data_sha256"],
         "test": timing.metrics if splits.test is not None else None, "dev": dev, "epochs": metrics["epochs"],
         "best_epoch": metrics["best_epoch"], "steps": metrics["steps"], "stopped": metrics["stopped"],
         "partial_epoch": metrics["partial_epoch"], "parameters": metrics["parameters"],
