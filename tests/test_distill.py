@@ -163,6 +163,12 @@ def test_student_reaches_its_teachers_tags(teacher, tmp_path, targets):
     student_spans = Pipeline.load(tmp_path / "student").predict(lines)
     agree = sum(a == b for a, b in zip(teacher_spans, student_spans)) / len(lines)
     assert agree == 1.0, agree
+    # metrics.jsonl keeps the two losses apart: the epoch's loss is their mean over its batches
+    records = [json.loads(line) for line in (tmp_path / "student" / "metrics.jsonl").read_text().splitlines()]
+    steps = records[1]["step"] - records[0]["step"]  # gold batches g and 4 g unlabelled ones (ratio 4)
+    for r in records:
+        assert r["loss"] == pytest.approx((r["gold_loss"] * steps / 5 + r["distill_loss"] * 4 * steps / 5) / steps)
+    assert records[-1]["distill_loss"] < records[0]["distill_loss"]
 
 
 def test_a_teacher_with_other_tags_or_an_onnx_export_is_refused(teacher, tmp_path):

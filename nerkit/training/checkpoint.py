@@ -35,6 +35,8 @@ class Progress:
     epoch_loss: float = 0.0
     epoch_chars: int = 0
     epoch_seconds: float = 0.0
+    epoch_distill_loss: float = 0.0  # `nerkit distill`: the part of epoch_loss from unlabelled batches
+    epoch_distill_batches: int = 0
     train_chars: int = 0
     train_seconds: float = 0.0
     steady_chars: int = 0  # after the first WARMUP_BATCHES of a session: allocator and caches settled

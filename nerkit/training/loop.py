@@ -356,6 +356,9 @@ def run_epoch(run: Run, epoch: int) -> int:
             progress.batch += 1
             run.session_steps += 1
             progress.epoch_loss += loss
+            if isinstance(item, UnlabelledBatch):
+                progress.epoch_distill_loss += loss
+                progress.epoch_distill_batches += 1
             progress.epoch_chars += chars
             progress.epoch_seconds += seconds
             if run.session_steps > WARMUP_BATCHES:
@@ -465,6 +468,7 @@ def end_epoch(run: Run, epoch: int, n_batches: int) -> bool:
     finished = bool(progress.stopped)
     progress.epoch, progress.batch = epoch + 1, 0
     progress.epoch_loss, progress.epoch_chars, progress.epoch_seconds = 0.0, 0, 0.0
+    progress.epoch_distill_loss, progress.epoch_distill_batches = 0.0, 0
     run.checkpoint()
     if not finished and run.world.sum([run.stop.requested])[0]:
         raise interrupted(run, f"training interrupted after epoch {epoch}, step {progress.step}")
@@ -488,6 +492,10 @@ def log_epoch(run: Run, epoch: int, n_batches: int, partial: bool) -> dict:
               "lr": rates[0], **({"lm_lr": max(rates[1:])} if len(rates) > 1 else {}),
               "dev_precision": dev["precision"], "dev_recall": dev["recall"], "dev_f1": dev["f1"],
               "chars_per_s": progress.epoch_chars / max(progress.epoch_seconds, 1e-9), "elapsed_s": run.elapsed()}
+    if run.distill is not None:  # the two losses apart: the gold likelihood's and the (weighted) distillation's
+        gold_batches = progress.batch - progress.epoch_distill_batches
+        record.update(gold_loss=(progress.epoch_loss - progress.epoch_distill_loss) / max(1, gold_batches),
+                      distill_loss=progress.epoch_distill_loss / max(1, progress.epoch_distill_batches))
     if partial:
         record.update(partial=True, batches=progress.batch, of_batches=n_batches)
     with open(run.out / "metrics.jsonl", "a", encoding="utf-8") as f:
