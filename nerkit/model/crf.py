@@ -232,12 +232,18 @@ class CRF(nn.Module):
 
     def log_marginals(self, emissions: torch.Tensor, mask: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
         """log P(tag k at position t) under the same constraints as `marginals`, (B, T, K), with
-        gradients (a student's side of distillation), in the emissions' dtype (float32 at least);
-        forbidden tags get about -1e30 and padding rows are meaningless."""
+        gradients (a student's side of distillation), in float64; forbidden tags get about -1e30
+        and padding rows are meaningless.
+
+        Float64 because alpha + beta - log Z cancels numbers of the size of the sequence's summed
+        scores: in float32, over a 250-character window of emissions about 10, the rounding gave the
+        KL's gradient a steady component along the offset that every tag of a position shares,
+        which the exact loss does not see (0 in float64, as large as the rest of the gradient in
+        float32); Adam follows it, the emissions grow along it, the cancellation grows worse, and a
+        distilled student diverged (docs/distillation.md)."""
         self._check_shapes(emissions, mask)
         mask = mask.bool()
-        emissions = emissions.to(torch.promote_types(emissions.dtype, torch.float32)) / temperature
-        start, trans, end = self._scaled_scores(emissions.dtype, temperature)
+        emissions, start, trans, end = self._scaled(emissions, temperature)
         alpha, beta, log_z = self._forward_backward(emissions, mask, start, trans, end)
         return alpha + beta - log_z[:, None, None]
 
