@@ -462,6 +462,11 @@ def test_same_run_ignores_only_what_a_resume_may_change(write_config):
     assert not same_run(base, load_config(path, ["data.max_len=100"]))
     assert run_differences(base, load_config(path, ["train.lr=0.2", "data.max_len=100"])) == [
         "data.max_len: 250 -> 100", "train.lr: 0.1 -> 0.2"]
+    # the distill section trains only a distilled run: a plain one (a teacher) keeps its checkpoint
+    # when, say, distill.targets' default changes
+    soft = load_config(path, ["distill.targets=soft"])
+    assert run_differences(base, soft) == ["distill.targets: 'hard' -> 'soft'"]
+    assert run_differences(base, soft, distilled=False) == []
 
 
 def test_same_run_takes_one_file_named_two_ways_for_one_file(write_config, tmp_path, monkeypatch):

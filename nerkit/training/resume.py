@@ -9,11 +9,14 @@ from pathlib import Path
 from nerkit.config import RESUMABLE_KEYS, Config, config_to_dict
 
 
-def run_differences(a: Config, b: Config) -> list[str]:
+def run_differences(a: Config, b: Config, distilled: bool = True) -> list[str]:
     """How two configs differ in what trains the model and what it is trained on, one
     `section.key: A -> B` each (nested keys flattened with dots); what a resumed run may change
-    (RESUMABLE_KEYS) and the output directory do not count."""
+    (RESUMABLE_KEYS) and the output directory do not count, nor, for a run that is not distilled
+    (`nerkit train`), the `distill` section, which only `nerkit distill` reads."""
     fa, fb = _fixed(a), _fixed(b)
+    if not distilled:
+        fa, fb = ({k: v for k, v in f.items() if not k.startswith("distill.")} for f in (fa, fb))
     return [f"{key}: {fa.get(key)!r} -> {fb.get(key)!r}" for key in sorted(fa.keys() | fb.keys())
             if fa.get(key) != fb.get(key)]
 

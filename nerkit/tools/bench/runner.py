@@ -149,7 +149,8 @@ def continuation(run: MatrixRun, run_dir: Path) -> tuple[bool, str]:
         saved = load_config(run_dir / CONFIG_FILE)
     except UserError as e:
         return False, f"the config saved with its checkpoint cannot be read ({e.message})"
-    changed = run_differences(saved, load_config(run.config, run.overrides))  # loads: check_configs ran first
+    changed = run_differences(saved, load_config(run.config, run.overrides),  # loads: check_configs ran first
+                              distilled=bool(run.teachers))
     return not changed, ("what it trains changed since its checkpoint: " + "; ".join(changed)) if changed else ""
 
 
