@@ -1,15 +1,16 @@
 """`nerkit calibrate` on a span-head model (issue 45): the threshold it chooses is the grid point of
 best dev F1 found by a naive loop that evaluates the model at each (span.flat honoured), it is kept
-in nerkit.json, and prediction, a save and load, and an ONNX export all use it."""
+in nerkit.json, and prediction, a save and load, an ONNX export and the server all use it."""
 
 from __future__ import annotations
 
 import json
 import shutil
 
+import httpx
 import pytest
 
-from helpers import TINY_DEV, TINY_TRAIN
+from helpers import TINY_DEV, TINY_TRAIN, serving
 from nerkit.errors import UserError
 from nerkit.inference.pipeline import Pipeline
 from nerkit.tools.span_threshold import GRID, best_threshold
@@ -105,6 +106,11 @@ def test_the_saved_threshold_is_what_predict_save_load_and_export_use(span_model
     assert json.loads((tmp_path / "onnx" / "nerkit.json").read_text())["span_threshold"] == 0.1
     onnx = OnnxPipeline.load(tmp_path / "onnx", threads=1)
     assert onnx.threshold == 0.1 and strip(onnx.predict(texts, scores=True)) == strip(predicted)
+    with serving(model, tmp_path) as server:  # the server says which threshold it decodes at, and uses it
+        info = httpx.get(f"{server.url}/info", timeout=30).json()
+        assert info["head"] == "span" and info["score"]["threshold"] == 0.1
+        answer = httpx.post(f"{server.url}/predict", json={"texts": texts}, timeout=60).json()["records"]
+        assert [[(e["start"], e["end"], e["type"]) for e in r["entities"]] for r in answer] == strip(predicted)
 
 
 @pytest.mark.slow

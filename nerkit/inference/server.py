@@ -104,9 +104,11 @@ PREDICT_BODY = {"description": "Exactly one of `texts` and `text`.", "oneOf": [
 ]}
 
 
-SCORE_MEANING = ("The probability the model gives this exact entity (span and type), from its CRF's forward-"
-                 "backward pass over every valid tag sequence, at the temperature `nerkit calibrate` fitted "
-                 "(1 if none); given when the server runs with --scores (or --min-score, --label-studio).")
+SCORE_MEANING = ("The probability the model gives this exact entity (span and type): under a CRF head from its "
+                 "forward-backward pass over every valid tag sequence, at the temperature `nerkit calibrate` "
+                 "fitted (1 if none); under a span head the sigmoid of the span's score, every span above the "
+                 "model's threshold being an entity; given when the server runs with --scores (or --min-score, "
+                 "--label-studio).")
 
 
 class Entity(BaseModel):
@@ -276,8 +278,10 @@ def create_app(model_dir: str | Path, options: ServeOptions | None = None) -> Fa
         "model_sha256": sha256_file(weights),
         "config": config_to_dict(pipe.config),
         "licences": model_terms(model_dir),  # of its language models (nerkit.pretrained.licences)
+        "head": pipe.config.model.head,
         "score": {"given": options.min_score is not None, "meaning": SCORE_MEANING,
-                  "temperature": pipe.score_temperature, "min_score": options.min_score},
+                  "temperature": pipe.score_temperature, "min_score": options.min_score,
+                  **({"threshold": pipe.threshold} if pipe.config.model.head == "span" else {})},
         "serve": {**dataclasses.asdict(options), "window": window, "batch_size": batch_size,
                   "pid": os.getpid()},
     }
