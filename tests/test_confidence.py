@@ -138,6 +138,42 @@ def test_calibrate_fits_a_temperature_that_changes_scores_not_tags(tiny_model_di
         assert [e["score"] for e in new[0]] != pytest.approx([e["score"] for e in old[0]], abs=1e-6)
 
 
+def test_calibrate_without_data_fits_on_the_dev_split_the_model_was_selected_on(tiny_model_dir, tmp_path, nerkit):
+    import json
+    import shutil
+
+    import yaml
+    from helpers import TINY_DEV
+
+    from nerkit.config import load_config
+    from nerkit.data.splits import train_and_dev
+    from nerkit.tools.calibrate import decoded_batches, fit_temperature
+
+    def copy(name: str):
+        shutil.copytree(tiny_model_dir, tmp_path / name)
+        return tmp_path / name
+
+    given = json.loads(nerkit("calibrate", "--model", str(copy("given")), "--data", str(TINY_DEV)).stdout)
+    default = json.loads(nerkit("calibrate", "--model", str(copy("default"))).stdout)
+    assert default["temperature"] == given["temperature"] and default["entities"] == given["entities"]
+    assert default["data"] == f"the dev split of {tmp_path / 'default' / 'config.yaml'}"
+    # without data.dev, the share of data.train that training carved off, as training carves it
+    carved = copy("carved")
+    config = yaml.safe_load((carved / "config.yaml").read_text(encoding="utf-8"))
+    config["data"]["dev"] = None
+    (carved / "config.yaml").write_text(yaml.safe_dump(config, allow_unicode=True), encoding="utf-8")
+    result = json.loads(nerkit("calibrate", "--model", str(carved)).stdout)
+    pipe = Pipeline.load(carved)
+    dev = train_and_dev(load_config(carved / "config.yaml"))[2]
+    assert 0 < len(dev) < len(train_and_dev(load_config(carved / "config.yaml"))[1])
+    assert result["temperature"] == round(fit_temperature(pipe, decoded_batches(pipe, dev, 128, None)), 4)
+    # a training file that is not there: one line naming it, and the fix
+    config["data"]["train"] = str(tmp_path / "gone.bio")
+    (carved / "config.yaml").write_text(yaml.safe_dump(config, allow_unicode=True), encoding="utf-8")
+    failed = nerkit("calibrate", "--model", str(carved), check=False)
+    assert failed.returncode == 2 and "gone.bio" in failed.stderr and "--data" in failed.stderr and "Traceback" not in failed.stderr
+
+
 def test_a_damaged_temperature_is_refused_when_the_model_loads(tiny_model_dir, tmp_path, nerkit):
     import json
     import shutil

@@ -76,6 +76,11 @@ def test_calibrate_chooses_the_grid_point_of_best_dev_f1(span_model, tmp_path, n
     after = Pipeline.load(model)
     assert after.threshold == result["threshold"]
     assert after.evaluate(TINY_DEV)["f1"] == result["after"]["f1"]
+    # without --data: the dev split the model was selected on (the fixture's data.dev is TINY_DEV)
+    (tmp_path / "again").mkdir()
+    again = copy_of(span_model, tmp_path / "again", flat)
+    default = json.loads(nerkit("calibrate", "--model", str(again)).stdout)
+    assert default["grid"] == result["grid"] and default["threshold"] == result["threshold"]
 
 
 @pytest.mark.slow

@@ -125,7 +125,9 @@ SCORED_FORMATS = ("doccano", "label-studio")
 
 def calibrate(
     model: Path = typer.Option(..., "--model", "-m", help="Model directory written by `nerkit train`."),
-    data: Path = typer.Option(..., "--data", "-d", help="A gold dev corpus (never the test set)."),
+    data: Optional[Path] = typer.Option(None, "--data", "-d", help="A gold dev corpus (never the test set); "
+                                        "default: the dev split the model was selected on, as its config.yaml "
+                                        "gives it (data.dev, or the seeded share of data.train)."),
     batch_size: int = typer.Option(128, "--batch-size", min=1, help="Sentences per batch."),
     window: Optional[int] = WINDOW,
 ):

@@ -23,12 +23,12 @@ from pathlib import Path
 
 import torch
 
-from nerkit.data.splits import read_gold
+from nerkit.data.splits import read_gold, train_and_dev
 from nerkit.data.tags import tags_to_spans
 from nerkit.errors import UserError
-from nerkit.files import atomic_write_text
+from nerkit.files import atomic_write_text, check_input
 from nerkit.inference.pipeline import Pipeline
-from nerkit.inference.model_dir import META_FILE, SCORE_TEMPERATURE, _read_json, runtime
+from nerkit.inference.model_dir import CONFIG_FILE, META_FILE, SCORE_TEMPERATURE, _read_json, runtime
 
 log = logging.getLogger(__name__)
 
@@ -45,14 +45,28 @@ class Scored:
     right: list[bool]  # per entity of the paths, in order: span and type as in the gold file
 
 
-def decoded_batches(pipe: Pipeline, data: str | Path, batch_size: int, window: int | None) -> list[Scored]:
-    """The gold file's sentences read in the model's windows, decoded once, each entity marked right
-    or wrong against the gold spans of its sentence."""
+def dev_set(pipe: Pipeline, model_dir: Path, data: str | Path | None) -> tuple[list, str]:
+    """The gold sentences to calibrate on, and their name for messages: the file DATA, or without one
+    the dev split the model was selected on, as its config.yaml gives it (`data.dev`, or the seeded
+    share of `data.train` carved off: `nerkit.data.splits.train_and_dev`, the one place it is made)."""
+    if data is None:
+        for key in ("train", "dev"):  # the files the split comes from, as the model's config names them
+            path = getattr(pipe.config.data, key)
+            if path:
+                check_input(path, f"data.{key} of {model_dir / CONFIG_FILE}", "no such file",
+                            fix="set NERKIT_DATA as it was for training, or pass --data DEV")
+        return train_and_dev(pipe.config)[2], f"the dev split of {model_dir / CONFIG_FILE}"
     corpus = read_gold(data, pipe.config.data.repair, "pass --repair")
     pipe.check_types(corpus.types, str(data))
-    gold = [{(g.start, g.end, g.type) for g in s.spans()} for s in corpus.sentences]
+    return corpus.sentences, str(data)
+
+
+def decoded_batches(pipe: Pipeline, sentences: list, batch_size: int, window: int | None) -> list[Scored]:
+    """The gold sentences read in the model's windows, decoded once, each entity marked right or
+    wrong against the gold spans of its sentence."""
+    gold = [{(g.start, g.end, g.type) for g in s.spans()} for s in sentences]
     found = []
-    for rows, emissions, mask, paths in pipe.decoded_windows([s.tokens for s in corpus.sentences], batch_size, window):
+    for rows, emissions, mask, paths in pipe.decoded_windows([s.tokens for s in sentences], batch_size, window):
         right = [(start + s.start, start + s.end, s.type) in gold[i]
                  for (i, start), path in zip(rows, paths) for s in tags_to_spans([pipe.tags[t] for t in path])]
         found.append(Scored(emissions.double(), mask, paths, right))
@@ -83,37 +97,40 @@ def fit_temperature(pipe: Pipeline, batches: list[Scored]) -> float:
     return min(losses, key=losses.get)
 
 
-def calibrate(model_dir: str | Path, data: str | Path, batch_size: int = 128, window: int | None = None) -> dict:
+def calibrate(model_dir: str | Path, data: str | Path | None = None, batch_size: int = 128,
+              window: int | None = None) -> dict:
     """Fit the temperature of MODEL_DIR's scores on the gold file DATA (a dev set: never the test
-    set, whose scores would then be fitted to it), write it into MODEL_DIR/nerkit.json, and return
-    it with the expected calibration error and log loss before and after. A span-head model gets its
-    threshold chosen instead (`nerkit.tools.span_threshold.calibrate_threshold`)."""
+    set, whose scores would then be fitted to it; None: the dev split the model was selected on),
+    write it into MODEL_DIR/nerkit.json, and return it with the expected calibration error and log
+    loss before and after. A span-head model gets its threshold chosen instead
+    (`nerkit.tools.span_threshold.calibrate_threshold`)."""
     model_dir = Path(model_dir)
     meta_path = model_dir / META_FILE
     if meta_path.is_file() and runtime(_read_json(meta_path)) == "onnx":
         raise UserError("this is an ONNX export, which has no torch model to fit", where=str(model_dir),
                         fix="calibrate the model directory that `nerkit train` wrote, then export it again")
     pipe = Pipeline.load(model_dir)
+    sentences, where = dev_set(pipe, model_dir, data)
     if pipe.config.model.head == "span":
         from nerkit.tools.span_threshold import calibrate_threshold
 
-        return calibrate_threshold(pipe, model_dir, data, batch_size, window)
-    batches = decoded_batches(pipe, data, batch_size, window)
+        return calibrate_threshold(pipe, model_dir, sentences, where, batch_size, window)
+    batches = decoded_batches(pipe, sentences, batch_size, window)
     entities = sum(len(b.right) for b in batches)
     if entities == 0:
-        raise UserError("the model predicts no entity in this file: nothing to calibrate on", where=str(data),
+        raise UserError("the model predicts no entity in this file: nothing to calibrate on", where=where,
                         fix="calibrate on a larger dev set")
     temperature = fit_temperature(pipe, batches)
-    result = {"temperature": round(temperature, 4), "entities": entities, "data": str(data)}
+    result = {"temperature": round(temperature, 4), "entities": entities, "data": where}
     for name, t in (("before", 1.0), ("after", temperature)):
         pipe.score_temperature = t
-        metrics = pipe.predict_and_score(data, batch_size, window=window, with_calibration=True).metrics
+        metrics = pipe.predict_and_score(sentences, batch_size, window=window, with_calibration=True).metrics
         result[name] = {"ece": metrics["calibration"]["ece"], "brier": metrics["calibration"]["brier"],
                         "log_loss": log_loss(pipe, batches, t)}
     meta = json.loads(meta_path.read_text(encoding="utf-8"))
     meta[SCORE_TEMPERATURE] = result["temperature"]
     atomic_write_text(meta_path, json.dumps(meta, indent=2) + "\n")
-    log.info(f"score temperature {temperature:.3f} on {entities:,} entities of {data}: ECE "
+    log.info(f"score temperature {temperature:.3f} on {entities:,} entities of {where}: ECE "
              f"{result['before']['ece']:.4f} -> {result['after']['ece']:.4f}; wrote {meta_path}")
     return result
 

@@ -17,7 +17,6 @@ from pathlib import Path
 
 import torch
 
-from nerkit.data.splits import read_gold
 from nerkit.errors import UserError
 from nerkit.features.batch import bucketed_batches, collate
 from nerkit.files import atomic_write_text
@@ -97,15 +96,14 @@ def keep_threshold(model_dir: Path, threshold: float) -> Path:
     return meta_path
 
 
-def calibrate_threshold(pipe: Pipeline, model_dir: Path, data: str | Path, batch_size: int = 128,
+def calibrate_threshold(pipe: Pipeline, model_dir: Path, sentences: list, where: str, batch_size: int = 128,
                         window: int | None = None) -> dict:
     """Choose the span threshold of MODEL_DIR (loaded as `pipe`) that maximises micro F1 on the gold
-    file DATA (a dev set: never the test set), write it into MODEL_DIR/nerkit.json, and return it
-    with the F1 at every threshold of `GRID` and the dev scores before and after."""
-    corpus = read_gold(data, pipe.config.data.repair, "pass --repair")
-    pipe.check_types(corpus.types, str(data))
-    result = choose_threshold(pipe, corpus.sentences, str(data), batch_size, window)
+    SENTENCES (a dev set, never the test set; `where` names them), write it into
+    MODEL_DIR/nerkit.json, and return it with the F1 at every threshold of `GRID` and the dev scores
+    before and after."""
+    result = choose_threshold(pipe, sentences, where, batch_size, window)
     meta_path = keep_threshold(model_dir, result["threshold"])
-    log.info(f"span threshold {result['before']['threshold']:g} -> {result['threshold']:g} on {data}: dev F1 "
+    log.info(f"span threshold {result['before']['threshold']:g} -> {result['threshold']:g} on {where}: dev F1 "
              f"{100 * result['before']['f1']:.2f} -> {100 * result['after']['f1']:.2f}; wrote {meta_path}")
     return result
