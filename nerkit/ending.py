@@ -21,10 +21,12 @@ import threading
 def end_process(code: int | str | None) -> None:
     """Exit with `code` as `sys.exit(code)` would. The interpreter's own exit where its teardown
     still matters: a code that is a message (printed by it), another non-daemon thread still
-    running (it waits for them), or stdout or stderr that cannot be flushed (a closed pipe: it
-    reports it as before)."""
+    running (it waits for them), a profiler or tracer on (`python -m cProfile`, coverage: they
+    write their results after the program returns), or stdout or stderr that cannot be flushed (a
+    closed pipe: it reports it as before)."""
     others = [t for t in threading.enumerate() if t is not threading.main_thread() and not t.daemon and t.is_alive()]
-    if not (code is None or isinstance(code, int)) or others:
+    watched = sys.getprofile() is not None or sys.gettrace() is not None
+    if not (code is None or isinstance(code, int)) or others or watched:
         sys.exit(code)
     logging.shutdown()
     atexit._run_exitfuncs()  # runs them once and clears them (the interpreter's exit would find none)

@@ -42,3 +42,12 @@ def test_the_interpreter_exits_where_its_teardown_matters(tmp_path):
         "threading.Thread(target=lambda: (time.sleep(0.3), print('thread done', flush=True))).start()\n"
         "end_process(0)\n", tmp_path)
     assert (waited.returncode, waited.stdout) == (0, "thread done\n")
+    profiled = run(
+        "import sys\n"
+        "from nerkit.ending import end_process\n"
+        "sys.setprofile(lambda *args: None)\n"
+        "try:\n"
+        "    end_process(0)\n"
+        "except SystemExit:\n"
+        "    sys.setprofile(None); print('the profiler writes its results')\n", tmp_path)
+    assert (profiled.returncode, profiled.stdout) == (0, "the profiler writes its results\n")
