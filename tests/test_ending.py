@@ -15,7 +15,8 @@ ROOT = Path(__file__).resolve().parents[1]
 def run(code: str, tmp_path: Path) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}  # stdout buffered, as in a pipe
     env.update(PYTHONPATH=str(ROOT), OMP_WAIT_POLICY="PASSIVE", NERKIT_FREE_CORES="1")
-    return subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    return subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=60)
 
 
 def test_what_the_exit_gave_is_kept(tmp_path):
