@@ -1,5 +1,5 @@
 """`python -m nerkit` runs the command-line interface."""
 
-from nerkit.cli.app import main
+from nerkit.cli.app import process_main
 
-main()
+process_main()

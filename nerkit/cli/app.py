@@ -31,6 +31,7 @@ from nerkit.cli.plot import plot_app
 from nerkit.cli.serve import serve
 from nerkit.cli.train import train
 from nerkit.cli.vectors import vectors_app
+from nerkit.ending import end_process
 from nerkit.errors import JobError, UserError
 from nerkit.log import configure_logging
 
@@ -119,5 +120,16 @@ def main() -> None:
     # handles its own closed pipe and ends with 0); training saves a checkpoint first and says so.
 
 
+def process_main() -> None:
+    """`main` as a process's entry point (`python -m nerkit`, the `nerkit` script, `nerkit.cli:main`):
+    the same exit code, without the interpreter's teardown (nerkit.ending)."""
+    try:
+        main()
+        code = 0
+    except SystemExit as e:
+        code = e.code
+    end_process(code)
+
+
 if __name__ == "__main__":  # `python -m nerkit.cli.app` as well as `python -m nerkit` and `nerkit`
-    main()
+    process_main()

@@ -14,6 +14,7 @@ from torch import nn
 from nerkit.data.tags import split_tag
 from nerkit.features.batch import Batch
 from nerkit.model.crf import CRF
+from nerkit.model.dropout import Dropout
 from nerkit.model.encoders import ENCODERS, LatticeWords
 from nerkit.model.encoders.transformer import forget
 from nerkit.model.span import SpanHead
@@ -62,7 +63,7 @@ class Embedder(nn.Module):
         self.chars = embedding(num_chars, char_dim, init) if char_dim > 0 else None  # 0: the LM's features alone
         self.bichars = embedding(num_bichars, bichar_dim, init) if bichar_dim > 0 else None
         self.lm = lm
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         self.token_dropout = token_dropout
         self.output_dim = char_dim + bichar_dim + (lm.output_dim if lm is not None else 0)
 
@@ -90,7 +91,7 @@ class Tagger(nn.Module):
         encoder_cls = ENCODERS[config.encoder.name]
         self.uses_lattice = encoder_cls.uses_lattice
         self.words = embedding(num_words, emb.width("word"), emb.init) if self.uses_lattice else None
-        self.word_dropout = nn.Dropout(emb.dropout)
+        self.word_dropout = Dropout(emb.dropout)
         self.encoder = encoder_cls(self.embedder.output_dim, config.encoder.options, emb.width("word"))
         self.head = config.model.head
         if self.head == "span":  # no emissions and no CRF: the spans are scored directly
@@ -100,7 +101,7 @@ class Tagger(nn.Module):
             self.threshold = sc.threshold  # span.flat is the predictor's, after windows are stitched
             self.crf = None
             return
-        self.output_dropout = nn.Dropout(config.crf.dropout)
+        self.output_dropout = Dropout(config.crf.dropout)
         self.emission = nn.Linear(self.encoder.output_dim, len(tags))
         self.crf = CRF(tags, constrain_training=config.crf.constrain_training, algorithm=config.crf.algorithm)
 

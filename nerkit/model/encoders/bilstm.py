@@ -18,6 +18,7 @@ from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from nerkit.config import BiLSTMOptions
+from nerkit.model.dropout import Dropout, dropout
 from nerkit.model.encoders.base import LatticeWords
 
 
@@ -34,7 +35,7 @@ class BiLSTM(nn.Module):
             bidirectional=True,
             dropout=config.dropout if config.num_layers > 1 else 0.0,
         )
-        self.dropout = nn.Dropout(config.dropout)
+        self.dropout = Dropout(config.dropout)
         self.output_dim = 2 * config.hidden_size
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor, lattice: LatticeWords | None = None) -> torch.Tensor:
@@ -68,7 +69,7 @@ class BiLSTM(nn.Module):
         lstm, h = self.lstm, x
         for layer in range(lstm.num_layers):
             if layer:
-                h = nn.functional.dropout(h, lstm.dropout, self.training)
+                h = dropout(h, lstm.dropout, self.training)
             directions = []
             for suffix in ("", "_reverse"):
                 weights = [getattr(lstm, f"{name}_l{layer}{suffix}")
