@@ -28,7 +28,7 @@ def span_model(tmp_path_factory):
     from nerkit.training.loop import train
 
     root = tmp_path_factory.mktemp("span_threshold")
-    config = build_config(tiny_raw_config(), "<tiny>", ["model.head=span", "span.size=8", "span.max_width=8",
+    config = build_config(tiny_raw_config(), "<tiny>", ["model.head=span", "span.size=8", "span.max_width=8", "encoder.dropout=0",
                                                         "train.epochs=2"])
     train(config, out=root / "model", progress_bar=False)
     return root / "model"
@@ -71,7 +71,8 @@ def test_calibrate_chooses_the_grid_point_of_best_dev_f1(span_model, tmp_path, n
     assert result["threshold"] == max(naive, key=lambda t: (naive[t], -round(abs(t - 0.5), 6), t))
     assert result["after"]["f1"] == naive[result["threshold"]] >= result["before"]["f1"] == naive[0.5]
     assert len(set(naive.values())) > 3  # the fixture's scores spread: the choice means something
-    assert result["threshold"] != 0.5
+    if not flat:  # flat, 0.5 itself has the best dev F1 of this fixture (or ties it, and a tie goes to 0.5)
+        assert result["threshold"] != 0.5
     assert json.loads((model / "nerkit.json").read_text())["span_threshold"] == result["threshold"]
     after = Pipeline.load(model)
     assert after.threshold == result["threshold"]
