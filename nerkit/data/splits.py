@@ -96,17 +96,18 @@ def read_gold(path: str, repair: bool, repair_option: str = REPAIR_OPTION, limit
     return corpus
 
 
-def check_data_files(config: Config) -> None:
-    """Raise a UserError now if a corpus the config names (data.train, dev, test) is not a
-    readable file: a run looks before it reads, and a missing test file costs no wait for train."""
+def check_data_files(config: Config, keys: tuple[str, ...] = ("train", "dev", "test"), fix: str | None = None) -> None:
+    """Raise a UserError now if a corpus the config names (data.train, dev, test: `keys`) is not a
+    readable file: a run looks before it reads, and a missing test file costs no wait for train.
+    `fix`: what to do instead of the default (check the path, or `--set` it)."""
     dc = config.data
     if not dc.train:
         raise UserError("data.train is not set", fix="name the training file in the config's data section")
-    for key in ("train", "dev", "test"):
+    for key in keys:
         path = getattr(dc, key)
         if path:
             check_input(path, f"data.{key}", "no such file",
-                        fix=f"check the path (and NERKIT_DATA), or give it with --set data.{key}=PATH")
+                        fix=fix or f"check the path (and NERKIT_DATA), or give it with --set data.{key}=PATH")
 
 
 def train_and_dev(config: Config) -> tuple[Corpus, list[Sentence], list[Sentence]]:

@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 from nerkit.errors import ModelDirError
+from nerkit.files import atomic_write_text
 
 FORMAT_VERSION = 1
 
@@ -82,6 +83,16 @@ def _read_json(path: Path) -> dict:
         return json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError):
         raise ModelDirError("not valid JSON", where=str(path), fix="the model directory is damaged; retrain") from None
+
+
+def update_meta(directory: Path, key: str, value) -> Path:
+    """Set one key of DIRECTORY/nerkit.json (what `nerkit calibrate` fits: `score_temperature`,
+    `span_threshold`), the file replaced atomically; its path."""
+    path = directory / META_FILE
+    meta = json.loads(path.read_text(encoding="utf-8"))
+    meta[key] = value
+    atomic_write_text(path, json.dumps(meta, indent=2) + "\n")
+    return path
 
 
 def check_model_dir(directory: Path, files: tuple[str, ...] = MODEL_FILES) -> None:

@@ -15,7 +15,6 @@ A span-head model has no temperature to fit: its threshold is chosen instead
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 from dataclasses import dataclass
@@ -23,12 +22,11 @@ from pathlib import Path
 
 import torch
 
-from nerkit.data.splits import read_gold, train_and_dev
+from nerkit.data.splits import check_data_files, read_gold, train_and_dev
 from nerkit.data.tags import tags_to_spans
 from nerkit.errors import UserError
-from nerkit.files import atomic_write_text, check_input
 from nerkit.inference.pipeline import Pipeline
-from nerkit.inference.model_dir import CONFIG_FILE, META_FILE, SCORE_TEMPERATURE, _read_json, runtime
+from nerkit.inference.model_dir import CONFIG_FILE, META_FILE, SCORE_TEMPERATURE, _read_json, runtime, update_meta
 
 log = logging.getLogger(__name__)
 
@@ -49,12 +47,9 @@ def dev_set(pipe: Pipeline, model_dir: Path, data: str | Path | None) -> tuple[l
     """The gold sentences to calibrate on, and their name for messages: the file DATA, or without one
     the dev split the model was selected on, as its config.yaml gives it (`data.dev`, or the seeded
     share of `data.train` carved off: `nerkit.data.splits.train_and_dev`, the one place it is made)."""
-    if data is None:
-        for key in ("train", "dev"):  # the files the split comes from, as the model's config names them
-            path = getattr(pipe.config.data, key)
-            if path:
-                check_input(path, f"data.{key} of {model_dir / CONFIG_FILE}", "no such file",
-                            fix="set NERKIT_DATA as it was for training, or pass --data DEV")
+    if data is None:  # the files the split comes from, as the model's config names them
+        check_data_files(pipe.config, ("train", "dev"), fix=f"set NERKIT_DATA as it was for training "
+                         f"({model_dir / CONFIG_FILE} names the file), or pass --data DEV")
         return train_and_dev(pipe.config)[2], f"the dev split of {model_dir / CONFIG_FILE}"
     corpus = read_gold(data, pipe.config.data.repair, "pass --repair")
     pipe.check_types(corpus.types, str(data))
@@ -127,9 +122,7 @@ def calibrate(model_dir: str | Path, data: str | Path | None = None, batch_size:
         metrics = pipe.predict_and_score(sentences, batch_size, window=window, with_calibration=True).metrics
         result[name] = {"ece": metrics["calibration"]["ece"], "brier": metrics["calibration"]["brier"],
                         "log_loss": log_loss(pipe, batches, t)}
-    meta = json.loads(meta_path.read_text(encoding="utf-8"))
-    meta[SCORE_TEMPERATURE] = result["temperature"]
-    atomic_write_text(meta_path, json.dumps(meta, indent=2) + "\n")
+    meta_path = update_meta(model_dir, SCORE_TEMPERATURE, result["temperature"])
     log.info(f"score temperature {temperature:.3f} on {entities:,} entities of {where}: ECE "
              f"{result['before']['ece']:.4f} -> {result['after']['ece']:.4f}; wrote {meta_path}")
     return result

@@ -11,7 +11,6 @@ does), so the F1 at each is exactly what `nerkit eval` reports at that threshold
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 
@@ -19,9 +18,8 @@ import torch
 
 from nerkit.errors import UserError
 from nerkit.features.batch import bucketed_batches, collate
-from nerkit.files import atomic_write_text
 from nerkit.inference.evaluate import score
-from nerkit.inference.model_dir import META_FILE, SPAN_THRESHOLD
+from nerkit.inference.model_dir import SPAN_THRESHOLD, update_meta
 from nerkit.inference.pipeline import Pipeline
 from nerkit.inference.windows import text_windows
 from nerkit.model.span_decode import band_cut, threshold_spans, with_probabilities
@@ -87,15 +85,6 @@ def choose_threshold(pipe: Pipeline, sentences: list, where: str, batch_size: in
             "grid": {str(t): round(by_threshold[t]["f1"], 6) for t in GRID}}
 
 
-def keep_threshold(model_dir: Path, threshold: float) -> Path:
-    """Write THRESHOLD into MODEL_DIR/nerkit.json's `span_threshold` (atomically); its path."""
-    meta_path = model_dir / META_FILE
-    meta = json.loads(meta_path.read_text(encoding="utf-8"))
-    meta[SPAN_THRESHOLD] = threshold
-    atomic_write_text(meta_path, json.dumps(meta, indent=2) + "\n")
-    return meta_path
-
-
 def calibrate_threshold(pipe: Pipeline, model_dir: Path, sentences: list, where: str, batch_size: int = 128,
                         window: int | None = None) -> dict:
     """Choose the span threshold of MODEL_DIR (loaded as `pipe`) that maximises micro F1 on the gold
@@ -103,7 +92,7 @@ def calibrate_threshold(pipe: Pipeline, model_dir: Path, sentences: list, where:
     MODEL_DIR/nerkit.json, and return it with the F1 at every threshold of `GRID` and the dev scores
     before and after."""
     result = choose_threshold(pipe, sentences, where, batch_size, window)
-    meta_path = keep_threshold(model_dir, result["threshold"])
+    meta_path = update_meta(model_dir, SPAN_THRESHOLD, result["threshold"])
     log.info(f"span threshold {result['before']['threshold']:g} -> {result['threshold']:g} on {where}: dev F1 "
              f"{100 * result['before']['f1']:.2f} -> {100 * result['after']['f1']:.2f}; wrote {meta_path}")
     return result

@@ -72,7 +72,8 @@ def span_threshold_of(pipe, out: str, splits, batch_size: int) -> dict:
     {} for a CRF model."""
     if pipe.config.model.head != "span":
         return {}
-    from nerkit.tools.span_threshold import choose_threshold, keep_threshold
+    from nerkit.inference.model_dir import SPAN_THRESHOLD, update_meta
+    from nerkit.tools.span_threshold import choose_threshold
 
     default = pipe.threshold
     chosen = choose_threshold(pipe, splits.dev, "the dev split", batch_size)
@@ -81,7 +82,7 @@ def span_threshold_of(pipe, out: str, splits, batch_size: int) -> dict:
         test = pipe.evaluate(splits.test, batch_size)
         chosen["test_before"] = {"threshold": default, **{k: test[k] for k in ("precision", "recall", "f1")}}
         pipe.span_threshold = chosen["threshold"]
-    keep_threshold(Path(out), chosen["threshold"])
+    update_meta(Path(out), SPAN_THRESHOLD, chosen["threshold"])
     return {"span_threshold": chosen}
 
 
