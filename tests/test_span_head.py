@@ -19,7 +19,7 @@ from nerkit.data.tags import Span
 from nerkit.errors import ConfigError, UserError
 from nerkit.inference.predictor import central_spans
 from nerkit.inference.windows import text_windows
-from nerkit.model.span import SpanHead, band_valid, multilabel_loss
+from nerkit.model.span import SpanHead, band_valid, decision_log_probability, multilabel_loss
 from nerkit.model.span_decode import band_valid as numpy_band_valid
 from nerkit.model.span_decode import decode_band, flat_choice, logit
 
@@ -140,6 +140,39 @@ def test_threshold_and_flat_decoding_equal_brute_force(seed):
     assert sum(x[3] for x in chosen) == pytest.approx(best_sum)
     assert chosen == best
     assert [f[:3] for f in decode_band(logits, [length], threshold, flat=True)[0]] == [b[:3] for b in best]
+
+
+def naive_decision_log_probability(logits, length: int, cut: float) -> float:
+    """log of the product over every span inside the sentence of p (taken: logit above `cut`) or
+    1 - p (left out), p the sigmoid of its logit."""
+    K, T, W = logits.shape
+    total = 0.0
+    for k in range(K):
+        for s in range(length):
+            for e in range(s, min(length, s + W)):
+                p = 1 / (1 + math.exp(-float(logits[k, s, e - s])))
+                total += math.log(p if logits[k, s, e - s] > cut else 1 - p)
+    return total
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_the_decisions_log_probability_equals_a_naive_product_and_is_the_best_at_one_half(seed):
+    rng = np.random.default_rng(seed)
+    K, T, W = 2, 4, 2
+    lengths = [int(x) for x in rng.integers(1, T + 1, size=3)]
+    logits = torch.tensor(rng.normal(0, 2, (3, K, T, W)))
+    mask = torch.arange(T)[None] < torch.tensor(lengths)[:, None]
+    cut = float(rng.choice([logit(0.3), 0.0, logit(0.7)]))
+    got = decision_log_probability(logits, band_valid(mask, W), cut)
+    expected = [naive_decision_log_probability(logits[b].numpy(), n, cut) for b, n in enumerate(lengths)]
+    assert got.tolist() == pytest.approx(expected, rel=1e-5)
+    # at threshold 0.5 the decided set is the most probable set of spans: no other subset beats it
+    b, n = 0, lengths[0]
+    cells = [(k, s, e - s) for k in range(K) for s in range(n) for e in range(s, min(n, s + W))]
+    p = {c: 1 / (1 + math.exp(-float(logits[b][c]))) for c in cells}
+    best = max(sum(math.log(p[c] if c in taken else 1 - p[c]) for c in cells)
+               for r in range(len(cells) + 1) for taken in map(set, itertools.combinations(cells, r)))
+    assert decision_log_probability(logits, band_valid(mask, W), 0.0)[b].item() == pytest.approx(best, rel=1e-6)
 
 
 def test_a_span_belongs_to_the_window_that_holds_it_most_centrally():
@@ -311,3 +344,31 @@ def test_the_span_head_reads_language_model_features(lm_dir, tmp_path, tiny_conf
                                 "model.head=span", "span.size=8", "train.epochs=1"), out=out, progress_bar=False)
     loaded = Pipeline.load(out)
     assert loaded.model.lm is not None and loaded.evaluate(TINY_DEV)["counts"] == metrics["dev"]["counts"]
+
+
+@pytest.mark.slow
+def test_data_select_ranks_a_span_model_by_the_probability_of_its_decisions(nested_model, tmp_path, nerkit):
+    """`nerkit data select` on a span-head model: the texts in the order of the mean log-probability
+    per character of what the head decides (each text read alone, by the naive product), the tasks
+    carrying its nested predictions with their scores."""
+    from nerkit.features.batch import collate_padded
+    from nerkit.inference.pipeline import Pipeline
+    from nerkit.model.span_decode import band_cut
+
+    pipe = Pipeline.load(nested_model[0])
+    texts = [t for t, _ in NESTED] + ["李四在中华人民共和国", "张三", "北京的国务院", "王五在大学读书"]
+    pool = tmp_path / "pool.txt"
+    pool.write_text("\n".join(texts) + "\n", encoding="utf-8")
+    expected = []
+    for text in texts:
+        batch = collate_padded([pipe.featurizer.example(list(text))], 1, len(text))
+        with torch.no_grad():
+            band = pipe.model.span_band(batch)[0].numpy()
+        expected.append(naive_decision_log_probability(band, len(text), band_cut(pipe.threshold)) / len(text))
+    order = sorted(range(len(texts)), key=lambda i: (expected[i], i))
+    found = [json.loads(line) for line in nerkit("data", "select", "--model", str(nested_model[0]), "--pool",
+                                                  str(pool), "-n", "4", "--window", "0").stdout.splitlines()]
+    assert [r["text"] for r in found] == [texts[i] for i in order[:4]]
+    assert [r["confidence"] for r in found] == pytest.approx([math.exp(expected[i]) for i in order[:4]], abs=1e-5)
+    predicted = {t: p for t, p in zip(texts, pipe.predict(texts, scores=True, window=0))}
+    assert [r["entities"] for r in found] == [predicted[r["text"]] for r in found]

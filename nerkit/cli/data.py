@@ -109,8 +109,8 @@ def data_select(
                               "text key (.jsonl, .json), or a corpus (--pool-format corpus)."),
     n: int = typer.Option(..., "--n", "-n", min=1, help="How many texts to choose."),
     strategy: Strategy = typer.Option("uncertainty", "--strategy", help="uncertainty: the texts whose best "
-                                      "tag sequence the model is least sure of (per character); random: a "
-                                      "seeded draw, the baseline."),
+                                      "tag sequence (a span head: whose spans) the model is least sure of, "
+                                      "per character; random: a seeded draw, the baseline."),
     seed: int = typer.Option(0, "--seed", help="Random seed of --strategy random."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Write the tasks here instead of stdout."),
     fmt: SelectFormat = typer.Option("jsonl", "--format", "-f", help="The tasks' format: the annotation tool's "

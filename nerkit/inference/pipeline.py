@@ -79,13 +79,10 @@ class Pipeline(Predictor):
                     decoded[j] = result
         return decoded
 
-    def decoded_windows(self, token_lists: list, batch_size: int = 64, window: int | None = None):
-        """Each batch of the texts' prediction windows (`text_windows`), decoded: (rows, emissions
-        (B, T, K), mask, paths), `rows` the (text index, window start) of each row. What the tools that
-        score beyond the entities (`nerkit calibrate`, `nerkit data select`) need beside the tags."""
-        if self.model.crf is None:
-            raise UserError("this model has the span head (model.head: span), which has no tags and no CRF to "
-                            "score them with", fix="use a model trained with model.head: crf")
+    def window_batches(self, token_lists: list, batch_size: int = 64, window: int | None = None):
+        """Each batch of the texts' prediction windows (`text_windows`), featurised, in inference mode:
+        (rows, batch), `rows` the (text index, window start) of each row. What the tools that score
+        beyond the entities (`nerkit calibrate`, `nerkit data select`) run the model on."""
         window = self.check_window(window)
         pieces = [(i, a, b) for i, tokens in enumerate(token_lists) for a, b in text_windows(len(tokens), window)]
         examples = [self.featurizer.example(list(token_lists[i][a:b])) for i, a, b in pieces]
@@ -93,8 +90,16 @@ class Pipeline(Predictor):
         with torch.inference_mode():
             for idx in bucketed_batches([len(e) for e in examples], batch_size):
                 batch = collate_padded([examples[j] for j in idx], batch_size, window).to(self.device)
-                emissions = self.model.emissions(batch)
-                yield [pieces[j][:2] for j in idx], emissions, batch.mask, self.model.crf.decode(emissions, batch.mask)
+                yield [pieces[j][:2] for j in idx], batch
+
+    def decoded_windows(self, token_lists: list, batch_size: int = 64, window: int | None = None):
+        """`window_batches` through the CRF head: (rows, emissions (B, T, K), mask, paths)."""
+        if self.model.crf is None:
+            raise UserError("this model has the span head (model.head: span), which has no tags and no CRF to "
+                            "score them with", fix="use a model trained with model.head: crf")
+        for rows, batch in self.window_batches(token_lists, batch_size, window):
+            emissions = self.model.emissions(batch)
+            yield rows, emissions, batch.mask, self.model.crf.decode(emissions, batch.mask)
 
     def predict_tokens(self, token_lists: list[list[str]], batch_size: int = 64,
                        window: int | None = None, scores: bool = False, trim: bool = False) -> list[list[Span]]:

@@ -43,6 +43,16 @@ def multilabel_loss(logits: torch.Tensor, targets: torch.Tensor, valid: torch.Te
     return loss.mean()
 
 
+def decision_log_probability(logits: torch.Tensor, valid: torch.Tensor, cut: float) -> torch.Tensor:
+    """(B,): the log-probability, under the head's independent per-span probabilities (the sigmoid of
+    each logit), of what it decides in each sentence: every span of logit above `cut` taken, every
+    other valid cell left out. The span head's counterpart of a CRF's best-path probability.
+    logits (B, K, T, W); valid (B, T, W)."""
+    logits = logits.float()
+    decided = torch.where(logits > cut, nn.functional.logsigmoid(logits), nn.functional.logsigmoid(-logits))
+    return decided.masked_fill(~valid[:, None], 0.0).flatten(1).sum(1)
+
+
 class SpanHead(nn.Module):
     def __init__(self, input_dim: int, num_types: int, size: int, max_width: int, dropout: float = 0.0):
         super().__init__()

@@ -9,7 +9,9 @@ the model finds nothing, which are where it misses entities; unlike the raw path
 not simply pick the longest texts. `random` draws N texts with a seed: the baseline to measure
 against. A text longer than the model's window is scored over its windows (their log-probabilities
 summed, over its length). The tasks written say it as `confidence`, exp of that mean: the geometric
-mean, per character, of the best path's probability.
+mean, per character, of the best path's probability. A span-head model (nested entities) is ranked
+the same way by the probability of what it decides, every span above its threshold taken and every
+other left out, under its independent per-span probabilities (`decision_log_probability`).
 """
 
 from __future__ import annotations
@@ -29,12 +31,29 @@ SelectFormat = Literal[SELECT_FORMATS]
 
 
 def path_confidence(pipe, texts: list[str], batch_size: int = 64, window: int | None = None) -> list[float]:
-    """Per text, the mean log-probability per character of the model's best path (0 for an empty text)."""
+    """Per text, the mean log-probability per character of the model's best path (a span head: of its
+    decided spans), 0 for an empty text."""
     totals = [0.0] * len(texts)
-    for rows, emissions, mask, paths in pipe.decoded_windows(texts, batch_size, window):
-        for (i, _), p in zip(rows, pipe.model.crf.path_probabilities(emissions, mask, paths, pipe.score_temperature)):
-            totals[i] += math.log(max(p, 1e-300))
+    for rows, log_probabilities in _decision_log_probabilities(pipe, texts, batch_size, window):
+        for (i, _), lp in zip(rows, log_probabilities):
+            totals[i] += lp
     return [total / len(text) if text else 0.0 for total, text in zip(totals, texts)]
+
+
+def _decision_log_probabilities(pipe, texts: list[str], batch_size: int, window: int | None):
+    """Each batch of the texts' windows: (rows, the log-probability of the model's decision in each)."""
+    if pipe.model.crf is not None:
+        for rows, emissions, mask, paths in pipe.decoded_windows(texts, batch_size, window):
+            probabilities = pipe.model.crf.path_probabilities(emissions, mask, paths, pipe.score_temperature)
+            yield rows, [math.log(max(p, 1e-300)) for p in probabilities]
+        return
+    from nerkit.model.span import band_valid, decision_log_probability
+    from nerkit.model.span_decode import band_cut
+
+    cut = band_cut(pipe.threshold)
+    for rows, batch in pipe.window_batches(texts, batch_size, window):
+        band = pipe.model.span_band(batch)  # (B, K, T, W)
+        yield rows, decision_log_probability(band, band_valid(batch.mask, band.size(-1)), cut).tolist()
 
 
 def select(pipe, texts: list[str], n: int, strategy: str = "uncertainty", seed: int = 0,
