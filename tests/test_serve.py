@@ -353,7 +353,6 @@ def test_health_info_and_the_api_docs(server, tiny_model_dir):
 
 
 @pytest.mark.slow
-@pytest.mark.slow
 def test_the_api_schema_says_exactly_what_the_server_accepts(tiny_model_dir, tmp_path):
     """schemathesis sends requests made from /openapi.json (its examples, its edge cases, then 100
     generated per operation, schema-valid and not) with every check on: no 5xx, every answer as the
@@ -433,7 +432,6 @@ def test_bad_requests_do_not_disturb_good_ones(server, expected):
 
 
 @pytest.mark.slow
-@pytest.mark.slow
 def test_a_full_queue_answers_503_with_retry_after(tiny_model_dir, tmp_path, expected):
     """Two requests wait 3 s for others to join their batch and fill the queue of two: a third is
     refused at once, the two are answered, and the event loop answers /health meanwhile."""
@@ -450,7 +448,6 @@ def test_a_full_queue_answers_503_with_retry_after(tiny_model_dir, tmp_path, exp
         assert post(server.url, json={"text": TEXTS[2]}).json() == expected[2]
 
 
-@pytest.mark.slow
 @pytest.mark.slow
 def test_sigterm_answers_every_request_in_flight_and_exits_0(tiny_model_dir, tmp_path, expected):
     with serving(tiny_model_dir, tmp_path, "--max-wait-ms", "4000") as server:
@@ -503,7 +500,6 @@ def stop_under_keep_alive_load(server: Server, clients: int = 16, after: float =
 
 
 @pytest.mark.slow
-@pytest.mark.slow
 @pytest.mark.parametrize("workers", [1, 2])
 def test_sigterm_loses_no_request_of_a_kept_alive_connection(tiny_model_dir, tmp_path, workers):
     """Sixteen clients send request after request, each on its kept-alive connection, and SIGTERM
@@ -517,7 +513,6 @@ def test_sigterm_loses_no_request_of_a_kept_alive_connection(tiny_model_dir, tmp
     assert all(end.closing for end in ends), ends
 
 
-@pytest.mark.slow
 @pytest.mark.slow
 def test_worker_processes_answer_alike_and_stop_on_sigterm(tiny_model_dir, tmp_path, expected):
     with serving(tiny_model_dir, tmp_path, "--workers", "2", "--threads", "2") as server:
