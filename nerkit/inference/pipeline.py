@@ -79,27 +79,31 @@ class Pipeline(Predictor):
                     decoded[j] = result
         return decoded
 
-    def window_batches(self, token_lists: list, batch_size: int = 64, window: int | None = None):
+    def window_batches(self, token_lists: list, batch_size: int = 64, window: int | None = None,
+                       trim: bool = False):
         """Each batch of the texts' prediction windows (`text_windows`), featurised, in inference mode:
-        (rows, batch), `rows` the (text index, window start) of each row. What the tools that score
-        beyond the entities (`nerkit calibrate`, `nerkit data select`) run the model on."""
+        (pieces, batch), `pieces` the (text index, window start, window end) of each row; batches
+        padded by `collate_padded`, or with `trim` by `collate` (as `nerkit eval` reads a corpus).
+        What the tools that score beyond the entities (`nerkit calibrate`, `nerkit data select`) run
+        the model on."""
         window = self.check_window(window)
         pieces = [(i, a, b) for i, tokens in enumerate(token_lists) for a, b in text_windows(len(tokens), window)]
         examples = [self.featurizer.example(list(token_lists[i][a:b])) for i, a, b in pieces]
         self.model.eval()
         with torch.inference_mode():
             for idx in bucketed_batches([len(e) for e in examples], batch_size):
-                batch = collate_padded([examples[j] for j in idx], batch_size, window).to(self.device)
-                yield [pieces[j][:2] for j in idx], batch
+                chosen = [examples[j] for j in idx]
+                batch = collate(chosen) if trim else collate_padded(chosen, batch_size, window)
+                yield [pieces[j] for j in idx], batch.to(self.device)
 
     def decoded_windows(self, token_lists: list, batch_size: int = 64, window: int | None = None):
         """`window_batches` through the CRF head: (rows, emissions (B, T, K), mask, paths)."""
         if self.model.crf is None:
             raise UserError("this model has the span head (model.head: span), which has no tags and no CRF to "
                             "score them with", fix="use a model trained with model.head: crf")
-        for rows, batch in self.window_batches(token_lists, batch_size, window):
+        for pieces, batch in self.window_batches(token_lists, batch_size, window):
             emissions = self.model.emissions(batch)
-            yield rows, emissions, batch.mask, self.model.crf.decode(emissions, batch.mask)
+            yield [p[:2] for p in pieces], emissions, batch.mask, self.model.crf.decode(emissions, batch.mask)
 
     def predict_tokens(self, token_lists: list[list[str]], batch_size: int = 64,
                        window: int | None = None, scores: bool = False, trim: bool = False) -> list[list[Span]]:

@@ -35,7 +35,7 @@ def path_confidence(pipe, texts: list[str], batch_size: int = 64, window: int | 
     decided spans), 0 for an empty text."""
     totals = [0.0] * len(texts)
     for rows, log_probabilities in _decision_log_probabilities(pipe, texts, batch_size, window):
-        for (i, _), lp in zip(rows, log_probabilities):
+        for (i, *_), lp in zip(rows, log_probabilities):
             totals[i] += lp
     return [total / len(text) if text else 0.0 for total, text in zip(totals, texts)]
 
@@ -51,9 +51,9 @@ def _decision_log_probabilities(pipe, texts: list[str], batch_size: int, window:
     from nerkit.model.span_decode import band_cut
 
     cut = band_cut(pipe.threshold)
-    for rows, batch in pipe.window_batches(texts, batch_size, window):
+    for pieces, batch in pipe.window_batches(texts, batch_size, window):
         band = pipe.model.span_band(batch)  # (B, K, T, W)
-        yield rows, decision_log_probability(band, band_valid(batch.mask, band.size(-1)), cut).tolist()
+        yield pieces, decision_log_probability(band, band_valid(batch.mask, band.size(-1)), cut).tolist()
 
 
 def select(pipe, texts: list[str], n: int, strategy: str = "uncertainty", seed: int = 0,

@@ -14,14 +14,10 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-import torch
-
 from nerkit.errors import UserError
-from nerkit.features.batch import bucketed_batches, collate
 from nerkit.inference.evaluate import score
 from nerkit.inference.model_dir import SPAN_THRESHOLD, update_meta
 from nerkit.inference.pipeline import Pipeline
-from nerkit.inference.windows import text_windows
 from nerkit.model.span_decode import band_cut, threshold_spans, with_probabilities
 
 log = logging.getLogger(__name__)
@@ -32,22 +28,17 @@ GRID = [round(0.05 * k, 2) for k in range(1, 20)]
 
 
 def band_candidates(pipe: Pipeline, token_lists: list, batch_size: int, window: int | None, floor: float):
-    """The texts' windows (text index, start, end) as prediction reads them, and each window's spans
-    above the probability `floor` (start, end exclusive, type index, logit), from one pass of the
-    model over them (batches trimmed, as `nerkit eval` reads a corpus)."""
-    window = pipe.check_window(window)
-    pieces = [(i, a, b) for i, tokens in enumerate(token_lists) for a, b in text_windows(len(tokens), window)]
-    examples = [pipe.featurizer.example(list(token_lists[i][a:b])) for i, a, b in pieces]
-    found: list = [[] for _ in examples]
+    """The texts' windows (text index, start, end) as prediction reads them, in order, and each
+    window's spans above the probability `floor` (start, end exclusive, type index, logit), from one
+    pass of the model over them (batches trimmed, as `nerkit eval` reads a corpus)."""
     cut = band_cut(floor)
-    pipe.model.eval()
-    with torch.inference_mode():
-        for idx in bucketed_batches([len(e) for e in examples], batch_size):
-            batch = collate([examples[j] for j in idx]).to(pipe.device)
-            band = pipe.model.span_band(batch).float().cpu().numpy()  # (B, K, T, W)
-            for j, logits in zip(idx, band):
-                found[j] = threshold_spans(logits, len(examples[j]), cut)
-    return pieces, found
+    found = {}
+    for pieces, batch in pipe.window_batches(token_lists, batch_size, window, trim=True):
+        band = pipe.model.span_band(batch).float().cpu().numpy()  # (B, K, T, W)
+        for (i, a, b), logits in zip(pieces, band):
+            found[i, a, b] = threshold_spans(logits, b - a, cut)
+    pieces = sorted(found)
+    return pieces, [found[p] for p in pieces]
 
 
 def f1_at(pipe: Pipeline, token_lists: list, gold: list, pieces: list, found: list, threshold: float) -> dict:
