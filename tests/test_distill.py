@@ -1,6 +1,7 @@
 """`nerkit distill` (nerkit.tools.distill, nerkit.training.distill, nerkit.training.distill_cache):
 the soft loss against the CRF's exact marginals (zero when they are equal, its gradient against
-finite differences), a student that reaches its teacher's tags, resume after a kill, the teacher
+finite differences), several teachers' targets (their averaged marginals and the best valid path
+over them, against brute force), a student that reaches its teacher's tags, resume after a kill, the teacher
 cache (reused, rebuilt when the teacher or the text changes, continued after a cut build), the
 lines overlapping dev taken out, and the student as an ordinary model directory."""
 
@@ -88,6 +89,53 @@ def student_config(tmp_path: Path, *sets: str):
 def write_text(path: Path, lines: list[str]) -> Path:
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return path
+
+
+def brute_best_valid_path(log_marginals: torch.Tensor, tags: list[str]) -> list[int]:
+    """Among every tag sequence the scheme allows, the one of the largest summed log marginal."""
+    import itertools
+
+    from nerkit.model.crf import allowed_transitions
+
+    start_ok, trans_ok, end_ok = allowed_transitions(tags)
+    best, best_score = None, float("-inf")
+    for path in itertools.product(range(len(tags)), repeat=len(log_marginals)):
+        if not (start_ok[path[0]] and end_ok[path[-1]] and all(trans_ok[a, b] for a, b in zip(path, path[1:]))):
+            continue
+        total = sum(log_marginals[t, k].item() for t, k in enumerate(path))
+        if total > best_score:
+            best, best_score = list(path), total
+    return best
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_several_teachers_average_their_marginals_and_take_the_best_valid_path(seed, tmp_path):
+    """Two teachers, their tags in other orders than the student's: the targets are the mean of their
+    marginals in the student's order, and the hard target the valid path of the largest summed log
+    averaged marginal (brute force over every sequence), not a per-position argmax; one teacher
+    alone keeps its own best path."""
+    from nerkit.training.distill import combined_targets
+    from nerkit.training.distill_cache import TeacherTargets
+
+    generator = torch.Generator().manual_seed(seed)
+    offsets = [0, 4, 5, 8]  # three sequences of 4, 1 and 3 characters
+    orders = [[2, 0, 4, 1, 3], [4, 3, 2, 1, 0]]  # teacher column -> student tag
+
+    def teacher(order):
+        marginals = torch.softmax(3 * torch.randn(offsets[-1], len(TAGS), generator=generator), -1)
+        paths = torch.randint(len(TAGS), (offsets[-1],), generator=generator)  # a teacher's own best paths
+        return TeacherTargets([TAGS[k] for k in order], marginals.to(torch.float16), paths, offsets, "k", tmp_path, 0)
+
+    teachers = [teacher(order) for order in orders]
+    marginals, paths, got_offsets = combined_targets([[t] for t in teachers], TAGS)
+    assert got_offsets == offsets
+    in_student_order = [t.marginals.float()[:, [t.tags.index(tag) for tag in TAGS]] for t in teachers]
+    expected = (in_student_order[0] + in_student_order[1]) / 2
+    assert torch.allclose(marginals.float(), expected, atol=1e-3)
+    for a, b in zip(offsets, offsets[1:]):
+        assert paths[a:b].tolist() == brute_best_valid_path(expected[a:b].clamp(min=1e-12).log(), TAGS)
+    _, alone, _ = combined_targets([[teachers[1]]], TAGS)
+    assert alone.tolist() == [TAGS.index(teachers[1].tags[k]) for k in teachers[1].paths.tolist()]
 
 
 def test_lines_overlapping_dev_are_excluded_and_recorded(teacher, tmp_path):
