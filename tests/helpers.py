@@ -187,6 +187,28 @@ def wait_for_step(process: subprocess.Popen, out: Path, step: int, timeout: floa
 
 # ----------------------------------------------------------------------- a tiny character BERT
 
+# A tiny nested corpus: ORG 中华人民共和国国务院 holds LOC 中华人民共和国, which holds LOC 中华.
+NESTED_SENTENCES = [("中华人民共和国国务院总理张三", [(0, 10, "ORG"), (0, 7, "LOC"), (0, 2, "LOC"), (12, 14, "PER")]),
+                    ("李四在北京", [(0, 2, "PER"), (3, 5, "LOC")]),
+                    ("北京大学的张三", [(0, 4, "ORG"), (0, 2, "LOC"), (5, 7, "PER")])]
+
+
+def train_nested_span_model(root: Path) -> tuple[Path, dict]:
+    """A span-head model trained on NESTED_SENTENCES (each four times, dev the same) to dev F1 1.0
+    in a few seconds: its directory and training metrics."""
+    from nerkit.config import build_config
+    from nerkit.training.loop import train
+
+    records = [{"text": t, "entities": [{"start": s, "end": e, "type": k} for s, e, k in ents]}
+               for t, ents in NESTED_SENTENCES]
+    path = root / "nested.jsonl"
+    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records) * 4, encoding="utf-8")
+    config = build_config(tiny_raw_config(), "<tiny>", [f"data.train={path}", f"data.dev={path}", "model.head=span",
+                                                        "span.size=16", "span.max_width=12", "train.epochs=30",
+                                                        "train.lr=0.01"])
+    return root / "model", train(config, out=root / "model", progress_bar=False)
+
+
 LM_CHARS = list("我爱北京天安门中国人民银行上海市长江大桥的是在了和有") + list("abcxyz0123456789，。！") + ["ａ"]
 LM_VOCAB = ["[PAD]", "[unused1]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + LM_CHARS + ["##" + c for c in "北京上海"]
 

@@ -3,7 +3,8 @@ by `make label-studio` into .venv-ls, or wherever LABEL_STUDIO names its command
 port of 127.0.0.1 with a fresh database: a project with Label Studio's NER config, tasks imported,
 nerkit connected as its model through Label Studio's API, and the pre-annotations read back through
 that API, each region's offsets, label and score, and each prediction's score, exactly what
-`nerkit predict` gives. Skipped, saying so, when Label Studio is not installed.
+`nerkit predict` gives, nested and overlapping ones included (a span-head model). Skipped, saying
+so, when Label Studio is not installed.
 
 Label Studio refuses a model on a loopback address unless told (ML_BLOCK_LOCAL_IP, and
 SSRF_PROTECTION_ENABLED for the webhook it adds): this instance is told, and listens on 127.0.0.1 only.
@@ -19,7 +20,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from helpers import REPO, free_port, serving, stop, wait_until_up
+from helpers import NESTED_SENTENCES, REPO, free_port, serving, stop, train_nested_span_model, wait_until_up
 
 pytestmark = pytest.mark.slow
 
@@ -107,6 +108,37 @@ def test_a_label_studio_project_is_pre_annotated_with_scores(label_studio, backe
             assert prediction["score"] == pytest.approx(min(e["score"] for e in entities), abs=1e-6)
         else:
             assert prediction["score"] is None
+
+
+def test_nested_predictions_of_a_span_model_reach_label_studio_as_overlapping_regions(label_studio, tmp_path):
+    """A span-head model (nested entities) as Label Studio's model: the regions Label Studio keeps
+    overlap and nest as the model's spans do, each with its offsets, label and score."""
+    from nerkit.inference.pipeline import Pipeline
+
+    model_dir, _ = train_nested_span_model(tmp_path)
+    texts = [t for t, _ in NESTED_SENTENCES]
+    expected = dict(zip(texts, Pipeline.load(model_dir).predict(texts, scores=True)))
+    assert any(a["end"] > b["start"] and b["end"] > a["start"] for found in expected.values()
+               for a, b in zip(found, found[1:])), "no overlapping prediction: the test would check nothing"
+    labels = "".join(f'<Label value="{t}"/>' for t in ("LOC", "ORG", "PER"))
+    config = f'<View><Labels name="label" toName="text">{labels}</Labels><Text name="text" value="$text"/></View>'
+    project = api(label_studio, "POST", "/api/projects", json={"title": "nested", "label_config": config})
+    api(label_studio, "POST", f"/api/projects/{project['id']}/import", json=[{"text": t} for t in texts])
+    with serving(model_dir, tmp_path, "--label-studio") as server:
+        model = api(label_studio, "POST", "/api/ml", json={"url": server.url, "project": project["id"], "title": "nested"})
+        assert model["readable_state"] == "Connected", model
+        done = api(label_studio, "POST", "/api/dm/actions", params={"id": "retrieve_tasks_predictions",
+                                                                     "project": project["id"]},
+                   json={"selectedItems": {"all": True, "excluded": []}})
+    assert done["processed_items"] == len(texts), done
+    tasks = {t["id"]: t["data"]["text"] for t in api(label_studio, "GET", "/api/tasks",
+                                                       params={"project": project["id"]})["tasks"]}
+    predictions = {p["task"]: p for p in api(label_studio, "GET", "/api/predictions", params={"project": project["id"]})}
+    for task, text in tasks.items():
+        regions = [(r["value"]["start"], r["value"]["end"], r["value"]["labels"]) for r in predictions[task]["result"]]
+        assert regions == [(e["start"], e["end"], [e["type"]]) for e in expected[text]]
+        assert [r["score"] for r in predictions[task]["result"]] == \
+            pytest.approx([e["score"] for e in expected[text]], abs=1e-6)
 
 
 def test_the_backend_answers_what_label_studio_sends(backend):

@@ -13,6 +13,8 @@ import random
 import numpy as np
 import pytest
 import torch
+from helpers import NESTED_SENTENCES as NESTED
+from helpers import train_nested_span_model
 
 from nerkit.data.records import Sentence
 from nerkit.data.tags import Span
@@ -22,11 +24,6 @@ from nerkit.inference.windows import text_windows
 from nerkit.model.span import SpanHead, band_valid, decision_log_probability, multilabel_loss
 from nerkit.model.span_decode import band_valid as numpy_band_valid
 from nerkit.model.span_decode import decode_band, flat_choice, logit
-
-# A tiny nested corpus: ORG 中华人民共和国国务院 holds LOC 中华人民共和国, which holds LOC 中华.
-NESTED = [("中华人民共和国国务院总理张三", [(0, 10, "ORG"), (0, 7, "LOC"), (0, 2, "LOC"), (12, 14, "PER")]),
-          ("李四在北京", [(0, 2, "PER"), (3, 5, "LOC")]),
-          ("北京大学的张三", [(0, 4, "ORG"), (0, 2, "LOC"), (5, 7, "PER")])]
 
 
 def rotate_naive(vector: list[float], position: int) -> list[float]:
@@ -233,21 +230,8 @@ def test_the_span_head_trains_on_nested_data_that_the_crf_refuses(write_file, ti
 
 @pytest.fixture(scope="module")
 def nested_model(tmp_path_factory):
-    """A span-head model trained on the tiny nested corpus to dev F1 1.0, and its directory."""
-    from helpers import tiny_raw_config
-
-    from nerkit.config import build_config
-    from nerkit.training.loop import train
-
-    root = tmp_path_factory.mktemp("span")
-    records = [{"text": t, "entities": [{"start": s, "end": e, "type": k} for s, e, k in ents]} for t, ents in NESTED]
-    path = root / "nested.jsonl"
-    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records) * 4, encoding="utf-8")
-    config = build_config(tiny_raw_config(), "<tiny>", [f"data.train={path}", f"data.dev={path}", "model.head=span",
-                                                        "span.size=16", "span.max_width=12", "train.epochs=30",
-                                                        "train.lr=0.01"])
-    metrics = train(config, out=root / "model", progress_bar=False)
-    return root / "model", metrics
+    """A span-head model trained on the tiny nested corpus to dev F1 1.0: its directory and metrics."""
+    return train_nested_span_model(tmp_path_factory.mktemp("span"))
 
 
 @pytest.mark.slow
