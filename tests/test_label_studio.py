@@ -79,26 +79,33 @@ def api(label_studio, method: str, path: str, **kwargs) -> dict | list:
     return answer.json()
 
 
-def test_a_label_studio_project_is_pre_annotated_with_scores(label_studio, backend, tiny_model_dir):
-    from nerkit.inference.pipeline import Pipeline
-
-    project = api(label_studio, "POST", "/api/projects", json={"title": "nerkit", "label_config": NER_CONFIG})
-    api(label_studio, "POST", f"/api/projects/{project['id']}/import", json=[{"text": t} for t in TEXTS])
+def pre_annotated(label_studio, backend: str, label_config: str, texts: list[str]) -> tuple[dict, dict]:
+    """A project of `texts` under `label_config`, `backend` connected as its model, every task's
+    prediction retrieved through Label Studio: ({text: the prediction it keeps}, the model it lists)."""
+    project = api(label_studio, "POST", "/api/projects", json={"title": "nerkit", "label_config": label_config})
+    api(label_studio, "POST", f"/api/projects/{project['id']}/import", json=[{"text": t} for t in texts])
     model = api(label_studio, "POST", "/api/ml", json={"url": backend, "project": project["id"], "title": "nerkit"})
     assert model["readable_state"] == "Connected", model
-    assert model["model_version"].startswith("nerkit ")
     done = api(label_studio, "POST", "/api/dm/actions", params={"id": "retrieve_tasks_predictions",
                                                                  "project": project["id"]},
                json={"selectedItems": {"all": True, "excluded": []}})
-    assert done["processed_items"] == len(TEXTS), done
+    assert done["processed_items"] == len(texts), done
     tasks = {t["id"]: t["data"]["text"] for t in api(label_studio, "GET", "/api/tasks",
                                                        params={"project": project["id"]})["tasks"]}
     predictions = {p["task"]: p for p in api(label_studio, "GET", "/api/predictions", params={"project": project["id"]})}
     assert set(predictions) == set(tasks)
+    return {text: predictions[task] for task, text in tasks.items()}, model
+
+
+def test_a_label_studio_project_is_pre_annotated_with_scores(label_studio, backend, tiny_model_dir):
+    from nerkit.inference.pipeline import Pipeline
+
+    predictions, model = pre_annotated(label_studio, backend, NER_CONFIG, TEXTS)
+    assert model["model_version"].startswith("nerkit ")
     expected = dict(zip(TEXTS, Pipeline.load(tiny_model_dir).predict(TEXTS, scores=True)))
     assert any(expected.values()), "the tiny model finds no entity: the test would check nothing"
-    for task, text in tasks.items():
-        prediction, entities = predictions[task], expected[text]
+    for text, prediction in predictions.items():
+        entities = expected[text]
         regions = [(r["value"]["start"], r["value"]["end"], r["value"]["labels"], r["value"]["text"]) for r in prediction["result"]]
         assert regions == [(e["start"], e["end"], [e["type"]], e["text"]) for e in entities]
         assert all(text[start:end] == shown for start, end, _, shown in regions)
@@ -120,25 +127,12 @@ def test_nested_predictions_of_a_span_model_reach_label_studio_as_overlapping_re
     expected = dict(zip(texts, Pipeline.load(model_dir).predict(texts, scores=True)))
     assert any(a["end"] > b["start"] and b["end"] > a["start"] for found in expected.values()
                for a, b in zip(found, found[1:])), "no overlapping prediction: the test would check nothing"
-    labels = "".join(f'<Label value="{t}"/>' for t in ("LOC", "ORG", "PER"))
-    config = f'<View><Labels name="label" toName="text">{labels}</Labels><Text name="text" value="$text"/></View>'
-    project = api(label_studio, "POST", "/api/projects", json={"title": "nested", "label_config": config})
-    api(label_studio, "POST", f"/api/projects/{project['id']}/import", json=[{"text": t} for t in texts])
     with serving(model_dir, tmp_path, "--label-studio") as server:
-        model = api(label_studio, "POST", "/api/ml", json={"url": server.url, "project": project["id"], "title": "nested"})
-        assert model["readable_state"] == "Connected", model
-        done = api(label_studio, "POST", "/api/dm/actions", params={"id": "retrieve_tasks_predictions",
-                                                                     "project": project["id"]},
-                   json={"selectedItems": {"all": True, "excluded": []}})
-    assert done["processed_items"] == len(texts), done
-    tasks = {t["id"]: t["data"]["text"] for t in api(label_studio, "GET", "/api/tasks",
-                                                       params={"project": project["id"]})["tasks"]}
-    predictions = {p["task"]: p for p in api(label_studio, "GET", "/api/predictions", params={"project": project["id"]})}
-    for task, text in tasks.items():
-        regions = [(r["value"]["start"], r["value"]["end"], r["value"]["labels"]) for r in predictions[task]["result"]]
+        predictions, _ = pre_annotated(label_studio, server.url, NER_CONFIG, texts)  # the nested corpus' types too
+    for text, prediction in predictions.items():
+        regions = [(r["value"]["start"], r["value"]["end"], r["value"]["labels"]) for r in prediction["result"]]
         assert regions == [(e["start"], e["end"], [e["type"]]) for e in expected[text]]
-        assert [r["score"] for r in predictions[task]["result"]] == \
-            pytest.approx([e["score"] for e in expected[text]], abs=1e-6)
+        assert [r["score"] for r in prediction["result"]] == pytest.approx([e["score"] for e in expected[text]], abs=1e-6)
 
 
 def test_the_backend_answers_what_label_studio_sends(backend):
