@@ -72,7 +72,7 @@ def record_table(kind: str, out: str) -> str:
 
     records = [r for _, r in read_json_lines(REPO / out / "results.jsonl", f"a {kind} record")]
     return {"loop": summary, "calibration": calibration_table, "nesting": nesting_table,
-            "lexicon": lexicon_table, "speed": lambda rs: render_speed(rs).split("\n", 2)[2]}[kind](records)
+            "lexicon": lexicon_table, "speed": lambda rs: render_speed(rs, level=4).split("\n", 2)[2]}[kind](records)
 
 
 def nesting_table(records: list[dict]) -> str:

@@ -127,15 +127,16 @@ def _cell(value) -> str:
     return "–" if value is None else str(value)
 
 
-def render_speed(records: list[dict]) -> str:
-    """One table per kind of command: each figure as min / median / max over the rounds."""
+def render_speed(records: list[dict], level: int = 2) -> str:
+    """One table per kind of command, each under a heading of `level`: each figure as min / median /
+    max over the rounds."""
     lines = ["# nerkit speed benchmarks", ""]
     for kind, columns in COLUMNS.items():
         mine = [r for r in records if r.get("kind") == kind]
         if not mine:
             continue
         header = ["Name", "Model", *SETTINGS[kind], "Rounds", *(c[0] for c in columns), "Commit", "Date"]
-        lines += [f"## nerkit {kind}", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+        lines += [f"{'#' * level} nerkit {kind}", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
         for r in mine:
             commit = r["git_commit"][:10] + ("-dirty" if r.get("git_dirty") else "")
             cells = [r["name"], r["model"], *(_cell(r.get(s)) for s in SETTINGS[kind]), str(len(r["rounds"])),
