@@ -127,18 +127,23 @@ def test_decode_never_yields_an_invalid_tag_sequence(tiny_config, scheme):
 # -------------------------------------------------------------------- batched == one at a time
 
 
+def rows_as_alone(pipe, batch, examples) -> list:
+    """Assert each row of `batch` gets the emissions its example gets alone; the batch's decoded paths."""
+    with torch.no_grad():
+        emissions = pipe.model.emissions(batch)  # (B, T, K)
+        for row, example in enumerate(examples):
+            alone = pipe.model.emissions(collate([example]))[0]  # (T_row, K)
+            torch.testing.assert_close(emissions[row, :len(example)], alone, atol=1e-5, rtol=1e-5)
+    return pipe.model.decode(batch)
+
+
 @pytest.mark.parametrize("encoder", LATTICE_FREE)
 def test_batched_predictions_equal_one_at_a_time(tiny_config, encoder):
     pipe = scramble(build_pipeline(tiny_config(*encoder_overrides(encoder))), seed=1, entity_bias=1.0)
     texts = random_texts(12, seed=2, max_len=40) + ["张", "北京"]
     examples = [pipe.featurizer.example(list(t)) for t in texts]
     batch = collate(examples)
-    with torch.no_grad():
-        emissions = pipe.model.emissions(batch)  # (B, T, K)
-        for row, example in enumerate(examples):
-            alone = pipe.model.emissions(collate([example]))[0]  # (T_row, K)
-            torch.testing.assert_close(emissions[row, :len(example)], alone, atol=1e-5, rtol=1e-5)
-    decoded = pipe.model.decode(batch)
+    decoded = rows_as_alone(pipe, batch, examples)
     assert decoded == [pipe.model.decode(collate([e]))[0] for e in examples]
     together = pipe.predict(texts, batch_size=5)
     assert together == [pipe.predict([t])[0] for t in texts]
@@ -190,12 +195,7 @@ def test_padded_batches_predict_as_one_at_a_time(tiny_config, encoder, tmp_path)
     assert batch.mask.sum(1).tolist() == [len(e) for e in examples] + [len(examples[-1])]
     if encoder == "flat":
         assert batch.word_mask.shape[1] == padded_size(max(len(e.word_ids) for e in examples))
-    with torch.no_grad():
-        emissions = pipe.model.emissions(batch)  # (B, T, K)
-        for row, example in enumerate(examples):
-            alone = pipe.model.emissions(collate([example]))[0]  # (T_row, K)
-            torch.testing.assert_close(emissions[row, :len(example)], alone, atol=1e-5, rtol=1e-5)
-    decoded = pipe.model.decode(batch)
+    decoded = rows_as_alone(pipe, batch, examples)
     assert decoded[:len(examples)] == [pipe.model.decode(collate([e]))[0] for e in examples]
     assert decoded[len(examples)] == decoded[len(examples) - 1]
 

@@ -137,18 +137,6 @@ def test_learned_positions_add_row_t_of_the_table_to_position_t():
             encoder(*make_batch([10], 5))
 
 
-def test_batched_equals_one_at_a_time():
-    encoder = make_encoder().eval()
-    lengths = [7, 3, 1, 5]
-    x, mask = make_batch(lengths, 5)
-    with torch.no_grad():
-        batched = encoder(x, mask)
-        for b, n in enumerate(lengths):
-            alone = encoder(x[b : b + 1, :n], mask[b : b + 1, :n])[0]
-            torch.testing.assert_close(batched[b, :n], alone, atol=1e-10, rtol=1e-10)
-    assert (batched[~mask] == 0).all()
-
-
 def test_all_padding_row_stays_finite():
     encoder = make_encoder()
     x, mask = make_batch([4, 1], 5)
