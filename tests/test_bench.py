@@ -683,9 +683,13 @@ def test_a_span_run_chooses_its_threshold_on_dev_and_scores_test_at_it(tmp_path)
     assert chosen["threshold"] in GRID and chosen["before"]["threshold"] == 0.5
     assert round(chosen["after"]["f1"], 6) == max(chosen["grid"].values()) and chosen["after"]["f1"] >= chosen["before"]["f1"]
     assert records["span"]["dev"]["f1"] == pytest.approx(chosen["after"]["f1"])
-    # the saved model holds the threshold, and the record's test F1 is that model's on test
+    # the saved model holds the threshold and the scores' map (the threshold on the map's scale), and
+    # the record's test F1 is that model's on test
     model = tmp_path / "out" / "runs" / "span"
-    assert json.loads((model / "nerkit.json").read_text(encoding="utf-8"))["span_threshold"] == chosen["threshold"]
+    meta = json.loads((model / "nerkit.json").read_text(encoding="utf-8"))
+    fitted = chosen["score_map"]
+    assert meta["span_threshold"] == fitted["threshold"]
+    assert meta["span_score_map"] == {"scale": fitted["scale"], "shift": fitted["shift"]}
     test = read_corpus(SAMPLE / "test.bio").sentences
     pipe = Pipeline.load(model)
     found = pipe.predict_tokens([s.tokens for s in test], 16)

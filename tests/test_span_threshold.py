@@ -5,6 +5,7 @@ in nerkit.json, and prediction, a save and load, an ONNX export and the server a
 from __future__ import annotations
 
 import json
+import math
 import shutil
 
 import httpx
@@ -13,9 +14,16 @@ import pytest
 from helpers import TINY_DEV, TINY_TRAIN, serving
 from nerkit.errors import UserError
 from nerkit.inference.pipeline import Pipeline
-from nerkit.tools.span_threshold import GRID, best_threshold
+from nerkit.data.corpus import read_corpus
+from nerkit.model.span_decode import logit
+from nerkit.tools.span_threshold import GRID, best_threshold, platt_map
 
 TEXTS = ["张三在北京大学读书", "李四住在上海", "王五去了中国科学院"]
+DEV_TEXTS = [s.text for s in read_corpus(TINY_DEV).sentences]
+
+
+def sigmoid(x: float) -> float:
+    return 1 / (1 + math.exp(-x))
 
 
 @pytest.fixture(scope="module")
@@ -56,6 +64,33 @@ def test_ties_go_to_the_threshold_nearest_one_half_then_the_higher():
                     0.9, 0.95]
 
 
+@pytest.mark.parametrize("seed", range(5))
+def test_platt_map_minimises_the_log_loss_of_platts_targets(seed):
+    """Against a naive grid search of the same loss around the answer, on logits drawn from a known
+    map; a set the logits separate still gets a finite map; one class alone keeps the scores."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    x = rng.normal(0.5, 2.0, 400)
+    right = rng.random(400) < 1 / (1 + np.exp(-(0.6 * x - 0.4)))
+    scale, shift = platt_map(x.tolist(), right.tolist())
+    positives, negatives = int(right.sum()), int((~right).sum())
+    target = np.where(right, (positives + 1) / (positives + 2), 1 / (negatives + 2))
+
+    def loss(a, b):
+        p = 1 / (1 + np.exp(-(a * x + b)))
+        return float(-(target * np.log(p) + (1 - target) * np.log(1 - p)).sum())
+
+    best = loss(scale, shift)
+    for da in np.linspace(-0.05, 0.05, 11):
+        for db in np.linspace(-0.05, 0.05, 11):
+            assert best <= loss(scale + da, shift + db) + 1e-9
+    assert 0.3 < scale < 0.9 and -0.8 < shift < 0.0  # near the map the labels were drawn from
+    separable = platt_map([-2.0, -1.0, 1.0, 2.0], [False, False, True, True])
+    assert 0 < separable[0] < 100 and math.isfinite(separable[1])
+    assert platt_map([1.0, 2.0], [True, True]) == (1.0, 0.0)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("flat", [False, True], ids=["nested", "flat"])
 def test_calibrate_chooses_the_grid_point_of_best_dev_f1(span_model, tmp_path, nerkit, flat):
@@ -73,10 +108,25 @@ def test_calibrate_chooses_the_grid_point_of_best_dev_f1(span_model, tmp_path, n
     assert len(set(naive.values())) > 3  # the fixture's scores spread: the choice means something
     if not flat:  # flat, 0.5 itself has the best dev F1 of this fixture (or ties it, and a tie goes to 0.5)
         assert result["threshold"] != 0.5
-    assert json.loads((model / "nerkit.json").read_text())["span_threshold"] == result["threshold"]
+    # the scores' map fitted on the spans predicted at the chosen threshold, and the threshold carried
+    # onto its scale: the same spans predicted, scored sigmoid(scale * logit(old score) + shift)
+    fitted = result["score_map"]
+    meta = json.loads((model / "nerkit.json").read_text())
+    assert meta["span_threshold"] == fitted["threshold"]
+    assert meta["span_score_map"] == {"scale": fitted["scale"], "shift": fitted["shift"]} and fitted["scale"] > 0
+    assert fitted["threshold"] == pytest.approx(sigmoid(fitted["scale"] * logit(result["threshold"]) + fitted["shift"]))
+    pipe.span_threshold = result["threshold"]
+    unmapped = pipe.predict(DEV_TEXTS, scores=True)
     after = Pipeline.load(model)
-    assert after.threshold == result["threshold"]
+    assert after.span_score_map == (fitted["scale"], fitted["shift"])
+    mapped = after.predict(DEV_TEXTS, scores=True)
+    assert strip(mapped) == strip(unmapped)
+    assert [e["score"] for f in mapped for e in f] == pytest.approx(
+        [sigmoid(fitted["scale"] * logit(e["score"]) + fitted["shift"]) for f in unmapped for e in f], abs=2e-6)
     assert after.evaluate(TINY_DEV)["f1"] == result["after"]["f1"]
+    assert fitted["ece_after"] <= fitted["ece_before"]
+    assert after.predict_and_score(read_corpus(TINY_DEV).sentences, with_calibration=True).metrics[
+        "calibration"]["ece"] == pytest.approx(fitted["ece_after"], abs=1e-4)
     # without --data: the dev split the model was selected on (the fixture's data.dev is TINY_DEV)
     (tmp_path / "again").mkdir()
     again = copy_of(span_model, tmp_path / "again", flat)
@@ -117,6 +167,53 @@ def test_the_saved_threshold_is_what_predict_save_load_and_export_use(span_model
         assert info["head"] == "span" and info["score"]["threshold"] == 0.1
         answer = httpx.post(f"{server.url}/predict", json={"texts": texts}, timeout=60).json()["records"]
         assert [[(e["start"], e["end"], e["type"]) for e in r["entities"]] for r in answer] == strip(predicted)
+
+
+@pytest.mark.slow
+def test_the_saved_score_map_is_what_predict_save_load_export_and_the_server_use(span_model, tmp_path, nerkit):
+    """A map (scale 0.5, shift 0.2) with the threshold 0.3 carried onto its scale: the spans predicted
+    at 0.3 without it, each scored sigmoid(0.5 logit(p) + 0.2), by the API, the command line, a saved
+    and loaded copy, an ONNX export and the server."""
+    from nerkit.data.corpus import read_corpus
+    from nerkit.inference.onnx_runtime import OnnxPipeline
+    from nerkit.tools.export import export_model
+
+    model = copy_of(span_model, tmp_path)
+    texts = [s.text for s in read_corpus(TINY_TRAIN).sentences[:20]] + TEXTS
+    pipe = Pipeline.load(model)
+    pipe.span_threshold = 0.3
+    expected = [[{**e, "score": round(sigmoid(0.5 * logit(e["score"]) + 0.2), 6)} for e in found]
+                for found in pipe.predict(texts, scores=True)]
+    assert any(expected), "the fixture predicts nothing at 0.3: the test would check nothing"
+    meta = json.loads((model / "nerkit.json").read_text())
+    mapped_threshold = sigmoid(0.5 * logit(0.3) + 0.2)
+    (model / "nerkit.json").write_text(json.dumps({**meta, "span_threshold": mapped_threshold,
+                                                   "span_score_map": {"scale": 0.5, "shift": 0.2}}))
+
+    def same(found):
+        return [[{**e, "score": pytest.approx(e["score"], abs=2e-6)} for e in f] for f in found]
+
+    pipe = Pipeline.load(model)
+    assert pipe.span_score_map == (0.5, 0.2) and pipe.predict(texts, scores=True) == same(expected)
+    (tmp_path / "texts.txt").write_text("\n".join(texts) + "\n", encoding="utf-8")
+    cli = [json.loads(line)["entities"] for line in nerkit("predict", "--model", str(model), "--format", "jsonl",
+                                                           "--scores", str(tmp_path / "texts.txt")).stdout.splitlines()]
+    assert cli == same(expected)
+    pipe.save(tmp_path / "again")
+    assert Pipeline.load(tmp_path / "again").predict(texts, scores=True) == same(expected)
+    export_model(model, tmp_path / "onnx")
+    onnx = OnnxPipeline.load(tmp_path / "onnx", threads=1)
+    assert onnx.span_score_map == (0.5, 0.2)
+    assert [[{**e, "score": pytest.approx(e["score"], abs=1e-4)} for e in f] for f in expected] == \
+        onnx.predict(texts, scores=True)
+    with serving(model, tmp_path, "--scores") as server:
+        info = httpx.get(f"{server.url}/info", timeout=30).json()
+        assert info["score"]["map"] == {"scale": 0.5, "shift": 0.2}
+        answer = httpx.post(f"{server.url}/predict", json={"texts": texts}, timeout=60).json()["records"]
+        assert [r["entities"] for r in answer] == same(expected)
+    (model / "nerkit.json").write_text(json.dumps({**meta, "span_score_map": {"scale": -1, "shift": 0}}))
+    refused = nerkit("predict", "--model", str(model), "-", check=False)
+    assert refused.returncode == 2 and "span_score_map is" in refused.stderr and "Traceback" not in refused.stderr
 
 
 @pytest.mark.slow

@@ -133,7 +133,8 @@ def calibrate(
 ):
     """Fit the temperature that makes the entity scores honest on a dev set and keep it in the model
     directory: scores change, tags and F1 do not. A span-head model (model.head: span) gets instead
-    the threshold of best dev F1, from 0.05 to 0.95 by 0.05, which predictions then use."""
+    the threshold of best dev F1, from 0.05 to 0.95 by 0.05, and a map of its span scores fitted on
+    the spans it then predicts (Platt's), both of which predictions then use."""
     from nerkit.tools.calibrate import calibrate as fit
 
     result = fit(model, data, batch_size, window)

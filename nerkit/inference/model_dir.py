@@ -56,6 +56,11 @@ SCORE_TEMPERATURE = "score_temperature"
 # replaces config.yaml's span.threshold when the model predicts (absent: span.threshold).
 SPAN_THRESHOLD = "span_threshold"
 
+# nerkit.json's key for the map of the span head's scores that `nerkit calibrate` fitted on a dev set
+# (Platt's: a span of band logit x is scored sigmoid(scale * x + shift); absent: the head's own).
+# The threshold beside it is on the mapped scale, so the same spans are predicted.
+SPAN_SCORE_MAP = "span_score_map"
+
 
 # What a model directory whose files disagree asks for, whichever file the disagreement is found in.
 ONE_RUN_FIX = "use the files of one training run together"
@@ -85,12 +90,12 @@ def _read_json(path: Path) -> dict:
         raise ModelDirError("not valid JSON", where=str(path), fix="the model directory is damaged; retrain") from None
 
 
-def update_meta(directory: Path, key: str, value) -> Path:
-    """Set one key of DIRECTORY/nerkit.json (what `nerkit calibrate` fits: `score_temperature`,
-    `span_threshold`), the file replaced atomically; its path."""
+def update_meta(directory: Path, values: dict) -> Path:
+    """Set keys of DIRECTORY/nerkit.json (what `nerkit calibrate` fits: `score_temperature`, or
+    `span_threshold` with `span_score_map`), the file replaced atomically, all of them at once; its path."""
     path = directory / META_FILE
     meta = json.loads(path.read_text(encoding="utf-8"))
-    meta[key] = value
+    meta.update(values)
     atomic_write_text(path, json.dumps(meta, indent=2) + "\n")
     return path
 

@@ -182,7 +182,7 @@ class OnnxPipeline(Predictor):
 
         def decode(idx: list[int]):
             arrays = collate_arrays([examples[j] for j in idx])
-            band = self.session.run(["band"], {name: arrays[name] for name in self.inputs})[0]  # (B, K, T, W)
+            band = self.mapped_band(self.session.run(["band"], {name: arrays[name] for name in self.inputs})[0])  # (B, K, T, W)
             return decode_band(band, [len(examples[j]) for j in idx], threshold, flat=False)  # span.flat: stitched_spans
 
         results = self._pool.map(decode, batches) if self._pool is not None and len(batches) > 1 else map(decode, batches)
@@ -219,6 +219,7 @@ class OnnxPipeline(Predictor):
         pipe.train_max_len = found.train_max_len
         pipe.score_temperature = found.score_temperature
         pipe.span_threshold = found.span_threshold
+        pipe.span_score_map = found.span_score_map
         if (directory / CRF_FILE).is_file():
             pipe.crf_scores = read_crf_scores(directory / CRF_FILE, pipe.tags)
         pipe.directory = directory

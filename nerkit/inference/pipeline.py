@@ -26,6 +26,7 @@ from nerkit.inference.model_dir import (
     LEXICON_FILE,
     META_FILE,
     ONE_RUN_FIX,
+    SPAN_SCORE_MAP,
     SPAN_THRESHOLD,
     VOCAB_FILE,
     WEIGHTS_FILE,
@@ -72,7 +73,8 @@ class Pipeline(Predictor):
                 chosen = [examples[j] for j in idx]
                 batch = (collate(chosen) if trim else collate_padded(chosen, batch_size, window)).to(self.device)
                 if self.model.crf is None:  # the span head: its spans carry their probabilities
-                    found = self.model.decode(batch, self.threshold)
+                    band = self.mapped_band(self.model.span_band(batch))
+                    found = self.model.decode_spans(band, batch.mask, self.threshold)
                 else:
                     found = zip(*self.model.decode_scored(batch, self.score_temperature)) if scores else self.model.decode(batch)
                 for j, result in zip(idx, found):  # the padding rows' paths are dropped
@@ -153,13 +155,15 @@ class Pipeline(Predictor):
     def write_meta(self, directory: Path) -> None:
         """nerkit.json: what the directory is (format and nerkit versions, encoder, the lexicon's and
         the vocabulary's checksums) and the longest training sentence, which sets the default
-        prediction window; the span threshold `nerkit calibrate` chose, when there is one."""
+        prediction window; the span threshold and score map `nerkit calibrate` chose, when there are."""
         lexicon = self.featurizer.lexicon
         meta = {"format_version": FORMAT_VERSION, "nerkit_version": __version__, "encoder": self.config.encoder.name,
                 "lexicon_sha256": lexicon.fingerprint if lexicon is not None else None,
                 "vocab_sha256": vocab_fingerprint(self.featurizer.to_json()), "train_max_len": self.train_max_len}
         if self.span_threshold is not None:
             meta[SPAN_THRESHOLD] = self.span_threshold
+        if self.span_score_map is not None:
+            meta[SPAN_SCORE_MAP] = dict(zip(("scale", "shift"), self.span_score_map))
         atomic_write_text(directory / META_FILE, json.dumps(meta, indent=2) + "\n")
 
     def write_weights(self, directory: Path, metrics: dict | None = None) -> None:
@@ -193,6 +197,7 @@ class Pipeline(Predictor):
         pipe.train_max_len = found.train_max_len
         pipe.score_temperature = found.score_temperature
         pipe.span_threshold = found.span_threshold
+        pipe.span_score_map = found.span_score_map
         pipe.directory = directory
         weights = directory / WEIGHTS_FILE
         state = read_safetensors(weights, fix="the file is damaged or not a safetensors file; retrain or copy it again",

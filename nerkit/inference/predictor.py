@@ -30,6 +30,7 @@ from nerkit.inference.model_dir import (
     MODEL_FILES,
     ONE_RUN_FIX,
     SCORE_TEMPERATURE,
+    SPAN_SCORE_MAP,
     SPAN_THRESHOLD,
     VOCAB_FILE,
     _read_json,
@@ -68,6 +69,17 @@ class Predictor:
         # The span head's threshold that `nerkit calibrate` chose on a dev set (nerkit.json's
         # span_threshold), or None: config.yaml's span.threshold.
         self.span_threshold: float | None = None
+        # The span head's fitted map of its band logits, (scale, shift), or None: the head's own
+        # (nerkit.json's span_score_map, which `nerkit calibrate` writes).
+        self.span_score_map: tuple[float, float] | None = None
+
+    def mapped_band(self, band):
+        """The span head's band logits (numpy or torch, any shape) on the scale its scores and
+        threshold are read on: `span_score_map` applied, or as they are."""
+        if self.span_score_map is None:
+            return band
+        scale, shift = self.span_score_map
+        return band * scale + shift
 
     @property
     def tags(self) -> list[str]:
@@ -287,6 +299,7 @@ class ModelFiles:
     train_max_len: int | None
     score_temperature: float = 1.0
     span_threshold: float | None = None
+    span_score_map: tuple[float, float] | None = None
 
 
 def read_model_dir(directory: Path, files: tuple[str, ...] = MODEL_FILES) -> ModelFiles:
@@ -327,7 +340,8 @@ def read_model_dir(directory: Path, files: tuple[str, ...] = MODEL_FILES) -> Mod
         raise ModelDirError("lm/ is missing: the model was trained with a language model, which lives in lm/",
                             where=str(directory), fix="copy the whole model directory, lm/ included")
     return ModelFiles(meta, config, vocab, lexicon, _train_max_len(meta, directory / META_FILE),
-                      _score_temperature(meta, directory / META_FILE), _span_threshold(meta, directory / META_FILE))
+                      _score_temperature(meta, directory / META_FILE), _span_threshold(meta, directory / META_FILE),
+                      _span_score_map(meta, directory / META_FILE))
 
 
 def _score_temperature(meta: dict, where: Path) -> float:
@@ -346,6 +360,20 @@ def _span_threshold(meta: dict, where: Path) -> float | None:
         raise ModelDirError(f"{SPAN_THRESHOLD} is {found!r}, not a probability between 0 and 1", where=str(where),
                             fix="run `nerkit calibrate` again, or remove the key to predict at config.yaml's span.threshold")
     return None if found is None else float(found)
+
+
+def _span_score_map(meta: dict, where: Path) -> tuple[float, float] | None:
+    """nerkit.json's `span_score_map` (written by `nerkit calibrate`) as (scale, shift), None when absent."""
+    found = meta.get(SPAN_SCORE_MAP)
+    if found is None:
+        return None
+    numbers = [found.get(k) for k in ("scale", "shift")] if isinstance(found, dict) else []
+    if (len(numbers) != 2 or any(isinstance(n, bool) or not isinstance(n, (int, float)) or not math.isfinite(n)
+                                 for n in numbers) or not numbers[0] > 0):
+        raise ModelDirError(f"{SPAN_SCORE_MAP} is {found!r}, not {{\"scale\": a positive number, \"shift\": a number}}",
+                            where=str(where), fix="run `nerkit calibrate` again, or remove the key to score spans "
+                                                  "by the head's own probabilities")
+    return float(numbers[0]), float(numbers[1])
 
 
 def check_vocab(meta: dict, vocab: dict, directory: Path) -> None:

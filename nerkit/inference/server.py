@@ -106,8 +106,9 @@ PREDICT_BODY = {"description": "Exactly one of `texts` and `text`.", "oneOf": [
 
 SCORE_MEANING = ("The probability the model gives this exact entity (span and type): under a CRF head from its "
                  "forward-backward pass over every valid tag sequence, at the temperature `nerkit calibrate` "
-                 "fitted (1 if none); under a span head the sigmoid of the span's score, every span above the "
-                 "model's threshold being an entity; given when the server runs with --scores (or --min-score, "
+                 "fitted (1 if none); under a span head the sigmoid of the span's score (mapped by the scale and "
+                 "shift `nerkit calibrate` fitted, if any), every span above the model's threshold being an "
+                 "entity; given when the server runs with --scores (or --min-score, "
                  "--label-studio).")
 
 
@@ -281,7 +282,8 @@ def create_app(model_dir: str | Path, options: ServeOptions | None = None) -> Fa
         "head": pipe.config.model.head,
         "score": {"given": options.min_score is not None, "meaning": SCORE_MEANING,
                   "temperature": pipe.score_temperature, "min_score": options.min_score,
-                  **({"threshold": pipe.threshold} if pipe.config.model.head == "span" else {})},
+                  **({"threshold": pipe.threshold, "map": dict(zip(("scale", "shift"), pipe.span_score_map or (1.0, 0.0)))}
+                     if pipe.config.model.head == "span" else {})},
         "serve": {**dataclasses.asdict(options), "window": window, "batch_size": batch_size,
                   "pid": os.getpid()},
     }

@@ -122,7 +122,7 @@ def calibrate(model_dir: str | Path, data: str | Path | None = None, batch_size:
         metrics = pipe.predict_and_score(sentences, batch_size, window=window, with_calibration=True).metrics
         result[name] = {"ece": metrics["calibration"]["ece"], "brier": metrics["calibration"]["brier"],
                         "log_loss": log_loss(pipe, batches, t)}
-    meta_path = update_meta(model_dir, SCORE_TEMPERATURE, result["temperature"])
+    meta_path = update_meta(model_dir, {SCORE_TEMPERATURE: result["temperature"]})
     log.info(f"score temperature {temperature:.3f} on {entities:,} entities of {where}: ECE "
              f"{result['before']['ece']:.4f} -> {result['after']['ece']:.4f}; wrote {meta_path}")
     return result

@@ -52,7 +52,7 @@ def _decision_log_probabilities(pipe, texts: list[str], batch_size: int, window:
 
     cut = band_cut(pipe.threshold)
     for pieces, batch in pipe.window_batches(texts, batch_size, window):
-        band = pipe.model.span_band(batch)  # (B, K, T, W)
+        band = pipe.mapped_band(pipe.model.span_band(batch))  # (B, K, T, W), on the scale of its scores
         yield pieces, decision_log_probability(band, band_valid(batch.mask, band.size(-1)), cut).tolist()
 
 

@@ -7,18 +7,27 @@ many more negative spans than positive ones tends to predict too few. The band l
 computed once, every span above the lowest threshold tried is kept with its logit, and each
 threshold of `GRID` decodes from those (windows stitched and `span.flat` applied as prediction
 does), so the F1 at each is exactly what `nerkit eval` reports at that threshold.
+
+The head's own probabilities (the sigmoid of its scores) are not calibrated, Su's loss not being a
+likelihood, so the spans predicted at the chosen threshold then fit Platt's map of the scores
+(`platt_map`, kept as nerkit.json's `span_score_map`), and the threshold is carried onto the map's
+scale: the same spans are predicted, with scores that say how often such a span is right.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 from pathlib import Path
 
+import numpy as np
+
+from nerkit.data.tags import Span
 from nerkit.errors import UserError
-from nerkit.inference.evaluate import score
-from nerkit.inference.model_dir import SPAN_THRESHOLD, update_meta
+from nerkit.inference.evaluate import calibration, score
+from nerkit.inference.model_dir import SPAN_SCORE_MAP, SPAN_THRESHOLD, update_meta
 from nerkit.inference.pipeline import Pipeline
-from nerkit.model.span_decode import band_cut, threshold_spans, with_probabilities
+from nerkit.model.span_decode import band_cut, logit, threshold_spans, with_probabilities
 
 log = logging.getLogger(__name__)
 
@@ -34,19 +43,71 @@ def band_candidates(pipe: Pipeline, token_lists: list, batch_size: int, window: 
     cut = band_cut(floor)
     found = {}
     for pieces, batch in pipe.window_batches(token_lists, batch_size, window, trim=True):
-        band = pipe.model.span_band(batch).float().cpu().numpy()  # (B, K, T, W)
+        band = pipe.mapped_band(pipe.model.span_band(batch).float().cpu().numpy())  # (B, K, T, W)
         for (i, a, b), logits in zip(pieces, band):
             found[i, a, b] = threshold_spans(logits, b - a, cut)
     pieces = sorted(found)
     return pieces, [found[p] for p in pieces]
 
 
-def f1_at(pipe: Pipeline, token_lists: list, gold: list, pieces: list, found: list, threshold: float) -> dict:
-    """The scores (`nerkit.inference.evaluate.score`) of the spans above `threshold`, stitched as
-    prediction stitches them."""
+def spans_at(pipe: Pipeline, token_lists: list, pieces: list, found: list, threshold: float,
+             scores: bool = False) -> list:
+    """Each text's spans above `threshold`, stitched as prediction stitches them (with `scores`, each
+    with its probability)."""
     cut = band_cut(threshold)
     decoded = [with_probabilities([s for s in spans if s[3] > cut]) for spans in found]
-    return score(gold, pipe.stitched_spans(token_lists, pieces, decoded, scores=False))
+    return pipe.stitched_spans(token_lists, pieces, decoded, scores=scores)
+
+
+def f1_at(pipe: Pipeline, token_lists: list, gold: list, pieces: list, found: list, threshold: float) -> dict:
+    """The scores (`nerkit.inference.evaluate.score`) of the spans above `threshold`."""
+    return score(gold, spans_at(pipe, token_lists, pieces, found, threshold))
+
+
+def platt_map(logits: list[float], right: list[bool], steps: int = 50) -> tuple[float, float]:
+    """(scale, shift) minimising the log loss of sigmoid(scale * x + shift) against `right`, by
+    Newton's method, with Platt's smoothed targets ((N+ + 1) / (N+ + 2) for a right one, 1 / (N- + 2)
+    for a wrong one), so that a set the logits separate still gets a finite map. (1, 0) when the
+    fit is not a positive scale (a map must keep the spans' order)."""
+    x, y = np.asarray(logits, dtype=np.float64), np.asarray(right, dtype=bool)
+    positives, negatives = int(y.sum()), int((~y).sum())
+    if not len(x) or not positives or not negatives:
+        return 1.0, 0.0
+    target = np.where(y, (positives + 1) / (positives + 2), 1 / (negatives + 2))
+    features = np.stack([x, np.ones_like(x)], axis=1)  # (N, 2)
+    weights = np.array([1.0, 0.0])
+    for _ in range(steps):
+        p = 1 / (1 + np.exp(-(features @ weights)))
+        gradient = features.T @ (p - target)
+        hessian = (features * (p * (1 - p))[:, None]).T @ features + 1e-9 * np.eye(2)
+        step = np.linalg.solve(hessian, gradient)
+        weights = weights - step
+        if np.abs(step).max() < 1e-10:
+            break
+    scale, shift = float(weights[0]), float(weights[1])
+    return (scale, shift) if scale > 0 and math.isfinite(scale) and math.isfinite(shift) else (1.0, 0.0)
+
+
+def fit_scores(pipe: Pipeline, token_lists: list, gold: list, pieces: list, found: list, threshold: float) -> dict:
+    """Platt's map of the span head's scores, fitted on the spans predicted at `threshold` (right
+    when span and type match a gold entity), composed with the model's present map and set on
+    `pipe` with the threshold on the new scale (the same spans predicted); its figures."""
+    def mapped(p: float) -> float:  # a probability through the new map
+        return 1 / (1 + math.exp(-(scale * logit(min(max(p, 1e-12), 1 - 1e-12)) + shift)))
+
+    predicted = spans_at(pipe, token_lists, pieces, found, threshold, scores=True)
+    right = [{(g.start, g.end, g.type) for g in truth} for truth in gold]
+    pairs = [(logit(min(max(s.score, 1e-12), 1 - 1e-12)), (s.start, s.end, s.type) in entities)
+             for spans, entities in zip(predicted, right) for s in spans]
+    scale, shift = platt_map([x for x, _ in pairs], [r for _, r in pairs])
+    old_scale, old_shift = pipe.span_score_map or (1.0, 0.0)
+    pipe.span_score_map = (scale * old_scale, scale * old_shift + shift)
+    pipe.span_threshold = mapped(threshold)
+    before = calibration(gold, predicted)
+    after = calibration(gold, [[Span(s.start, s.end, s.type, mapped(s.score)) for s in spans] for spans in predicted])
+    return {"scale": pipe.span_score_map[0], "shift": pipe.span_score_map[1], "threshold": pipe.span_threshold,
+            "spans": len(pairs),
+            "ece_before": round(before["ece"], 6), "ece_after": round(after["ece"], 6)}
 
 
 def best_threshold(f1: dict[float, float]) -> float:
@@ -69,21 +130,31 @@ def choose_threshold(pipe: Pipeline, sentences: list, where: str, batch_size: in
     by_threshold = {t: f1_at(pipe, token_lists, gold, pieces, found, t) for t in sorted({*GRID, previous})}
     chosen = best_threshold({t: m["f1"] for t, m in by_threshold.items() if t in GRID})
     brief = lambda m: {k: m[k] for k in ("precision", "recall", "f1")} | {"predicted": m["counts"]["predicted"]}  # noqa: E731
-    pipe.span_threshold = chosen
-    return {"threshold": chosen, "data": where, "gold": by_threshold[chosen]["counts"]["gold"],
+    score_map = fit_scores(pipe, token_lists, gold, pieces, found, chosen)
+    return {"threshold": chosen, "data": where, "gold": by_threshold[chosen]["counts"]["gold"], "score_map": score_map,
             "before": {"threshold": previous, **brief(by_threshold[previous])},
             "after": {"threshold": chosen, **brief(by_threshold[chosen])},
             "grid": {str(t): round(by_threshold[t]["f1"], 6) for t in GRID}}
 
 
+def span_meta(result: dict) -> dict:
+    """The nerkit.json keys of a `choose_threshold` result: the threshold and the score map, on one scale."""
+    fitted = result["score_map"]
+    return {SPAN_THRESHOLD: fitted["threshold"], SPAN_SCORE_MAP: {"scale": fitted["scale"], "shift": fitted["shift"]}}
+
+
 def calibrate_threshold(pipe: Pipeline, model_dir: Path, sentences: list, where: str, batch_size: int = 128,
                         window: int | None = None) -> dict:
     """Choose the span threshold of MODEL_DIR (loaded as `pipe`) that maximises micro F1 on the gold
-    SENTENCES (a dev set, never the test set; `where` names them), write it into
-    MODEL_DIR/nerkit.json, and return it with the F1 at every threshold of `GRID` and the dev scores
-    before and after."""
+    SENTENCES (a dev set, never the test set; `where` names them), fit the map of its scores on the
+    spans it then predicts (`fit_scores`), write both into MODEL_DIR/nerkit.json, and return them
+    with the F1 at every threshold of `GRID` and the dev scores before and after."""
     result = choose_threshold(pipe, sentences, where, batch_size, window)
-    meta_path = update_meta(model_dir, SPAN_THRESHOLD, result["threshold"])
+    meta_path = update_meta(model_dir, span_meta(result))
+    fitted = result["score_map"]
     log.info(f"span threshold {result['before']['threshold']:g} -> {result['threshold']:g} on {where}: dev F1 "
-             f"{100 * result['before']['f1']:.2f} -> {100 * result['after']['f1']:.2f}; wrote {meta_path}")
+             f"{100 * result['before']['f1']:.2f} -> {100 * result['after']['f1']:.2f}; scores mapped by "
+             f"sigmoid({fitted['scale']:.3f} x {fitted['shift']:+.3f}) (threshold {fitted['threshold']:.3f} on that "
+             f"scale): ECE {fitted['ece_before']:.4f} -> {fitted['ece_after']:.4f} over {fitted['spans']:,} spans; "
+             f"wrote {meta_path}")
     return result

@@ -72,17 +72,18 @@ def span_threshold_of(pipe, out: str, splits, batch_size: int) -> dict:
     {} for a CRF model."""
     if pipe.config.model.head != "span":
         return {}
-    from nerkit.inference.model_dir import SPAN_THRESHOLD, update_meta
-    from nerkit.tools.span_threshold import choose_threshold
+    from nerkit.inference.model_dir import update_meta
+    from nerkit.tools.span_threshold import choose_threshold, span_meta
 
-    default = pipe.threshold
+    default = pipe.span_threshold, pipe.span_score_map
     chosen = choose_threshold(pipe, splits.dev, "the dev split", batch_size)
     if splits.test is not None:
-        pipe.span_threshold = default
+        fitted = pipe.span_threshold, pipe.span_score_map
+        pipe.span_threshold, pipe.span_score_map = default
         test = pipe.evaluate(splits.test, batch_size)
-        chosen["test_before"] = {"threshold": default, **{k: test[k] for k in ("precision", "recall", "f1")}}
-        pipe.span_threshold = chosen["threshold"]
-    update_meta(Path(out), SPAN_THRESHOLD, chosen["threshold"])
+        chosen["test_before"] = {"threshold": pipe.threshold, **{k: test[k] for k in ("precision", "recall", "f1")}}
+        pipe.span_threshold, pipe.span_score_map = fitted
+    update_meta(Path(out), span_meta(chosen))
     return {"span_threshold": chosen}
 
 
