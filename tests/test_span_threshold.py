@@ -195,6 +195,22 @@ def test_the_saved_score_map_is_what_predict_save_load_export_and_the_server_use
 
     pipe = Pipeline.load(model)
     assert pipe.span_score_map == (0.5, 0.2) and pipe.predict(texts, scores=True) == same(expected)
+    # `data select` reads the decision on the same scale: each text alone, the band mapped by hand
+    import torch
+
+    from nerkit.features.batch import collate_padded
+    from nerkit.model.span import band_valid, decision_log_probability
+    from nerkit.model.span_decode import band_cut
+    from nerkit.tools.select import path_confidence
+
+    by_hand = []
+    for text in texts:
+        batch = collate_padded([pipe.featurizer.example(list(text))], 1, len(text))
+        with torch.no_grad():
+            band = pipe.model.span_band(batch) * 0.5 + 0.2
+        by_hand.append(decision_log_probability(band, band_valid(batch.mask, band.size(-1)),
+                                                band_cut(mapped_threshold)).item() / len(text))
+    assert path_confidence(pipe, texts, window=0) == pytest.approx(by_hand, abs=1e-5)
     (tmp_path / "texts.txt").write_text("\n".join(texts) + "\n", encoding="utf-8")
     cli = [json.loads(line)["entities"] for line in nerkit("predict", "--model", str(model), "--format", "jsonl",
                                                            "--scores", str(tmp_path / "texts.txt")).stdout.splitlines()]
