@@ -136,6 +136,9 @@ def test_calibrate_fits_a_temperature_that_changes_scores_not_tags(tiny_model_di
     assert [e["score"] for e in new[0]] == pytest.approx(expected, abs=1e-6)
     if result["temperature"] != 1.0 and new[0]:
         assert [e["score"] for e in new[0]] != pytest.approx([e["score"] for e in old[0]], abs=1e-6)
+    after.save(tmp_path / "saved")  # a saved copy keeps the temperature, so its scores
+    saved = Pipeline.load(tmp_path / "saved")
+    assert saved.score_temperature == result["temperature"] and saved.predict(TEXTS, scores=True, window=0) == new
 
 
 def test_calibrate_without_data_fits_on_the_dev_split_the_model_was_selected_on(tiny_model_dir, tmp_path, nerkit):

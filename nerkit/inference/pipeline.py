@@ -26,6 +26,7 @@ from nerkit.inference.model_dir import (
     LEXICON_FILE,
     META_FILE,
     ONE_RUN_FIX,
+    SCORE_TEMPERATURE,
     SPAN_SCORE_MAP,
     SPAN_THRESHOLD,
     VOCAB_FILE,
@@ -155,11 +156,14 @@ class Pipeline(Predictor):
     def write_meta(self, directory: Path) -> None:
         """nerkit.json: what the directory is (format and nerkit versions, encoder, the lexicon's and
         the vocabulary's checksums) and the longest training sentence, which sets the default
-        prediction window; the span threshold and score map `nerkit calibrate` chose, when there are."""
+        prediction window; what `nerkit calibrate` fitted, when it did: the scores' temperature, the
+        span threshold and score map."""
         lexicon = self.featurizer.lexicon
         meta = {"format_version": FORMAT_VERSION, "nerkit_version": __version__, "encoder": self.config.encoder.name,
                 "lexicon_sha256": lexicon.fingerprint if lexicon is not None else None,
                 "vocab_sha256": vocab_fingerprint(self.featurizer.to_json()), "train_max_len": self.train_max_len}
+        if self.score_temperature != 1.0:
+            meta[SCORE_TEMPERATURE] = self.score_temperature
         if self.span_threshold is not None:
             meta[SPAN_THRESHOLD] = self.span_threshold
         if self.span_score_map is not None:
