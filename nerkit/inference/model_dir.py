@@ -60,6 +60,12 @@ SPAN_THRESHOLD = "span_threshold"
 # (Platt's: a span of band logit x is scored sigmoid(scale * x + shift); absent: the head's own).
 # The threshold beside it is on the mapped scale, so the same spans are predicted.
 SPAN_SCORE_MAP = "span_score_map"
+SCORE_MAP_KEYS = ("scale", "shift")  # its JSON object's keys, in the order of the (scale, shift) pair
+
+
+def score_map_json(score_map: tuple[float, float]) -> dict:
+    """A span score map (scale, shift) as nerkit.json, the server and records write it."""
+    return dict(zip(SCORE_MAP_KEYS, score_map))
 
 
 # What a model directory whose files disagree asks for, whichever file the disagreement is found in.

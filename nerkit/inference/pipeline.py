@@ -31,6 +31,7 @@ from nerkit.inference.model_dir import (
     SPAN_THRESHOLD,
     VOCAB_FILE,
     WEIGHTS_FILE,
+    score_map_json,
     vocab_fingerprint,
 )
 from nerkit.inference.predictor import (  # noqa: F401 (Evaluation and without_whitespace re-exported)
@@ -167,7 +168,7 @@ class Pipeline(Predictor):
         if self.span_threshold is not None:
             meta[SPAN_THRESHOLD] = self.span_threshold
         if self.span_score_map is not None:
-            meta[SPAN_SCORE_MAP] = dict(zip(("scale", "shift"), self.span_score_map))
+            meta[SPAN_SCORE_MAP] = score_map_json(self.span_score_map)
         atomic_write_text(directory / META_FILE, json.dumps(meta, indent=2) + "\n")
 
     def write_weights(self, directory: Path, metrics: dict | None = None) -> None:

@@ -29,6 +29,7 @@ from nerkit.inference.model_dir import (
     META_FILE,
     MODEL_FILES,
     ONE_RUN_FIX,
+    SCORE_MAP_KEYS,
     SCORE_TEMPERATURE,
     SPAN_SCORE_MAP,
     SPAN_THRESHOLD,
@@ -367,7 +368,7 @@ def _span_score_map(meta: dict, where: Path) -> tuple[float, float] | None:
     found = meta.get(SPAN_SCORE_MAP)
     if found is None:
         return None
-    numbers = [found.get(k) for k in ("scale", "shift")] if isinstance(found, dict) else []
+    numbers = [found.get(k) for k in SCORE_MAP_KEYS] if isinstance(found, dict) else []
     if (len(numbers) != 2 or any(isinstance(n, bool) or not isinstance(n, (int, float)) or not math.isfinite(n)
                                  for n in numbers) or not numbers[0] > 0):
         raise ModelDirError(f"{SPAN_SCORE_MAP} is {found!r}, not {{\"scale\": a positive number, \"shift\": a number}}",

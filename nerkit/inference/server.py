@@ -39,7 +39,7 @@ from nerkit.errors import UserError, did_you_mean
 from nerkit.inference.batcher import Batcher, QueueFull
 from nerkit.inference.formats import model_version, predict_records
 from nerkit.inference.loading import load_pipeline
-from nerkit.inference.model_dir import ONNX_FILE, WEIGHTS_FILE
+from nerkit.inference.model_dir import ONNX_FILE, WEIGHTS_FILE, score_map_json
 from nerkit.pretrained.licences import model_terms
 from nerkit.version import __version__
 
@@ -282,7 +282,7 @@ def create_app(model_dir: str | Path, options: ServeOptions | None = None) -> Fa
         "head": pipe.config.model.head,
         "score": {"given": options.min_score is not None, "meaning": SCORE_MEANING,
                   "temperature": pipe.score_temperature, "min_score": options.min_score,
-                  **({"threshold": pipe.threshold, "map": dict(zip(("scale", "shift"), pipe.span_score_map or (1.0, 0.0)))}
+                  **({"threshold": pipe.threshold, "map": score_map_json(pipe.span_score_map or (1.0, 0.0))}
                      if pipe.config.model.head == "span" else {})},
         "serve": {**dataclasses.asdict(options), "window": window, "batch_size": batch_size,
                   "pid": os.getpid()},

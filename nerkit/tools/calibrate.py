@@ -9,8 +9,8 @@ the scores change. T is the one that minimises the log loss of "this entity is r
 type exactly as in the gold file) over the dev set's predicted entities, found on a grid of log T
 and refined around its best point. The emissions are computed once and kept for every T tried.
 
-A span-head model has no temperature to fit: its threshold is chosen instead
-(nerkit.tools.span_threshold).
+A span-head model has no temperature to fit: its threshold is chosen instead, and Platt's map of its
+span scores fitted (nerkit.tools.span_threshold).
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ import numpy as np
 from nerkit.data.tags import Span
 from nerkit.errors import UserError
 from nerkit.inference.evaluate import calibration, score
-from nerkit.inference.model_dir import SPAN_SCORE_MAP, SPAN_THRESHOLD, update_meta
+from nerkit.inference.model_dir import SCORE_MAP_KEYS, SPAN_SCORE_MAP, SPAN_THRESHOLD, score_map_json, update_meta
 from nerkit.inference.pipeline import Pipeline
 from nerkit.model.span_decode import band_cut, logit, threshold_spans, with_probabilities
 
@@ -92,21 +92,24 @@ def fit_scores(pipe: Pipeline, token_lists: list, gold: list, pieces: list, foun
     """Platt's map of the span head's scores, fitted on the spans predicted at `threshold` (right
     when span and type match a gold entity), composed with the model's present map and set on
     `pipe` with the threshold on the new scale (the same spans predicted); its figures."""
-    def mapped(p: float) -> float:  # a probability through the new map
-        return 1 / (1 + math.exp(-(scale * logit(min(max(p, 1e-12), 1 - 1e-12)) + shift)))
+    def score_logit(p: float) -> float:  # a span's score back to its logit (a score may round to 0 or 1)
+        return logit(min(max(p, 1e-12), 1 - 1e-12))
 
     predicted = spans_at(pipe, token_lists, pieces, found, threshold, scores=True)
     right = [{(g.start, g.end, g.type) for g in truth} for truth in gold]
-    pairs = [(logit(min(max(s.score, 1e-12), 1 - 1e-12)), (s.start, s.end, s.type) in entities)
+    pairs = [(score_logit(s.score), (s.start, s.end, s.type) in entities)
              for spans, entities in zip(predicted, right) for s in spans]
     scale, shift = platt_map([x for x, _ in pairs], [r for _, r in pairs])
+
+    def mapped(p: float) -> float:  # a probability through the new map
+        return 1 / (1 + math.exp(-(scale * score_logit(p) + shift)))
+
     old_scale, old_shift = pipe.span_score_map or (1.0, 0.0)
     pipe.span_score_map = (scale * old_scale, scale * old_shift + shift)
     pipe.span_threshold = mapped(threshold)
     before = calibration(gold, predicted)
     after = calibration(gold, [[Span(s.start, s.end, s.type, mapped(s.score)) for s in spans] for spans in predicted])
-    return {"scale": pipe.span_score_map[0], "shift": pipe.span_score_map[1], "threshold": pipe.span_threshold,
-            "spans": len(pairs),
+    return {**score_map_json(pipe.span_score_map), "threshold": pipe.span_threshold, "spans": len(pairs),
             "ece_before": round(before["ece"], 6), "ece_after": round(after["ece"], 6)}
 
 
@@ -140,7 +143,7 @@ def choose_threshold(pipe: Pipeline, sentences: list, where: str, batch_size: in
 def span_meta(result: dict) -> dict:
     """The nerkit.json keys of a `choose_threshold` result: the threshold and the score map, on one scale."""
     fitted = result["score_map"]
-    return {SPAN_THRESHOLD: fitted["threshold"], SPAN_SCORE_MAP: {"scale": fitted["scale"], "shift": fitted["shift"]}}
+    return {SPAN_THRESHOLD: fitted["threshold"], SPAN_SCORE_MAP: {k: fitted[k] for k in SCORE_MAP_KEYS}}
 
 
 def calibrate_threshold(pipe: Pipeline, model_dir: Path, sentences: list, where: str, batch_size: int = 128,
