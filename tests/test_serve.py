@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -513,8 +514,49 @@ def test_sigterm_loses_no_request_of_a_kept_alive_connection(tiny_model_dir, tmp
     assert all(end.closing for end in ends), ends
 
 
+def worker_pids(parent: int) -> list[int]:
+    """The `--workers` processes of a server (spawned interpreters; multiprocessing's resource
+    tracker left out), from Linux's /proc."""
+    children = Path(f"/proc/{parent}/task/{parent}/children").read_text().split()
+    return [int(pid) for pid in children
+            if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes()
+            and b"resource_tracker" not in Path(f"/proc/{pid}/cmdline").read_bytes()]
+
+
+def refuses(url: str) -> bool:
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    try:
+        socket.create_connection((host, int(port)), timeout=2).close()
+    except ConnectionRefusedError:
+        return True
+    return False
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="reads worker processes from Linux's /proc")
+def test_sigterm_stops_every_worker_listening_before_any_worker_stops(tiny_model_dir, tmp_path):
+    """Every worker holds the listening socket, and the kernel takes connections for it while any
+    has it open, even a worker yet to stop; so the main process stops it listening in all of them
+    at once. Shown with the workers paused (SIGSTOP): the port refuses connections all the same."""
+    with serving(tiny_model_dir, tmp_path, "--workers", "2") as server:
+        workers = worker_pids(server.process.pid)
+        assert len(workers) == 2, workers
+        for pid in workers:
+            os.kill(pid, signal.SIGSTOP)
+        try:
+            server.process.send_signal(signal.SIGTERM)
+            wait_for(lambda: refuses(server.url), 10, "the port refusing connections")
+        finally:
+            for pid in workers:
+                os.kill(pid, signal.SIGCONT)
+        assert server.process.wait(30) == 0, server.output()
+    assert "Traceback" not in server.output(), server.output()
+
+
 @pytest.mark.slow
 def test_worker_processes_answer_alike_and_stop_on_sigterm(tiny_model_dir, tmp_path, expected):
+    """...and with no traceback: from the socket's stop to their own, the workers' accepts fail (EINVAL),
+    which asyncio would log on every turn of their loops."""
     with serving(tiny_model_dir, tmp_path, "--workers", "2", "--threads", "2") as server:
         with ThreadPoolExecutor(8) as pool:
             futures = [pool.submit(post, server.url, json={"text": TEXTS[i % len(TEXTS)]}) for i in range(16)]

@@ -8,9 +8,18 @@ lost, and the client cannot tell whether it was served. Here, once the server st
 says `Connection: close`, and an idle connection stays open `LINGER` seconds more, so that a request
 already on its way is answered too. The client's next request goes on a new connection, which is
 refused before anything is written, so the client knows it was not served.
+
+With `--workers`, every process holds the one listening socket, and the kernel takes connections
+for it while any of them has it open: a client told to close by a worker that stopped first would
+reconnect to one still to stop, and could be reset with its request when that one lets the socket
+go. So the supervisor stops the socket listening in every process at once before it signals them.
 """
 
 from __future__ import annotations
+
+import asyncio
+import errno
+import socket
 
 from uvicorn.protocols.http.auto import AutoHTTPProtocol
 from uvicorn.supervisors import Multiprocess
@@ -56,4 +65,22 @@ class DrainingSupervisor(Multiprocess):
 
     def _stop_listening(self) -> None:
         for sock in self.sockets:
+            try:
+                sock.shutdown(socket.SHUT_RD)  # Linux: it listens no more, in every process that holds it
+            except OSError:  # elsewhere (macOS: ENOTCONN) each process's close ends it
+                pass
             sock.close()
+
+
+def quiet_once_unlistened(loop: asyncio.AbstractEventLoop) -> None:
+    """In a worker process: once the supervisor has stopped the shared socket listening, asyncio
+    finds it readable and its accept fails with EINVAL on every turn of the loop until the worker's
+    own stop (the supervisor's signal, a tenth of a second at most) closes it. Those errors are the
+    stop, not a fault: left out of the log, every other one logged as before."""
+    def handler(loop: asyncio.AbstractEventLoop, context: dict) -> None:
+        error = context.get("exception")
+        if not (isinstance(error, OSError) and error.errno == errno.EINVAL
+                and "_accept_connection" in context.get("message", "")):
+            loop.default_exception_handler(context)
+
+    loop.set_exception_handler(handler)

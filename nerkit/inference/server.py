@@ -327,16 +327,19 @@ def create_app(model_dir: str | Path, options: ServeOptions | None = None) -> Fa
 def app_from_environment() -> FastAPI:
     """The app of one `--workers` process, from the settings its parent put in NERKIT_SERVE. A model
     that fails to load ends the process with uvicorn's startup-failure code, which stops them all."""
+    from nerkit.inference.draining import quiet_once_unlistened
     from nerkit.log import configure_logging
 
     settings = json.loads(os.environ[ENVIRONMENT])
     configure_logging(settings["log_level"])
     options = ServeOptions(**settings["options"])
     try:
-        return create_app(settings["model"], options)  # sets the runtime's threads as it loads
+        app = create_app(settings["model"], options)  # sets the runtime's threads as it loads
     except UserError as e:
         log.error(f"nerkit: error: {e}")
         sys.exit(STARTUP_FAILURE)
+    quiet_once_unlistened(asyncio.get_running_loop())  # uvicorn calls the factory in the worker's loop
+    return app
 
 
 # ------------------------------------------------------------------------------ running it
