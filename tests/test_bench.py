@@ -362,6 +362,37 @@ def test_jobs_run_at_the_same_time(tmp_path, monkeypatch):
     assert failed == 2 and not barrier.broken
 
 
+@pytest.mark.parametrize("code, stops", [(143, True), (130, True), (-9, False), (1, False)])
+def test_a_run_stopped_by_a_signal_stops_the_benchmark(tmp_path, monkeypatch, code, stops):
+    """A worker that SIGTERM or Ctrl-C stopped (exit 143 or 130, its checkpoint saved) was asked to
+    stop: no further run starts, and the benchmark exits with the same code, saying how to continue.
+    A run that failed otherwise (killed outright, as by the OOM killer; an error) is the next run's
+    turn, as before."""
+    import nerkit.tools.bench.runner as runner
+    from nerkit.training.loop import Interrupted
+
+    started = []
+
+    def execute(run, out, predict_batch_size, base, previous=None):
+        started.append(run.name)
+        return {"name": run.name, "status": "failed", "exit_code": code, "error": f"exit code {code}",
+                "run": run.group, "dataset": run.dataset}
+
+    monkeypatch.setattr(runner, "execute", execute)
+    config = write_yaml(tmp_path / "tiny.yaml", TINY)
+    matrix = write_yaml(tmp_path / "matrix.yaml", {"runs": [{"name": "tiny", "dataset": "sample",
+                                                              "config": str(config), "seeds": [1, 2]}]})
+    if stops:
+        with pytest.raises(Interrupted, match="--resume") as stopped:
+            runner.run_bench(matrix, tmp_path / "out")
+        assert stopped.value.exit_code == code and "tiny_s1" in str(stopped.value)
+        assert started == ["tiny_s1"]
+    else:
+        runner.run_bench(matrix, tmp_path / "out")
+        assert started == ["tiny_s1", "tiny_s2"]
+    assert (tmp_path / "out" / "RESULTS.md").is_file()
+
+
 @pytest.mark.slow
 def test_bad_matrix_is_a_user_error(tmp_path):
     matrix = write_yaml(tmp_path / "bad.yaml", {"runs": [{"name": "a", "dataset": "d", "config": "c.yaml",

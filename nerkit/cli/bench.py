@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import List, Optional
 
@@ -48,17 +49,23 @@ def bench(
     rounds: Optional[int] = typer.Option(None, "--rounds", min=1, help="Times each run is trained and measured, "
                                          "replacing the matrix's rounds: (speed min/median/max in its record)."),
 ):
-    """Train and measure every run of a benchmark matrix, each in its own process; exit 1 if any failed."""
+    """Train and measure every run of a benchmark matrix, each in its own process; exit 1 if any failed,
+    130 or 143 if SIGINT or SIGTERM stopped a run's training (its checkpoint saved; no further run starts)."""
     if ctx.invoked_subcommand is not None:
         return
     if matrix is None:
         raise UserError("nerkit bench needs --matrix FILE (or a subcommand: predict, export, serve, loop)",
                         fix="see `nerkit bench --help`")
     from nerkit.tools.bench import parse_seeds, run_bench
+    from nerkit.training.loop import Interrupted
 
-    table, failed = run_bench(matrix, out, quick=quick, only=only, resume=resume, device=device,
-                              markdown_only=markdown_only, sets=set_, seeds=parse_seeds(seeds), jobs=jobs,
-                              rounds=rounds)
+    try:
+        table, failed = run_bench(matrix, out, quick=quick, only=only, resume=resume, device=device,
+                                  markdown_only=markdown_only, sets=set_, seeds=parse_seeds(seeds), jobs=jobs,
+                                  rounds=rounds)
+    except Interrupted as e:  # a run's training stopped by SIGINT or SIGTERM: the benchmark stops after it
+        print(f"nerkit: {e}", file=sys.stderr)
+        raise typer.Exit(e.exit_code)
     typer.echo(table, nl=False)
     if failed:
         raise typer.Exit(1)

@@ -9,6 +9,7 @@ import json
 import logging
 import os
 import platform
+import signal
 import socket
 import subprocess
 import sys
@@ -315,14 +316,23 @@ def plan(runs: list[MatrixRun], out: Path, records: dict, resume: bool) -> list[
     return todo
 
 
-def run_in_order(todo: list, jobs: int, one, records: dict, teachers_failed) -> None:
+# A worker's exit codes when SIGINT or SIGTERM stopped its training after a checkpoint was written
+# (training.loop.Interrupted): somebody asked the benchmark to stop, so no further run starts.
+STOPPED_CODES = {128 + signal.SIGINT: signal.SIGINT, 128 + signal.SIGTERM: signal.SIGTERM}
+
+
+def run_in_order(todo: list, jobs: int, one, records: dict, teachers_failed,
+                 stopped: threading.Event | None = None) -> None:
     """Up to `jobs` runs of `todo` at once (`one(step, run, previous)`), each started once its
     teachers among them have finished; a run with a teacher not recorded ok is handed to
-    `teachers_failed(step, run, names)` instead."""
+    `teachers_failed(step, run, names)` instead. Once `stopped` is set, no further run starts (those
+    running finish)."""
     pending, running, finished = list(todo), {}, set()
     names = {run.name for _, run, _ in todo}
     with ThreadPoolExecutor(max_workers=jobs) as pool:
         while pending or running:
+            if stopped is not None and stopped.is_set():
+                pending.clear()
             for job in list(pending):
                 step, run, _ = job
                 if len(running) >= jobs:
@@ -377,7 +387,7 @@ def run_bench(matrix_path: str | Path, out: str | Path | None = None, quick: boo
         out.mkdir(parents=True, exist_ok=True)
         base = {**host_info(), "quick": quick, "jobs": jobs}
         todo = plan(runs, out, records, resume)
-        lock = threading.Lock()
+        lock, stopped, stops = threading.Lock(), threading.Event(), []
 
         def one(step: str, run: MatrixRun, previous: dict | None) -> None:
             log.info(f"{step}: running (log: {out / 'logs' / run.name}.log)")
@@ -388,11 +398,21 @@ def run_bench(matrix_path: str | Path, out: str | Path | None = None, quick: boo
             with lock:
                 records[run.name] = record
                 write_results(out, records)
+                if record.get("exit_code") in STOPPED_CODES:
+                    stops.append((run.name, STOPPED_CODES[record["exit_code"]]))
+                    stopped.set()
             log.info(f"{step}: {_summary(record)}")
 
         run_in_order(todo, jobs, one, records, lambda step, run, failed: keep(
-            step, run, student_of_failed(run, out, base, failed)))
+            step, run, student_of_failed(run, out, base, failed)), stopped)
     table = render_markdown(list(records.values()), matrix.anchors, title=f"nerkit benchmark: {matrix.path}")
     atomic_write_text(out / TABLE, table)
+    if not markdown_only and stops:
+        from nerkit.training.loop import Interrupted
+
+        name, signum = stops[0]
+        raise Interrupted(f"benchmark stopped: {signal.Signals(signum).name} stopped run {name} (its checkpoint "
+                          f"saved) and no further run started. Continue with: nerkit bench --matrix {matrix_path} "
+                          f"--out {out} --resume", signum)
     failed = sum(1 for r in runs if records.get(r.name, {}).get("status") == "failed")
     return table, failed
