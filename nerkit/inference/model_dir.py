@@ -98,7 +98,8 @@ def _read_json(path: Path) -> dict:
 
 def update_meta(directory: Path, values: dict) -> Path:
     """Set keys of DIRECTORY/nerkit.json (what `nerkit calibrate` fits: `score_temperature`, or
-    `span_threshold` with `span_score_map`), the file replaced atomically, all of them at once; its path."""
+    `span_threshold` with `span_score_map`; what a distilled student learnt from: `distilled_from`),
+    the file replaced atomically, all of them at once; its path."""
     path = directory / META_FILE
     meta = json.loads(path.read_text(encoding="utf-8"))
     meta.update(values)

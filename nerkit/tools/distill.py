@@ -10,7 +10,6 @@ it learnt from.
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 from dataclasses import replace
 from pathlib import Path
@@ -21,8 +20,8 @@ from nerkit.data.splits import read_splits
 from nerkit.data.stats import sha256_file
 from nerkit.data.tags import scheme_tags
 from nerkit.errors import UserError
-from nerkit.files import atomic_write_text, check_input
-from nerkit.inference.model_dir import META_FILE, WEIGHTS_FILE
+from nerkit.files import check_input
+from nerkit.inference.model_dir import WEIGHTS_FILE, update_meta
 from nerkit.inference.pipeline import Pipeline
 from nerkit.inference.windows import text_windows
 from nerkit.tools.lm_adapt import read_lines
@@ -136,13 +135,5 @@ def distill(config: Config, teachers: list[Path], texts: list[Path], out: Path, 
              f"batches per gold batch")
     plan = Distillation(dc, units, per_teacher, checksums, record, seed=config.train.seed)
     metrics = train(config, out, force=force, resume=resume, progress_bar=progress_bar, splits=splits, distill=plan)
-    write_record(out, record)
+    update_meta(out, {"distilled_from": record})  # the teachers and texts the student learnt from
     return {**(metrics or {}), "distillation": record, "cache": cache_use}
-
-
-def write_record(out: Path, record: dict) -> None:
-    """The teachers and texts the student learnt from, in its nerkit.json."""
-    path = out / META_FILE
-    meta = json.loads(path.read_text(encoding="utf-8"))
-    meta["distilled_from"] = record
-    atomic_write_text(path, json.dumps(meta, indent=2, ensure_ascii=False) + "\n")

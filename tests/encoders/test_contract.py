@@ -1,12 +1,15 @@
 """The contract every registered encoder keeps, checked over `ENCODERS` (and each attention of the
 Transformer): gradients reach every parameter; a padded batch gives each sentence what it gives
-alone; padding comes out as zeros, finite, and nothing written into it reaches a real position; and
-a model trained with it, saved and loaded predicts exactly as before. A new encoder is one file and
+alone; padding comes out as zeros, finite, and nothing written into it reaches a real position; a
+model trained with it, saved and loaded predicts exactly as before; the span head trains under it;
+and a student of it distils from a teacher on unlabelled text. A new encoder is one file and
 one line in the registry, and this suite covers it without a change."""
 
 from __future__ import annotations
 
 import dataclasses
+import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -119,6 +122,19 @@ def test_padding_is_zero_finite_and_inert(name, attention):
         torch.testing.assert_close(noisy[mask], out[mask], atol=1e-10, rtol=1e-10)
 
 
+def case_overrides(name: str, attention: str | None, tmp_path) -> list[str]:
+    """The tiny config's overrides that make a case's model: the encoder at its small sizes, its
+    attention, and for a lattice encoder a small lexicon (the entities' own words and some noise)."""
+    known = {f.name for f in dataclasses.fields(ENCODER_OPTIONS[name])}
+    overrides = [f"encoder.name={name}"] + [f"encoder.{k}={v}" for k, v in TINY.items() if k in known]
+    overrides += [f"encoder.{k}={v}" for k, v in attention_options(attention).items()]
+    if ENCODERS[name].uses_lattice:
+        words = tmp_path / "words.txt"
+        words.write_text("张三\n北京\n北京大学\n上海\n新华社\n记者\n", encoding="utf-8")
+        overrides += [f"lexicon.source={words}", "embeddings.word_dim=8"]
+    return overrides
+
+
 @pytest.mark.parametrize("name, attention", CASES, ids=IDS)
 def test_train_save_load_predicts_the_same(name, attention, tmp_path, tiny_config):
     from helpers import TINY_DEV
@@ -127,15 +143,9 @@ def test_train_save_load_predicts_the_same(name, attention, tmp_path, tiny_confi
     from nerkit.inference.pipeline import Pipeline
     from nerkit.training.loop import train
 
-    known = {f.name for f in dataclasses.fields(ENCODER_OPTIONS[name])}
-    overrides = [f"encoder.name={name}"] + [f"encoder.{k}={v}" for k, v in TINY.items() if k in known]
-    overrides += [f"encoder.{k}={v}" for k, v in attention_options(attention).items()]
-    if ENCODERS[name].uses_lattice:  # a small lexicon: the entities' own words and some noise
-        words = tmp_path / "words.txt"
-        words.write_text("张三\n北京\n北京大学\n上海\n新华社\n记者\n", encoding="utf-8")
-        overrides += [f"lexicon.source={words}", "embeddings.word_dim=8"]
     out = tmp_path / "model"
-    metrics = train(tiny_config(*overrides, "train.epochs=2"), out=out, progress_bar=False)
+    metrics = train(tiny_config(*case_overrides(name, attention, tmp_path), "train.epochs=2"), out=out,
+                    progress_bar=False)
     loaded = Pipeline.load(out)
     # The model in memory at the end of training scored dev; the loaded one scores it the same.
     assert loaded.evaluate(TINY_DEV)["counts"] == metrics["dev"]["counts"]
@@ -163,15 +173,8 @@ def test_the_span_head_trains_decodes_saves_and_loads_under_every_encoder(name, 
     from nerkit.inference.pipeline import Pipeline
     from nerkit.training.loop import train
 
-    known = {f.name for f in dataclasses.fields(ENCODER_OPTIONS[name])}
-    overrides = [f"encoder.name={name}"] + [f"encoder.{k}={v}" for k, v in TINY.items() if k in known]
-    overrides += [f"encoder.{k}={v}" for k, v in attention_options(attention).items()]
-    if ENCODERS[name].uses_lattice:
-        words = tmp_path / "words.txt"
-        words.write_text("张三\n北京\n北京大学\n上海\n新华社\n记者\n", encoding="utf-8")
-        overrides += [f"lexicon.source={words}", "embeddings.word_dim=8"]
     out = tmp_path / "model"
-    metrics = train(tiny_config(*overrides, "model.head=span", "span.size=8", "span.threshold=0.2",
+    metrics = train(tiny_config(*case_overrides(name, attention, tmp_path), "model.head=span", "span.size=8", "span.threshold=0.2",
                                 "train.epochs=2"), out=out, progress_bar=False)
     loaded = Pipeline.load(out)
     assert loaded.model.crf is None and loaded.evaluate(TINY_DEV)["counts"] == metrics["dev"]["counts"]
@@ -180,3 +183,41 @@ def test_the_span_head_trains_decodes_saves_and_loads_under_every_encoder(name, 
     assert any(together), "a threshold of 0.2 finds some span after two epochs"
     alone = [loaded.predict(t, scores=True, batch_size=1)[0] for t in texts]
     assert [[{**e, "score": pytest.approx(e["score"], abs=1e-5)} for e in f] for f in together] == alone
+
+
+# A student of every encoder learns from a teacher on unlabelled text (issue 44: "any nerkit
+# student"), with soft targets, the harder path for an encoder (the CRF's marginals through it):
+# a few steps, then the student is an ordinary model directory that names its teacher and text.
+@pytest.fixture(scope="module")
+def teacher(tmp_path_factory):
+    from helpers import tiny_raw_config
+
+    from nerkit.training.loop import train
+
+    out = tmp_path_factory.mktemp("teacher") / "model"
+    train(build_config(tiny_raw_config(), "<teacher>", ["train.epochs=1"]), out=out, progress_bar=False)
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name, attention", CASES, ids=IDS)
+def test_a_student_of_every_encoder_distils_saves_and_loads(name, attention, tmp_path, tiny_config, teacher):
+    from helpers import TINY_TRAIN
+
+    from nerkit.data.corpus import read_corpus
+    from nerkit.inference.pipeline import Pipeline
+    from nerkit.tools.distill import distill
+
+    text = tmp_path / "text.txt"
+    text.write_text("".join(s.text + "\n" for s in read_corpus(TINY_TRAIN).sentences[:40]), encoding="utf-8")
+    config = tiny_config(*case_overrides(name, attention, tmp_path), "train.epochs=1", "data.limit=8",
+                         "distill.targets=soft", "distill.ratio=2", f"distill.cache={tmp_path / 'cache'}")
+    metrics = distill(config, [teacher], [text], tmp_path / "student")
+    student = Pipeline.load(tmp_path / "student")
+    assert student.config.encoder.name == config.encoder.name
+    learnt = json.loads((tmp_path / "student" / "nerkit.json").read_text(encoding="utf-8"))["distilled_from"]
+    assert [Path(t["path"]).resolve() for t in learnt["teachers"]] == [teacher.resolve()]
+    assert [Path(t["path"]).name for t in learnt["texts"]] == ["text.txt"]
+    assert metrics["epochs"] == 1 and student.predict(["张三在北京大学读书。"])
+    epoch = json.loads((tmp_path / "student" / "metrics.jsonl").read_text(encoding="utf-8").splitlines()[-1])
+    assert 0 < epoch["distill_loss"] < float("inf")  # the soft targets' loss went through the encoder
