@@ -387,6 +387,7 @@ def test_a_run_stopped_by_a_signal_stops_the_benchmark(tmp_path, monkeypatch, co
             runner.run_bench(matrix, tmp_path / "out")
         assert stopped.value.exit_code == code and "tiny_s1" in str(stopped.value)
         assert started == ["tiny_s1"]
+        assert runner._summary({"status": "failed", "exit_code": code, "error": "x"}).startswith("stopped")
     else:
         runner.run_bench(matrix, tmp_path / "out")
         assert started == ["tiny_s1", "tiny_s2"]

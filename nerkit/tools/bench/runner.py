@@ -271,7 +271,8 @@ def record_session(path: Path, record: dict, previous: dict | None) -> list[str]
 
 def _summary(record: dict) -> str:
     if record["status"] != "ok":
-        return "FAILED: " + short_error(record["error"])
+        stopped = record.get("exit_code") in STOPPED_CODES
+        return ("stopped, its checkpoint saved: " if stopped else "FAILED: ") + short_error(record["error"])
     return (f"ok  test F1 {100 * record['test']['f1']:.2f}  dev F1 {100 * record['dev']['f1']:.2f}  "
             f"{record['wall_s']:.0f} s") if record.get("test") else f"ok  dev F1 {100 * record['dev']['f1']:.2f}"
 
