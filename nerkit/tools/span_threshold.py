@@ -11,7 +11,9 @@ does), so the F1 at each is exactly what `nerkit eval` reports at that threshold
 The head's own probabilities (the sigmoid of its scores) are not calibrated, Su's loss not being a
 likelihood, so the spans predicted at the chosen threshold then fit Platt's map of the scores
 (`platt_map`, kept as nerkit.json's `span_score_map`), and the threshold is carried onto the map's
-scale: the same spans are predicted, with scores that say how often such a span is right.
+scale: the same spans are predicted, with scores that say how often such a span is right (with
+`span.flat`, the same spans pass the threshold; the flat choice among overlapping ones, by their
+summed log-odds, may differ, the map's shift weighing their number).
 """
 
 from __future__ import annotations
