@@ -1,7 +1,8 @@
 """User-facing errors: anything a user can fix (a file, a config key, a corpus line).
 
-The CLI turns a `UserError` into a one-line message and exit code 2; everything else is a bug
-and keeps its traceback.
+The CLI turns a `UserError` into a one-line message and exit code 2, and an `Interrupted` (training
+stopped by a signal after its checkpoint) into its message and the signal's exit code; everything
+else is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
@@ -52,6 +53,17 @@ class ConfigError(UserError):
 
 class ModelDirError(UserError):
     """A model directory that is missing, incomplete, of another format version, or unsafe."""
+
+
+class Interrupted(Exception):
+    """Training (or a benchmark of trainings) stopped by SIGINT or SIGTERM after a checkpoint was
+    written. Its message (rank 0's alone; the other ranks' is empty) says how to go on; `exit_code`
+    is the shell's for the signal (130 for SIGINT, 143 for SIGTERM; 130 on a rank that only followed
+    the others). The CLI prints the message and exits with that code."""
+
+    def __init__(self, message: str, signum: int = signal.SIGINT):
+        super().__init__(message)
+        self.exit_code = 128 + int(signum)
 
 
 class JobError(Exception):

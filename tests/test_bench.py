@@ -369,7 +369,7 @@ def test_a_run_stopped_by_a_signal_stops_the_benchmark(tmp_path, monkeypatch, co
     A run that failed otherwise (killed outright, as by the OOM killer; an error) is the next run's
     turn, as before."""
     import nerkit.tools.bench.runner as runner
-    from nerkit.training.loop import Interrupted
+    from nerkit.errors import Interrupted
 
     started = []
 
@@ -504,7 +504,7 @@ def test_parallel_workers_share_the_cores_unless_told(monkeypatch):
 
 def test_an_interrupted_worker_says_so_without_a_traceback(monkeypatch, capsys):
     import nerkit.tools.bench.worker as bench
-    from nerkit.training.loop import Interrupted
+    from nerkit.errors import Interrupted
 
     def interrupted(*args):
         raise Interrupted("training interrupted at epoch 2, step 7; checkpoint saved")

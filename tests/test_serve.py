@@ -518,9 +518,8 @@ def worker_pids(parent: int) -> list[int]:
     """The `--workers` processes of a server (spawned interpreters; multiprocessing's resource
     tracker left out), from Linux's /proc."""
     children = Path(f"/proc/{parent}/task/{parent}/children").read_text().split()
-    return [int(pid) for pid in children
-            if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes()
-            and b"resource_tracker" not in Path(f"/proc/{pid}/cmdline").read_bytes()]
+    commands = {int(pid): Path(f"/proc/{pid}/cmdline").read_bytes() for pid in children}
+    return [pid for pid, command in commands.items() if b"spawn_main" in command and b"resource_tracker" not in command]
 
 
 def refuses(url: str) -> bool:

@@ -32,7 +32,7 @@ from nerkit.cli.serve import serve
 from nerkit.cli.train import train
 from nerkit.cli.vectors import vectors_app
 from nerkit.ending import end_process
-from nerkit.errors import JobError, UserError
+from nerkit.errors import Interrupted, JobError, UserError
 from nerkit.log import configure_logging
 
 app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, no_args_is_help=True,
@@ -116,6 +116,10 @@ def main() -> None:
             raise
         print(f"nerkit: error: {e}", file=sys.stderr)
         sys.exit(1)
+    except Interrupted as e:  # Ctrl-C or SIGTERM stopped training after its checkpoint: not an error
+        if str(e):  # rank 0's says how to go on; other ranks stay silent
+            print(f"nerkit: {e}", file=sys.stderr)
+        sys.exit(e.exit_code)
     # Ctrl-C outside training ends with 130 and a closed pipe with 1 inside typer itself (predict
     # handles its own closed pipe and ends with 0); training saves a checkpoint first and says so.
 

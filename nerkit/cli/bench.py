@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import List, Optional
 
@@ -57,15 +56,11 @@ def bench(
         raise UserError("nerkit bench needs --matrix FILE (or a subcommand: predict, export, serve, loop)",
                         fix="see `nerkit bench --help`")
     from nerkit.tools.bench import parse_seeds, run_bench
-    from nerkit.training.loop import Interrupted
 
-    try:
-        table, failed = run_bench(matrix, out, quick=quick, only=only, resume=resume, device=device,
-                                  markdown_only=markdown_only, sets=set_, seeds=parse_seeds(seeds), jobs=jobs,
-                                  rounds=rounds)
-    except Interrupted as e:  # a run's training stopped by SIGINT or SIGTERM: the benchmark stops after it
-        print(f"nerkit: {e}", file=sys.stderr)
-        raise typer.Exit(e.exit_code)
+    # a run's training stopped by SIGINT or SIGTERM stops the benchmark: Interrupted, the CLI's to report
+    table, failed = run_bench(matrix, out, quick=quick, only=only, resume=resume, device=device,
+                              markdown_only=markdown_only, sets=set_, seeds=parse_seeds(seeds), jobs=jobs,
+                              rounds=rounds)
     typer.echo(table, nl=False)
     if failed:
         raise typer.Exit(1)

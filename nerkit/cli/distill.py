@@ -29,7 +29,7 @@ def distill(
     """Distil teacher models into a (faster) student through unlabelled text."""
     from nerkit.config import load_config
     from nerkit.tools.distill import distill as run
-    from nerkit.training.loop import Interrupted
+    from nerkit.errors import Interrupted
 
     try:
         metrics = run(load_config(config, list(set_)), teacher, text, out, force=force, resume=resume)

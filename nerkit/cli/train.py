@@ -50,15 +50,9 @@ def train(
         from nerkit.training.distributed import launch
 
         raise typer.Exit(launch(nproc, sys.argv[1:], cfg.output_dir))
-    from nerkit.training.loop import Interrupted
     from nerkit.training.loop import train as run_training
 
-    try:
-        metrics = run_training(cfg, force=force, resume=resume is not None)
-    except Interrupted as e:
-        if str(e):  # rank 0's says how to resume; other ranks stay silent
-            print(f"nerkit: {e}", file=sys.stderr)
-        raise typer.Exit(e.exit_code)
+    metrics = run_training(cfg, force=force, resume=resume is not None)  # Ctrl-C: Interrupted, the CLI's to report
     if metrics is None:  # a rank other than 0: rank 0 reports
         return
     summary = {k: metrics[k] for k in ("best_epoch", "epochs", "stopped")}

@@ -29,7 +29,7 @@ import torch
 from nerkit.config import Config
 from nerkit.data.splits import Splits, read_splits
 from nerkit.device import resolve_device, set_threads
-from nerkit.errors import UserError
+from nerkit.errors import Interrupted, UserError
 from nerkit.features.batch import bucketed_batches, collate
 from nerkit.features.featurizer import Example
 from nerkit.files import CHECKPOINT, WRITE_ERRNOS
@@ -67,16 +67,6 @@ WARMUP_BATCHES = 20  # a session's first batches, left out of the steady through
 
 
 LIMITS = ("max_steps", "time_budget")  # the stops a resume that raises the limit continues
-
-
-class Interrupted(Exception):
-    """Training stopped by SIGINT or SIGTERM after a checkpoint was written. Its message (rank 0's
-    alone; the other ranks' is empty) says how to resume; `exit_code` is the shell's for the signal
-    (130 for SIGINT, 143 for SIGTERM; 130 on a rank that only followed the others)."""
-
-    def __init__(self, message: str, signum: int = signal.SIGINT):
-        super().__init__(message)
-        self.exit_code = 128 + int(signum)
 
 
 def train_step(model, batch, optimizer, scheduler=None, params: list = (), clip_norm: float = 0.0,

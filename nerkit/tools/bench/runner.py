@@ -20,7 +20,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from nerkit.config import load_config
-from nerkit.errors import UserError, killed_by
+from nerkit.errors import Interrupted, UserError, killed_by
 from nerkit.files import CHECKPOINT, atomic_write_text, check_input, check_output_directory, read_json_lines
 from nerkit.inference.model_dir import CONFIG_FILE
 from nerkit.tools.bench.matrix import MatrixRun, load_matrix, select_runs, with_teachers
@@ -322,17 +322,16 @@ def plan(runs: list[MatrixRun], out: Path, records: dict, resume: bool) -> list[
 STOPPED_CODES = {128 + signal.SIGINT: signal.SIGINT, 128 + signal.SIGTERM: signal.SIGTERM}
 
 
-def run_in_order(todo: list, jobs: int, one, records: dict, teachers_failed,
-                 stopped: threading.Event | None = None) -> None:
+def run_in_order(todo: list, jobs: int, one, records: dict, teachers_failed, stopped=lambda: False) -> None:
     """Up to `jobs` runs of `todo` at once (`one(step, run, previous)`), each started once its
     teachers among them have finished; a run with a teacher not recorded ok is handed to
-    `teachers_failed(step, run, names)` instead. Once `stopped` is set, no further run starts (those
-    running finish)."""
+    `teachers_failed(step, run, names)` instead. Once `stopped()` is true, no further run starts
+    (those running finish)."""
     pending, running, finished = list(todo), {}, set()
     names = {run.name for _, run, _ in todo}
     with ThreadPoolExecutor(max_workers=jobs) as pool:
         while pending or running:
-            if stopped is not None and stopped.is_set():
+            if stopped():
                 pending.clear()
             for job in list(pending):
                 step, run, _ = job
@@ -388,7 +387,7 @@ def run_bench(matrix_path: str | Path, out: str | Path | None = None, quick: boo
         out.mkdir(parents=True, exist_ok=True)
         base = {**host_info(), "quick": quick, "jobs": jobs}
         todo = plan(runs, out, records, resume)
-        lock, stopped, stops = threading.Lock(), threading.Event(), []
+        lock, stops = threading.Lock(), []  # the runs a signal stopped
 
         def one(step: str, run: MatrixRun, previous: dict | None) -> None:
             log.info(f"{step}: running (log: {out / 'logs' / run.name}.log)")
@@ -401,16 +400,13 @@ def run_bench(matrix_path: str | Path, out: str | Path | None = None, quick: boo
                 write_results(out, records)
                 if record.get("exit_code") in STOPPED_CODES:
                     stops.append((run.name, STOPPED_CODES[record["exit_code"]]))
-                    stopped.set()
             log.info(f"{step}: {_summary(record)}")
 
         run_in_order(todo, jobs, one, records, lambda step, run, failed: keep(
-            step, run, student_of_failed(run, out, base, failed)), stopped)
+            step, run, student_of_failed(run, out, base, failed)), stopped=lambda: bool(stops))
     table = render_markdown(list(records.values()), matrix.anchors, title=f"nerkit benchmark: {matrix.path}")
     atomic_write_text(out / TABLE, table)
     if not markdown_only and stops:
-        from nerkit.training.loop import Interrupted
-
         name, signum = stops[0]
         raise Interrupted(f"benchmark stopped: {signal.Signals(signum).name} stopped run {name} (its checkpoint "
                           f"saved) and no further run started. Continue with: nerkit bench --matrix {matrix_path} "

@@ -15,7 +15,7 @@ import yaml
 
 from nerkit.config import load_config
 from nerkit.ending import end_process
-from nerkit.errors import UserError
+from nerkit.errors import Interrupted, UserError
 from nerkit.files import atomic_write_text
 from nerkit.pretrained.hub_cache import lm_directory
 from nerkit.pretrained.vocab import FETCH_FIX
@@ -182,7 +182,6 @@ def worker_main(argv: list[str]) -> int:
         print("usage: python -m nerkit.tools.bench.worker SPEC_JSON (started by `nerkit bench`)", file=sys.stderr)
         return 2
     from nerkit.log import configure_logging
-    from nerkit.training.loop import Interrupted
 
     configure_logging()
     spec = json.loads(argv[0])
