@@ -143,12 +143,14 @@ def test_lines_overlapping_dev_are_excluded_and_recorded(teacher, tmp_path):
 
     dev = lines_of(FIXTURES / "tiny_dev.bio")
     train_only = [line for line in lines_of(TINY_TRAIN) if line not in dev][:20]
-    text = write_text(tmp_path / "text.txt", train_only + dev[:3])
+    text = write_text(tmp_path / "新闻.txt", train_only + dev[:3])  # a file name as users have them
     result = distill(student_config(tmp_path, "train.epochs=1"), [teacher], [text], tmp_path / "student")
     record = result["distillation"]["texts"][0]
     assert record["lines"] == 23 and record["lines_excluded"] >= 3
     assert record["lines_used"] == 23 - record["lines_excluded"]
-    meta = json.loads((tmp_path / "student" / "nerkit.json").read_text(encoding="utf-8"))
+    written = (tmp_path / "student" / "nerkit.json").read_text(encoding="utf-8")
+    assert "新闻.txt" in written  # readable as written, not \\u-escaped
+    meta = json.loads(written)
     assert meta["distilled_from"]["texts"][0]["lines_excluded"] == record["lines_excluded"]
     assert meta["distilled_from"]["teachers"][0]["path"] == str(teacher)
 

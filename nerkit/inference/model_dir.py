@@ -103,7 +103,7 @@ def update_meta(directory: Path, values: dict) -> Path:
     path = directory / META_FILE
     meta = json.loads(path.read_text(encoding="utf-8"))
     meta.update(values)
-    atomic_write_text(path, json.dumps(meta, indent=2) + "\n")
+    atomic_write_text(path, json.dumps(meta, indent=2, ensure_ascii=False) + "\n")
     return path
 
 

@@ -169,7 +169,7 @@ class Pipeline(Predictor):
             meta[SPAN_THRESHOLD] = self.span_threshold
         if self.span_score_map is not None:
             meta[SPAN_SCORE_MAP] = score_map_json(self.span_score_map)
-        atomic_write_text(directory / META_FILE, json.dumps(meta, indent=2) + "\n")
+        atomic_write_text(directory / META_FILE, json.dumps(meta, indent=2, ensure_ascii=False) + "\n")
 
     def write_weights(self, directory: Path, metrics: dict | None = None) -> None:
         state = {k: v.detach().to("cpu").contiguous() for k, v in self.model.state_dict().items()}
