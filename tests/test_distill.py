@@ -249,6 +249,9 @@ def test_a_teacher_with_other_tags_or_an_onnx_export_is_refused(teacher, tmp_pat
     (onnx / "model.onnx").write_bytes(b"onnx")
     with pytest.raises(UserError, match="ONNX"):
         distill(student_config(tmp_path), [onnx], [text], tmp_path / "s2")
+    with pytest.raises(UserError, match="no such model directory"):  # before the corpus (missing too) is read
+        distill(student_config(tmp_path, "data.train=/nonexistent/train.bio"), [tmp_path / "typo"], [text],
+                tmp_path / "s5")
     with pytest.raises(UserError, match="student has model.head: span"):
         distill(student_config(tmp_path, "model.head=span"), [teacher], [text], tmp_path / "s3")
     from nerkit.training.loop import train

@@ -38,7 +38,6 @@ DEFAULT_WINDOW = 250  # the unlabelled sequences' length when neither distill.wi
 
 def load_teacher(directory: Path, device: str) -> Pipeline:
     """A teacher on torch: any nerkit model directory (an ONNX export has no CRF marginals here)."""
-    check_input(str(directory), "--teacher", "no such model directory", directory=True)
     if not (directory / WEIGHTS_FILE).is_file() and any(directory.glob("*.onnx")):
         raise UserError("an ONNX export cannot teach (its marginals need the torch model)", where=str(directory),
                         fix="pass the model directory it was exported from")
@@ -86,9 +85,11 @@ def distill(config: Config, teachers: list[Path], texts: list[Path], out: Path, 
     if config.model.head != "crf":
         raise UserError(f"the student has model.head: {config.model.head}; distillation trains a CRF's "
                         "marginals", where="--config", fix="distil into a model with model.head: crf")
-    check_run(config, out, force, resume)
+    for directory in teachers:  # first, as the paths typed on the command line: a typo fails at once
+        check_input(str(directory), "--teacher", "no such model directory", directory=True)
     for path in texts:
         check_input(str(path), "--text", "no such file")
+    check_run(config, out, force, resume)
     splits = splits if splits is not None else read_splits(config)
     student_tags = scheme_tags(splits.types, splits.scheme)
     pipes = [load_teacher(Path(t), config.train.device) for t in teachers]
