@@ -96,15 +96,20 @@ def _read_json(path: Path) -> dict:
         raise ModelDirError("not valid JSON", where=str(path), fix="the model directory is damaged; retrain") from None
 
 
+def write_meta_file(directory: Path, meta: dict) -> Path:
+    """DIRECTORY/nerkit.json written as `meta` (UTF-8 text, indented), replaced atomically; its path."""
+    path = directory / META_FILE
+    atomic_write_text(path, json.dumps(meta, indent=2, ensure_ascii=False) + "\n")
+    return path
+
+
 def update_meta(directory: Path, values: dict) -> Path:
     """Set keys of DIRECTORY/nerkit.json (what `nerkit calibrate` fits: `score_temperature`, or
     `span_threshold` with `span_score_map`; what a distilled student learnt from: `distilled_from`),
     the file replaced atomically, all of them at once; its path."""
-    path = directory / META_FILE
-    meta = json.loads(path.read_text(encoding="utf-8"))
+    meta = json.loads((directory / META_FILE).read_text(encoding="utf-8"))
     meta.update(values)
-    atomic_write_text(path, json.dumps(meta, indent=2, ensure_ascii=False) + "\n")
-    return path
+    return write_meta_file(directory, meta)
 
 
 def check_model_dir(directory: Path, files: tuple[str, ...] = MODEL_FILES) -> None:

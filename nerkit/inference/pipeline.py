@@ -24,7 +24,6 @@ from nerkit.inference.model_dir import (
     CONFIG_FILE,
     FORMAT_VERSION,
     LEXICON_FILE,
-    META_FILE,
     ONE_RUN_FIX,
     SCORE_TEMPERATURE,
     SPAN_SCORE_MAP,
@@ -33,6 +32,7 @@ from nerkit.inference.model_dir import (
     WEIGHTS_FILE,
     score_map_json,
     vocab_fingerprint,
+    write_meta_file,
 )
 from nerkit.inference.predictor import (  # noqa: F401 (Evaluation and without_whitespace re-exported)
     Evaluation,
@@ -169,7 +169,7 @@ class Pipeline(Predictor):
             meta[SPAN_THRESHOLD] = self.span_threshold
         if self.span_score_map is not None:
             meta[SPAN_SCORE_MAP] = score_map_json(self.span_score_map)
-        atomic_write_text(directory / META_FILE, json.dumps(meta, indent=2, ensure_ascii=False) + "\n")
+        write_meta_file(directory, meta)
 
     def write_weights(self, directory: Path, metrics: dict | None = None) -> None:
         state = {k: v.detach().to("cpu").contiguous() for k, v in self.model.state_dict().items()}
