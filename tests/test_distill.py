@@ -275,11 +275,11 @@ def test_cli_student_is_an_ordinary_model_directory(teacher, tmp_path, nerkit, w
     assert len(predicted.stdout.splitlines()) == 20
 
 
-# Runs `nerkit distill` and SIGKILLs it right after its checkpoint N is in place.
+# Runs `nerkit distill` and sends itself signal SIG right after its checkpoint N is in place.
 KILLED = r"""
 import os, signal, sys
-n = int(sys.argv[1])
-sys.argv = ["nerkit", *sys.argv[2:]]
+n, sig = int(sys.argv[1]), getattr(signal, sys.argv[2])
+sys.argv = ["nerkit", *sys.argv[3:]]
 import nerkit.training.loop as T
 calls = [0]
 save = T.save_checkpoint
@@ -287,7 +287,7 @@ def patched(out, *args, **kwargs):
     save(out, *args, **kwargs)
     calls[0] += 1
     if calls[0] == n:
-        os.kill(os.getpid(), signal.SIGKILL)
+        os.kill(os.getpid(), sig)
 T.save_checkpoint = patched
 from nerkit.cli.app import main
 main()
@@ -304,8 +304,8 @@ def test_resume_after_a_kill_gives_the_same_student(teacher, tmp_path, write_fil
             "embeddings.dropout=0.3"]
     args = ["distill", "--teacher", teacher, "--text", text, "--config", config_file, "--out", tmp_path / "killed"]
     args += [a for s in sets for a in ("--set", s)]
-    killed = subprocess.run([sys.executable, "-c", KILLED, "3", *map(str, args)], cwd=REPO, capture_output=True,
-                            text=True, timeout=180)
+    killed = subprocess.run([sys.executable, "-c", KILLED, "3", "SIGKILL", *map(str, args)], cwd=REPO,
+                            capture_output=True, text=True, timeout=180)
     assert killed.returncode == -9, killed.stderr
     assert not (tmp_path / "killed" / "metrics.json").exists()
     config = build_config(tiny_raw_config(), "<student>", sets)
@@ -313,6 +313,25 @@ def test_resume_after_a_kill_gives_the_same_student(teacher, tmp_path, write_fil
     distill(config, [teacher], [text], tmp_path / "whole")
     for name in ("model.safetensors", "last/model.safetensors"):
         assert (tmp_path / "killed" / name).read_bytes() == (tmp_path / "whole" / name).read_bytes(), name
+
+
+@pytest.mark.slow  # starts two processes
+def test_a_stopped_student_names_nerkit_distill_to_go_on(teacher, tmp_path, write_file):
+    """SIGTERM and train.max_steps both say how to continue: `nerkit train --resume`, which refuses a
+    distilled run, was named before."""
+    config_file = write_file(json.dumps(tiny_raw_config()), "student.yaml")
+    text = write_text(tmp_path / "text.txt", lines_of(TINY_TRAIN)[:40])
+    args = ["distill", "--teacher", teacher, "--text", text, "--config", config_file,
+            "--set", f"distill.cache={tmp_path / 'cache'}", "--set", "train.checkpoint_every=4"]
+    stopped = subprocess.run([sys.executable, "-c", KILLED, "1", "SIGTERM", *map(str, args), "--out",
+                              str(tmp_path / "stopped")], cwd=REPO, capture_output=True, text=True, timeout=180)
+    assert stopped.returncode == 143, stopped.stderr
+    assert "Continue with: the same `nerkit distill` command with --resume" in stopped.stderr.splitlines()[-1]
+    limited = subprocess.run([sys.executable, "-m", "nerkit", *map(str, args), "--out", str(tmp_path / "limited"),
+                              "--set", "train.max_steps=3"], cwd=REPO, capture_output=True, text=True, timeout=180)
+    assert limited.returncode == 0, limited.stderr
+    assert "continue with: the same `nerkit distill` command with --resume --set train.max_steps=6" in limited.stderr
+    assert "nerkit train" not in stopped.stderr + limited.stderr
 
 
 # ------------------------------------------------------------------------------ in a bench matrix

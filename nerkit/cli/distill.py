@@ -4,7 +4,6 @@ teacher models (nerkit.tools.distill). The command parses its options, calls one
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import List
 
@@ -29,15 +28,9 @@ def distill(
     """Distil teacher models into a (faster) student through unlabelled text."""
     from nerkit.config import load_config
     from nerkit.tools.distill import distill as run
-    from nerkit.errors import Interrupted
 
-    try:
-        metrics = run(load_config(config, list(set_)), teacher, text, out, force=force, resume=resume)
-    except Interrupted as e:
-        # the loop's message names `nerkit train --resume`; a distillation resumes as it started
-        message = str(e).split("Continue with:")[0]
-        print(f"nerkit: {message}continue with the same `nerkit distill` command and --resume", file=sys.stderr)
-        raise typer.Exit(e.exit_code)
+    # Ctrl-C or SIGTERM: Interrupted, the CLI's to report (its message says how to resume)
+    metrics = run(load_config(config, list(set_)), teacher, text, out, force=force, resume=resume)
     summary = {"best_epoch": metrics["best_epoch"], "dev_f1": round(100 * metrics["dev"]["f1"], 2)}
     if "test" in metrics:
         summary["test_f1"] = round(100 * metrics["test"]["f1"], 2)

@@ -411,9 +411,14 @@ def document_step(run: Run, step: Step) -> tuple[float, int]:
     return learn(loss, run.optimizer, run.scheduler, run.params, tc.clip_norm, tc.clip_value), step_chars(step)
 
 
+def how_to_resume(out: Path, distill: Distillation | None) -> str:
+    """The command that continues the run in `out`: a distillation continues as it started."""
+    return "the same `nerkit distill` command with --resume" if distill is not None else resume_command(out)
+
+
 def interrupted(run: Run, what: str) -> Interrupted:
     """The Interrupted of every rank: rank 0's message says how to go on, the others' is empty."""
-    message = f"{what}; checkpoint saved. Continue with: {resume_command(run.out)}" if run.world.main else ""
+    message = f"{what}; checkpoint saved. Continue with: {how_to_resume(run.out, run.distill)}" if run.world.main else ""
     return Interrupted(message, run.stop.signum)
 
 
@@ -527,7 +532,7 @@ def finish(run: Run, epoch: int) -> dict:
     if run.progress.stopped in LIMITS and (progress.batch > 0 or epoch < tc.epochs):  # epochs were left to train
         limit = getattr(tc, run.progress.stopped)
         log.warning(f"train.{run.progress.stopped} = {limit:g} stopped the run in epoch {min(epoch, tc.epochs)} of {tc.epochs}, "
-                    f"step {progress.step:,}; continue with: {resume_command(run.out)} "
+                    f"step {progress.step:,}; continue with: {how_to_resume(run.out, run.distill)} "
                     f"--set train.{run.progress.stopped}={2 * limit:g}")
     return metrics
 
@@ -575,7 +580,7 @@ def train(config: Config, out: str | Path | None = None, force: bool = False, re
         if e.errno not in WRITE_ERRNOS:
             raise
         resumable = (out / CHECKPOINT / "state.json").is_file()
-        then = f"then continue with: {resume_command(out)}" if resumable else "or choose another --out"
+        then = f"then continue with: {how_to_resume(out, distill)}" if resumable else "or choose another --out"
         raise UserError(e.strerror, where=str(e.filename or out),
                         fix=f"free space or fix permissions there, {then}") from None
     except RuntimeError as e:
