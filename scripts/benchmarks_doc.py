@@ -14,6 +14,8 @@ pages are replaced by what the records give:
     <!-- grid: NAME -->       a grid of test F1 (index.yaml's `grids`)
     <!-- dirty: records -->   every record whose tree had uncommitted changes, and what they were
     <!-- readme: best -->     one row per dataset: its dev-selected best run
+    <!-- targets: NAME -->    teacher, gold-only model and student of each case against a target
+                              (index.yaml's `targets`): F1 within `gap` of the teacher, int8 speed
 
 each closed by `<!-- /KIND -->`. docs/bench/index.yaml says which runs appear, their input kind and
 label. `--check` changes nothing and exits 1 when a page is out of date (the test suite runs it).
@@ -46,9 +48,10 @@ def pages() -> list[Path]:
 
 BLOCK = re.compile(r"(<!-- bench: (\S+) (\S+) -->\n)(.*?)(<!-- /bench -->)", re.S)
 # The records of `nerkit bench loop` and of calibration runs, rendered by their own modules.
-RECORD_BLOCK = re.compile(r"(<!-- (loop|calibration|nesting|lexicon|speed): (\S+) -->\n)(.*?)(<!-- /\2 -->)", re.S)
+RECORD_KINDS = ("loop", "calibration", "nesting", "lexicon", "speed")
+RECORD_BLOCK = re.compile(rf"(<!-- ({'|'.join(RECORD_KINDS)}): (\S+) -->\n)(.*?)(<!-- /\2 -->)", re.S)
 # The blocks built from docs/bench/index.yaml.
-INDEX_BLOCK = re.compile(r"(<!-- (best|runs|grid|dirty|readme): (\S+) -->\n)(.*?)(<!-- /\2 -->)", re.S)
+INDEX_BLOCK = re.compile(r"(<!-- (best|runs|grid|dirty|readme|targets): (\S+) -->\n)(.*?)(<!-- /\2 -->)", re.S)
 
 
 def table(out: str, matrix: str) -> str:
@@ -233,7 +236,45 @@ def render_readme(index: dict, name: str, docs: str, bench: Path) -> str:
     return "\n".join(lines) + "\n"
 
 
-RENDER = {"best": render_best, "runs": render_runs, "grid": render_grid, "dirty": render_dirty, "readme": render_readme}
+def dev_best(cells: list[str], bench: Path) -> tuple[str, dict]:
+    """Of the `RECORD/run` cells, the run whose record has the highest dev F1, and that record."""
+    return max(((cell.split("/")[1], record(*cell.split("/"), bench)) for cell in cells),
+               key=lambda pair: pair[1]["dev"]["f1"])
+
+
+def slowest(cell: str, bench: Path) -> float:
+    """The slowest round's characters a second of the `nerkit bench predict` record `RECORD/name`."""
+    name, run = cell.split("/")
+    records = [r for _, r in read_json_lines(bench / name / "results.jsonl", "a speed record")
+               if r.get("name") == run and r.get("kind") == "predict"]
+    if len(records) != 1:
+        raise SystemExit(f"docs/bench/index.yaml: {name} has {len(records)} predict records named {run}")
+    return records[0]["spread"]["chars_per_s"]["min"]
+
+
+def render_targets(index: dict, name: str, docs: str, bench: Path) -> str:
+    """Each case's teacher, gold-only model and student, each the dev-best of its candidates; whether
+    the student is within `gap` test F1 of its teacher, and whether its int8 export's slowest round
+    reached `speed` chars/s. A student without a speed record is unmeasured, never taken as fast."""
+    targets = index["targets"][name]
+    gap, speed = targets["gap"], targets["speed"]
+    lines = [f"| case | teacher | gold-only | student | student − teacher | within {gap:.1f} | int8 chars/s, "
+             f"slowest round | ≥ {speed:,} |", "|---|---:|---:|---|---:|---|---:|---|"]
+    for row in targets["rows"]:
+        teacher, gold = dev_best(row["teacher"], bench)[1], dev_best(row["gold"], bench)[1]
+        run, student = dev_best(row["students"], bench)
+        delta = round(100 * (student["test"]["f1"] - teacher["test"]["f1"]), 2)
+        chosen = f" (dev-best of {len(row['students'])})" if len(row["students"]) > 1 else ""
+        fast = slowest(row["speed"][run], bench) if run in row.get("speed", {}) else None
+        speed_cells = "not measured | –" if fast is None else f"{fast:,.0f} | {'yes' if fast >= speed else 'no'}"
+        lines.append(f"| {row['label']} | {f1(teacher['test']['f1'])} | {f1(gold['test']['f1'])} "
+                     f"| {f1(student['test']['f1'])} `{run}`{chosen} | {delta:+.2f} "
+                     f"| {'yes' if delta >= -gap else 'no'} | {speed_cells} |")
+    return "\n".join(lines) + "\n"
+
+
+RENDER = {"best": render_best, "runs": render_runs, "grid": render_grid, "dirty": render_dirty, "readme": render_readme,
+          "targets": render_targets}
 
 
 def render(doc: str, page: Path = BENCHMARKS, index: dict | None = None, bench: Path = DOCS / "bench") -> str:

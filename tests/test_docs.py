@@ -28,7 +28,7 @@ def test_every_result_table_is_what_the_records_give():
         kinds |= {"bench"} if benchmarks_doc.BLOCK.search(doc) else set()
         kinds |= {m.group(2) for m in benchmarks_doc.RECORD_BLOCK.finditer(doc)}
         assert benchmarks_doc.render(doc, page) == doc, f"{page.name}: run make benchmarks-doc"
-    assert kinds == {"bench", "loop", "calibration", "nesting", "lexicon", "speed", "best", "runs", "grid", "dirty", "readme"}
+    assert kinds == {"bench", *benchmarks_doc.RECORD_KINDS, *benchmarks_doc.RENDER}  # every kind is used somewhere
 
 
 @pytest.mark.parametrize("block", [benchmarks_doc.BLOCK, benchmarks_doc.INDEX_BLOCK, benchmarks_doc.RECORD_BLOCK])
@@ -75,6 +75,34 @@ def test_a_dirty_record_without_its_note_is_refused(tmp_path):
     index = {"dirty": {"high-test": {"run": "the run", "change": "an edit"}}}
     table = benchmarks_doc.render("<!-- dirty: records -->\n<!-- /dirty -->", benchmarks_doc.BENCHMARKS, index, tmp_path)
     assert "| the run | 95.00 | 80.00 | an edit |" in table
+
+
+def write_speed(bench: Path, name: str, runs: dict[str, float]) -> None:
+    """A `nerkit bench predict` record of each run: its slowest round at the given chars/s."""
+    (bench / name).mkdir(parents=True)
+    lines = [json.dumps({"name": run, "kind": "predict", "spread": {"chars_per_s": {"min": low, "median": low + 1}}})
+             for run, low in runs.items()]
+    (bench / name / "results.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+def test_a_target_is_judged_on_the_dev_best_student_and_its_slowest_round(tmp_path):
+    write_record(tmp_path, "teacher", "t_s1", test=0.90, dev=0.91)
+    write_record(tmp_path, "gold", "g_s1", test=0.85, dev=0.86)
+    write_record(tmp_path, "high-test", "a_s1", test=0.95, dev=0.80)  # best on test: never the student
+    write_record(tmp_path, "high-dev", "b_s1", test=0.89, dev=0.90)   # exactly `gap` below the teacher
+    write_speed(tmp_path, "speed", {"a_int8": 200_000.0, "b_int8": 79_999.0})
+    row = {"label": "D", "teacher": ["teacher/t_s1"], "gold": ["gold/g_s1"], "students": ["high-test/a_s1",
+           "high-dev/b_s1"], "speed": {"a_s1": "speed/a_int8", "b_s1": "speed/b_int8"}}
+    index = {"targets": {"t": {"gap": 1.0, "speed": 80000, "rows": [row]}}}
+    table = benchmarks_doc.render("<!-- targets: t -->\n<!-- /targets -->", benchmarks_doc.BENCHMARKS, index, tmp_path)
+    assert "| D | 90.00 | 85.00 | 89.00 `b_s1` (dev-best of 2) | -1.00 | yes | 79,999 | no |" in table
+    del row["speed"]["b_s1"]  # no speed record: unmeasured, not fast
+    table = benchmarks_doc.render("<!-- targets: t -->\n<!-- /targets -->", benchmarks_doc.BENCHMARKS, index, tmp_path)
+    assert "| -1.00 | yes | not measured | – |" in table
+    write_record(tmp_path, "higher-dev", "c_s1", test=0.88, dev=0.95)
+    row["students"].append("higher-dev/c_s1")
+    table = benchmarks_doc.render("<!-- targets: t -->\n<!-- /targets -->", benchmarks_doc.BENCHMARKS, index, tmp_path)
+    assert "88.00 `c_s1` (dev-best of 3) | -2.00 | no |" in table
 
 
 def test_the_readme_names_everything_a_model_directory_holds(tiny_model_dir):
