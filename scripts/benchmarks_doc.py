@@ -50,8 +50,6 @@ BLOCK = re.compile(r"(<!-- bench: (\S+) (\S+) -->\n)(.*?)(<!-- /bench -->)", re.
 # The records of `nerkit bench loop` and of calibration runs, rendered by their own modules.
 RECORD_KINDS = ("loop", "calibration", "nesting", "lexicon", "speed")
 RECORD_BLOCK = re.compile(rf"(<!-- ({'|'.join(RECORD_KINDS)}): (\S+) -->\n)(.*?)(<!-- /\2 -->)", re.S)
-# The blocks built from docs/bench/index.yaml.
-INDEX_BLOCK = re.compile(r"(<!-- (best|runs|grid|dirty|readme|targets): (\S+) -->\n)(.*?)(<!-- /\2 -->)", re.S)
 
 
 def table(out: str, matrix: str) -> str:
@@ -275,6 +273,8 @@ def render_targets(index: dict, name: str, docs: str, bench: Path) -> str:
 
 RENDER = {"best": render_best, "runs": render_runs, "grid": render_grid, "dirty": render_dirty, "readme": render_readme,
           "targets": render_targets}
+# The blocks built from docs/bench/index.yaml, one kind for each renderer.
+INDEX_BLOCK = re.compile(rf"(<!-- ({'|'.join(RENDER)}): (\S+) -->\n)(.*?)(<!-- /\2 -->)", re.S)
 
 
 def render(doc: str, page: Path = BENCHMARKS, index: dict | None = None, bench: Path = DOCS / "bench") -> str:
