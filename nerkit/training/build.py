@@ -28,7 +28,8 @@ def build_pipeline(config: Config, splits: Splits, device: torch.device | str = 
     extended by the rows of pretrained vector files (`embeddings.vectors_keep: all`), the lexicon for
     a lattice encoder, a language model's features, the pretrained vectors in their tables, and
     the longest training sentence (`Pipeline.train_max_len`). `unlabelled`: sequences of characters
-    the model also trains on (`nerkit distill`'s text), counted into the vocabularies as train is.
+    the model also trains on (`nerkit distill`'s text), counted into the vocabularies as train is,
+    but a training sentence read again as text (its own training text) only once.
     Table widths the config leaves out are the vector files': the pipeline holds a copy of `config`
     with them resolved (the one its model directory saves); `config` itself is left as it is."""
     vectors, config = read_pretrained(config, lattice=ENCODERS[config.encoder.name].uses_lattice)
@@ -47,8 +48,9 @@ def build_pipeline(config: Config, splits: Splits, device: torch.device | str = 
             log.info(f"language model {options.path}: {source.output_dim} features per character, "
                      f"{'fine-tuned' if options.finetune else 'frozen'}, layers {options.layers}")
     extra = {kind: v.words for kind, v in vectors.items()} if emb.vectors_keep == "all" else {}
-    featurizer = Featurizer.build(config, [*splits.train, *(Sentence(list(u)) for u in unlabelled)],
-                                  scheme_tags(splits.types, splits.scheme), lexicon,
+    seen = {tuple(s.tokens) for s in splits.train}
+    text = [Sentence(list(u)) for u in unlabelled if tuple(u) not in seen]
+    featurizer = Featurizer.build(config, [*splits.train, *text], scheme_tags(splits.types, splits.scheme), lexicon,
                                   extra=extra)
     if lexicon is not None:
         log.info(f"lexicon: {len(lexicon)} words; {len(featurizer.counts['word'])} of them occur in the training data")
