@@ -7,10 +7,14 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
+import subprocess
+import time
 from pathlib import Path
 
 import pytest
 import yaml
+from helpers import nerkit_command
 from helpers import run_nerkit as nerkit
 
 from nerkit.errors import UserError
@@ -392,6 +396,55 @@ def test_a_run_stopped_by_a_signal_stops_the_benchmark(tmp_path, monkeypatch, co
         runner.run_bench(matrix, tmp_path / "out")
         assert started == ["tiny_s1", "tiny_s2"]
     assert (tmp_path / "out" / "RESULTS.md").is_file()
+
+
+def workers_of(out: Path) -> list[int]:
+    """The pids of the worker processes training into `out`."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        try:
+            command = (proc / "cmdline").read_bytes().decode(errors="replace")
+        except OSError:
+            continue
+        if proc.name.isdigit() and "nerkit.tools.bench.worker" in command and str(out) in command:
+            pids.append(int(proc.name))
+    return pids
+
+
+@pytest.mark.slow  # trains in a real worker, twice
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="finds the worker through /proc")
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_to_the_benchmark_alone_stops_its_worker_with_a_checkpoint(tmp_path, signum):
+    """`kill` of the `nerkit bench` process (or Ctrl-C, which now reaches only it: its workers have
+    sessions of their own) is passed on to the worker, which stops with a checkpoint and is recorded
+    as stopped; --resume then finishes the run. A benchmark that died of the signal left its worker
+    training on, unrecorded, where a --resume would start a second one."""
+    config = write_yaml(tmp_path / "tiny.yaml", {**TINY, "train": {**TINY["train"], "epochs": 400, "max_steps": 0,
+                                                                   "checkpoint_every": 5}})
+    matrix = write_yaml(tmp_path / "matrix.yaml", {"runs": [{"name": "tiny", "dataset": "sample",
+                                                              "config": str(config), "seeds": [1]}]})
+    out = tmp_path / "out"
+    bench = subprocess.Popen(nerkit_command("bench", "--matrix", matrix, "--out", out), stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not (out / "runs" / "tiny_s1" / "checkpoint" / "state.json").is_file() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    try:
+        assert len(workers_of(out)) == 1 and bench.poll() is None
+        bench.send_signal(signum)  # to the benchmark alone
+        _, stderr = bench.communicate(timeout=120)
+        assert bench.returncode == 128 + signum, stderr
+        assert "stopped run tiny_s1 (its checkpoint saved)" in stderr and "--resume" in stderr
+        assert workers_of(out) == []
+    finally:  # a worker left behind by a failure here is not left training
+        bench.kill()
+        for pid in workers_of(out):
+            os.kill(pid, signal.SIGKILL)
+    (record,) = read_jsonl(out / "results.jsonl")
+    assert record["status"] == "failed" and record["exit_code"] == 128 + signum
+    resumed = nerkit("bench", "--matrix", matrix, "--out", out, "--resume", "--set", "train.epochs=2")
+    assert resumed.returncode == 0, resumed.stderr
+    assert read_jsonl(out / "results.jsonl")[-1]["status"] == "ok"
 
 
 @pytest.mark.slow

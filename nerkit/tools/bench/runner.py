@@ -16,6 +16,7 @@ import sys
 import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -44,6 +45,57 @@ TEXTS = "texts"  # DIR/texts/NAME.train.txt: the training text of a student with
 
 
 log = logging.getLogger(__name__)
+
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)  # what asks a benchmark to stop (its workers with a checkpoint)
+
+
+class Workers:
+    """The worker processes running now. Each starts in a session of its own, so that a signal for
+    the benchmark (Ctrl-C at the terminal, `kill` of this process, a scheduler's SIGTERM to the
+    process group) reaches it once, passed on from here: it stops at its next step with a checkpoint
+    and is recorded as stopped, instead of training on unwatched after this process ended, or taking
+    the signal twice (a second signal stops training at once)."""
+
+    def __init__(self):
+        self.procs: set[subprocess.Popen] = set()
+        self.lock = threading.RLock()  # re-entrant: the signal handler runs on the main thread, whatever it holds
+        self.signum: int | None = None  # the signal that asked the benchmark to stop
+
+    def run(self, args: list[str], **kwargs) -> int:
+        """Run a worker to its end (as `subprocess.run`); returns its exit code."""
+        with self.lock:
+            if self.signum is not None:  # asked to stop before this one started
+                return 128 + self.signum
+            proc = subprocess.Popen(args, start_new_session=True, **kwargs)
+            self.procs.add(proc)
+        try:
+            return proc.wait()
+        finally:
+            with self.lock:
+                self.procs.discard(proc)
+
+    def pass_on(self, signum: int, frame=None) -> None:
+        with self.lock:
+            self.signum = self.signum or signum
+            for proc in self.procs:
+                proc.send_signal(signum)
+
+    @contextmanager
+    def signals_passed_on(self):
+        """While the benchmark runs, SIGINT and SIGTERM go to the workers (from the main thread,
+        the only one that may handle signals; elsewhere they keep their handlers)."""
+        self.signum = None
+        main = threading.current_thread() is threading.main_thread()
+        before = {signum: signal.signal(signum, self.pass_on) for signum in STOP_SIGNALS} if main else {}
+        try:
+            yield
+        finally:
+            for signum, handler in before.items():
+                signal.signal(signum, handler)
+
+
+WORKERS = Workers()
 
 
 def is_bench_dir(directory: Path) -> bool:
@@ -209,22 +261,22 @@ def execute(run: MatrixRun, out: Path, predict_batch_size: int, base: dict, prev
         if resume:
             log_file.write(f"\n--- nerkit bench --resume {record['date']}: continuing from {run_dir / CHECKPOINT} ---\n")
             log_file.flush()
-        proc = subprocess.run([sys.executable, "-m", "nerkit.tools.bench.worker", json.dumps(spec)],
-                              stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
-                              env=run_env(base.get("jobs") or 1, run.env))
+        returncode = WORKERS.run([sys.executable, "-m", "nerkit.tools.bench.worker", json.dumps(spec)],
+                                 stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
+                                 env=run_env(base.get("jobs") or 1, run.env))
     record["wall_s"] = time.perf_counter() - started
     if resume:
         record["wall_s"] += previous.get("wall_s", 0.0)
         record["continued"] = previous.get("continued", 0) + 1
         record["session_commits"] = commits
-    if proc.returncode == 0 and result_path.is_file():
+    if returncode == 0 and result_path.is_file():
         result = json.loads(result_path.read_text(encoding="utf-8"))
         for key in ("peak_rss_mib", "peak_cuda_mib"):  # the peaks of every session of the run
             peaks = [v for v in (result.get(key), (previous or {}).get(key)) if v is not None]
             result[key] = max(peaks) if peaks else None
         return {**record, "status": "ok", **result}
-    error = failure_message(proc.returncode, log_path.read_text(encoding="utf-8", errors="replace"))
-    failed = {**record, "status": "failed", "exit_code": proc.returncode, "error": error}
+    error = failure_message(returncode, log_path.read_text(encoding="utf-8", errors="replace"))
+    failed = {**record, "status": "failed", "exit_code": returncode, "error": error}
     if resume:  # a failed continuation keeps the figures of the run's last good record
         last_ok = previous if previous.get("status") == "ok" else previous.get("last_ok")
         if last_ok:
@@ -319,7 +371,7 @@ def plan(runs: list[MatrixRun], out: Path, records: dict, resume: bool) -> list[
 
 # A worker's exit codes when SIGINT or SIGTERM stopped its training after a checkpoint was written
 # (training.loop.Interrupted): somebody asked the benchmark to stop, so no further run starts.
-STOPPED_CODES = {128 + signal.SIGINT: signal.SIGINT, 128 + signal.SIGTERM: signal.SIGTERM}
+STOPPED_CODES = {128 + signum: signum for signum in STOP_SIGNALS}
 
 
 def run_in_order(todo: list, jobs: int, one, records: dict, teachers_failed, stopped=lambda: False) -> None:
@@ -402,14 +454,18 @@ def run_bench(matrix_path: str | Path, out: str | Path | None = None, quick: boo
                     stops.append((run.name, STOPPED_CODES[record["exit_code"]]))
             log.info(f"{step}: {_summary(record)}")
 
-        run_in_order(todo, jobs, one, records, lambda step, run, failed: keep(
-            step, run, student_of_failed(run, out, base, failed)), stopped=lambda: bool(stops))
+        with WORKERS.signals_passed_on():
+            run_in_order(todo, jobs, one, records, lambda step, run, failed: keep(
+                step, run, student_of_failed(run, out, base, failed)), stopped=lambda: bool(stops) or WORKERS.signum is not None)
     table = render_markdown(list(records.values()), matrix.anchors, title=f"nerkit benchmark: {matrix.path}")
     atomic_write_text(out / TABLE, table)
-    if not markdown_only and stops:
-        name, signum = stops[0]
-        raise Interrupted(f"benchmark stopped: {signal.Signals(signum).name} stopped run {name} (its checkpoint "
-                          f"saved) and no further run started. Continue with: nerkit bench --matrix {matrix_path} "
-                          f"--out {out} --resume", signum)
+    if not markdown_only and (stops or WORKERS.signum):
+        then = f"Continue with: nerkit bench --matrix {matrix_path} --out {out} --resume"
+        if stops:
+            name, signum = stops[0]
+            raise Interrupted(f"benchmark stopped: {signal.Signals(signum).name} stopped run {name} (its checkpoint "
+                              f"saved) and no further run started. {then}", signum)
+        raise Interrupted(f"benchmark stopped by {signal.Signals(WORKERS.signum).name} between runs; no further run "
+                          f"started. {then}", WORKERS.signum)
     failed = sum(1 for r in runs if records.get(r.name, {}).get("status") == "failed")
     return table, failed
