@@ -8,6 +8,8 @@ else is a bug and keeps its traceback.
 from __future__ import annotations
 
 import signal
+import threading
+from contextlib import contextmanager
 
 
 class UserError(Exception):
@@ -64,6 +66,24 @@ class Interrupted(Exception):
     def __init__(self, message: str, signum: int = signal.SIGINT):
         super().__init__(message)
         self.exit_code = 128 + int(signum)
+
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)  # Ctrl-C, and `kill` or a batch scheduler's preemption
+
+
+@contextmanager
+def stop_signals_handled(handler):
+    """`handler(signum, frame)` for the STOP_SIGNALS while the block runs, the handlers before it
+    back after. Signals reach only the main thread: anywhere else it changes nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {signum: signal.signal(signum, handler) for signum in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for signum, before in previous.items():
+            signal.signal(signum, before if before is not None else signal.SIG_DFL)
 
 
 class JobError(Exception):

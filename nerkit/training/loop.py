@@ -16,9 +16,7 @@ import math
 import os
 import random
 import signal
-import threading
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
@@ -29,7 +27,7 @@ import torch
 from nerkit.config import Config
 from nerkit.data.splits import Splits, read_splits
 from nerkit.device import resolve_device, set_threads
-from nerkit.errors import Interrupted, UserError
+from nerkit.errors import Interrupted, UserError, stop_signals_handled
 from nerkit.features.batch import bucketed_batches, collate
 from nerkit.features.featurizer import Example
 from nerkit.files import CHECKPOINT, WRITE_ERRNOS
@@ -107,29 +105,18 @@ class StopRequest:
     """Set by SIGINT (Ctrl-C) or SIGTERM (`kill`, a batch scheduler's preemption) and read by the
     training loop, which stops where a checkpoint is consistent."""
 
-    SIGNALS = (signal.SIGINT, signal.SIGTERM)
-
     def __init__(self):
         self.requested = False
         self.signum = signal.SIGINT  # the signal that asked, for the exit code
 
-    @contextmanager
     def on_signals(self):
-        if threading.current_thread() is not threading.main_thread():  # signals reach only the main thread
-            yield
-            return
+        """While training runs (on the main thread: signals reach no other)."""
+        return stop_signals_handled(self.handle)
 
-        def handler(signum, frame):
-            if self.requested:  # the second signal: stop now (the last checkpoint on disk is complete)
-                raise KeyboardInterrupt
-            self.requested, self.signum = True, signum
-
-        previous = {signum: signal.signal(signum, handler) for signum in self.SIGNALS}
-        try:
-            yield
-        finally:
-            for signum, handler_before in previous.items():
-                signal.signal(signum, handler_before if handler_before is not None else signal.SIG_DFL)
+    def handle(self, signum, frame) -> None:
+        if self.requested:  # the second signal: stop now (the last checkpoint on disk is complete)
+            raise KeyboardInterrupt
+        self.requested, self.signum = True, signum
 
 
 # ------------------------------------------------------------------------------ the steps

@@ -16,12 +16,11 @@ import sys
 import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
-from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 
 from nerkit.config import load_config
-from nerkit.errors import Interrupted, UserError, killed_by
+from nerkit.errors import STOP_SIGNALS, Interrupted, UserError, killed_by, stop_signals_handled
 from nerkit.files import CHECKPOINT, atomic_write_text, check_input, check_output_directory, read_json_lines
 from nerkit.inference.model_dir import CONFIG_FILE
 from nerkit.tools.bench.matrix import MatrixRun, load_matrix, select_runs, with_teachers
@@ -45,9 +44,6 @@ TEXTS = "texts"  # DIR/texts/NAME.train.txt: the training text of a student with
 
 
 log = logging.getLogger(__name__)
-
-
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)  # what asks a benchmark to stop (its workers with a checkpoint)
 
 
 class Workers:
@@ -81,18 +77,11 @@ class Workers:
             for proc in self.procs:
                 proc.send_signal(signum)
 
-    @contextmanager
     def signals_passed_on(self):
-        """While the benchmark runs, SIGINT and SIGTERM go to the workers (from the main thread,
-        the only one that may handle signals; elsewhere they keep their handlers)."""
+        """While the benchmark runs, SIGINT and SIGTERM go to the workers (on the main thread:
+        signals reach no other)."""
         self.signum = None
-        main = threading.current_thread() is threading.main_thread()
-        before = {signum: signal.signal(signum, self.pass_on) for signum in STOP_SIGNALS} if main else {}
-        try:
-            yield
-        finally:
-            for signum, handler in before.items():
-                signal.signal(signum, handler)
+        return stop_signals_handled(self.pass_on)
 
 
 WORKERS = Workers()
