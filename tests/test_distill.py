@@ -282,6 +282,26 @@ def test_a_teacher_with_other_tags_or_an_onnx_export_is_refused(teacher, tmp_pat
         distill(student_config(tmp_path), [span_teacher], [text], tmp_path / "s4")
 
 
+
+def test_a_teacher_of_other_types_is_refused_in_one_short_line_naming_them():
+    """Issue 55: a teacher of other types was refused with every one of its tags on one line (72 of
+    them, about 1,000 characters) and the advice to set data.scheme, which cannot help. The types
+    that differ are named, a few of them, and the advice is about types; a teacher of the same
+    types in another scheme is told data.scheme."""
+    from nerkit.data.tags import scheme_tags
+    from nerkit.training.distill import check_tags
+
+    medical = [f"T{i:02d}" for i in range(24)]
+    with pytest.raises(UserError) as info:
+        check_tags(scheme_tags(medical + ["PER"], "bio"), scheme_tags(["LOC", "ORG", "PER"], "bio"), "runs/t")
+    line = str(info.value)
+    assert "T00, T01, T02, T03, T04 and 19 more" in line and "LOC, ORG not the teacher's" in line
+    assert "PER" not in line and "B-" not in line and "\n" not in line and len(line) < 250
+    assert "data.scheme" not in line and "types" in info.value.fix
+    with pytest.raises(UserError) as info:
+        check_tags(scheme_tags(["PER"], "bio"), scheme_tags(["PER"], "bioes"), "runs/t")
+    assert "BIO, the student's corpus in BIOES" in str(info.value) and "data.scheme: bio" in info.value.fix
+
 @pytest.mark.slow  # runs the command line and `nerkit predict`
 def test_cli_student_is_an_ordinary_model_directory(teacher, tmp_path, nerkit, write_file):
     config = write_file(json.dumps(tiny_raw_config()), "student.yaml")  # JSON is YAML

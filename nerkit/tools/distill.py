@@ -94,7 +94,7 @@ def distill(config: Config, teachers: list[Path], texts: list[Path], out: Path, 
     student_tags = scheme_tags(splits.types, splits.scheme)
     pipes = [load_teacher(Path(t), config.train.device) for t in teachers]
     for directory, pipe in zip(teachers, pipes):
-        check_tags(str(directory), list(pipe.tags), student_tags, str(directory))
+        check_tags(list(pipe.tags), student_tags, str(directory))
     window, dc = reading_window(config, pipes), config.distill
     root = Path(dc.cache) if dc.cache else default_cache_root()
     units, per_teacher, record = [], [[] for _ in pipes], {"teachers": [], "texts": [], "window": window}

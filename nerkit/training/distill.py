@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import torch
 
 from nerkit.config import DistillConfig
+from nerkit.data.tags import detect_scheme, split_tag
 from nerkit.errors import UserError
 from nerkit.features.batch import Batch, bucketed_batches, collate
 from nerkit.model.crf import CRF
@@ -27,15 +28,34 @@ class UnlabelledBatch:
     indices: list[int]
 
 
-def check_tags(teacher: str, teacher_tags: list[str], student_tags: list[str], where: str) -> None:
-    """A teacher's tag set must be the student's (names; the order may differ)."""
-    if sorted(teacher_tags) != sorted(student_tags):
-        only_teacher = sorted(set(teacher_tags) - set(student_tags))
-        only_student = sorted(set(student_tags) - set(teacher_tags))
-        raise UserError(f"teacher {teacher} tags {', '.join(only_teacher) or '-'} that the student's corpus does not, "
-                        f"and the student {', '.join(only_student) or '-'} that the teacher does not",
-                        where=where, fix="distil from a teacher trained on the same entity types and tag scheme "
-                        "(set data.scheme in the student's config to the teacher's)")
+def check_tags(teacher_tags: list[str], student_tags: list[str], where: str) -> None:
+    """A teacher's tag set (of the model directory `where`) must be the student's (names; the order
+    may differ). Refused in one line that says which differs, with the fix that fits: the entity
+    types (each side's own, a few named), or only the tag scheme (then data.scheme is the fix)."""
+    if sorted(teacher_tags) == sorted(student_tags):
+        return
+    teacher_types, student_types = _types(teacher_tags), _types(student_tags)
+    if teacher_types != student_types:
+        only_teacher, only_student = teacher_types - student_types, student_types - teacher_types
+        differ = ([f"the teacher's {_few(only_teacher)} not in it"] if only_teacher else []) + \
+                 ([f"its {_few(only_student)} not the teacher's"] if only_student else [])
+        raise UserError(f"a teacher of other entity types than the student's corpus ({'; '.join(differ)})",
+                        where=where, fix="train the teacher on a corpus with the student's types")
+    teacher_scheme, student_scheme = detect_scheme(teacher_tags), detect_scheme(student_tags)
+    raise UserError(f"a teacher that tags in {teacher_scheme.upper()}, the student's corpus in {student_scheme.upper()}",
+                    where=where, fix=f"set data.scheme: {teacher_scheme} in the student's config "
+                    f"(or --set data.scheme={teacher_scheme})")
+
+
+def _types(tags: list[str]) -> set[str]:
+    return {kind for kind in (split_tag(tag)[1] for tag in tags) if kind is not None}
+
+
+def _few(types: set[str], shown: int = 5) -> str:
+    """"A, B, C, D, E and 4 more" of a set of types."""
+    named = sorted(types)
+    more = f" and {len(named) - shown} more" if len(named) > shown else ""
+    return ", ".join(named[:shown]) + more
 
 
 def joined(per_text: list[TeacherTargets]) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
