@@ -300,6 +300,26 @@ def test_data_select_picks_the_least_sure_texts_first(tiny_model_dir, tmp_path, 
     assert refused.returncode == 2 and "is the input file" in refused.stderr
 
 
+def test_data_select_refuses_a_pool_with_nothing_to_choose_before_writing(tiny_model_dir, tmp_path, nerkit):
+    """Issue 55: an empty pool exited 0 and wrote an empty task file over --out. A pool without a
+    text, or whose every text is in --exclude, is refused in one line naming it; --out is untouched."""
+    import json
+
+    out = tmp_path / "next.json"
+    out.write_text("the tasks of last round\n", encoding="utf-8")
+    done = tmp_path / "done.jsonl"
+    done.write_text(json.dumps({"text": "张三在北京", "entities": []}, ensure_ascii=False) + "\n", encoding="utf-8")
+    pools = {"empty.txt": "", "blank.txt": "\n  \n", "empty.jsonl": "", "done.txt": "张三在北京\n\n"}
+    for name, content in pools.items():
+        pool = tmp_path / name
+        pool.write_text(content, encoding="utf-8")
+        refused = nerkit("data", "select", "--model", str(tiny_model_dir), "--pool", str(pool), "-n", "3",
+                         "-f", "label-studio", "-o", str(out), "--exclude", str(done), check=False)
+        assert refused.returncode == 2, (name, refused.stderr)
+        assert len(refused.stderr.strip().splitlines()) == 1 and f"{pool}:" in refused.stderr
+        assert ("already annotated" if name == "done.txt" else "no text to choose") in refused.stderr
+        assert out.read_text(encoding="utf-8") == "the tasks of last round\n"
+
 def test_bench_loop_simulates_the_annotation_loop_and_resumes(tmp_path, nerkit):
     import json
 

@@ -113,7 +113,8 @@ def select_tasks(model: str | Path, pool: str | Path, n: int, strategy: str = "u
     """`nerkit data select`: the `n` texts of `pool` to annotate next (`select`), written to `out`
     (stdout when None) as `fmt` tasks with the model's scored pre-annotations, the least sure
     first; each keeps its pool keys and gains `confidence`, the measure it was chosen by. Texts
-    that occur in an `exclude` corpus (already annotated) are never chosen. Returns a summary."""
+    that occur in an `exclude` corpus (already annotated) are never chosen. A pool with no text left to
+    choose is refused before anything is written. Returns a summary."""
     from nerkit.data.corpus import read_corpus
     from nerkit.files import atomic_write_text, check_output
     from nerkit.inference.formats import format_record, model_version, output_frame
@@ -124,8 +125,14 @@ def select_tasks(model: str | Path, pool: str | Path, n: int, strategy: str = "u
     if out is not None:
         check_output(out, pool, *exclude)
     texts, keys = read_pool(pool, pool_format)
+    if not any(text.strip() for text in texts):
+        raise UserError("the pool has no text to choose from", where=str(pool),
+                        fix="give texts one a line, JSON lines with a \"text\" key, or a corpus with --pool-format corpus")
     done = {s.text for path in exclude for s in read_corpus(path, texts_only=True).sentences}
     chosen_from = [i for i, text in enumerate(texts) if text not in done]
+    if not any(texts[i].strip() for i in chosen_from):
+        raise UserError(f"every text of the pool ({len(texts):,}) is already annotated in an --exclude corpus",
+                        where=str(pool), fix="give a pool of texts not yet annotated")
     pipe = Pipeline.load(model)
     picked = select(pipe, [texts[i] for i in chosen_from], n, strategy, seed, batch_size, window)
     chosen = [chosen_from[k] for k in picked]
