@@ -129,6 +129,21 @@ def test_coverage_counts_a_corpus_by_hand(nerkit, write_file):
     assert "overall" in table and "cross an entity" in table
 
 
+def test_coverage_says_what_held_means_and_that_a_lexicon_without_one_character_words_holds_none(nerkit, write_file):
+    """Issue 55: "held" was not defined in the output, and a mined lexicon (no word of one character)
+    can never hold an entity of one character: the table says so, with their share, its ceiling."""
+    corpus = write_file(CORPUS + "京 B-LOC\n是 O\n\n", "corpus.bio")  # a fifth entity, of one character
+    words = write_file("北京\n上海\n", "words.txt")
+    table = nerkit("lexicon", "coverage", str(words), "--data", str(corpus)).stdout
+    assert "held: a gold entity whose text is exactly a word of the lexicon" in table
+    assert ("20.00% of entities (1 of 5) are a single character and cannot be held by this lexicon "
+            "(it has no single-character words)") in table
+    report = json.loads(nerkit("lexicon", "coverage", str(words), "--data", str(corpus), "--json").stdout)
+    assert report["entities"]["single_character"] == 1 and report["single_character_words"] == 0
+    without = nerkit("lexicon", "coverage", str(words), "--data", str(write_file(CORPUS, "two.bio"))).stdout
+    assert "single character" not in without and "held: a gold entity" in without
+
+
 def test_merge_jieba_appends_its_words_with_their_count_in_the_text(nerkit, write_file, tmp_path):
     text = write_file("\n".join(synthetic_lines(0)) + "\n", "text.txt")
     out = tmp_path / "merged.txt"
@@ -221,6 +236,6 @@ def test_coverage_of_a_config_scores_its_dev_and_test_splits(nerkit, tmp_path):
     assert (dev["sentences"], dev["entities"]["total"], dev["entities"]["held"]) == (10, 10, 2)
     assert dev["matches"] == {"total": 4, "exact": 2, "start": 2, "end": 2, "both": 2, "crossing": 0}  # w。w
     assert (test["sentences"], test["entities"]["held"], test["matches"]["total"]) == (10, 1, 2)
-    assert "dev split" in table and "test split" in table
+    assert "dev split" in table and "test split" in table and table.count("held: a gold entity") == 1
     refused = nerkit("lexicon", "coverage", "jieba", "--config", str(config), "--data", str(test), check=False)
     assert refused.returncode == 2 and "one of --data" in refused.stderr

@@ -148,16 +148,23 @@ def lexicon_coverage(words: str | Path, data: Path, normalize: bool = True, repa
     """How well the lexicon `words` fits the corpus `data` (`coverage_of`), with their names."""
     lexicon = Lexicon.from_source(str(words))
     corpus = read_corpus(data, repair=repair, repair_option="pass --repair")
-    return {"lexicon": str(words), "words": len(lexicon), "corpus": str(data),
-            **coverage_of(lexicon, corpus.sentences, normalize)}
+    return {"lexicon": str(words), "words": len(lexicon), "single_character_words": single_character_words(lexicon),
+            "corpus": str(data), **coverage_of(lexicon, corpus.sentences, normalize)}
+
+
+def single_character_words(lexicon: Lexicon) -> int:
+    """How many words of the lexicon are one character: without any, no entity of one character can
+    be held."""
+    return sum(len(word) == 1 for word in lexicon)
 
 
 def coverage_of(lexicon: Lexicon, sentences: list[Sentence], normalize: bool) -> dict:
     """Entities: how many gold entities (by type; nested ones too) are a word of the lexicon,
-    exactly. Matches: every occurrence of a lexicon word in the sentences' text, as FLAT's lattice
-    takes them (`Lexicon.match`, no cap), and how many are exactly an entity, start where an entity
-    starts, end where one ends, both, or cross an entity (overlap it without either holding the
-    other: a lattice node that contradicts the gold boundary)."""
+    exactly (`HELD`), and how many are a single character. Matches: every occurrence of a lexicon
+    word in the sentences' text, as FLAT's lattice takes them (`Lexicon.match`, no cap), and how
+    many are exactly an entity, start where an entity starts, end where one ends, both, or cross an
+    entity (overlap it without either holding the other: a lattice node that contradicts the gold
+    boundary)."""
     codes = TextCodes(normalize)
     types: dict[str, Counter] = {}
     matches = Counter()
@@ -170,12 +177,13 @@ def coverage_of(lexicon: Lexicon, sentences: list[Sentence], normalize: bool) ->
             counted = types.setdefault(span.type, Counter())
             counted["entities"] += 1
             counted["held"] += text[span.start:span.end] in lexicon
+            counted["single_character"] += span.end - span.start == 1
         _count_matches(lexicon.match(text), spans, matches, types)
     total = Counter()
     for counted in types.values():
         total.update(counted)
     return {"sentences": len(sentences), "characters": characters,
-            "entities": {"total": total["entities"], "held": total["held"],
+            "entities": {"total": total["entities"], "held": total["held"], "single_character": total["single_character"],
                          "by_type": {t: {"entities": c["entities"], "held": c["held"], "matched": c["matched"]}
                                      for t, c in sorted(types.items())}},
             "matches": {key: matches[key] for key in ("total", "exact", "start", "end", "both", "crossing")}}
@@ -195,7 +203,7 @@ def lexicon_record(lexicon: Lexicon, source: str, splits: dict[str, list[Sentenc
     directory checks), and its coverage of each split (`coverage_of`; a split that is None is left
     out)."""
     return {"source": source, "sha256": source_sha256(source), "words": len(lexicon),
-            "words_sha256": lexicon.fingerprint,
+            "single_character_words": single_character_words(lexicon), "words_sha256": lexicon.fingerprint,
             "coverage": {name: coverage_of(lexicon, sentences, normalize)
                          for name, sentences in splits.items() if sentences is not None}}
 
@@ -231,8 +239,15 @@ def _count_matches(found: list[tuple[int, int, str]], spans, matches: Counter, t
         matches["crossing"] += any(s.start < start < s.end < end or start < s.start < end < s.end for s in spans)
 
 
+# What "held" means, printed under the tables.
+HELD = ("held: a gold entity whose text is exactly a word of the lexicon (only a held entity can be one node of "
+        "FLAT's lattice)")
+
+
 def format_coverage(report: dict) -> str:
-    """The report as two tables: entities held by type, then the matches' boundaries."""
+    """The report as two tables: entities held by type, then the matches' boundaries. Under the first,
+    when the lexicon has no word of one character, the share of entities that are one character: no
+    such lexicon can hold them."""
     from nerkit.inference.evaluate import _rule_table
 
     def pct(part: int, whole: int) -> str:
@@ -243,6 +258,11 @@ def format_coverage(report: dict) -> str:
     for kind, c in entities["by_type"].items():
         rows.append((kind, str(c["entities"]), str(c["held"]), pct(c["held"], c["entities"])))
     rows.append(("overall", str(entities["total"]), str(entities["held"]), pct(entities["held"], entities["total"])))
+    held = _rule_table(rows)
+    if entities["single_character"] and not report["single_character_words"]:
+        held += (f"\n{pct(entities['single_character'], entities['total'])}% of entities "
+                 f"({entities['single_character']:,} of {entities['total']:,}) are a single character and cannot "
+                 "be held by this lexicon (it has no single-character words)")
     m = report["matches"]
     match_rows = [("lexicon matches", "count", "% of matches")]
     for key, label in (("total", "all"), ("exact", "exactly an entity"), ("start", "start at an entity start"),
@@ -250,12 +270,13 @@ def format_coverage(report: dict) -> str:
         match_rows.append((label, str(m[key]), pct(m[key], m["total"])))
     head = (f"{report['lexicon']}: {report['words']:,} words; {report['corpus']}: {report['sentences']:,} sentences, "
             f"{report['characters']:,} characters, {m['total'] / max(report['characters'], 1):.2f} matches per character")
-    return "\n\n".join([head, _rule_table(rows), _rule_table(match_rows, total=False)])
+    return "\n\n".join([head, held, _rule_table(match_rows, total=False)])
 
 
 def format_config_coverage(report: dict) -> str:
     """`config_coverage`'s report: `format_coverage`'s tables for each split."""
     return "\n\n".join(format_coverage({"lexicon": report["source"], "words": report["words"],
+                                         "single_character_words": report["single_character_words"],
                                          "corpus": f"{report['config']} {split} split", **coverage})
                         for split, coverage in report["coverage"].items())
 
@@ -276,5 +297,6 @@ def coverage_report(words: str | None, data: Path | None, config: Path | None, s
 
 
 def format_report(report: dict) -> str:
-    """`coverage_report`'s report as tables."""
-    return format_config_coverage(report) if "config" in report else format_coverage(report)
+    """`coverage_report`'s report as tables, then what "held" means."""
+    tables = format_config_coverage(report) if "config" in report else format_coverage(report)
+    return f"{tables}\n\n{HELD}"
