@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import json
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -141,3 +143,146 @@ def test_every_link_between_the_pages_resolves():
             elif anchor and file.suffix == ".md" and anchor not in anchors(file.read_text(encoding="utf-8")):
                 broken.append(f"{page.relative_to(REPO)}: {target} (no such heading)")
     assert not broken, "\n".join(broken)
+
+
+# ------------------------------------------------------------------------------- recipes beside figures
+
+# `<!-- recipe: SOURCE NAME ... -->` right above a code block: the block's training commands (those
+# that take a config and `--set`: nerkit train, distill, bench loop), in order, are how the runs NAME
+# of SOURCE were made, SOURCE a benchmark matrix (configs/bench/X.yaml, NAME a run such as
+# pd2k_lm_crf_s1) or a record (docs/bench/DIR, NAME a record's name or its config).
+# `<!-- recipe: none -->` marks a block that trains but that no figure comes from (a usage example).
+RECIPE = re.compile(r"^<!-- recipe: (.+?) -->\n```[^\n]*\n(.*?)^```", re.S | re.M)
+CODE_BLOCK = re.compile(r"^(<!-- recipe: .+? -->\n)?```[^\n]*\n(.*?)^```", re.S | re.M)
+
+
+def nerkit_commands(block: str) -> list[tuple[str, dict]]:
+    """Each `nerkit` command line of a code block as (its command path, e.g. "bench loop", and the
+    options the CLI itself parses from it); lines without nerkit, or that shlex cannot split, are
+    left out."""
+    from typer.main import get_command
+
+    from nerkit.cli.app import app
+
+    out = []
+    for line in re.sub(r"\\\n", " ", block).splitlines():
+        try:
+            words = shlex.split(line, comments=True)
+        except ValueError:
+            continue
+        if "nerkit" not in words:
+            continue
+        words = words[words.index("nerkit") + 1:]
+        command, path = get_command(app), []
+        parent = command.context_class(command, info_name="nerkit")
+        while hasattr(command, "list_commands") and words and words[0] in command.list_commands(parent):
+            path.append(words[0])  # a group's command (typer brings click of its own: no isinstance)
+            command = command.get_command(parent, words.pop(0))
+            parent = command.context_class(command, info_name=path[-1], parent=parent)
+        params = command.make_context(" ".join(path), words, resilient_parsing=True).params
+        out.append((" ".join(path), params))
+    return out
+
+
+def training_steps(block: str) -> list[tuple[str, dict]]:
+    """The commands of a block that train from a config with overrides (nerkit train, distill,
+    bench loop: every command with --config and --set)."""
+    return [(path, params) for path, params in nerkit_commands(block)
+            if {"config", "set_"} <= params.keys() and params["config"] is not None]
+
+
+def made_by(source: str, names: list[str]) -> list[dict]:
+    """What made each named run: its config, overrides, teachers, text and train_text, from the
+    matrix (as `nerkit bench` expands it) or from the recorded results."""
+    from nerkit.tools.bench.matrix import load_matrix
+
+    if source.endswith((".yaml", ".yml")):
+        runs = {r.name: r for r in load_matrix(REPO / source).runs}
+        missing = [n for n in names if n not in runs]
+        assert not missing, f"{source} has no run {missing}; its runs: {sorted(runs)}"
+        return [{"config": r.config, "overrides": r.overrides, "teachers": r.teachers, "text": r.texts,
+                 "train_text": r.train_text} for r in (runs[n] for n in names)]
+    records = [json.loads(line) for line in (REPO / source / "results.jsonl").read_text(encoding="utf-8").splitlines()
+               if line.strip()]
+    out = []
+    for name in names:
+        chosen = {json.dumps([r["config"], r["overrides"], r.get("teachers") or [], r.get("text") or [],
+                              bool(r.get("train_text"))]) for r in records if name in (r.get("name"), r.get("config"))}
+        assert len(chosen) == 1, f"{source}: {len(chosen)} different records named {name}"
+        config, overrides, teachers, text, train_text = json.loads(chosen.pop())
+        out.append({"config": config, "overrides": overrides, "teachers": teachers, "text": text,
+                    "train_text": train_text})
+    return out
+
+
+def config_differences(a, b) -> list[str]:
+    """`key: A -> B` for every resolved setting in which two configs differ (the output directory
+    aside)."""
+    from nerkit.config import config_to_dict
+
+    def flat(tree: dict, prefix: str = "") -> dict:
+        out = {}
+        for key, value in tree.items():
+            out.update(flat(value, f"{prefix}{key}.") if isinstance(value, dict) else {f"{prefix}{key}": value})
+        return out
+
+    fa, fb = (flat({k: v for k, v in config_to_dict(c).items() if k != "output_dir"}) for c in (a, b))
+    return [f"{key}: {fa.get(key)!r} -> {fb.get(key)!r}" for key in sorted(fa.keys() | fb.keys())
+            if fa.get(key) != fb.get(key)]
+
+
+def recipe_problems(page: str, source: str, names: list[str], block: str) -> list[str]:
+    """How the training commands of a recipe's block differ from the runs that made its figures:
+    every resolved setting the same, each distilled student taught by the block's own commands of its
+    teachers, on the same text."""
+    from nerkit.config import load_config
+
+    steps = training_steps(block)
+    if len(steps) != len(names):
+        return [f"{page}: the recipe of {source} {' '.join(names)} has {len(steps)} training commands, not {len(names)}"]
+    problems, outs = [], {}
+    for name, run, (command, params) in zip(names, made_by(source, names), steps):
+        where = f"{page}: nerkit {command} --config {params['config']} (the recipe of {source} {name})"
+        shown = load_config(REPO / params["config"], list(params["set_"]))
+        problems += [f"{where}: {d} (the page -> the run)"
+                     for d in config_differences(shown, load_config(REPO / run["config"], run["overrides"]))]
+        teachers = [outs.get(str(t), f"{t} (no command of the block)") for t in params.get("teacher") or []]
+        if sorted(teachers) != sorted(run["teachers"]):
+            problems.append(f"{where}: taught by {teachers}, the run by {run['teachers']}")
+        if [str(t) for t in params.get("text") or []] != run["text"] or run["train_text"]:
+            problems.append(f"{where}: reads the text {[str(t) for t in params.get('text') or []]}, the run "
+                            f"{run['text']}{' and its own training text' if run['train_text'] else ''}")
+        if params.get("out") is not None:
+            outs[str(params["out"])] = name
+    return problems
+
+
+def test_every_recipe_is_the_command_of_the_runs_beside_it(monkeypatch):
+    """Issue 55: the few-labels recipe trained its teacher at the config's 3 epochs and rate 0.001
+    while the figures beside it came from 10 epochs at 0.01, about 3 F1 lower when followed. Each
+    marked recipe's commands resolve to the very configs of the runs that made its figures."""
+    monkeypatch.chdir(REPO)  # the matrices name their anchors and texts from the repository root
+    problems, recipes = [], 0
+    for page in PAGES:
+        for marker, block in RECIPE.findall(page.read_text(encoding="utf-8")):
+            if marker == "none":
+                continue
+            source, *names = marker.split()
+            problems += recipe_problems(str(page.relative_to(REPO)), source, names, block)
+            recipes += 1
+    assert recipes >= 4 and not problems, "\n".join(problems)
+
+
+def test_every_guide_block_that_trains_a_shipped_config_says_which_runs_it_made():
+    """A guide's command that trains one of configs/ is either the recipe of the figures beside it
+    (marked with their runs, and checked above) or marked `<!-- recipe: none -->`: a new command
+    next to a figure cannot go unchecked by being left unmarked."""
+    unmarked = []
+    for page in sorted(DOCS.glob("*.md")):
+        for marker, block in CODE_BLOCK.findall(page.read_text(encoding="utf-8")):
+            if marker or not re.search(r"\bnerkit (train|distill|bench loop)\b", block):
+                continue
+            shipped = [f"nerkit {c} --config {p['config']}" for c, p in training_steps(block)
+                       if Path(p["config"]).parts[0] == "configs"]
+            unmarked += [f"{page.relative_to(REPO)}: {s}" for s in shipped]
+    assert not unmarked, "blocks without <!-- recipe: SOURCE RUN ... --> or <!-- recipe: none -->:\n" + "\n".join(unmarked)
