@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 
+from nerkit.errors import UserError
 from nerkit.features.batch import collate_padded
 from nerkit.inference.pipeline import Pipeline
 
@@ -119,7 +120,7 @@ def test_calibrate_fits_a_temperature_that_changes_scores_not_tags(tiny_model_di
     shutil.copytree(tiny_model_dir, model)
     before = Pipeline.load(model)
     assert before.score_temperature == 1.0
-    result = json.loads(nerkit("calibrate", "--model", str(model), "--data", str(TINY_DEV)).stdout)
+    result = json.loads(nerkit("calibrate", "--min-entities", "1", "--model", str(model), "--data", str(TINY_DEV)).stdout)
     assert 0.1 <= result["temperature"] <= 10 and result["entities"] > 0
     assert result["after"]["log_loss"] <= result["before"]["log_loss"] + 1e-12
     assert json.loads((model / "nerkit.json").read_text())["score_temperature"] == result["temperature"]
@@ -150,14 +151,14 @@ def test_calibrate_without_data_fits_on_the_dev_split_the_model_was_selected_on(
 
     from nerkit.config import load_config
     from nerkit.data.splits import train_and_dev
-    from nerkit.tools.calibrate import decoded_batches, fit_temperature
+    from nerkit.tools.calibrate import decode, fit_temperature
 
     def copy(name: str):
         shutil.copytree(tiny_model_dir, tmp_path / name)
         return tmp_path / name
 
-    given = json.loads(nerkit("calibrate", "--model", str(copy("given")), "--data", str(TINY_DEV)).stdout)
-    default = json.loads(nerkit("calibrate", "--model", str(copy("default"))).stdout)
+    given = json.loads(nerkit("calibrate", "--min-entities", "1", "--model", str(copy("given")), "--data", str(TINY_DEV)).stdout)
+    default = json.loads(nerkit("calibrate", "--min-entities", "1", "--model", str(copy("default"))).stdout)
     assert default["temperature"] == given["temperature"] and default["entities"] == given["entities"]
     assert default["data"] == f"the dev split of {tmp_path / 'default' / 'config.yaml'}"
     # without data.dev, the share of data.train that training carved off, as training carves it
@@ -165,16 +166,140 @@ def test_calibrate_without_data_fits_on_the_dev_split_the_model_was_selected_on(
     config = yaml.safe_load((carved / "config.yaml").read_text(encoding="utf-8"))
     config["data"]["dev"] = None
     (carved / "config.yaml").write_text(yaml.safe_dump(config, allow_unicode=True), encoding="utf-8")
-    result = json.loads(nerkit("calibrate", "--model", str(carved)).stdout)
+    result = nerkit("calibrate", "--min-entities", "1", "--model", str(carved), check=False)
     pipe = Pipeline.load(carved)
     dev = train_and_dev(load_config(carved / "config.yaml"))[2]
     assert 0 < len(dev) < len(train_and_dev(load_config(carved / "config.yaml"))[1])
-    assert result["temperature"] == round(fit_temperature(pipe, decoded_batches(pipe, dev, 128, None)), 4)
+    try:
+        expected = round(fit_temperature(pipe, decode(pipe, dev, 128, None)), 4)
+    except UserError:  # a few training sentences, every entity right: the loss falls to the range's edge
+        assert result.returncode == 2 and "edge of the search" in result.stderr
+        assert f"the dev split of {carved / 'config.yaml'}" in result.stderr
+    else:
+        assert json.loads(result.stdout)["temperature"] == expected
     # a training file that is not there: one line naming it, and the fix
     config["data"]["train"] = str(tmp_path / "gone.bio")
     (carved / "config.yaml").write_text(yaml.safe_dump(config, allow_unicode=True), encoding="utf-8")
-    failed = nerkit("calibrate", "--model", str(carved), check=False)
+    failed = nerkit("calibrate", "--min-entities", "1", "--model", str(carved), check=False)
     assert failed.returncode == 2 and "gone.bio" in failed.stderr and "--data" in failed.stderr and "Traceback" not in failed.stderr
+
+
+def copy_model(tiny_model_dir, tmp_path):
+    import shutil
+
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, model)
+    return model
+
+
+def write_jsonl(path, records) -> None:
+    import json
+
+    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records), encoding="utf-8")
+
+
+def gold_records(shift: int = 0) -> list[dict]:
+    """The tiny dev set as JSON lines, each entity moved `shift` characters to the right (where it still fits)."""
+    from helpers import TINY_DEV
+
+    from nerkit.data.corpus import read_corpus
+
+    records = []
+    for s in read_corpus(TINY_DEV).sentences:
+        spans = [g for g in s.spans() if g.end + shift <= len(s.tokens)]
+        records.append({"text": "".join(s.tokens), "entities": [
+            {"start": g.start + shift, "end": g.end + shift, "type": g.type} for g in spans]})
+    return records
+
+
+def test_calibrate_refuses_a_file_without_entities_and_leaves_the_model_as_it_was(tiny_model_dir, tmp_path, nerkit):
+    model = copy_model(tiny_model_dir, tmp_path)
+    before = (model / "nerkit.json").read_bytes()
+    empty = tmp_path / "empty.jsonl"
+    write_jsonl(empty, [{**r, "entities": []} for r in gold_records()])
+    result = nerkit("calibrate", "--min-entities", "1", "--model", str(model), "--data", str(empty), check=False)
+    assert result.returncode == 2 and "no entities" in result.stderr and str(empty) in result.stderr
+    assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1
+    assert (model / "nerkit.json").read_bytes() == before
+    texts = tmp_path / "texts.txt"
+    texts.write_text("\n".join(TEXTS) + "\n", encoding="utf-8")
+    kept = nerkit("predict", "--model", str(model), "--min-score", "0.5", str(texts)).stdout
+    assert kept == nerkit("predict", "--model", str(tiny_model_dir), "--min-score", "0.5", str(texts)).stdout
+
+
+def test_calibrate_refuses_fewer_entities_than_its_minimum(tiny_model_dir, tmp_path, nerkit):
+    from helpers import TINY_DEV
+
+    from nerkit.inference.evaluate import MIN_CALIBRATION_ENTITIES
+
+    model = copy_model(tiny_model_dir, tmp_path)
+    before = (model / "nerkit.json").read_bytes()
+    gold = sum(len(r["entities"]) for r in gold_records())
+    assert gold < MIN_CALIBRATION_ENTITIES  # the tiny dev set is below the default minimum
+    result = nerkit("calibrate", "--model", str(model), "--data", str(TINY_DEV), check=False)
+    assert result.returncode == 2 and f"{gold:,} gold entities" in result.stderr and "--min-entities" in result.stderr
+    assert (model / "nerkit.json").read_bytes() == before
+    too_many = nerkit("calibrate", "--min-entities", str(gold + 1), "--model", str(model), "--data", str(TINY_DEV),
+                      check=False)
+    assert too_many.returncode == 2 and (model / "nerkit.json").read_bytes() == before
+    assert nerkit("calibrate", "--min-entities", str(gold), "--model", str(model), "--data", str(TINY_DEV),
+                  check=False).returncode in (0, 2)  # the bar is inclusive; whatever the fit, never a traceback
+
+
+def test_calibrate_refuses_a_fit_at_the_edge_of_its_range(tiny_model_dir, tmp_path, nerkit):
+    """Labels the model never agrees with (every entity moved a character on): the log loss falls
+    with T to the end of the range, which is no fit, and is said so rather than written."""
+    model = copy_model(tiny_model_dir, tmp_path)
+    before = (model / "nerkit.json").read_bytes()
+    moved = tmp_path / "moved.jsonl"
+    write_jsonl(moved, gold_records(shift=1))
+    result = nerkit("calibrate", "--min-entities", "1", "--model", str(model), "--data", str(moved), check=False)
+    assert result.returncode == 2 and "edge of the search" in result.stderr and "Traceback" not in result.stderr
+    assert (model / "nerkit.json").read_bytes() == before
+
+
+def test_the_temperature_search_finds_the_grid_minimum_in_few_passes(pipe, monkeypatch):
+    """The coarse-then-golden search against a fine grid of log T over the same range: the same
+    minimum within the search's tolerance, in at most COARSE + REFINE + 1 forward-backward passes."""
+    import math
+
+    from helpers import TINY_DEV
+
+    from nerkit.data.corpus import read_corpus
+    from nerkit.tools import calibrate as module
+
+    decoded = module.decode(pipe, read_corpus(TINY_DEV).sentences, 128, None)
+    calls = []
+    real = module.log_loss
+    monkeypatch.setattr(module, "log_loss", lambda p, d, t: calls.append(t) or real(p, d, t))
+    fitted = module.fit_temperature(pipe, decoded)
+    assert len(calls) <= module.COARSE + module.REFINE + 1
+    grid = [math.exp(math.log(module.LOW) + k * math.log(module.HIGH / module.LOW) / 400) for k in range(401)]
+    best = min(grid, key=lambda t: real(pipe, decoded, t))
+    assert abs(math.log(fitted) - math.log(best)) < 0.03, (fitted, best)
+
+
+def test_calibrate_fits_on_the_stitched_entities_each_counted_once(tiny_model_dir, tmp_path, nerkit):
+    """Read in half-overlapping windows of 6 characters, each predicted entity counts once, as
+    `nerkit eval` counts it, not once for every window that found it."""
+    import json
+
+    from helpers import TINY_DEV
+
+    model = copy_model(tiny_model_dir, tmp_path)
+    evaluated = json.loads(nerkit("eval", "--model", str(model), "--data", str(TINY_DEV), "--window", "6",
+                                  "--json", "--calibration").stdout)
+    result = nerkit("calibrate", "--min-entities", "1", "--model", str(model), "--data", str(TINY_DEV),
+                    "--window", "6", check=False)
+    assert result.returncode in (0, 2) and "Traceback" not in result.stderr
+    from nerkit.data.corpus import read_corpus
+    from nerkit.tools.calibrate import decode
+
+    pipe = Pipeline.load(model)
+    decoded = decode(pipe, read_corpus(TINY_DEV).sentences, 128, 6)
+    assert len(decoded.pieces) > len(read_corpus(TINY_DEV).sentences)  # windows overlap: the test means something
+    assert len(decoded.right) == evaluated["counts"]["predicted"] == evaluated["calibration"]["entities"]
+    assert sum(decoded.right) == evaluated["counts"]["correct"]
 
 
 def test_a_damaged_temperature_is_refused_when_the_model_loads(tiny_model_dir, tmp_path, nerkit):

@@ -101,7 +101,7 @@ def test_calibrate_chooses_the_grid_point_of_best_dev_f1(span_model, tmp_path, n
     for t in GRID:  # the whole evaluation path at each threshold
         pipe.span_threshold = t
         naive[t] = pipe.evaluate(TINY_DEV)["f1"]
-    result = json.loads(nerkit("calibrate", "--model", str(model), "--data", str(TINY_DEV)).stdout)
+    result = json.loads(nerkit("calibrate", "--min-entities", "1", "--model", str(model), "--data", str(TINY_DEV)).stdout)
     assert result["grid"] == {str(t): round(f, 6) for t, f in naive.items()}
     assert result["threshold"] == max(naive, key=lambda t: (naive[t], -round(abs(t - 0.5), 6), t))
     assert result["after"]["f1"] == naive[result["threshold"]] >= result["before"]["f1"] == naive[0.5]
@@ -130,7 +130,7 @@ def test_calibrate_chooses_the_grid_point_of_best_dev_f1(span_model, tmp_path, n
     # without --data: the dev split the model was selected on (the fixture's data.dev is TINY_DEV)
     (tmp_path / "again").mkdir()
     again = copy_of(span_model, tmp_path / "again", flat)
-    default = json.loads(nerkit("calibrate", "--model", str(again)).stdout)
+    default = json.loads(nerkit("calibrate", "--min-entities", "1", "--model", str(again)).stdout)
     assert default["grid"] == result["grid"] and default["threshold"] == result["threshold"]
 
 
@@ -253,5 +253,5 @@ def test_a_dev_file_without_entities_is_refused(span_model, tmp_path, nerkit):
     with pytest.raises(UserError, match="no entities"):
         calibrate(model, empty)
     assert (model / "nerkit.json").read_text() == before
-    result = nerkit("calibrate", "--model", str(model), "--data", str(empty), check=False)
+    result = nerkit("calibrate", "--min-entities", "1", "--model", str(model), "--data", str(empty), check=False)
     assert result.returncode == 2 and "no entities" in result.stderr and "Traceback" not in result.stderr

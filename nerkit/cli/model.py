@@ -20,7 +20,7 @@ from nerkit.cli.options import (
     Runtime,
     flag,
 )
-from nerkit.inference.evaluate import ENTITY_BOUNDS, SENTENCE_BOUNDS, length_buckets
+from nerkit.inference.evaluate import ENTITY_BOUNDS, MIN_CALIBRATION_ENTITIES, SENTENCE_BOUNDS, length_buckets
 
 
 def _buckets(bounds: tuple[int, ...]) -> str:
@@ -130,14 +130,21 @@ def calibrate(
                                         "gives it (data.dev, or the seeded share of data.train)."),
     batch_size: int = typer.Option(128, "--batch-size", min=1, help="Sentences per batch."),
     window: Optional[int] = WINDOW,
+    min_entities: int = typer.Option(MIN_CALIBRATION_ENTITIES, "--min-entities", min=1, help="Refuse a file with fewer gold "
+                                     "entities than this, or on which the model predicts fewer: a fit on a few "
+                                     "says more about them than about the model."),
+    threads: int = THREADS,
 ):
     """Fit the temperature that makes the entity scores honest on a dev set and keep it in the model
     directory: scores change, tags and F1 do not. A span-head model (model.head: span) gets instead
     the threshold of best dev F1, from 0.05 to 0.95 by 0.05, and a map of its span scores fitted on
-    the spans it then predicts (Platt's), both of which predictions then use."""
+    the spans it then predicts (Platt's), both of which predictions then use. Refused, the model
+    directory untouched: a file without entities, too few entities, a fit at the edge of the range."""
+    from nerkit.device import set_threads
     from nerkit.tools.calibrate import calibrate as fit
 
-    result = fit(model, data, batch_size, window)
+    set_threads(threads)
+    result = fit(model, data, batch_size, window, min_entities)
     typer.echo(json.dumps(result))
 
 

@@ -68,6 +68,10 @@ def score(gold: list[list[Span]], predicted: list[list[Span]]) -> dict:
 
 
 CALIBRATION_BINS = 10  # equal-width bins of the score in a reliability table
+# Fewer gold entities than this, or predicted, and a score map fitted on them (a temperature, a span
+# threshold) says more about the file than about the model: `nerkit calibrate` refuses unless its
+# caller lowers the bar (--min-entities).
+MIN_CALIBRATION_ENTITIES = 100
 THRESHOLDS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99)
 
 

@@ -153,8 +153,14 @@ class Predictor:
             pieces.extend((i, a, b) for a, b in text_windows(len(tokens), window))
         examples = [self.featurizer.example(token_lists[i][a:b]) for i, a, b in pieces]
         decoded = self.decode_examples(examples, batch_size, window, scores, trim) if examples else []
-        if self.config.model.head == "span":
-            return self.stitched_spans(token_lists, pieces, decoded, scores)
+        stitched = self.stitched_spans if self.config.model.head == "span" else self.stitched_tags
+        return stitched(token_lists, pieces, decoded, scores)
+
+    def stitched_tags(self, token_lists: list, pieces: list[tuple[int, int, int]], decoded: list,
+                      scores: bool) -> list[list[Span]]:
+        """The CRF head's `predict_tokens`: each text's windows' tag ids (with `scores`, (tag ids, the
+        probability of each of their entities)) stitched into one tag sequence (`stitch`), and with
+        `scores` each entity scored by the window that decided it (`scored_spans`)."""
         by_sentence: list[list[tuple[int, list[str]]]] = [[] for _ in token_lists]  # (window start, tags)
         window_spans: list[list[tuple[int, int, list[Span]]]] = [[] for _ in token_lists]  # (start, end, scored)
         for (i, a, b), result in zip(pieces, decoded):

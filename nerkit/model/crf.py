@@ -6,6 +6,8 @@ BMES), the log-likelihood (plain and constrained) and a batch-vectorised constra
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import nn
 from torchcrf import CRF as TorchCRF
@@ -275,48 +277,57 @@ class CRF(nn.Module):
         log_z = self._log_partition(emissions, mask, start, trans, end)
         return (score - log_z).exp().clamp(max=1.0).tolist()
 
-    @torch.no_grad()
-    def entity_probabilities(self, emissions: torch.Tensor, mask: torch.Tensor,
-                             paths: list[list[int]], temperature: float = 1.0) -> list[list[float]]:
-        """For each path (as `decode` gives them) the probability of each of its entities, in the
-        order of `tags_to_spans`: the probability that exactly that span carries exactly that type,
-        the mass of the paths holding that tag segment and not continuing it (the next tag is not an
-        inside tag of the type; in BIOES and BMES, E- and S- close it by themselves). Forward score
-        into its first tag + the segment's own score + backward score out of its last tag - log Z.
-        Every score divided by `temperature` (a fitted one calibrates the probabilities)."""
-        self._check_shapes(emissions, mask)
+    def entity_segments(self, mask: torch.Tensor, paths: list[list[int]]) -> "EntitySegments":
+        """The entities of `paths` (as `decode` gives them) as `entity_probabilities` reads them: what
+        it needs of the paths whatever the temperature, to be built once where many are tried."""
         mask = mask.bool()
-        emissions, start, trans, end = self._scaled(emissions, temperature)
-        alpha, beta, log_z = self._forward_backward(emissions, mask, start, trans, end)
-        batch_size, seq_len, _ = emissions.shape
-        tag_ids = torch.zeros(batch_size, seq_len, dtype=torch.long, device=emissions.device)
+        batch_size, seq_len = mask.shape
+        device = mask.device
+        tag_ids = torch.zeros(batch_size, seq_len, dtype=torch.long, device=device)
         rows, starts, stops, kinds = [], [], [], []
         for row, path in enumerate(paths):
             tag_ids[row, :len(path)] = torch.tensor(path, dtype=torch.long)
             for span in tags_to_spans([self.tags[i] for i in path]):
                 rows.append(row), starts.append(span.start), stops.append(span.end), kinds.append(span.type)
-        if not rows:
+        b, s, e = (torch.tensor(x, dtype=torch.long, device=device) for x in (rows, starts, stops))  # (N,), e exclusive
+        types = sorted(set(kinds))
+        goes_on = torch.tensor([[continues(t) and split_tag(t)[1] == kind for t in self.tags] for kind in types],
+                               dtype=torch.bool, device=device).reshape(len(types), self.num_tags)
+        # (types, K): the tags that would continue an entity of a type; (N, K) for each entity
+        carried = goes_on[torch.tensor([types.index(k) for k in kinds], dtype=torch.long, device=device)]
+        return EntitySegments(rows, tag_ids, b, s, e, carried, at_end=e == mask.sum(1)[b])
+
+    @torch.no_grad()
+    def entity_probabilities(self, emissions: torch.Tensor, mask: torch.Tensor, paths: list[list[int]],
+                             temperature: float = 1.0, segments: "EntitySegments | None" = None) -> list[list[float]]:
+        """For each path (as `decode` gives them) the probability of each of its entities, in the
+        order of `tags_to_spans`: the probability that exactly that span carries exactly that type,
+        the mass of the paths holding that tag segment and not continuing it (the next tag is not an
+        inside tag of the type; in BIOES and BMES, E- and S- close it by themselves). Forward score
+        into its first tag + the segment's own score + backward score out of its last tag - log Z.
+        Every score divided by `temperature` (a fitted one calibrates the probabilities).
+        `segments`: `entity_segments(mask, paths)`, when the caller keeps it for several temperatures."""
+        self._check_shapes(emissions, mask)
+        mask = mask.bool()
+        found = segments or self.entity_segments(mask, paths)
+        if not found.rows:
             return [[] for _ in paths]
+        emissions, start, trans, end = self._scaled(emissions, temperature)
+        alpha, beta, log_z = self._forward_backward(emissions, mask, start, trans, end)
+        tag_ids, b, s, e = found.tag_ids, found.b, found.s, found.e
         # the path's own score, summed from its start: (B, T)
         step = emissions.gather(2, tag_ids.unsqueeze(2)).squeeze(2)
         step[:, 1:] += trans[tag_ids[:, :-1], tag_ids[:, 1:]]
         running = step.cumsum(1)
-        device = emissions.device
-        b, s, e = (torch.tensor(x, device=device) for x in (rows, starts, stops))  # (N,) each, e exclusive
         first, last = tag_ids[b, s], tag_ids[b, e - 1]
         inside = alpha[b, s, first] + running[b, e - 1] - running[b, s]  # (N,)
-        types = sorted(set(kinds))
-        goes_on = torch.tensor([[continues(t) and split_tag(t)[1] == kind for t in self.tags] for kind in types],
-                               device=device)  # (types, K): the tags that would continue an entity of a type
-        carried = goes_on[torch.tensor([types.index(k) for k in kinds], device=device)]  # (N, K)
-        after = e.clamp(max=seq_len - 1)
+        after = e.clamp(max=emissions.size(1) - 1)
         onward = trans[last] + emissions[b, after] + beta[b, after]  # (N, K): the next tag and what follows
-        onward = torch.logsumexp(onward.masked_fill(carried, float("-inf")), dim=1)
-        at_end = e == mask.sum(1)[b]
-        out = inside + torch.where(at_end, end[last], onward) - log_z[b]
+        onward = torch.logsumexp(onward.masked_fill(found.carried, float("-inf")), dim=1)
+        out = inside + torch.where(found.at_end, end[last], onward) - log_z[b]
         values = out.exp().clamp(max=1.0).tolist()
         grouped: list[list[float]] = [[] for _ in paths]
-        for row, value in zip(rows, values):
+        for row, value in zip(found.rows, values):
             grouped[row].append(value)
         return grouped
 
@@ -360,3 +371,17 @@ class CRF(nn.Module):
         # One host transfer for paths and lengths together: (B, 1 + T).
         rows = torch.cat([lengths.unsqueeze(1), torch.stack(path, dim=1)], dim=1).tolist()
         return [row[1 : 1 + row[0]] for row in rows]
+
+
+@dataclass
+class EntitySegments:
+    """The entities of decoded paths, `CRF.entity_segments`: each entity's path, start and end, the
+    tags that would continue it, and whether it ends its sequence (nothing of the scores)."""
+
+    rows: list[int]  # the path of each entity, in order (N,)
+    tag_ids: torch.Tensor  # (B, T) the paths, padded with 0
+    b: torch.Tensor  # (N,) the path's row
+    s: torch.Tensor  # (N,) first position
+    e: torch.Tensor  # (N,) one past the last position
+    carried: torch.Tensor  # (N, K) the tags that would continue it
+    at_end: torch.Tensor  # (N,) it ends its sequence

@@ -6,8 +6,10 @@ Temperature scaling (Guo et al. 2017) applied to the CRF: every score, emissions
 alike, is divided by one number T before the entity probabilities are computed. The decoded path
 does not move (the best path is the best at any T), so tags and F1 stay exactly as they were; only
 the scores change. T is the one that minimises the log loss of "this entity is right" (span and
-type exactly as in the gold file) over the dev set's predicted entities, found on a grid of log T
-and refined around its best point. The emissions are computed once and kept for every T tried.
+type exactly as in the gold file) over the dev set's predicted entities, stitched from their
+windows and scored as prediction scores them (each entity once), found by a coarse search of log T
+refined by golden-section search: 16 forward-backward passes. The emissions, paths and entities are
+computed once and kept for every T tried.
 
 A span-head model has no temperature to fit: its threshold is chosen instead, and Platt's map of its
 span scores fitted (nerkit.tools.span_threshold).
@@ -23,82 +25,161 @@ from pathlib import Path
 import torch
 
 from nerkit.data.splits import check_data_files, read_gold, train_and_dev
-from nerkit.data.tags import tags_to_spans
+from nerkit.data.tags import Span
 from nerkit.errors import UserError
+from nerkit.inference.evaluate import MIN_CALIBRATION_ENTITIES, calibration
 from nerkit.inference.pipeline import Pipeline
 from nerkit.inference.model_dir import CONFIG_FILE, META_FILE, SCORE_TEMPERATURE, _read_json, runtime, update_meta
+from nerkit.log import progress_display
+from nerkit.model.crf import EntitySegments
 
 log = logging.getLogger(__name__)
 
-GRID = [math.exp(math.log(0.1) + k * (math.log(10.0) - math.log(0.1)) / 40) for k in range(41)]  # 0.1 .. 10
-
+# The search for T: log T over [LOW, HIGH], first at COARSE evenly spaced points, then by golden-section
+# search between the neighbours of the best of them, REFINE steps (the bracket shrinks to 0.618^REFINE
+# of 2 * ln(HIGH / LOW) / (COARSE - 1): 0.02 in log T, 2% in T). A best T at an end of the range is
+# no fit (the log loss still falls beyond it: nothing the file says is calibrated by a temperature).
+LOW, HIGH = 0.1, 10.0
+COARSE, REFINE = 5, 10
+EDGE = 0.02  # in log T: a best T this close to an end of the range is at the edge
 
 @dataclass
-class Scored:
-    """One batch of windows, decoded: what every temperature tried needs."""
+class Decoded:
+    """The gold texts read in the model's windows and decoded once, what every temperature tried
+    needs: each window's emissions (float64), mask, paths and entities (`CRF.entity_segments`), and
+    whether each entity of the stitched predictions is right (span and type as in the gold file)."""
 
-    emissions: torch.Tensor  # (B, T, K) float64, on the model's device
-    mask: torch.Tensor  # (B, T)
-    paths: list[list[int]]
-    right: list[bool]  # per entity of the paths, in order: span and type as in the gold file
+    token_lists: list[list[str]]
+    pieces: list[tuple[int, int, int]]  # (text, window start, window end), in text order
+    batches: list[tuple[list[int], torch.Tensor, torch.Tensor, list[list[int]], EntitySegments]]  # piece indices first
+    right: list[bool]
+
+
+# The search for T: log T over [LOW, HIGH], first at COARSE evenly spaced points, then by golden-section
+# search between the neighbours of the best of them, REFINE steps (the bracket shrinks to 0.618^REFINE
+# of 2 * ln(HIGH / LOW) / (COARSE - 1): 0.02 in log T, 2% in T). A best T at an end of the range is
+# no fit (the log loss still falls beyond it: nothing the file says is calibrated by a temperature).
+LOW, HIGH = 0.1, 10.0
+COARSE, REFINE = 5, 10
+EDGE = 0.02  # in log T: a best T this close to an end of the range is at the edge
+
+@dataclass
+class Decoded:
+    """The gold texts read in the model's windows and decoded once, what every temperature tried
+    needs: each window's emissions (float64), mask, paths and entities (`CRF.entity_segments`), and
+    whether each entity of the stitched predictions is right (span and type as in the gold file)."""
+
+    token_lists: list[list[str]]
+    pieces: list[tuple[int, int, int]]  # (text, window start, window end), in text order
+    batches: list[tuple[list[int], torch.Tensor, torch.Tensor, list[list[int]], EntitySegments]]  # piece indices first
+    right: list[bool]
 
 
 def dev_set(pipe: Pipeline, model_dir: Path, data: str | Path | None) -> tuple[list, str]:
     """The gold sentences to calibrate on, and their name for messages: the file DATA, or without one
     the dev split the model was selected on, as its config.yaml gives it (`data.dev`, or the seeded
-    share of `data.train` carved off: `nerkit.data.splits.train_and_dev`, the one place it is made)."""
+    share of `data.train` carved off: `nerkit.data.splits.train_and_dev`, the one place it is made).
+    A UserError when they hold no entity."""
     if data is None:  # the files the split comes from, as the model's config names them
         check_data_files(pipe.config, ("train", "dev"), fix=f"set NERKIT_DATA as it was for training "
                          f"({model_dir / CONFIG_FILE} names the file), or pass --data DEV")
-        return train_and_dev(pipe.config)[2], f"the dev split of {model_dir / CONFIG_FILE}"
-    corpus = read_gold(data, pipe.config.data.repair, "pass --repair")
-    pipe.check_types(corpus.types, str(data))
-    return corpus.sentences, str(data)
+        sentences, where = train_and_dev(pipe.config)[2], f"the dev split of {model_dir / CONFIG_FILE}"
+    else:
+        corpus = read_gold(data, pipe.config.data.repair, "pass --repair")
+        sentences, where = corpus.sentences, str(data)
+    if not any(s.spans() for s in sentences):
+        raise UserError("the gold file has no entities: every predicted one would count as wrong, and the fit "
+                        "would only flatten the scores", where=where, fix="calibrate on a labelled dev set")
+    if data is not None:
+        pipe.check_types(corpus.types, where)
+    return sentences, where
 
 
-def decoded_batches(pipe: Pipeline, sentences: list, batch_size: int, window: int | None) -> list[Scored]:
-    """The gold sentences read in the model's windows, decoded once, each entity marked right or
-    wrong against the gold spans of its sentence."""
-    gold = [{(g.start, g.end, g.type) for g in s.spans()} for s in sentences]
-    found = []
-    for rows, emissions, mask, paths in pipe.decoded_windows([s.tokens for s in sentences], batch_size, window):
-        right = [(start + s.start, start + s.end, s.type) in gold[i]
-                 for (i, start), path in zip(rows, paths) for s in tags_to_spans([pipe.tags[t] for t in path])]
-        found.append(Scored(emissions.double(), mask, paths, right))
-    return found
+def decode(pipe: Pipeline, sentences: list, batch_size: int, window: int | None) -> Decoded:
+    """The gold sentences read in the model's windows as prediction reads them, decoded once."""
+    token_lists = [s.tokens for s in sentences]
+    batches, pieces = [], []
+    for found, batch in pipe.window_batches(token_lists, batch_size, window):
+        emissions = pipe.model.emissions(batch).double()
+        paths = pipe.model.crf.decode(emissions, batch.mask)
+        indices = list(range(len(pieces), len(pieces) + len(found)))
+        pieces.extend(found)
+        batches.append((indices, emissions, batch.mask, paths, pipe.model.crf.entity_segments(batch.mask, paths)))
+    order = sorted(range(len(pieces)), key=pieces.__getitem__)  # window_batches reads them by length
+    position = {j: k for k, j in enumerate(order)}
+    batches = [([position[j] for j in indices], *rest) for indices, *rest in batches]
+    decoded = Decoded(token_lists, [pieces[j] for j in order], batches, [])
+    gold = [set(s.spans()) for s in sentences]
+    decoded.right = [span in gold[i] for i, spans in enumerate(stitched(pipe, decoded, 1.0)) for span in spans]
+    return decoded
 
 
-def log_loss(pipe: Pipeline, batches: list[Scored], temperature: float) -> float:
-    """Mean log loss of the entities' scores at `temperature` against whether they are right."""
-    crf = pipe.model.crf
-    total, count = 0.0, 0
-    for b in batches:
-        probs = [p for row in crf.entity_probabilities(b.emissions, b.mask, b.paths, temperature) for p in row]
-        for p, right in zip(probs, b.right):
-            p = min(max(p, 1e-12), 1 - 1e-12)
-            total -= math.log(p if right else 1 - p)
-            count += 1
-    return total / count if count else 0.0
+def stitched(pipe: Pipeline, decoded: Decoded, temperature: float) -> list[list[Span]]:
+    """Each text's entities as prediction gives them (windows stitched, each entity scored by the
+    window that decided it), scored at `temperature`: the one forward-backward pass a temperature costs."""
+    windows: list = [None] * len(decoded.pieces)
+    for indices, emissions, mask, paths, segments in decoded.batches:
+        probs = pipe.model.crf.entity_probabilities(emissions, mask, paths, temperature, segments)
+        for j, path, p in zip(indices, paths, probs):
+            windows[j] = (path, p)
+    return pipe.stitched_tags(decoded.token_lists, decoded.pieces, windows, scores=True)
 
 
-def fit_temperature(pipe: Pipeline, batches: list[Scored]) -> float:
-    """The temperature of least log loss: the best of `GRID`, then of a finer grid between its neighbours."""
-    losses = {t: log_loss(pipe, batches, t) for t in GRID}
+def log_loss(pipe: Pipeline, decoded: Decoded, temperature: float) -> float:
+    """Mean log loss of the stitched entities' scores at `temperature` against whether they are right."""
+    scores = [s.score for spans in stitched(pipe, decoded, temperature) for s in spans]
+    total = 0.0
+    for p, right in zip(scores, decoded.right):
+        p = min(max(p, 1e-12), 1 - 1e-12)
+        total -= math.log(p if right else 1 - p)
+    return total / len(scores) if scores else 0.0
+
+
+def fit_temperature(pipe: Pipeline, decoded: Decoded, where: str = "the dev set") -> float:
+    """The temperature of least log loss in [LOW, HIGH] (COARSE points, then golden-section search
+    between the best one's neighbours), with progress shown; a UserError when it lies at an end of
+    the range, where the loss has no minimum to find."""
+    bar = progress_display("calibrate", COARSE + REFINE + 1, "temperature")
+    losses: dict[float, float] = {}
+
+    def loss(log_t: float) -> float:
+        if log_t not in losses:
+            losses[log_t] = log_loss(pipe, decoded, math.exp(log_t))
+            bar.update(1)
+            bar.set_postfix(T=f"{math.exp(log_t):.3f}", loss=f"{losses[log_t]:.4f}")
+        return losses[log_t]
+
+    low, high = math.log(LOW), math.log(HIGH)
+    coarse = [low + k * (high - low) / (COARSE - 1) for k in range(COARSE)]
+    k = min(range(COARSE), key=lambda i: loss(coarse[i]))
+    a, b = coarse[max(k - 1, 0)], coarse[min(k + 1, COARSE - 1)]
+    ratio = (math.sqrt(5) - 1) / 2
+    c, d = b - ratio * (b - a), a + ratio * (b - a)
+    for _ in range(REFINE):
+        if loss(c) <= loss(d):
+            b, d = d, c
+            c = b - ratio * (b - a)
+        else:
+            a, c = c, d
+            d = a + ratio * (b - a)
     best = min(losses, key=losses.get)
-    k = GRID.index(best)
-    low, high = GRID[max(k - 1, 0)], GRID[min(k + 1, len(GRID) - 1)]
-    finer = [math.exp(math.log(low) + i * (math.log(high) - math.log(low)) / 20) for i in range(21)]
-    losses.update({t: log_loss(pipe, batches, t) for t in finer})
-    return min(losses, key=losses.get)
+    bar.close()
+    if best - low < EDGE or high - best < EDGE:
+        raise UserError(f"the log loss of the entity scores still falls at T = {math.exp(best):.3g}, the edge of "
+                        f"the search ({LOW:g} to {HIGH:g}): no temperature calibrates this model on this file, "
+                        f"and nerkit.json is left as it was", where=where,
+                        fix="calibrate on a labelled dev set of the model's own types")
+    return math.exp(best)
 
 
 def calibrate(model_dir: str | Path, data: str | Path | None = None, batch_size: int = 128,
-              window: int | None = None) -> dict:
+              window: int | None = None, min_entities: int = MIN_CALIBRATION_ENTITIES) -> dict:
     """Fit the temperature of MODEL_DIR's scores on the gold file DATA (a dev set: never the test
     set, whose scores would then be fitted to it; None: the dev split the model was selected on),
-    write it into MODEL_DIR/nerkit.json, and return it with the expected calibration error and log
-    loss before and after. A span-head model gets its threshold chosen instead
-    (`nerkit.tools.span_threshold.calibrate_threshold`)."""
+    write it into MODEL_DIR/nerkit.json, and return it with the expected calibration error, Brier
+    score and log loss before and after. A span-head model gets its threshold chosen instead
+    (`nerkit.tools.span_threshold.choose_threshold`). Refused, nerkit.json untouched: a file with
+    no entities, or fewer than `min_entities` predicted or gold, or a fit at the edge of the range."""
     model_dir = Path(model_dir)
     meta_path = model_dir / META_FILE
     if meta_path.is_file() and runtime(_read_json(meta_path)) == "onnx":
@@ -106,26 +187,33 @@ def calibrate(model_dir: str | Path, data: str | Path | None = None, batch_size:
                         fix="calibrate the model directory that `nerkit train` wrote, then export it again")
     pipe = Pipeline.load(model_dir)
     sentences, where = dev_set(pipe, model_dir, data)
+    gold = [s.spans() for s in sentences]
     if pipe.config.model.head == "span":
-        from nerkit.tools.span_threshold import calibrate_threshold
+        from nerkit.tools.span_threshold import choose_threshold, write_threshold
 
-        return calibrate_threshold(pipe, model_dir, sentences, where, batch_size, window)
-    batches = decoded_batches(pipe, sentences, batch_size, window)
-    entities = sum(len(b.right) for b in batches)
-    if entities == 0:
-        raise UserError("the model predicts no entity in this file: nothing to calibrate on", where=where,
-                        fix="calibrate on a larger dev set")
-    temperature = fit_temperature(pipe, batches)
-    result = {"temperature": round(temperature, 4), "entities": entities, "data": where}
+        result = choose_threshold(pipe, sentences, where, batch_size, window)
+        check_enough(result["after"]["predicted"], result["gold"], min_entities, where)
+        return write_threshold(model_dir, result)
+    decoded = decode(pipe, sentences, batch_size, window)
+    entities, gold_count = len(decoded.right), sum(len(set(g)) for g in gold)
+    check_enough(entities, gold_count, min_entities, where)
+    temperature = fit_temperature(pipe, decoded, where)
+    result = {"temperature": round(temperature, 4), "entities": entities, "gold": gold_count, "data": where}
     for name, t in (("before", 1.0), ("after", temperature)):
-        pipe.score_temperature = t
-        metrics = pipe.predict_and_score(sentences, batch_size, window=window, with_calibration=True).metrics
-        result[name] = {"ece": metrics["calibration"]["ece"], "brier": metrics["calibration"]["brier"],
-                        "log_loss": log_loss(pipe, batches, t)}
+        fitted = calibration(gold, stitched(pipe, decoded, t))
+        result[name] = {"ece": fitted["ece"], "brier": fitted["brier"], "log_loss": log_loss(pipe, decoded, t)}
     meta_path = update_meta(model_dir, {SCORE_TEMPERATURE: result["temperature"]})
     log.info(f"score temperature {temperature:.3f} on {entities:,} entities of {where}: ECE "
              f"{result['before']['ece']:.4f} -> {result['after']['ece']:.4f}; wrote {meta_path}")
     return result
+
+
+def check_enough(predicted: int, gold: int, min_entities: int, where: str) -> None:
+    """A UserError when the model predicts, or the gold file holds, fewer than `min_entities`."""
+    if min(predicted, gold) < min_entities:
+        raise UserError(f"{gold:,} gold entities, {predicted:,} predicted: too few to calibrate on (at least "
+                        f"{min_entities:,} of each)", where=where,
+                        fix="calibrate on a larger dev set, or pass --min-entities N to accept a smaller one")
 
 
 def calibration_table(records: list[dict]) -> str:

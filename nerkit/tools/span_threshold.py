@@ -148,16 +148,12 @@ def span_meta(result: dict) -> dict:
     return {SPAN_THRESHOLD: fitted["threshold"], SPAN_SCORE_MAP: {k: fitted[k] for k in SCORE_MAP_KEYS}}
 
 
-def calibrate_threshold(pipe: Pipeline, model_dir: Path, sentences: list, where: str, batch_size: int = 128,
-                        window: int | None = None) -> dict:
-    """Choose the span threshold of MODEL_DIR (loaded as `pipe`) that maximises micro F1 on the gold
-    SENTENCES (a dev set, never the test set; `where` names them), fit the map of its scores on the
-    spans it then predicts (`fit_scores`), write both into MODEL_DIR/nerkit.json, and return them
-    with the F1 at every threshold of `GRID` and the dev scores before and after."""
-    result = choose_threshold(pipe, sentences, where, batch_size, window)
+def write_threshold(model_dir: Path, result: dict) -> dict:
+    """Write a `choose_threshold` result (the threshold of best dev F1 and the map of the scores
+    fitted at it) into MODEL_DIR/nerkit.json, say so, and return it."""
     meta_path = update_meta(model_dir, span_meta(result))
     fitted = result["score_map"]
-    log.info(f"span threshold {result['before']['threshold']:g} -> {result['threshold']:g} on {where}: dev F1 "
+    log.info(f"span threshold {result['before']['threshold']:g} -> {result['threshold']:g} on {result['data']}: dev F1 "
              f"{100 * result['before']['f1']:.2f} -> {100 * result['after']['f1']:.2f}; scores mapped by "
              f"sigmoid({fitted['scale']:.3f} x {fitted['shift']:+.3f}) (threshold {fitted['threshold']:.3f} on that "
              f"scale): ECE {fitted['ece_before']:.4f} -> {fitted['ece_after']:.4f} over {fitted['spans']:,} spans; "
