@@ -289,6 +289,10 @@ class SpanConfig:
     max_width: int = ranged(32, AT_LEAST_ONE)  # the longest entity scored, in characters (cost: types x length x max_width)
     size: int = ranged(64, AT_LEAST_ONE)  # the width of each type's start and end projections (even: rotary positions)
     threshold: float = ranged(0.5, "(0, 1)")  # a span is predicted when its probability is above this
+    # true: after every epoch, training chooses the threshold of best dev F1 (from 0.05 to 0.95) and
+    # fits the map of the scores at it, as `nerkit calibrate` does, so epochs are selected, and dev
+    # and test reported, at the threshold the saved model predicts with; false: `threshold` throughout
+    choose_threshold: bool = True
     # false: every span above the threshold, nested and overlapping; true: the non-overlapping set of
     # them with the largest sum of log-odds (the most probable flat labelling)
     flat: bool = False

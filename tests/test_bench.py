@@ -754,7 +754,7 @@ def test_a_span_run_chooses_its_threshold_on_dev_and_scores_test_at_it(tmp_path)
     from nerkit.data.corpus import read_corpus
     from nerkit.inference.evaluate import score
     from nerkit.inference.pipeline import Pipeline
-    from nerkit.tools.span_threshold import GRID
+    from nerkit.inference.span_threshold import GRID
 
     span = {**TINY, "model": {"head": "span"}, "span": {"size": 8, "max_width": 6},
             "train": {**TINY["train"], "max_steps": 40}}

@@ -16,7 +16,7 @@ from nerkit.errors import UserError
 from nerkit.inference.pipeline import Pipeline
 from nerkit.data.corpus import read_corpus
 from nerkit.model.span_decode import logit
-from nerkit.tools.span_threshold import GRID, best_threshold, platt_map
+from nerkit.inference.span_threshold import GRID, best_threshold, platt_map
 
 TEXTS = ["张三在北京大学读书", "李四住在上海", "王五去了中国科学院"]
 DEV_TEXTS = [s.text for s in read_corpus(TINY_DEV).sentences]
@@ -37,9 +37,43 @@ def span_model(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("span_threshold")
     config = build_config(tiny_raw_config(), "<tiny>", ["model.head=span", "span.size=8", "span.max_width=8", "encoder.dropout=0",
-                                                        "train.epochs=2"])
+                                                        "train.epochs=2", "span.choose_threshold=false"])
     train(config, out=root / "model", progress_bar=False)
     return root / "model"
+
+
+@pytest.mark.slow
+def test_training_chooses_the_threshold_on_dev_for_selection_and_the_figures(tmp_path):
+    """With span.choose_threshold (the default), every epoch's dev F1 is at the threshold chosen on
+    dev (never below the F1 at span.threshold), the best epoch's choice is in nerkit.json, and test
+    is scored at it: the saved model's own evaluation gives the reported figure."""
+    from helpers import tiny_raw_config
+
+    from nerkit.config import build_config
+    from nerkit.inference.span_threshold import choose_threshold
+    from nerkit.training.loop import train
+
+    overrides = ["model.head=span", "span.size=8", "span.max_width=8", "encoder.dropout=0", "train.epochs=3"]
+    raw = tiny_raw_config()
+    raw["data"]["test"] = str(TINY_DEV)
+    metrics = train(build_config(raw, "<tiny>", overrides), out=tmp_path / "model", progress_bar=False)
+    epochs = [json.loads(line) for line in (tmp_path / "model" / "metrics.jsonl").read_text().splitlines()]
+    assert all(e["dev_threshold"] in GRID and e["dev_f1"] >= e["dev_f1_at_default"] - 1e-12 for e in epochs)
+    assert any(e["dev_threshold"] != 0.5 for e in epochs), "the threshold never moved: the test checks little"
+    meta = json.loads((tmp_path / "model" / "nerkit.json").read_text())
+    chosen = metrics["dev"]["span_threshold"]
+    assert meta["span_threshold"] == chosen["span_threshold"] and meta["span_score_map"] == chosen["span_score_map"]
+    saved = Pipeline.load(tmp_path / "model")
+    assert saved.evaluate(str(TINY_DEV))["f1"] == pytest.approx(metrics["test"]["f1"])
+    assert saved.evaluate(str(TINY_DEV))["f1"] == pytest.approx(metrics["dev"]["f1"])  # dev is the test file here
+    # the same choice from the saved weights at the head's own scores: what training chose is reproducible
+    saved.span_threshold, saved.span_score_map = None, None
+    again = choose_threshold(saved, read_corpus(TINY_DEV).sentences, "dev")
+    assert again["threshold"] == chosen["chosen"]
+    plain = train(build_config(raw, "<tiny>", overrides + ["span.choose_threshold=false"]), out=tmp_path / "plain",
+                  progress_bar=False)
+    assert "span_threshold" not in plain["dev"] and "span_threshold" not in json.loads(
+        (tmp_path / "plain" / "nerkit.json").read_text())
 
 
 def copy_of(model, tmp_path, flat: bool = False):

@@ -12,7 +12,7 @@ refined by golden-section search: 16 forward-backward passes. The emissions, pat
 computed once and kept for every T tried.
 
 A span-head model has no temperature to fit: its threshold is chosen instead, and Platt's map of its
-span scores fitted (nerkit.tools.span_threshold).
+span scores fitted (nerkit.inference.span_threshold).
 """
 
 from __future__ import annotations
@@ -178,7 +178,7 @@ def calibrate(model_dir: str | Path, data: str | Path | None = None, batch_size:
     set, whose scores would then be fitted to it; None: the dev split the model was selected on),
     write it into MODEL_DIR/nerkit.json, and return it with the expected calibration error, Brier
     score and log loss before and after. A span-head model gets its threshold chosen instead
-    (`nerkit.tools.span_threshold.choose_threshold`). Refused, nerkit.json untouched: a file with
+    (`nerkit.inference.span_threshold.choose_threshold`). Refused, nerkit.json untouched: a file with
     no entities, or fewer than `min_entities` predicted or gold, or a fit at the edge of the range."""
     model_dir = Path(model_dir)
     meta_path = model_dir / META_FILE
@@ -189,7 +189,7 @@ def calibrate(model_dir: str | Path, data: str | Path | None = None, batch_size:
     sentences, where = dev_set(pipe, model_dir, data)
     gold = [s.spans() for s in sentences]
     if pipe.config.model.head == "span":
-        from nerkit.tools.span_threshold import choose_threshold, write_threshold
+        from nerkit.inference.span_threshold import choose_threshold, write_threshold
 
         result = choose_threshold(pipe, sentences, where, batch_size, window)
         check_enough(result["after"]["predicted"], result["gold"], min_entities, where)

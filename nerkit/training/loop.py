@@ -31,7 +31,9 @@ from nerkit.errors import Interrupted, UserError, stop_signals_handled
 from nerkit.features.batch import bucketed_batches, collate
 from nerkit.features.featurizer import Example
 from nerkit.files import CHECKPOINT, WRITE_ERRNOS
+from nerkit.inference.model_dir import SCORE_MAP_KEYS, SPAN_SCORE_MAP, SPAN_THRESHOLD, update_meta
 from nerkit.inference.pipeline import Pipeline
+from nerkit.inference.span_threshold import choose_threshold, span_meta
 from nerkit.log import progress_display
 from nerkit.training.build import build_pipeline
 from nerkit.training.checkpoint import (
@@ -195,9 +197,10 @@ def set_up(config: Config, out: Path, force: bool, resume: bool, splits: Splits 
         attach_lm_cache(config, pipe, splits, examples)
     n_params = sum(p.numel() for p in pipe.model.parameters())
     ranks = f" x {world.size} processes ({tc.batch_size // world.size} sentences each a step)" if world.size > 1 else ""
-    log.info(f"model: {config.encoder.name}, {n_params:,} parameters, tags {splits.scheme.upper()} over "
-             f"{', '.join(splits.types)}; train {len(splits.train)} sentences, dev {len(splits.dev)}; "
-             f"device {device}{ranks}")
+    # a CRF tags in a scheme; the span head scores spans of each type, with no tags at all
+    labels = f"tags {splits.scheme.upper()} over" if pipe.model.crf is not None else "spans of types"
+    log.info(f"model: {config.encoder.name}, {n_params:,} parameters, {labels} {', '.join(splits.types)}; "
+             f"train {len(splits.train)} sentences, dev {len(splits.dev)}; device {device}{ranks}")
     optimizer = make_optimizer(config, pipe.model)
     gold_steps = streams.steps_per_epoch() if streams else math.ceil(len(examples) / tc.batch_size)
     steps_per_epoch, total_steps = run_steps(
@@ -464,11 +467,25 @@ def evaluate(run: Run, sentences: list) -> dict:
     return run.pipe.evaluate(sentences, run.config.train.eval_batch_size, document=document)
 
 
+def evaluate_dev(run: Run) -> dict:
+    """The model's dev metrics; with `span.choose_threshold`, a span-head model's threshold is first
+    chosen on dev as `nerkit calibrate` chooses it (from the head's own scores, whatever an earlier
+    epoch chose), and the metrics are those at it, with the choice (`span_threshold`: the threshold,
+    the map of the scores, the F1 at `span.threshold` beside)."""
+    pipe, config = run.pipe, run.config
+    if pipe.model.crf is not None or not config.span.choose_threshold:
+        return evaluate(run, run.splits.dev)
+    pipe.span_threshold, pipe.span_score_map = None, None
+    chosen = choose_threshold(pipe, run.splits.dev, "the dev split", config.train.eval_batch_size)
+    return {**evaluate(run, run.splits.dev), "span_threshold": {
+        **span_meta(chosen), "chosen": chosen["threshold"], "f1_at_default": chosen["before"]["f1"]}}
+
+
 def log_epoch(run: Run, epoch: int, n_batches: int, partial: bool) -> dict:
     """Rank 0's part of an epoch's end: the dev evaluation, its record in metrics.jsonl and its log
     line; returns the dev metrics."""
     tc, progress = run.config.train, run.progress
-    dev = evaluate(run, run.splits.dev)
+    dev = evaluate_dev(run)
     rates = run.scheduler.get_last_lr()  # the rest's, then a fine-tuned LM's own groups (make_optimizer)
     record = {"epoch": epoch, "step": progress.step, "loss": progress.epoch_loss / max(1, progress.batch),
               "lr": rates[0], **({"lm_lr": max(rates[1:])} if len(rates) > 1 else {}),
@@ -478,14 +495,19 @@ def log_epoch(run: Run, epoch: int, n_batches: int, partial: bool) -> dict:
         gold_batches = progress.batch - progress.epoch_distill_batches
         record.update(gold_loss=(progress.epoch_loss - progress.epoch_distill_loss) / max(1, gold_batches),
                       distill_loss=progress.epoch_distill_loss / max(1, progress.epoch_distill_batches))
+    chosen = dev.get("span_threshold")
+    if chosen:  # the span head's dev F1 is at the threshold chosen on dev; the default's beside it
+        record.update(dev_threshold=chosen["chosen"], dev_f1_at_default=chosen["f1_at_default"])
     if partial:
         record.update(partial=True, batches=progress.batch, of_batches=n_batches)
     with open(run.out / "metrics.jsonl", "a", encoding="utf-8") as f:
         f.write(json.dumps(record) + "\n")
     cut = f" ({progress.batch:,} of {n_batches:,} batches, {run.progress.stopped})" if partial else ""
     log.info(f"epoch {epoch}/{tc.epochs}{cut}  loss {record['loss']:.4f}  dev P {100 * dev['precision']:.2f} "
-             f"R {100 * dev['recall']:.2f} F1 {100 * dev['f1']:.2f}{' *' if dev['f1'] > progress.best_f1 else ''}  "
-             f"{record['chars_per_s']:,.0f} chars/s  {record['elapsed_s']:.0f}s")
+             f"R {100 * dev['recall']:.2f} F1 {100 * dev['f1']:.2f}{' *' if dev['f1'] > progress.best_f1 else ''}"
+             + (f" (threshold {chosen['chosen']:g} chosen on dev; F1 {100 * chosen['f1_at_default']:.2f} at "
+                f"span.threshold {run.config.span.threshold:g})" if chosen else "")
+             + f"  {record['chars_per_s']:,.0f} chars/s  {record['elapsed_s']:.0f}s")
     if tc.time_budget and not run.warned_warmup:  # the steps the budget allows, at the pace so far
         affordable = int(progress.step * tc.time_budget / max(run.elapsed(), 1e-9))
         if affordable < run.total_steps:
@@ -500,7 +522,12 @@ def finish(run: Run, epoch: int) -> dict:
     for selection). Rank 0's alone: the other ranks are done."""
     tc, progress, pipe, splits = run.config.train, run.progress, run.pipe, run.splits
     pipe.model.load_state_dict(run.best_state)
-    dev = run.best_dev if run.best_dev is not None else evaluate(run, splits.dev)
+    dev = run.best_dev if run.best_dev is not None else evaluate_dev(run)
+    if "span_threshold" in dev:  # the best epoch's threshold: test is scored at it, and the model predicts with it
+        chosen = dev["span_threshold"]
+        pipe.span_threshold = chosen[SPAN_THRESHOLD]
+        pipe.span_score_map = tuple(chosen[SPAN_SCORE_MAP][k] for k in SCORE_MAP_KEYS)
+        update_meta(run.out, {k: chosen[k] for k in (SPAN_THRESHOLD, SPAN_SCORE_MAP)})
     metrics = {"best_epoch": progress.best_epoch, "epochs": min(epoch, tc.epochs), "steps": progress.step,
                "partial_epoch": progress.batch > 0,  # a limit stopped the run inside its last epoch
                "stopped": run.progress.stopped, "dev": dev,

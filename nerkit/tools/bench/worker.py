@@ -73,9 +73,10 @@ def span_threshold_of(pipe, out: str, splits, batch_size: int) -> dict:
     if pipe.config.model.head != "span":
         return {}
     from nerkit.inference.model_dir import update_meta
-    from nerkit.tools.span_threshold import choose_threshold, span_meta
+    from nerkit.inference.span_threshold import choose_threshold, span_meta
 
-    default = pipe.span_threshold, pipe.span_score_map
+    default = None, None  # the head's own scores at span.threshold (training chose one already: the same again)
+    pipe.span_threshold, pipe.span_score_map = default
     chosen = choose_threshold(pipe, splits.dev, "the dev split", batch_size)
     if splits.test is not None:
         fitted = pipe.span_threshold, pipe.span_score_map
