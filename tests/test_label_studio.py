@@ -13,6 +13,7 @@ Every request has a timeout; the test sends a few dozen at most."""
 from __future__ import annotations
 
 import os
+import re
 import secrets
 import shutil
 import subprocess
@@ -154,3 +155,19 @@ def test_the_backend_answers_what_label_studio_sends(backend):
     missing = httpx.post(f"{backend}/predict", json={"tasks": [{"id": 5, "data": {"text": TEXTS[0]}}],
                                                      "label_config": other_key}, timeout=TIMEOUT)
     assert missing.status_code == 422 and "data.sentence" in missing.json()["detail"]
+
+
+def test_the_documented_start_command_uses_options_label_studio_has(tmp_path):
+    """Issue 55: docs/confidence.md did not say how to start Label Studio; the command its set-up
+    gives takes only options of this Label Studio's `start` (--host, for one, is not the address
+    it listens on: --internal-host is)."""
+    command = label_studio_command()
+    if command is None:
+        pytest.skip("Label Studio is not installed (`make label-studio` installs it into .venv-ls)")
+    page = (REPO / "docs" / "confidence.md").read_text(encoding="utf-8")
+    started = re.search(r"\.venv-ls/bin/label-studio start ([^\n`]*)", page)
+    assert started, "docs/confidence.md does not say how to start Label Studio"
+    options = re.findall(r"--[a-z-]+", started.group(1))
+    env = {**os.environ, "LABEL_STUDIO_BASE_DATA_DIR": str(tmp_path)}
+    usage = subprocess.run([command, "start", "--help"], capture_output=True, text=True, env=env, timeout=TIMEOUT * 2).stdout
+    assert "--internal-host" in options and all(re.search(rf"{option}\b", usage) for option in options), (options, usage)
