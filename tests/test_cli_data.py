@@ -53,7 +53,7 @@ def test_stats_json():
 def test_stats_text():
     result = nerkit("data", "stats", FIXTURES / "invalid_transitions.bio")
     assert result.returncode == 0, result.stderr
-    assert "sentences     2" in result.stdout
+    assert "texts         2" in result.stdout
     assert "invalid transitions  2" in result.stdout
 
 
@@ -68,7 +68,7 @@ def test_stats_of_several_files_reports_every_good_one_and_every_bad_one(write_f
     files = [FIXTURES / "three_types.bio", bad, FIXTURES / "three_types.jsonl", missing]
     result = nerkit("data", "stats", *files)
     assert result.returncode == 2
-    assert result.stdout.count("sentences     2") == 2
+    assert result.stdout.count("texts         2") == 2
     assert f"{FIXTURES / 'three_types.bio'}\n" in result.stdout and f"{FIXTURES / 'three_types.jsonl'}\n" in result.stdout
     assert result.stderr.splitlines() == [
         f"nerkit: error: {bad}:2: expected 2 columns `char TAG`, found 1 ('三'); add the tag after a space or tab "
@@ -97,9 +97,9 @@ def test_stats_of_real_data_smallest_file(data_root):
 
 
 @pytest.mark.parametrize("name, summary", [
-    ("three_types.bio", "OK, 2 sentences, BIO, types LOC, ORG, PER"),
-    ("three_types.bmes", "OK, 2 sentences, BMES, types LOC, ORG, PER"),
-    ("three_types.jsonl", "OK, 2 sentences, spans (JSON lines), types LOC, ORG, PER"),
+    ("three_types.bio", "OK, 2 texts, BIO, types LOC, ORG, PER"),
+    ("three_types.bmes", "OK, 2 texts, BMES, types LOC, ORG, PER"),
+    ("three_types.jsonl", "OK, 2 texts, spans (JSON lines), types LOC, ORG, PER"),
 ])
 def test_validate_ok(name, summary):
     result = nerkit("data", "validate", FIXTURES / name)
@@ -177,7 +177,7 @@ def test_validate_says_a_corpus_is_nested_and_repair_keeps_the_longest_saying_so
     path = write_file(record * 2, "two.jsonl")
     result = nerkit("data", "validate", path)
     assert result.returncode == 0, result.stderr
-    assert result.stdout == (f"{path}: OK, 2 sentences, spans (JSON lines), types LOC; nested: 6 of 6 entities "
+    assert result.stdout == (f"{path}: OK, 2 texts, spans (JSON lines), types LOC; nested: 6 of 6 entities "
                              "(100.0%) overlap another in 2 sentences (4 inside another, 0 crossing one), depth 2, "
                              "0 spans with two types\n")
     out = tmp_path / "fixed.jsonl"
@@ -211,11 +211,30 @@ def test_a_token_of_several_characters_is_refused_by_validate_and_train_and_spli
         assert sentence.tokens == list("张三在ab北京") and sentence.spans() == [Span(0, 2, "PER"), Span(5, 7, "LOC")]
 
 
-def test_validate_names_an_unknown_jsonl_key_and_the_known_ones(write_file):
+def test_validate_names_a_record_without_entities_and_the_format_it_looks_like(write_file):
     """CLUENER's native `label` (or a misspelt `entites`) once validated as OK with no entities."""
     path = write_file('{"text": "张三", "entities": []}\n{"text": "李四在北京", "label": {"name": {"李四": [[0, 1]]}}}\n',
                       "cluener.jsonl")
-    assert_user_error(nerkit("data", "validate", path), f"{path}:2", "unknown key 'label'; the keys are 'text', 'entities'")
+    assert_user_error(nerkit("data", "validate", path), f"{path}:2",
+                      'the record has no "entities" key; this looks like CLUENER\'s format')
+
+
+def test_stats_and_validate_count_the_texts_longer_than_max_len(write_file):
+    """Issue 55: a 9,000-character article was a "sentence", and nothing said that training cuts it
+    into pieces. Both say texts, and count those longer than data.max_len (its default, or --max-len)."""
+    path = write_file("".join(json.dumps({"text": "张三在北京。" * n, "entities": [{"start": 0, "end": 2, "type": "PER"}]},
+                                         ensure_ascii=False) + "\n" for n in (1, 30, 2000)), "long.jsonl")
+    stats = nerkit("data", "stats", path)
+    assert stats.returncode == 0, stats.stderr
+    assert "  texts         3\n" in stats.stdout
+    assert ("  over max_len  1 of 3 texts longer than 250 characters (data.max_len), which training cuts into pieces, "
+            "never inside an entity\n") in stats.stdout
+    [as_json] = json.loads(nerkit("data", "stats", "--json", "--max-len", "100", path).stdout)
+    assert (as_json["sentences"], as_json["max_len"], as_json["longer_than_max_len"]) == (3, 100, 2)
+    validated = nerkit("data", "validate", path, "--max-len", "100")
+    assert validated.stdout == (f"{path}: OK, 3 texts, spans (JSON lines), types PER; 2 longer than 100 characters "
+                                "(data.max_len), which training cuts into pieces, never inside an entity\n")
+    assert nerkit("data", "validate", path, "--max-len", "0").stdout == f"{path}: OK, 3 texts, spans (JSON lines), types PER\n"
 
 
 # ---------------------------------------------------------------- convert
@@ -247,6 +266,19 @@ def test_convert_to_text_writes_the_sentences_alone(write_file, tmp_path):
     assert_user_error(nerkit("data", "convert", broken, tmp_path / "b.txt", "--to", "text"), f"{broken}:2",
                       "breaks the line")
     assert not (tmp_path / "b.txt").exists()
+
+
+def test_convert_jsonl_to_jsonl_keeps_each_record_s_other_keys(write_file, tmp_path):
+    """Issue 55: `{"text", "entities", "doc": 12}` was "unknown key 'doc'" on every line; a corpus's ids
+    and metadata now come through, and validate reads the file."""
+    records = [{"doc": 12, "text": "张三在北京", "entities": [{"start": 0, "end": 2, "type": "PER"}]},
+               {"text": "李四", "entities": [], "meta": {"page": 3}}]
+    source = write_file("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records), "ids.jsonl")
+    assert nerkit("data", "validate", source).returncode == 0
+    result = nerkit("data", "convert", source, tmp_path / "out.jsonl", "--to", "jsonl")
+    assert result.returncode == 0, result.stderr
+    written = (tmp_path / "out.jsonl").read_text(encoding="utf-8").splitlines()
+    assert [json.loads(line) for line in written] == [records[0], {"meta": {"page": 3}, "text": "李四", "entities": []}]
 
 
 def test_convert_to_an_unknown_format(tmp_path):
@@ -323,7 +355,7 @@ def test_convert_from_cluener_to_bio_and_jsonl_keeps_every_entity(write_file, tm
         assert [s.text for s in back.sentences] == [r["text"] for r in CLUENER_RECORDS]
         assert [sorted((e.start, e.end, e.type) for e in s.spans()) for s in back.sentences] == expected
     plain = nerkit("data", "convert", source, tmp_path / "x.jsonl", "--to", "jsonl")  # not nerkit's JSON lines
-    assert_user_error(plain, f"{source}:1", "unknown key 'label'")
+    assert_user_error(plain, f"{source}:1", 'the record has no "entities" key')
     assert "--from cluener" in plain.stderr
 
 

@@ -255,7 +255,7 @@ def test_predict_conll_with_spaces_and_tabs_reads_back(tiny_model_dir, tmp_path,
     assert code == 0, stderr
     code, stdout, stderr = run_cli(monkeypatch, capfd, "data", "validate", str(conll))
     assert code == 0, stderr
-    assert f"OK, {len(texts)} sentences" in stdout
+    assert f"OK, {len(texts)} texts" in stdout
     predicted = tmp_path / "pred.jsonl"
     code, _, stderr = run_cli(monkeypatch, capfd, "predict", "--model", model, str(source), "--output", str(predicted))
     assert code == 0, stderr

@@ -234,6 +234,42 @@ def test_non_utf8_bytes_give_line_and_byte_offset(write_file):
     assert "iconv" in err.fix
 
 
+def _lm_adapt_text(path):
+    from nerkit.tools.lm_adapt import read_lines
+
+    return read_lines([path])
+
+
+def _select_pool(path):
+    from nerkit.tools.select import read_pool
+
+    return read_pool(path, "text")
+
+
+def _speed_text(path):
+    from nerkit.tools.bench.speed import text_chars
+
+    return text_chars(path)
+
+
+def _serve_load_text(path):
+    from nerkit.tools.bench.serve_load import read_texts
+
+    return read_texts(path)
+
+
+@pytest.mark.parametrize("read", [_lm_adapt_text, _select_pool, _speed_text, _serve_load_text])
+def test_plain_text_inputs_name_their_first_line_that_is_not_utf8(read, write_file):
+    """Issue 55: `--text` (lm adapt, distill, bench) and `--pool` said "not UTF-8 text" of the whole
+    file; they decode as the corpora do, naming the line, the byte offset and the fix."""
+    head = "张三在北京。\n李四\n".encode("utf-8")
+    path = write_file(head + "上海\n".encode("gbk") + "王五\n".encode("utf-8"), "texts.txt")
+    with pytest.raises(CorpusError) as info:
+        read(path)
+    assert_at(info.value, path, 3)
+    assert f"offset {len(head)} " in info.value.message and "iconv" in info.value.fix
+
+
 @pytest.mark.parametrize("content, words", [(b"", "empty"), (b"\n\n  \n\t\r\n", "empty"), ("\ufeff\n\n", "no sentences")])
 def test_file_without_sentences(content, words, write_file):
     path = write_file(content)
@@ -451,9 +487,9 @@ JSONL_ERRORS = {
     "not JSON": ('{"text": "张三", "entities": []}\n{"text": \n', 2, "not valid JSON"),
     "no text": ('{"text": "张三", "entities": []}\n\n{"entities": []}\n', 3, 'no "text"'),
     "no entities": ('{"text": "张三", "entities": []}\n{"text": "李四"}\n', 2, 'no "entities" key'),
-    "CLUENER's label": ('{"text": "张三", "label": {"name": {"张三": [[0, 1]]}}}\n', 1,
-                        "unknown key 'label'; the keys are 'text', 'entities'"),
-    "misspelt entities": ('{"text": "张三", "entites": []}\n', 1, "unknown key 'entites'"),
+    "CLUENER's label": ('{"text": "张三", "label": {"name": {"张三": [[0, 1]]}}}\n', 1, 'no "entities" key'),
+    "misspelt entities": ('{"text": "张三", "entites": []}\n', 1, 'no "entities" key'),
+    "misspelt text": ('{"txt": "张三", "entities": []}\n', 1, 'no "text" string'),
     "unknown entity key": ('{"text": "张三", "entities": [{"start": 0, "end": 2, "typ": "PER"}]}\n', 1,
                            "unknown key 'typ' in an entity; the keys are 'start', 'end', 'type', 'text'"),
     "entity text that is not at its offsets": ('{"text": "张三在北京", "entities": [{"start": 0, "end": 2, "type": "PER", '
@@ -471,6 +507,30 @@ def test_malformed_jsonl_names_the_line(case, write_file):
     err = read_error(path)
     assert_at(err, path, line)
     assert words in err.message
+
+
+def test_jsonl_keeps_a_record_s_other_keys_through_conversion_to_jsonl(write_file, tmp_path):
+    """Issue 55: a corpus line with an id or metadata was "unknown key 'doc'" on every line. Other
+    keys are kept with the sentence, written back by JSON lines (a flat projection too), and left
+    out of a tag scheme's file."""
+    import json
+
+    records = [{"doc": 12, "text": "张三在北京", "entities": [{"start": 0, "end": 2, "type": "PER"}],
+                "meta": {"source": "新闻", "page": 3}},
+               {"id": "b", "text": "北京大学", "entities": [{"start": 0, "end": 2, "type": "LOC"},
+                                                         {"start": 0, "end": 4, "type": "ORG"}]},
+               {"text": "李四", "entities": []}]
+    path = write_file("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records), "ids.jsonl")
+    corpus = read_corpus(path)
+    assert [s.extra for s in corpus.sentences] == [{"doc": 12, "meta": {"source": "新闻", "page": 3}}, {"id": "b"}, None]
+    write_corpus(tmp_path / "out.jsonl", corpus.sentences, "jsonl", path)
+    written = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text(encoding="utf-8").splitlines()]
+    assert written == records
+    flat = read_corpus(path, flat="outer")
+    write_corpus(tmp_path / "flat.jsonl", flat.sentences, "jsonl", path)
+    assert [s.extra for s in read_corpus(tmp_path / "flat.jsonl").sentences] == [s.extra for s in corpus.sentences]
+    write_corpus(tmp_path / "out.bio", flat.sentences, "bio", path)
+    assert [s.spans() for s in read_corpus(tmp_path / "out.bio").sentences] == [s.spans() for s in flat.sentences]
 
 
 def entities(*spans: tuple[int, int, str]) -> str:
@@ -545,11 +605,17 @@ def test_malformed_cluener_names_the_line(case, write_file):
 
 
 @pytest.mark.parametrize("content, suggestion", [
-    ('{"text": "张三", "entites": []}\n', "did you mean 'entities'?"),
+    ('{"text": "张三", "entites": []}\n', "rename 'entites' to 'entities' (a record's other keys are kept as they are)"),
     ('{"text": "张三", "entities": [{"start": 0, "end": 2, "tpye": "PER"}]}\n', "did you mean 'type'?"),
-    ('{"txt": "张三", "entities": []}\n', "did you mean 'text'?"),
+    ('{"txt": "张三", "entities": []}\n', "rename 'txt' to 'text' (a record's other keys are kept as they are)"),
+    ('{"text": "张三", "label": {"name": {"张三": [[0, 1]]}}}\n', "this looks like CLUENER's format: convert it with "
+                                                            "`nerkit data convert IN OUT --from cluener --to jsonl`"),
+    ('{"text": "张三", "label": [[0, 2, "PER"]]}\n', "this looks like doccano's format: convert it with "
+                                                 "`nerkit data convert IN OUT --from doccano --to jsonl`"),
 ])
 def test_a_misspelt_jsonl_key_gets_the_closest_one(write_file, content, suggestion):
+    """Issue 55: a record's other keys are kept, so a misspelt "text" or "entities" is caught as that
+    key missing, the fix naming the record's key that looks like it (or the format whose keys it has)."""
     err = read_error(write_file(content, "bad.jsonl"))
     assert err.fix == suggestion
 

@@ -72,7 +72,7 @@ def test_validate_and_stats_report_nesting(nerkit, write_file):
     said = ("nested: 6 of 8 entities (75.0%) overlap another in 1 sentences (2 inside another, 2 crossing one), "
             "depth 3, 1 spans with two types")
     result = nerkit("data", "validate", str(path))
-    assert result.stdout == f"{path}: OK, 2 sentences, spans (JSON lines), types LOC, NAME, ORG, PER, X; {said}\n"
+    assert result.stdout == f"{path}: OK, 2 texts, spans (JSON lines), types LOC, NAME, ORG, PER, X; {said}\n"
     assert f"  nesting       {said}\n" in nerkit("data", "stats", str(path)).stdout + "\n"
     stats = json.loads(nerkit("data", "stats", str(path), "--json").stdout)[0]
     assert stats["nesting"] == {"entities": 8, "overlapping": 6, "inside": 2, "crossing": 2, "two_types": 1,
@@ -81,7 +81,7 @@ def test_validate_and_stats_report_nesting(nerkit, write_file):
 
 def test_a_flat_corpus_reports_as_before(nerkit, write_file):
     path = write_file(json.dumps({"text": FLAT_TEXT, "entities": []}) + "\n", "flat.jsonl")
-    assert nerkit("data", "validate", str(path)).stdout == f"{path}: OK, 1 sentences, spans (JSON lines), types -\n"
+    assert nerkit("data", "validate", str(path)).stdout == f"{path}: OK, 1 texts, spans (JSON lines), types -\n"
     assert "nesting" not in nerkit("data", "stats", str(path)).stdout
 
 

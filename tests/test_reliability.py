@@ -121,9 +121,9 @@ CATALOGUE = [
     ("random_bytes.bio", RANDOM_BYTES, bad_utf8_line(RANDOM_BYTES), "not UTF-8"),
     ("overlong_utf8.bio", b"\xc0\xaf O\n", 1, "not UTF-8"),
     ("utf8_encoded_surrogate.bio", b"\xed\xa0\x80 O\n", 1, "not UTF-8"),
-    ("bom.bio", "\ufeff张 B-PER\n三 I-PER\n", OK, "OK, 1 sentences, BIO, types PER"),
-    ("crlf.bio", "张 B-PER\r\n三 I-PER\r\n\r\n在 O\r\n", OK, "OK, 2 sentences"),
-    ("no_final_newline.bio", "张 B-PER\n三 I-PER\n\n在 O", OK, "OK, 2 sentences"),
+    ("bom.bio", "\ufeff张 B-PER\n三 I-PER\n", OK, "OK, 1 texts, BIO, types PER"),
+    ("crlf.bio", "张 B-PER\r\n三 I-PER\r\n\r\n在 O\r\n", OK, "OK, 2 texts"),
+    ("no_final_newline.bio", "张 B-PER\n三 I-PER\n\n在 O", OK, "OK, 2 texts"),
     # empty and not-a-file
     ("empty.bio", b"", FILE, "the file is empty"),
     ("only_blank_lines.bio", "\n \n\t\n\r\n\n", FILE, "the file is empty"),
@@ -131,8 +131,8 @@ CATALOGUE = [
     ("a_directory.bio", DIRECTORY, FILE, "is a directory"),
     ("missing.bio", MISSING, FILE, "no such file"),
     # columns and separators
-    ("tabs_and_spaces_mixed.bio", "张\t B-PER\n三 \tI-PER\n", OK, "OK, 1 sentences"),
-    ("three_columns.bio", "张 NR B-PER\n三 NR I-PER\n", OK, "OK, 1 sentences, BIO, types PER"),
+    ("tabs_and_spaces_mixed.bio", "张\t B-PER\n三 \tI-PER\n", OK, "OK, 1 texts"),
+    ("three_columns.bio", "张 NR B-PER\n三 NR I-PER\n", OK, "OK, 1 texts, BIO, types PER"),
     ("three_then_two_columns.bio", "张 NR B-PER\n三 I-PER\n", 2, "expected 3 columns"),
     ("one_column.bio", "张 B-PER\n三\n", 2, "found 1"),
     ("empty_tag.bio", "张 B-PER\n三 \n", 2, "found 1"),
@@ -150,14 +150,14 @@ CATALOGUE = [
     ("mixed_i_and_m.bio", "张 B-PER\n三 I-PER\n\n北 B-LOC\n京 M-LOC\n市 E-LOC\n", 5, "mix I-"),
     # characters that other readers treat as line breaks are tokens here (lines end only at \n)
     ("control_characters_as_tokens.bio", "\x0b B-PER\n\x1c I-PER\n\x0c O\n\x1d O\n\x1e O\n\x85 O\n\u2028 O\n\u2029 O\n",
-     OK, "OK, 1 sentences, BIO, types PER"),
-    ("long_sentence_5000_chars.bio", conll(LONG_SENTENCE, LONG_TAGS), OK, "OK, 1 sentences, BIO, types PER"),
+     OK, "OK, 1 texts, BIO, types PER"),
+    ("long_sentence_5000_chars.bio", conll(LONG_SENTENCE, LONG_TAGS), OK, "OK, 1 texts, BIO, types PER"),
     # JSON lines
     ("bad_json.jsonl", '{"text": "张三", "entities": [}\n', 1, "not valid JSON"),
     ("json_array_not_object.jsonl", '["张三"]\n', 1, 'no "text" string'),
     # nested data since issue 45: validate says what it is
     ("overlapping_entities.jsonl", jsonl({"text": "张三丰", "entities": [PER, {"start": 1, "end": 3, "type": "PER"}]}),
-     OK, "OK, 1 sentences, spans (JSON lines), types PER; nested: 2 of 2 entities"),
+     OK, "OK, 1 texts, spans (JSON lines), types PER; nested: 2 of 2 entities"),
     ("offsets_out_of_range.jsonl", jsonl({"text": "张三", "entities": [{"start": 1, "end": 9, "type": "PER"}]}),
      1, "outside the text of 2 characters"),
     ("negative_offset.jsonl", jsonl({"text": "张三", "entities": [{"start": -1, "end": 1, "type": "PER"}]}),
@@ -173,13 +173,15 @@ CATALOGUE = [
     ("type_with_space.jsonl", jsonl({"text": "张三", "entities": [{"start": 0, "end": 2, "type": "PER X"}]}),
      1, "a type without spaces"),
     ("bom_and_crlf.jsonl", "\ufeff" + jsonl({"text": "张三", "entities": [PER]}).replace("\n", "\r\n"), OK,
-     "OK, 1 sentences, spans (JSON lines), types PER"),
+     "OK, 1 texts, spans (JSON lines), types PER"),
     ("u2028_inside_text.jsonl", '{"text": "张三\u2028李四", "entities": [{"start": 3, "end": 5, "type": "PER"}]}\n',
-     OK, "OK, 1 sentences, spans (JSON lines), types PER"),
-    ("cluener_label.jsonl", jsonl({"text": "张三", "label": {"name": {"张三": [[0, 1]]}}}), 1, "unknown key 'label'"),
-    ("misspelt_entities.jsonl", jsonl({"text": "张三", "entites": [PER]}), 1, "did you mean 'entities'?"),
+     OK, "OK, 1 texts, spans (JSON lines), types PER"),
+    ("cluener_label.jsonl", jsonl({"text": "张三", "label": {"name": {"张三": [[0, 1]]}}}), 1, "looks like CLUENER's format"),
+    ("misspelt_entities.jsonl", jsonl({"text": "张三", "entites": [PER]}), 1, "rename 'entites' to 'entities'"),
+    ("extra_keys.jsonl", jsonl({"id": 7, "text": "张三", "entities": [PER], "meta": {"page": 3}}), OK,
+     "OK, 1 texts, spans (JSON lines), types PER"),
     ("no_entities_key.jsonl", jsonl({"text": "张三", "entities": [PER]}, {"text": "李四"}), 2, 'no "entities" key'),
-    ("empty_text.jsonl", jsonl({"text": "", "entities": []}, {"text": "张三", "entities": [PER]}), OK, "OK, 2 sentences"),
+    ("empty_text.jsonl", jsonl({"text": "", "entities": []}, {"text": "张三", "entities": [PER]}), OK, "OK, 2 texts"),
 ]
 if Path("/dev/zero").exists():  # a device never ends: refused before reading
     CATALOGUE.append(("/dev/zero", "/dev/zero", FILE, "is a device, not a corpus file"))

@@ -9,6 +9,7 @@ from typing import List, Optional
 import typer
 
 from nerkit.cli.options import (
+    MAX_LEN,
     WINDOW,
     Flat,
     Source,
@@ -25,12 +26,15 @@ data_app = typer.Typer(no_args_is_help=True, help="Inspect, check and convert co
 def data_stats(
     files: List[Path] = typer.Argument(..., help="Corpus files."),
     as_json: bool = flag("--json", help="Print JSON."),
+    max_len: int = MAX_LEN,
 ):
-    """Sentences, characters, entities per type, lengths, scheme, invalid transitions, nesting
-    (entities that overlap another, inside one or crossing, depth, spans with two types), sha256. A file that cannot be read gets one error line; the others are still reported (exit 2)."""
+    """Texts (sentences, or documents: a record or a block of lines each), characters, entities per
+    type, lengths, the texts longer than --max-len, scheme, invalid transitions, nesting (entities
+    that overlap another, inside one or crossing, depth, spans with two types), sha256. A file that
+    cannot be read gets one error line; the others are still reported (exit 2)."""
     from nerkit.data.stats import files_stats, format_stats
 
-    stats, failures = files_stats(files)
+    stats, failures = files_stats(files, max_len)
     if as_json:
         echo_json(stats)
     elif stats:
@@ -45,15 +49,17 @@ def data_stats(
 def data_validate(
     file: Path = typer.Argument(..., help="Corpus file."),
     repair: Optional[Path] = typer.Option(None, "--repair", help="Write a repaired copy here."),
+    max_len: int = MAX_LEN,
 ):
     """Check a corpus strictly, list its errors (the first 20, and how many) and say whether its
     entities nest (a format of offsets holds nested ones; a CRF or a BIO file needs a flat
     projection); with --repair OUT, fix invalid transitions, split tokens of several characters,
     keep the longest of overlapping entities (the earliest of equal ones: --flat outer), and write
-    the result."""
+    the result. Says how many texts are longer than --max-len."""
     from nerkit.data.corpus import read_corpus, scheme_label, write_corpus
     from nerkit.data.nesting import describe, nesting
     from nerkit.data.records import OVERLAP_RULE
+    from nerkit.data.stats import MAX_LEN_NOTE, longer_than
 
     corpus = read_corpus(file, repair=repair is not None, max_errors=20,
                          repair_option="pass --repair OUT for a repaired copy")
@@ -67,8 +73,10 @@ def data_validate(
     else:
         found = nesting(s.spans() for s in corpus.sentences)
         nested = f"; {describe(found)}" if found.is_nested else ""  # a flat corpus's line is as it was
-        typer.echo(f"{file}: OK, {len(corpus.sentences)} sentences, {scheme_label(corpus.labels)}, "
-                   f"types {', '.join(corpus.types) or '-'}{nested}")
+        longer = longer_than((len(s) for s in corpus.sentences), max_len)
+        long = f"; {longer:,} longer than {max_len:,} characters (data.max_len), {MAX_LEN_NOTE}" if longer else ""
+        typer.echo(f"{file}: OK, {len(corpus.sentences)} texts, {scheme_label(corpus.labels)}, "
+                   f"types {', '.join(corpus.types) or '-'}{nested}{long}")
 
 
 @data_app.command("convert")

@@ -8,7 +8,7 @@ from typing import Literal
 
 import typer
 
-from nerkit.config import DEVICES, FLATS
+from nerkit.config import DEVICES, FLATS, DataConfig
 from nerkit.data import corpus
 from nerkit.inference import formats, model_dir
 
@@ -42,6 +42,8 @@ THREADS = typer.Option(0, "--threads", min=0, help="torch threads, or an ONNX ex
 WINDOW = typer.Option(None, "--window", min=0, help="Read a text longer than N characters in overlapping windows "
                       "of N (default: the longest training sentence, at most data.max_len; 0 = each text whole; "
                       "a model with encoder.memory reads any text whole, segment by segment).")
+MAX_LEN = typer.Option(DataConfig.max_len, "--max-len", min=0, help="Count the texts longer than N characters, "
+                       "which training cuts into pieces: the config's data.max_len (0: none).")
 RUNTIME = typer.Option("auto", "--runtime", help="What runs the model: auto (what its nerkit.json says: "
                        "torch as trained, onnx for a `nerkit export` directory); torch or onnx also refuse a "
                        "directory made for the other.")

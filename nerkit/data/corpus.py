@@ -9,6 +9,7 @@ for char-per-line files a token is a character, so they are offsets into the sen
 
 from __future__ import annotations
 
+import difflib
 import json
 import re
 from pathlib import Path
@@ -351,9 +352,9 @@ def read_cluener(path: str | Path, max_errors: int = 1, overlaps: Overlaps | Non
 
 
 def _record_text(line: str, where: str, known: tuple[str, ...], fmt: str) -> tuple[dict, str]:
-    """A record's JSON object, its keys checked, and its "text"."""
+    """A record's JSON object, its keys checked against `known`, and its "text"."""
     record = _json_record(line, where, fmt)
-    _check_keys(record, known, "", where, fmt)
+    check_keys(record, known, "", where, fmt)
     return record, _text_of(record, where, fmt)
 
 
@@ -391,16 +392,38 @@ def _parse_cluener(line: str, number: int, where: str, overlaps: Overlaps, texts
 
 
 def _parse_record(line: str, number: int, where: str, overlaps: Overlaps, texts_only: bool = False) -> Sentence:
-    record, text = _record_text(line, where, RECORD_KEYS, _JSONL_FORMAT)
-    entities = record_entities(record, where, texts_only, 'write "entities": [] for a text without entities '
-                               '(texts to tag need none: `nerkit predict FILE.jsonl` reads them)')
+    """A record of nerkit's JSON lines. Keys besides "text" and "entities" (an id, metadata) are
+    kept (`Sentence.extra`); a misspelt "text" or "entities" is caught as that key missing, its
+    error naming the record's key that looks like it."""
+    record = _json_record(line, where, _JSONL_FORMAT)
+    if not isinstance(record.get("text"), str):
+        raise CorpusError('the record has no "text" string', where=where, fix=_missing_fix(record, "text"))
+    entities = record_entities(record, where, texts_only, lambda: _missing_fix(record, "entities"))
+    text = record["text"]
     spans = sorted((_parse_entity(ent, text, where) for ent in entities), key=lambda s: (s.start, s.end))
-    return span_sentence(text, overlaps.check(spans), number)
+    extra = {key: value for key, value in record.items() if key not in RECORD_KEYS}
+    return span_sentence(text, overlaps.check(spans), number, extra or None)
+
+
+def _missing_fix(record: dict, key: str) -> str:
+    """The fix of a JSON-lines record without `key` ("text" or "entities"): another format's keys
+    name that format; a key that looks like `key` misspelt names it; else what a record looks like."""
+    if key == "entities" and isinstance(record.get("label", record.get("labels")), list):
+        return f"this looks like doccano's format: {annotation.CONVERT_HINT.format(fmt='doccano')}"
+    if key == "entities" and "label" in record:
+        return "this looks like CLUENER's format: convert it with `nerkit data convert IN OUT --from cluener --to jsonl`"
+    close = difflib.get_close_matches(key, [k for k in record if k not in RECORD_KEYS], n=1, cutoff=0.7)
+    if close:
+        return f"rename {close[0]!r} to {key!r} (a record's other keys are kept as they are)"
+    if key == "entities":
+        return ('write "entities": [] for a text without entities (texts to tag need none: '
+                '`nerkit predict FILE.jsonl` reads them)')
+    return _JSONL_FORMAT
 
 
 def _parse_entity(ent, text: str, where: str) -> Span:
     if isinstance(ent, dict):
-        _check_keys(ent, ENTITY_KEYS, " in an entity", where)
+        check_keys(ent, ENTITY_KEYS, " in an entity", where, _JSONL_FORMAT)
     # Exactly ints (not 1.5, "1" or true) and a type that can become a tag (`B-TYPE`).
     if not (isinstance(ent, dict) and all(type(ent.get(k)) is int for k in ("start", "end"))
             and isinstance(ent.get("type"), str) and re.fullmatch(r"\S+", ent["type"])):
@@ -414,17 +437,6 @@ def _parse_entity(ent, text: str, where: str) -> Span:
         raise CorpusError(f"the entity's text {ent['text']!r} is not the text at {span.start}:{span.end} "
                           f"({text[span.start:span.end]!r})", where=where, fix="offsets count characters, end exclusive")
     return span
-
-
-def _check_keys(obj: dict, known: tuple[str, ...], what: str, where: str, fmt: str = _JSONL_FORMAT) -> None:
-    """records.check_keys, naming the format a JSON-lines record's unknown key belongs to."""
-    def other_format(key: str) -> str | None:
-        if key in ("label", "labels") and known == RECORD_KEYS and isinstance(obj[key], list):
-            return f"this looks like doccano's format: {annotation.CONVERT_HINT.format(fmt='doccano')}"
-        if key == "label" and known == RECORD_KEYS:
-            return "this looks like CLUENER's format: convert it with `nerkit data convert IN OUT --from cluener --to jsonl`"
-        return None
-    check_keys(obj, known, what, where, fmt, hint=other_format)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -457,7 +469,8 @@ def format_jsonl(sentences: list[Sentence]) -> str:
         if separated:
             lines.append(json.dumps({"text": DOCUMENT_SEPARATOR, "entities": []}) + "\n")
         ents = [s.to_dict() for s in sent.spans()]
-        lines.append(json.dumps({"text": sent.text, "entities": ents}, ensure_ascii=False) + "\n")
+        record = {**(sent.extra or {}), "text": sent.text, "entities": ents}  # other keys first, as predict writes them
+        lines.append(json.dumps(record, ensure_ascii=False) + "\n")
     return "".join(lines)
 
 

@@ -37,6 +37,9 @@ class Sentence:
     # tags cannot hold: its `tags` are then the outer projection's, and only `spans()` is the truth.
     # None for every other sentence, whose tags hold its entities.
     entities: list[Span] | None = None
+    # A JSON-lines record's keys besides "text" and "entities" (an id, metadata), in its order, which
+    # `nerkit data convert --to jsonl` writes back; nothing else reads them. None for other formats.
+    extra: dict | None = None
 
     @property
     def text(self) -> str:
@@ -230,13 +233,14 @@ def _text_of(record: dict, where: str, fmt: str) -> str:
     return text
 
 
-def span_sentence(text: str, spans: list[Span], line: int) -> Sentence:
+def span_sentence(text: str, spans: list[Span], line: int, extra: dict | None = None) -> Sentence:
     """The Sentence of a text and its entities (sorted by start, end): tagged BIOES inside nerkit,
-    the entities kept beside the tags when they overlap (`Sentence.entities`)."""
+    the entities kept beside the tags when they overlap (`Sentence.entities`); `extra`: its
+    record's other keys (`Sentence.extra`)."""
     if not nested(spans):
-        return Sentence(list(text), spans_to_tags(len(text), spans, "bioes"), line)
+        return Sentence(list(text), spans_to_tags(len(text), spans, "bioes"), line, extra=extra)
     return Sentence(list(text), spans_to_tags(len(text), project(spans, "outer"), "bioes"), line,
-                    entities=sorted(spans, key=lambda s: (s.start, s.end, s.type)))
+                    entities=sorted(spans, key=lambda s: (s.start, s.end, s.type)), extra=extra)
 
 
 @dataclass
@@ -276,7 +280,8 @@ def flatten(sentences: list[Sentence], flat: str) -> tuple[list[Sentence], int]:
             continue
         kept = project(sent.entities, flat)
         dropped += len(sent.entities) - len(kept)
-        out.append(Sentence(sent.tokens, spans_to_tags(len(sent), kept, "bioes"), sent.line, sent.document))
+        out.append(Sentence(sent.tokens, spans_to_tags(len(sent), kept, "bioes"), sent.line, sent.document,
+                            extra=sent.extra))
     return out, dropped
 
 
@@ -289,11 +294,13 @@ def check_keys(obj: dict, known: tuple[str, ...], what: str, where: str, fix: st
                               fix=(hint and hint(key)) or did_you_mean(key, known) or fix)
 
 
-def record_entities(record: dict, where: str, texts_only: bool, missing_fix: str, fix: str | None = None) -> list:
+def record_entities(record: dict, where: str, texts_only: bool, missing_fix, fix: str | None = None) -> list:
     """A record's "entities" list (empty when `texts_only` and it has none); `missing_fix` says what to
-    write where the key is missing, `fix` what the list should look like."""
+    write where the key is missing (a string, or a function that works it out only then), `fix`
+    what the list should look like."""
     if "entities" not in record and not texts_only:
-        raise CorpusError('the record has no "entities" key', where=where, fix=missing_fix)
+        raise CorpusError('the record has no "entities" key', where=where,
+                          fix=missing_fix() if callable(missing_fix) else missing_fix)
     entities = record.get("entities", [])
     if not isinstance(entities, list):
         raise CorpusError(f'"entities" is {type(entities).__name__}, not a list', where=where, fix=fix)

@@ -1,11 +1,12 @@
-"""Corpus statistics for `nerkit data stats`: sentences, characters, entities by type, lengths, nesting,
-and the checksums of the known benchmark files."""
+"""Corpus statistics for `nerkit data stats`: texts, characters, entities by type, lengths, the texts
+longer than `data.max_len`, nesting, and the checksums of the known benchmark files."""
 
 from __future__ import annotations
 
 import hashlib
 from pathlib import Path
 
+from nerkit.config import DataConfig
 from nerkit.data.corpus import read_corpus, scheme_label
 from nerkit.data.nesting import Nesting, describe, nesting
 from nerkit.errors import CorpusError
@@ -40,7 +41,18 @@ def _percentile(sorted_values: list[int], q: float) -> int:
     return sorted_values[k]
 
 
-def corpus_stats(path: str | Path) -> dict:
+# What a text longer than data.max_len becomes, as the stats and `nerkit data validate` say it.
+MAX_LEN_NOTE = "which training cuts into pieces, never inside an entity"
+
+
+def longer_than(lengths, max_len: int) -> int:
+    """How many of the texts of these `lengths` are longer than `max_len` (0: no limit, none)."""
+    return sum(n > max_len for n in lengths) if max_len > 0 else 0
+
+
+def corpus_stats(path: str | Path, max_len: int = DataConfig.max_len) -> dict:
+    """The statistics of one corpus file, its texts measured against `max_len` (data.max_len's
+    default unless given). Its JSON keeps the key `sentences` for the texts."""
     corpus = read_corpus(path, strict=False)
     lengths = sorted(len(s) for s in corpus.sentences)
     per_type: dict[str, int] = {}
@@ -57,6 +69,8 @@ def corpus_stats(path: str | Path) -> dict:
         "scheme": corpus.labels,
         "length": {"p50": _percentile(lengths, 50), "p90": _percentile(lengths, 90),
                    "p95": _percentile(lengths, 95), "p99": _percentile(lengths, 99), "max": lengths[-1]},
+        "max_len": max_len,
+        "longer_than_max_len": longer_than(lengths, max_len),
         "invalid_transitions": corpus.invalid_transitions,
         "nesting": nesting(s.spans() for s in corpus.sentences).to_dict(),
         "sha256": digest,
@@ -64,12 +78,12 @@ def corpus_stats(path: str | Path) -> dict:
     }
 
 
-def files_stats(paths: list[str | Path]) -> tuple[list[dict], list[CorpusError]]:
+def files_stats(paths: list[str | Path], max_len: int = DataConfig.max_len) -> tuple[list[dict], list[CorpusError]]:
     """`corpus_stats` of every file that reads, and the error of each one that does not."""
     stats, failures = [], []
     for path in paths:
         try:
-            stats.append(corpus_stats(path))
+            stats.append(corpus_stats(path, max_len))
         except CorpusError as e:
             failures.append(e)
     return stats, failures
@@ -82,11 +96,13 @@ def format_stats(stats: dict) -> str:
     lines += [
         f"  sha256        {stats['sha256']}",
         f"  scheme        {scheme_label(stats['scheme'])}",
-        f"  sentences     {stats['sentences']:,}",
+        f"  texts         {stats['sentences']:,}",
         f"  characters    {stats['characters']:,}",
         f"  entities      {stats['entities_total']:,}  ("
         + ", ".join(f"{t} {n:,}" for t, n in stats["entities"].items()) + ")",
         "  length        " + ", ".join(f"{k} {v}" for k, v in stats["length"].items()),
+        *([f"  over max_len  {stats['longer_than_max_len']:,} of {stats['sentences']:,} texts longer than "
+           f"{stats['max_len']:,} characters (data.max_len), {MAX_LEN_NOTE}"] if stats["max_len"] > 0 else []),
         f"  invalid transitions  {stats['invalid_transitions']}",
     ]
     found = Nesting(**stats["nesting"])

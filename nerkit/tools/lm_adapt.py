@@ -37,6 +37,7 @@ from pathlib import Path
 import torch
 
 from nerkit.data.overlap import MIN_CHARS, remove_overlaps
+from nerkit.data.records import decode_utf8
 from nerkit.errors import UserError
 from nerkit.files import CHECKPOINT, atomic_write_bytes, atomic_write_text, check_input, check_output_directory
 from nerkit.log import progress_display
@@ -69,10 +70,7 @@ def read_lines(paths: list[str | Path]) -> list[str]:
     lines = []
     for path in paths:
         check_input(str(path), "--text", "no such file")
-        try:
-            text = Path(path).read_text(encoding="utf-8")
-        except UnicodeDecodeError:
-            raise UserError("not UTF-8 text", where=str(path), fix="give plain UTF-8 text, one passage a line") from None
+        text = decode_utf8(Path(path).read_bytes(), str(path))  # bytes that are not UTF-8: an error naming the line
         lines += [line.strip() for line in text.splitlines() if line.strip()]
     if len(lines) < 2:
         raise UserError("fewer than two non-empty lines of text", where=str(paths[0]),

@@ -82,7 +82,7 @@ def read_pool(path: str | Path, fmt: str = "auto") -> tuple[list[str], list[dict
     sentences of a corpus nerkit reads (its labels, if any, ignored); `auto`, jsonl for a .jsonl or
     .json file, else text. Blank lines are no texts."""
     from nerkit.data.corpus import is_jsonl, read_corpus
-    from nerkit.data.records import text_record
+    from nerkit.data.records import decode_utf8, text_record
     from nerkit.files import check_input
 
     check_input(str(path), "--pool", "no such file")
@@ -91,10 +91,7 @@ def read_pool(path: str | Path, fmt: str = "auto") -> tuple[list[str], list[dict
     if fmt == "auto":
         fmt = "jsonl" if is_jsonl(path) else "text"
     texts, keys = [], []
-    try:
-        lines = Path(path).read_text(encoding="utf-8-sig").split("\n")
-    except UnicodeDecodeError:
-        raise UserError("not UTF-8 text", where=str(path), fix="give UTF-8 text, one text a line") from None
+    lines = decode_utf8(Path(path).read_bytes(), str(path)).removeprefix("\ufeff").split("\n")  # a BOM is dropped
     for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
