@@ -313,6 +313,26 @@ def test_predict_reads_a_json_lines_file_of_texts_and_keeps_their_keys(tiny_mode
     assert code == 2 and stderr.startswith(f"nerkit: error: {broken}:2: the text holds a line break")
 
 
+def test_predict_warns_once_that_a_gold_corpus_s_entities_are_replaced(tiny_model_dir, tmp_path, monkeypatch, capfd):
+    """Issue 55: given a gold JSON-lines corpus, predict wrote its predictions over the records'
+    `entities` without a word; the log says so once, and how to score the model against them."""
+    gold = tmp_path / "gold.jsonl"
+    records = [{"text": "张伟在北京工作。", "entities": [{"start": 0, "end": 2, "type": "PER"}]},
+               {"text": "李娜是学生。", "entities": []}]
+    gold.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records), encoding="utf-8")
+    code, stdout, stderr = run_cli(monkeypatch, capfd, "predict", "--model", str(tiny_model_dir), str(gold))
+    assert code == 0, stderr
+    assert [r["text"] for r in parse_jsonl(stdout)] == [r["text"] for r in records]
+    warned = [line for line in stderr.splitlines() if '"entities"' in line]
+    assert warned == [f'{gold}:1: the input holds "entities", which predict does not read: the output\'s are the '
+                      "model's predictions, in their place in --format jsonl; to score the model against the input's, "
+                      f"run `nerkit eval --model MODEL --data {gold}`"]
+    texts = tmp_path / "texts.jsonl"  # texts alone: nothing to say
+    texts.write_text("".join(json.dumps({"text": r["text"]}, ensure_ascii=False) + "\n" for r in records), encoding="utf-8")
+    code, _, stderr = run_cli(monkeypatch, capfd, "predict", "--model", str(tiny_model_dir), str(texts))
+    assert code == 0 and '"entities"' not in stderr, stderr
+
+
 class StubPipe:
     """Stands in for a Pipeline: tags nothing, and raises `error` on its `fail_on`-th chunk (if any)."""
 

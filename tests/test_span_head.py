@@ -228,6 +228,28 @@ def test_the_span_head_trains_on_nested_data_that_the_crf_refuses(write_file, ti
     assert not missing
 
 
+def test_the_span_model_s_training_log_names_its_types_and_the_entities_too_wide_for_it(write_file, tiny_config,
+                                                                                        tmp_path, caplog):
+    """Issue 55: the span model's log spoke of "tags BIOES" (it has no tags), and the training
+    entities longer than span.max_width were left out of its loss without a word."""
+    from nerkit.training.loop import train
+
+    path = nested_corpus(write_file)
+    config = tiny_config(f"data.train={path}", f"data.dev={path}", "model.head=span", "span.max_width=6",
+                         "train.epochs=1")
+    with caplog.at_level("INFO", logger="nerkit"):
+        train(config, out=tmp_path / "model", progress_bar=False)
+    assert f"{path}: 2 training entities longer than span.max_width (6 characters) are left out of the span head's " \
+           "loss, the longest 10; raise span.max_width to learn them" in caplog.messages
+    [described] = [m for m in caplog.messages if m.startswith("model: ")]
+    assert "spans of types LOC, ORG, PER;" in described and "tags" not in described
+    caplog.clear()
+    with caplog.at_level("INFO", logger="nerkit"):  # every entity fits the default width: nothing to say
+        train(tiny_config(f"data.train={path}", f"data.dev={path}", "model.head=span", "train.epochs=1"),
+              out=tmp_path / "wide", progress_bar=False)
+    assert not [m for m in caplog.messages if "span.max_width" in m]
+
+
 @pytest.fixture(scope="module")
 def nested_model(tmp_path_factory):
     """A span-head model trained on the tiny nested corpus to dev F1 1.0: its directory and metrics."""

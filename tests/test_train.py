@@ -123,6 +123,26 @@ def test_a_limit_reads_the_training_file_only_that_far(tmp_path, tiny_config):
     assert train(tiny_config(f"data.train={broken}", "data.limit=40", "train.epochs=1"), out=tmp_path / "m")["best_epoch"] == 1
 
 
+def test_the_log_of_pieces_says_which_were_kept_longer_for_an_entity(tmp_path, tiny_config, caplog):
+    """Issue 55: "pieces of at most 250 characters" while a piece holding a longer entity stayed
+    whole (1,424 characters): the log counts those pieces and names the longest."""
+    path = tmp_path / "long.jsonl"
+    records = [{"text": "张三在北京。" * 3 + "上海" * 6 + "，李四。",
+                "entities": [{"start": 0, "end": 2, "type": "PER"}, {"start": 18, "end": 30, "type": "LOC"}]},
+               {"text": "王五在南京工作。", "entities": [{"start": 0, "end": 2, "type": "PER"}]}]
+    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records), encoding="utf-8")
+    with caplog.at_level("INFO", logger="nerkit"):
+        splits = read_splits(tiny_config(f"data.train={path}", f"data.dev={path}", "data.max_len=8"))
+    assert max(len(s) for s in splits.train) == 12  # the LOC of 12 characters keeps its piece whole
+    assert ("train: 2 sentences split into 6 pieces of at most 8 characters (1 kept longer to keep an entity whole, "
+            "the longest 12)") in caplog.messages
+    caplog.clear()
+    with caplog.at_level("INFO", logger="nerkit"):
+        read_splits(tiny_config(f"data.train={path}", f"data.dev={path}", "data.max_len=12"))
+    assert [m for m in caplog.messages if m.startswith("train: ")] == ["train: 2 sentences split into 5 pieces of at "
+                                                                        "most 12 characters"]
+
+
 def test_insert_spaces_puts_spaces_outside_entities_in_train_only(tiny_config):
     """data.insert_spaces: space tokens tagged O in gaps that no entity crosses, seeded, in the
     training sentences only; the entities keep their text, and the vocabulary learns the space."""

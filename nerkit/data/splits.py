@@ -84,6 +84,25 @@ def flat_training(sentences: list[Sentence], corpus: Corpus, flat: str) -> list[
     return sentences
 
 
+def log_pieces(sentences: int, pieces: list[Sentence], max_len: int) -> None:
+    """Say how many pieces `data.max_len` cut the training sentences into, and those kept longer:
+    a piece that holds an entity longer than max_len is as long as the entity needs."""
+    longer = [len(p) for p in pieces if max_len and len(p) > max_len]
+    if len(pieces) == sentences and not longer:
+        return
+    kept = (f" ({len(longer):,} kept longer to keep an entity whole, the longest {max(longer):,})" if longer else "")
+    log.info(f"train: {sentences:,} sentences split into {len(pieces):,} pieces of at most {max_len} characters{kept}")
+
+
+def log_too_wide(sentences: list[Sentence], max_width: int, path: str) -> None:
+    """The span head scores spans of at most `span.max_width` characters (nerkit.model.span): say how
+    many training entities are longer, and so left out of its loss (and never predicted)."""
+    wide = [sp.end - sp.start for s in sentences for sp in s.spans() if sp.end - sp.start > max_width]
+    if wide:
+        log.info(f"{path}: {len(wide):,} training entities longer than span.max_width ({max_width} characters) are "
+                 f"left out of the span head's loss, the longest {max(wide):,}; raise span.max_width to learn them")
+
+
 def read_gold(path: str, repair: bool, repair_option: str = REPAIR_OPTION, limit: int = 0) -> Corpus:
     """A corpus file, its nested entities kept (gold is scored as written; training projects them,
     `flat_training`); the tags `repair` fixed and the tokens it split are logged, never silent.
@@ -149,8 +168,9 @@ def read_splits(config: Config) -> Splits:
     # data.max_len cuts nothing.
     max_len = 0 if dc.context == "document" else dc.max_len
     pieces = [p for s in train for p in split_sentence(s, max_len)]
-    if len(pieces) != len(train):
-        log.info(f"train: {len(train)} sentences split into {len(pieces)} pieces of at most {dc.max_len} characters")
+    log_pieces(len(train), pieces, max_len)
+    if config.model.head == "span":
+        log_too_wide(pieces, config.span.max_width, dc.train)
     types = sorted({sp.type for s in train for sp in s.spans()})
     scheme = train_corpus.scheme if dc.scheme == "auto" else dc.scheme
     if not types:

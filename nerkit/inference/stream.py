@@ -15,6 +15,7 @@ Ctrl-C or SIGTERM during `nerkit predict` (`predict_file`) leaves no temporary f
 from __future__ import annotations
 
 import itertools
+import logging
 import os
 import signal
 import stat
@@ -35,6 +36,8 @@ from nerkit.inference.predictor import check_min_score
 from nerkit.inference.windows import check_window
 from nerkit.inference.workers import Workers, predictor
 from nerkit.log import progress_display
+
+log = logging.getLogger(__name__)
 
 STDIN = "-"
 
@@ -124,10 +127,11 @@ def input_field(source: str, field: str | None) -> str | None:
 
 
 def _texts(lines: Iterable[tuple[str, int]], name: str, field: str | None,
-           fmt: str) -> Iterator[tuple[str, dict | None, int]]:
+           fmt: str, warn: bool = True) -> Iterator[tuple[str, dict | None, int]]:
     """Each text to tag, the other keys of its JSON object (None for a line of plain text), and its
     input bytes. With `field`, each line that is not blank is a JSON object holding its text at
-    `field` (records.text_record); a blank line is none."""
+    `field` (records.text_record); a blank line is none. The first object that holds "entities" (a
+    gold corpus given to predict) is warned about, when `warn` (one process of several need not)."""
     if field is None:
         yield from ((text, None, size) for text, size in lines)
         return
@@ -138,6 +142,11 @@ def _texts(lines: Iterable[tuple[str, int]], name: str, field: str | None,
             continue
         where = f"{name}:{number}"
         text, keys = text_record(line, field, where)
+        if warn and "entities" in keys:
+            log.warning(f'{where}: the input holds "entities", which predict does not read: the output\'s are the '
+                        "model's predictions, in their place in --format jsonl; to score the model against the "
+                        f"input's, run `nerkit eval --model MODEL --data {name}`")
+            warn = False
         if fmt in _LINE_FORMATS and UNWRITABLE.search(text):
             raise CorpusError(f"the text holds a line break or NUL, which --format {fmt} cannot write "
                               "(it writes a text on lines of its own)", where=where, fix="use --format jsonl")
@@ -314,8 +323,8 @@ def predict_stream(pipe, source: str, output: str | None, fmt: str = "jsonl", ba
     bar = progress_display("predict", total, "B", unit_scale=True, shown=progress)
     written = 0
     try:
-        if ranks is not None and not ranks.main:  # its chunks go to rank 0, which writes
-            chunks = _chunks(_texts(_lines(stream, name), name, field, fmt), chunk_chars)
+        if ranks is not None and not ranks.main:  # its chunks go to rank 0, which writes (and warns)
+            chunks = _chunks(_texts(_lines(stream, name), name, field, fmt, warn=False), chunk_chars)
             for _ in predicted_by_ranks(pipe, chunks, fmt, batch_size, window, ranks, min_score):
                 pass
             return 0
