@@ -2,7 +2,8 @@
 encoder's output, both rotated by rotary position embeddings (RoPE), so that the score of span
 (s, e) of type k, q_k(s) . k_k(e) / sqrt(d), depends on the two positions only through e - s. Only
 the band start <= end < start + max_width is computed: time and memory O(types x length x width).
-Its loss is Su's multi-label categorical cross-entropy over the spans of each (sentence, type)."""
+Its loss is Su's multi-label categorical cross-entropy over the spans of each (sentence, type),
+summed over the types and averaged over the sentences."""
 
 from __future__ import annotations
 
@@ -30,8 +31,9 @@ def band_valid(mask: torch.Tensor, max_width: int) -> torch.Tensor:
 
 def multilabel_loss(logits: torch.Tensor, targets: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
     """Su's multi-label categorical cross-entropy, log(1 + sum_neg e^s) + log(1 + sum_pos e^-s), over
-    the valid band cells of each (sentence, type), averaged over them. logits, targets (B, K, T, W);
-    valid (B, T, W)."""
+    the valid band cells of each (sentence, type), summed over the types and averaged over the
+    sentences, as a CRF's likelihood is per sentence (averaged over (sentence, type) pairs, it learnt
+    more slowly: docs/notebook/span.md). logits, targets (B, K, T, W); valid (B, T, W)."""
     B, K = logits.shape[:2]
     s = logits.reshape(B, K, -1)  # (B, K, N)
     positive = targets.reshape(B, K, -1)
@@ -40,7 +42,7 @@ def multilabel_loss(logits: torch.Tensor, targets: torch.Tensor, valid: torch.Te
     positives = (-s).masked_fill(~positive | outside, float("-inf"))
     zero = s.new_zeros(B, K, 1)  # the 1 in log(1 + ...)
     loss = torch.logsumexp(torch.cat([zero, negatives], -1), -1) + torch.logsumexp(torch.cat([zero, positives], -1), -1)
-    return loss.mean()
+    return loss.sum(1).mean()  # (B, K) -> one number
 
 
 def decision_log_probability(logits: torch.Tensor, valid: torch.Tensor, cut: float) -> torch.Tensor:
