@@ -81,7 +81,17 @@ def test_band_valid_marks_spans_inside_each_sentence():
     valid = band_valid(mask, 2)
     assert valid[0].tolist() == [[True, True], [True, True], [True, False], [False, False]]
     assert valid[1].tolist() == [[True, False], [False, False], [False, False], [False, False]]
-    assert np.array_equal(valid.numpy(), numpy_band_valid(np.array([3, 1]), 4, 2))
+    assert np.array_equal(valid.numpy(), numpy_band_valid(mask.numpy(), 2))
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_the_numpy_band_valid_equals_the_torch_one(seed):
+    """span_decode's band_valid is a deliberate copy for the runtime without torch: the same cells."""
+    generator = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(0, 9, (4,), generator=generator)
+    mask = torch.arange(int(lengths.max()) + 1)[None] < lengths[:, None]  # (B, T), left-aligned
+    for width in (1, 3, 12):
+        assert np.array_equal(band_valid(mask, width).numpy(), numpy_band_valid(mask.numpy(), width))
 
 
 def test_loss_equals_the_formula_term_by_term():
@@ -369,7 +379,7 @@ def test_data_select_ranks_a_span_model_by_the_probability_of_its_decisions(nest
     for text in texts:
         batch = collate_padded([pipe.featurizer.example(list(text))], 1, len(text))
         with torch.no_grad():
-            band = pipe.model.span_band(batch)[0].numpy()
+            band = pipe.model.head.band(pipe.model.hidden(batch))[0].numpy()
         expected.append(naive_decision_log_probability(band, len(text), band_cut(pipe.threshold)) / len(text))
     order = sorted(range(len(texts)), key=lambda i: (expected[i], i))
     found = [json.loads(line) for line in nerkit("data", "select", "--model", str(nested_model[0]), "--pool",

@@ -10,20 +10,12 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-
-def rotary(x: torch.Tensor) -> torch.Tensor:
-    """x (B, T, N, D) rotated by position t: pair (i, i + D/2) turns by t * 10000^(-2i/D), the same
-    for each of the N vectors at a position."""
-    T, D = x.size(1), x.size(3)
-    inv_freq = 10000.0 ** (-torch.arange(0, D, 2, dtype=torch.float32, device=x.device) / D)  # (D/2,)
-    angles = torch.arange(T, dtype=torch.float32, device=x.device)[:, None] * inv_freq[None, :]  # (T, D/2)
-    cos, sin = angles.cos().to(x.dtype)[:, None], angles.sin().to(x.dtype)[:, None]  # (T, 1, D/2)
-    first, second = x[..., : D // 2], x[..., D // 2:]  # (B, T, N, D/2) each
-    return torch.cat([first * cos - second * sin, first * sin + second * cos], dim=-1)  # (B, T, N, D)
+from nerkit.model.rotary import rotate
 
 
 def band_valid(mask: torch.Tensor, max_width: int) -> torch.Tensor:
-    """(B, T, W) bool: the band cells whose end lies inside the sentence (mask left-aligned)."""
+    """(B, T, W) bool: the band cells whose end lies inside the sentence (mask (B, T), left-aligned).
+    `nerkit.model.span_decode.band_valid` is its numpy copy, for the runtime without torch."""
     T = mask.size(1)
     ends = torch.arange(T, device=mask.device)[:, None] + torch.arange(max_width, device=mask.device)[None, :]
     return ends[None] < mask.sum(1)[:, None, None]  # (B, T, W)
@@ -65,7 +57,9 @@ class SpanHead(nn.Module):
     def queries_keys(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The rotated start (query) and end (key) vectors, (B, K, T, D) each."""
         B, T, _ = h.shape
-        qk = rotary(self.projection(self.dropout(h)).view(B, T, self.num_types * 2, self.size))  # (B, T, 2K, D)
+        qk = self.projection(self.dropout(h)).view(B, T, self.num_types * 2, self.size)  # (B, T, 2K, D)
+        # GlobalPointer's pairing, (i, i + D/2): what the head's saved projections were trained with.
+        qk = rotate(qk.transpose(1, 2), torch.arange(T, device=h.device), pairing="halves").transpose(1, 2)
         qk = qk.view(B, T, self.num_types, 2, self.size).permute(3, 0, 2, 1, 4)  # (2, B, K, T, D)
         return qk[0], qk[1]
 

@@ -24,18 +24,21 @@ def band_cut(threshold: float) -> float:
     return float(np.float32(logit(threshold)))
 
 
-def band_valid(lengths: np.ndarray, width: int, max_width: int) -> np.ndarray:
-    """(B, T, W) bool: the band cells whose span lies inside its sentence (start + w < length)."""
-    ends = np.arange(width)[:, None] + np.arange(max_width)[None, :]  # (T, W)
-    return ends[None] < np.asarray(lengths)[:, None, None]  # (B, T, W)
+def band_valid(mask: np.ndarray, max_width: int) -> np.ndarray:
+    """(B, T, W) bool: the band cells whose end lies inside the sentence (mask (B, T), left-aligned).
+    A deliberate second copy of `nerkit.model.span.band_valid`, same name, same arguments: this one
+    serves the ONNX runtime, which runs without torch; tests/test_span_head.py holds the two equal."""
+    T = mask.shape[1]
+    ends = np.arange(T)[:, None] + np.arange(max_width)[None, :]  # (T, W)
+    return ends[None] < np.asarray(mask).sum(1)[:, None, None]  # (B, T, W)
 
 
-def threshold_spans(logits: np.ndarray, length: int, threshold: float) -> list[tuple[int, int, int, float]]:
-    """Every span of one sentence whose logit (K, T, W) is above `threshold` (a logit), as (start,
-    end exclusive, type, logit), ordered by start, end, type."""
+def threshold_spans(logits: np.ndarray, length: int, cut: float) -> list[tuple[int, int, int, float]]:
+    """Every span of one sentence whose logit (K, T, W) is above `cut` (a logit: `band_cut` of a
+    probability threshold), as (start, end exclusive, type, logit), ordered by start, end, type."""
     K, T, W = logits.shape
-    valid = band_valid(np.array([length]), T, W)[0]  # (T, W)
-    types, starts, widths = np.nonzero((logits > threshold) & valid[None])
+    valid = band_valid(np.arange(T)[None] < length, W)[0]  # (T, W)
+    types, starts, widths = np.nonzero((logits > cut) & valid[None])
     found = [(int(s), int(s + w + 1), int(k), float(logits[k, s, w])) for k, s, w in zip(types, starts, widths)]
     return sorted(found)
 

@@ -13,6 +13,8 @@ from typing import Iterator
 import torch
 from torch import nn
 
+from nerkit.model.rotary import rotate
+
 
 @dataclass
 class NodeSpans:
@@ -62,18 +64,6 @@ class SinusoidTable(nn.Module):
             # dtype first: some devices (MPS) hold no float64.
             self._cast = self.table.to(dtype=like.dtype).to(like.device)
         return self._cast[start + self.radius : end + self.radius]
-
-
-def rotate(x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-    """Rotary position embedding (RoPE, Su et al. 2021): each pair (x[2m], x[2m+1]) of the last axis
-    turned by the angle p / 10000^(2m/d) of its position p. x (..., N, d) with d even, positions (N,).
-    Rotating queries and keys this way makes q_i . k_j depend on positions only through i - j."""
-    dim = x.size(-1)
-    inv_freq = 10000.0 ** (-torch.arange(0, dim, 2, dtype=torch.float64, device=x.device) / dim)  # (d/2,)
-    angles = positions.to(torch.float64)[:, None] * inv_freq  # (N, d/2)
-    cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)  # (N, d/2)
-    even, odd = x[..., 0::2], x[..., 1::2]  # (..., N, d/2)
-    return torch.stack([even * cos - odd * sin, even * sin + odd * cos], dim=-1).flatten(-2)  # (..., N, d)
 
 
 class MultiHeadAttention(nn.Module):
@@ -142,8 +132,10 @@ class MultiHeadAttention(nn.Module):
         k = self._split_heads(self.key(context) if self.key is not None else context)  # (B, H, K, d)
         if self.rotary:
             keys = k.size(2)
-            k = rotate(k, torch.arange(keys, device=x.device))
-            q = rotate(q, torch.arange(keys - x.size(1), keys, device=x.device))  # queries end the sequence
+            # The RoPE paper's pairing, (2m, 2m + 1): what these encoders' saved weights were trained with.
+            k = rotate(k, torch.arange(keys, device=x.device), pairing="interleaved")
+            queries = torch.arange(keys - x.size(1), keys, device=x.device)  # queries end the sequence
+            q = rotate(q, queries, pairing="interleaved")
         content_q = q if self.content_bias is None else q + self.content_bias[:, None, :]
         # In place from here on: backward needs none of these (B, H, L, K) intermediates, and at
         # L = 400 each one is tens of MiB.
