@@ -270,6 +270,23 @@ def test_plain_text_inputs_name_their_first_line_that_is_not_utf8(read, write_fi
     assert f"offset {len(head)} " in info.value.message and "iconv" in info.value.fix
 
 
+def _vectors_text(path):
+    from nerkit.tools.vectors import read_texts
+
+    return read_texts(path)
+
+
+@pytest.mark.parametrize("read", [_lm_adapt_text, _select_pool, _serve_load_text, _vectors_text])
+def test_every_plain_text_input_drops_a_byte_order_mark(read, write_file):
+    """Issue 56: lm adapt's --text (and distill's, read through it) kept a BOM as the first text's
+    first character; every plain-text input reads through records.read_text, which drops it."""
+    path = write_file("\ufeff张三在北京。\r\n\n李四\n".encode("utf-8"), "texts.txt")
+    found = read(path)
+    texts = found[0] if isinstance(found, tuple) else found  # read_pool: (texts, keys)
+    assert texts == ["张三在北京。", "李四"]
+    assert _speed_text(path) == len("张三在北京。李四")
+
+
 @pytest.mark.parametrize("content, words", [(b"", "empty"), (b"\n\n  \n\t\r\n", "empty"), ("\ufeff\n\n", "no sentences")])
 def test_file_without_sentences(content, words, write_file):
     path = write_file(content)

@@ -99,7 +99,21 @@ def nul_error(where: str) -> CorpusError:
 
 def _decode(path: Path, data: bytes) -> str:
     text = decode_utf8(data, str(path))
-    return text[1:] if text.startswith("\ufeff") else text  # a BOM is accepted and dropped
+    return text.removeprefix("\ufeff")  # a BOM is accepted and dropped
+
+
+def read_text(path: str | Path) -> str:
+    """A plain UTF-8 text file's text, decoded as the corpora are (`decode_utf8`) and a leading BOM
+    dropped: the one reading of every plain-text input (lm adapt's and distill's --text, data
+    select's pool, vectors' text, bench's texts). Its caller has checked that the file exists."""
+    path = Path(path)
+    return _decode(path, path.read_bytes())
+
+
+def text_lines(text: str) -> list[str]:
+    """The texts of one-text-a-line input, as `nerkit predict` splits it: each line that is not
+    blank, without its line end ("\n" or "\r\n"), otherwise as written."""
+    return [line.rstrip("\r") for line in text.split("\n") if line.strip()]
 
 
 def _shown(text: str, limit: int = 80) -> str:

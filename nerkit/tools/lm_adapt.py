@@ -37,7 +37,7 @@ from pathlib import Path
 import torch
 
 from nerkit.data.overlap import MIN_CHARS, remove_overlaps
-from nerkit.data.records import decode_utf8
+from nerkit.data.records import read_text, text_lines
 from nerkit.errors import UserError
 from nerkit.files import CHECKPOINT, atomic_write_bytes, atomic_write_text, check_input, check_output_directory
 from nerkit.log import progress_display
@@ -70,8 +70,7 @@ def read_lines(paths: list[str | Path]) -> list[str]:
     lines = []
     for path in paths:
         check_input(str(path), "--text", "no such file")
-        text = decode_utf8(Path(path).read_bytes(), str(path))  # bytes that are not UTF-8: an error naming the line
-        lines += [line.strip() for line in text.splitlines() if line.strip()]
+        lines += [line.strip() for line in text_lines(read_text(path))]
     if len(lines) < 2:
         raise UserError("fewer than two non-empty lines of text", where=str(paths[0]),
                         fix="give the unlabelled text of your domain, one passage a line")

@@ -82,7 +82,7 @@ def read_pool(path: str | Path, fmt: str = "auto") -> tuple[list[str], list[dict
     sentences of a corpus nerkit reads (its labels, if any, ignored); `auto`, jsonl for a .jsonl or
     .json file, else text. Blank lines are no texts."""
     from nerkit.data.corpus import is_jsonl, read_corpus
-    from nerkit.data.records import decode_utf8, text_record
+    from nerkit.data.records import read_text, text_record
     from nerkit.files import check_input
 
     check_input(str(path), "--pool", "no such file")
@@ -91,7 +91,7 @@ def read_pool(path: str | Path, fmt: str = "auto") -> tuple[list[str], list[dict
     if fmt == "auto":
         fmt = "jsonl" if is_jsonl(path) else "text"
     texts, keys = [], []
-    lines = decode_utf8(Path(path).read_bytes(), str(path)).removeprefix("\ufeff").split("\n")  # a BOM is dropped
+    lines = read_text(path).split("\n")  # numbered, for a JSON line's errors
     for number, line in enumerate(lines, 1):
         if not line.strip():
             continue

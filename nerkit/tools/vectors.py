@@ -33,7 +33,7 @@ def read_texts(path: str | Path) -> list[str]:
     `token ... TAG` with an O or B-/I-/M-/E-/S- tag); any other file is plain UTF-8 text, one text per
     non-blank line."""
     from nerkit.data.corpus import read_corpus
-    from nerkit.data.records import _decode, _read_bytes
+    from nerkit.data.records import _decode, _read_bytes, text_lines
 
     path, data = _read_bytes(path)
     text = _decode(path, data)
@@ -42,7 +42,7 @@ def read_texts(path: str | Path) -> list[str]:
     sample = [line.rstrip("\r") for line in text.split("\n", 400)[:400] if line.strip()][:50]
     if sample and all(_CONLL_LINE.match(line) for line in sample):
         return [s.text for s in read_corpus(path, strict=False).sentences]
-    return [line.strip() for line in text.split("\n") if line.strip()]
+    return [line.strip() for line in text_lines(text)]
 
 
 def text_key(text: str) -> str:

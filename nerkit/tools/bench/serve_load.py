@@ -16,7 +16,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from nerkit.data.records import decode_utf8
+from nerkit.data.records import read_text, text_lines
 from nerkit.errors import UserError
 from nerkit.tools.bench.speed import check_subject, environment, nerkit_command, prepare_out, save, summarise
 
@@ -39,7 +39,7 @@ def read_texts(path: Path) -> list[str]:
     """The non-empty lines of a text file, one request each."""
     if not path.is_file():
         raise UserError("text file not found", where=str(path))
-    texts = [t for t in decode_utf8(path.read_bytes(), str(path)).splitlines() if t.strip()]
+    texts = text_lines(read_text(path))
     if not texts:
         raise UserError("the text file has no non-empty line to send", where=str(path))
     return texts

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-from nerkit.data.records import decode_utf8
+from nerkit.data.records import read_text
 from nerkit.errors import UserError
 from nerkit.files import atomic_write_text, check_output_directory
 from nerkit.tools.bench.report import spread, spread_text
@@ -172,7 +172,7 @@ def text_chars(text: Path) -> int:
     """The characters `nerkit predict` reads from a text file, line ends not counted."""
     if not text.is_file():
         raise UserError("text file not found", where=str(text))
-    return sum(len(line) for line in decode_utf8(text.read_bytes(), str(text)).splitlines())
+    return sum(len(line.rstrip("\r")) for line in read_text(text).split("\n"))  # every line, as predict reads them
 
 
 def check_subject(model: Path, rounds: int) -> None:
