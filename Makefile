@@ -106,8 +106,8 @@ bench-quick: $(STAMP)
 benchmarks-doc: $(STAMP)
 	$(PY) scripts/benchmarks_doc.py
 
-# Every generated page: the command reference (docs/cli.md), the config reference (docs/config.md) and
-# the result tables (benchmarks-doc); tests/test_docs*.py fail when one is stale.
+# Every generated page: the command reference (docs/cli.md, docs/cli/), the config reference
+# (docs/config.md) and the result tables (benchmarks-doc); tests/test_docs*.py fail when one is stale.
 docs: $(STAMP) benchmarks-doc
 	$(PY) scripts/cli_reference.py
 	$(PY) scripts/config_reference.py

@@ -1,5 +1,5 @@
 """The docs pages stay true to the code: the config reference (docs/config.md) and the command-line
-reference (docs/cli.md) are what their scripts generate from nerkit/config.py and `--help`, every
+reference (docs/cli.md and its page per command, docs/cli/) are what their scripts generate from nerkit/config.py and `--help`, every
 config key has a description, every link between the pages (the notebook's included) resolves, and
 the README stays short. The result tables are tests/test_docs.py's."""
 
@@ -18,7 +18,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 DOCS = REPO / "docs"
-PAGES = [REPO / "README.md", *sorted(DOCS.glob("*.md")), *sorted((DOCS / "notebook").glob("*.md"))]
+PAGES = [REPO / "README.md", *sorted(DOCS.glob("*.md")), *sorted((DOCS / "notebook").glob("*.md")),
+         *sorted((DOCS / "cli").glob("*.md"))]
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
 
 
