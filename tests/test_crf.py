@@ -534,6 +534,30 @@ def test_marginals_and_entity_probabilities_match_brute_force(tags):
             assert score == pytest.approx(mass, abs=1e-9), (decoded, entity)
 
 
+@pytest.mark.parametrize("tags", [BIO, BIOES, BMES, BIOES_MIXED], ids=["BIO", "BIOES", "BMES", "BIOES-mixed"])
+def test_the_numpy_entity_probabilities_equal_the_torch_ones(tags):
+    """crf_numpy is the deliberate second copy of the forward-backward (an export's scores, without
+    torch): its forbidden score is the torch CRF's, and its probabilities are the torch CRF's."""
+    from nerkit.model import crf as torch_crf
+    from nerkit.model.crf_numpy import FORBIDDEN, entity_probabilities, masked_scores
+
+    assert torch_crf._FORBIDDEN_IN_LIKELIHOOD == FORBIDDEN
+    generator = torch.Generator().manual_seed(7 + len(tags))
+    crf = randomize(CRF(tags).double(), generator, scale=2.0)
+    lengths = [9, 4, 1, 6]
+    emissions = torch.randn(len(lengths), 9, len(tags), generator=generator, dtype=torch.float64) * 3
+    mask = lengths_to_mask(lengths, 9)
+    paths = crf.decode(emissions, mask)
+    scores = masked_scores(tags, *(p.detach().numpy() for p in (crf.torch_crf.start_transitions,
+                                                                crf.torch_crf.transitions, crf.torch_crf.end_transitions)))
+    for temperature in (1.0, 1.7):
+        expected = crf.entity_probabilities(emissions, mask, paths, temperature)
+        found = entity_probabilities(tags, scores, emissions.numpy(), lengths, paths, temperature)
+        assert any(expected) and [len(row) for row in found] == [len(row) for row in expected]
+        for a, b in zip(found, expected):
+            assert a == pytest.approx(b, abs=1e-12)
+
+
 def test_marginals_sum_to_one_and_forbid_what_decoding_forbids():
     generator = torch.Generator().manual_seed(5)
     crf = randomize(CRF(BIO), generator, scale=3.0)

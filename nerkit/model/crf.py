@@ -14,13 +14,16 @@ from torchcrf import CRF as TorchCRF
 
 from nerkit.config import CRF_ALGORITHMS
 from nerkit.data.tags import continues, split_tag, tags_to_spans, transition_table
+from nerkit.model.crf_numpy import FORBIDDEN
 from nerkit.model.viterbi import StreamingViterbi
 
 # Score given to a forbidden transition in the log-likelihood. Finite on purpose: with -inf, a tag that
 # no valid path can reach would make logsumexp see only -inf and its backward pass would give NaN.
 # exp(-1e30) is exactly 0, so forbidden paths still get no probability mass. It stays far from the
-# float32 limit (3.4e38) even when summed over a long invalid gold path.
-_FORBIDDEN_IN_LIKELIHOOD = -1e30
+# float32 limit (3.4e38) even when summed over a long invalid gold path. Defined once in crf_numpy,
+# the deliberate numpy copy of the forward-backward (an export's scores without torch), which
+# tests/test_crf.py holds equal to this one's.
+_FORBIDDEN_IN_LIKELIHOOD = FORBIDDEN
 
 
 
@@ -154,16 +157,23 @@ class CRF(nn.Module):
         )
 
     @staticmethod
-    def _log_partition(emissions, mask, start, trans, end) -> torch.Tensor:
-        """log of the summed exp-score of all paths per sequence (forward algorithm), (B,)."""
+    def _alphas(emissions, mask, start, trans) -> list[torch.Tensor]:
+        """The forward algorithm, which the partition and forward-backward share: log alpha at each
+        position, T of (B, K), the log-sum over valid paths up to t ending in each tag (emission at
+        t included); a padding position keeps the last real one's."""
         # One unbind, not a slice per step: each slice's backward fills a gradient of the whole (B, T, K).
         steps, real = emissions.unbind(1), mask.unsqueeze(2).unbind(1)  # T of (B, K) and of (B, 1)
-        alpha = start + steps[0]  # (B, K): log-sum over paths ending in each tag
+        alphas = [start + steps[0]]  # (B, K) each
         for t in range(1, len(steps)):
             # (B, K, 1) + (K, K) -> reduce over the previous tag -> (B, K)
-            stepped = torch.logsumexp(alpha.unsqueeze(2) + trans, dim=1) + steps[t]
-            alpha = torch.where(real[t], stepped, alpha)  # padding keeps the old value
-        return torch.logsumexp(alpha + end, dim=1)
+            stepped = torch.logsumexp(alphas[-1].unsqueeze(2) + trans, dim=1) + steps[t]
+            alphas.append(torch.where(real[t], stepped, alphas[-1]))  # padding keeps the old value
+        return alphas
+
+    @staticmethod
+    def _log_partition(emissions, mask, start, trans, end) -> torch.Tensor:
+        """log of the summed exp-score of all paths per sequence (forward algorithm), (B,)."""
+        return torch.logsumexp(CRF._alphas(emissions, mask, start, trans)[-1] + end, dim=1)
 
     @staticmethod
     def _log_partition_scan(emissions, mask, start, trans, end) -> torch.Tensor:
@@ -208,10 +218,7 @@ class CRF(nn.Module):
         at t included); log beta (B, T, K), over what follows t from each tag (the end score at the
         last real position); log Z (B,); of scores as `_scaled` gives them. Padding rows are meaningless."""
         seq_len = emissions.size(1)
-        alphas = [start + emissions[:, 0]]  # (B, K) each
-        for t in range(1, seq_len):
-            stepped = torch.logsumexp(alphas[-1].unsqueeze(2) + trans, dim=1) + emissions[:, t]
-            alphas.append(torch.where(mask[:, t].unsqueeze(1), stepped, alphas[-1]))
+        alphas = CRF._alphas(emissions, mask, start, trans)  # T of (B, K)
         betas = [end.expand_as(alphas[0])]
         for t in range(seq_len - 2, -1, -1):
             # (B, 1, K_next) + (K, K_next) -> reduce over the next tag -> (B, K)
@@ -225,12 +232,8 @@ class CRF(nn.Module):
     def marginals(self, emissions: torch.Tensor, mask: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
         """P(tag k at position t) over every valid path, (B, T, K) (forward-backward, in float64);
         each real position sums to 1, forbidden tags get exactly 0, padding gets 0."""
-        self._check_shapes(emissions, mask)
-        mask = mask.bool()
-        emissions, start, trans, end = self._scaled(emissions, temperature)
-        alpha, beta, log_z = self._forward_backward(emissions, mask, start, trans, end)
-        probs = torch.exp(alpha + beta - log_z[:, None, None])  # (B, T, K)
-        return probs.masked_fill(~mask.unsqueeze(2), 0.0)
+        probs = self.log_marginals(emissions, mask, temperature).exp()  # (B, T, K)
+        return probs.masked_fill(~mask.bool().unsqueeze(2), 0.0)
 
     def log_marginals(self, emissions: torch.Tensor, mask: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
         """log P(tag k at position t) under the same constraints as `marginals`, (B, T, K), with

@@ -14,7 +14,9 @@ import numpy as np
 
 from nerkit.data.tags import continues, split_tag, tags_to_spans, transition_table
 
-# As the torch CRF's: a score whose exp is exactly 0, finite so that no row is all -inf.
+# A score whose exp is exactly 0, finite so that no row is all -inf. The torch CRF (nerkit.model.crf)
+# imports it: this module is the deliberate second copy of its forward-backward, in numpy for an
+# export without torch, and tests/test_crf.py holds the two's probabilities equal.
 FORBIDDEN = -1e30
 
 
