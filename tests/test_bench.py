@@ -641,11 +641,15 @@ def test_env_reaches_the_runs_process_and_rounds_give_min_median_max(tmp_path):
     (record,) = read_jsonl(out / "results.jsonl")
     assert record["env_seen"] == {"NERKIT_BENCH_PROBE": "seen", "NERKIT_BENCH_GONE": None}
     assert record["env"] == {"NERKIT_BENCH_PROBE": "seen", "NERKIT_BENCH_GONE": None}
-    for figure in ("predict_chars_per_s", "train_chars_per_s"):
+    for figure in ("predict_chars_per_s", "train_chars_per_s", "fixed_s"):
         assert_spread(record, figure)
     assert [r["round"] for r in record["rounds"]] == [1, 2]
+    # the fixed cost: the worker's wall seconds less its training steps and its timed prediction pass
+    last = record["rounds"][-1]
+    assert 0 < last["fixed_s"] == pytest.approx(last["wall_s"] - record["train_steps_s"] - record["predict_s"])
+    assert record["train_steps_s"] > 0 and record["predict_s"] > 0
     table = (out / "RESULTS.md").read_text(encoding="utf-8")
-    assert "Runs measured in several rounds" in table and "| tiny | 2 | 1 |" in table
+    assert "Runs measured in several rounds" in table and "| tiny | 2 | 1 |" in table and "Fixed s" in table
 
 
 @pytest.mark.slow
@@ -683,9 +687,12 @@ def test_bench_predict_times_whole_processes_in_rounds(tiny_model_dir, tmp_path)
     assert result.returncode == 0, result.stderr
     record = speed_record(out, "predict")
     assert record["chars"] == 16 and record["env"] == {"OMP_WAIT_POLICY": "PASSIVE"} and record["threads"] == 1
-    for figure in ("chars_per_s", "seconds", "peak_rss_mib"):
+    for figure in ("chars_per_s", "seconds", "peak_rss_mib", "startup_s", "steady_chars_per_s"):
         assert_spread(record, figure)
     assert record["spread"]["peak_rss_mib"]["min"] > 50  # a process that imported torch and loaded a model
+    for r in record["rounds"]:  # the fixed cost, timed over an empty text, is beside the steady rate
+        assert 0 < r["startup_s"] and r["steady_chars_per_s"] == pytest.approx(16 / max(r["seconds"] - r["startup_s"], 1e-9))
+    assert "| start-up s | steady chars/s |" in (out / "RESULTS.md").read_text(encoding="utf-8")
     # a missing text file is one line and exit 2
     bad = nerkit("bench", "predict", "--model", tiny_model_dir, "--text", tmp_path / "none.txt", "--out", out)
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "text file not found" in bad.stderr

@@ -534,6 +534,7 @@ def finish(run: Run, epoch: int) -> dict:
                "train_chars_per_s": (progress.train_chars + progress.epoch_chars)
                / max(progress.train_seconds + progress.epoch_seconds, 1e-9),  # with a cut epoch's
                "train_chars_per_s_steady": progress.steady_chars / max(progress.steady_seconds, 1e-9),
+               "train_steps_s": progress.train_seconds + progress.epoch_seconds,  # in the steps alone
                "elapsed_s": run.elapsed(), "parameters": sum(p.numel() for p in pipe.model.parameters()),
                "device": str(pipe.device), "processes": run.world.size, "data_sha256": splits.checksums}
     if splits.test is not None:

@@ -141,14 +141,19 @@ def _rounds(ok: list[dict]) -> list[str]:
     repeated = [r for r in ok if r.get("rounds")]
     if not repeated:
         return []
+    # the fixed cost of a whole run (start-up, reading, evaluation, writing: wall s less the training
+    # steps and the timed prediction pass), where the records measured it
+    fixed = any(r["spread"].get("fixed_s") for r in repeated)
     lines = ["", "Runs measured in several rounds (each trained and timed again; the table above shows the last):", "",
              "| Run | Rounds | Processes | Train chars/s steady (min / median / max) | Predict chars/s (min / median / max) "
-             "| Train chars/s steady, each round |", "|---|---:|---:|---|---|---|"]
+             + ("| Fixed s (min / median / max) " if fixed else "")
+             + "| Train chars/s steady, each round |", "|---|---:|---:|---|---|" + ("---|" if fixed else "") + "---|"]
     for r in repeated:
         each = ", ".join(f"{f['train_chars_per_s_steady']:,.0f}" for f in r["rounds"])
         lines.append(f"| {r['name']} | {len(r['rounds'])} | {r.get('nproc') or 1} | "
                      f"{spread_text(r['spread'].get('train_chars_per_s_steady'))} | "
-                     f"{spread_text(r['spread'].get('predict_chars_per_s'))} | {each} |")
+                     f"{spread_text(r['spread'].get('predict_chars_per_s'))} | "
+                     + (f"{spread_text(r['spread'].get('fixed_s'), 1)} | " if fixed else "") + f"{each} |")
     return lines
 
 

@@ -263,7 +263,10 @@ def execute(run: MatrixRun, out: Path, predict_batch_size: int, base: dict, prev
         for key in ("peak_rss_mib", "peak_cuda_mib"):  # the peaks of every session of the run
             peaks = [v for v in (result.get(key), (previous or {}).get(key)) if v is not None]
             result[key] = max(peaks) if peaks else None
-        return {**record, "status": "ok", **result}
+        # the fixed cost: the worker's whole process but its training steps and the timed prediction
+        # pass (start-up, reading, vocabularies, evaluation, writing), beside the steady rate
+        fixed = record["wall_s"] - result["train_steps_s"] - result["predict_s"] if not resume else None
+        return {**record, "status": "ok", **result, "fixed_s": fixed}
     error = failure_message(returncode, log_path.read_text(encoding="utf-8", errors="replace"))
     failed = {**record, "status": "failed", "exit_code": returncode, "error": error}
     if resume:  # a failed continuation keeps the figures of the run's last good record
@@ -273,7 +276,7 @@ def execute(run: MatrixRun, out: Path, predict_batch_size: int, base: dict, prev
     return failed
 
 
-ROUND_FIGURES = ("train_chars_per_s_steady", "train_chars_per_s", "predict_chars_per_s", "wall_s")
+ROUND_FIGURES = ("train_chars_per_s_steady", "train_chars_per_s", "predict_chars_per_s", "fixed_s", "wall_s")
 
 
 def execute_rounds(run: MatrixRun, out: Path, predict_batch_size: int, base: dict, previous: dict | None = None) -> dict:

@@ -110,7 +110,8 @@ def save(out: Path, record: dict) -> str:
 
 # The columns of each kind's table: (heading, figure, digits).
 COLUMNS = {
-    "predict": [("chars/s", "chars_per_s", 0), ("wall s", "seconds", 2), ("peak RSS MiB", "peak_rss_mib", 0)],
+    "predict": [("chars/s", "chars_per_s", 0), ("wall s", "seconds", 2), ("start-up s", "startup_s", 2),
+                ("steady chars/s", "steady_chars_per_s", 0), ("peak RSS MiB", "peak_rss_mib", 0)],
     "export": [("export s", "seconds", 2), ("size MiB", "size_mib", 2), ("peak RSS MiB", "peak_rss_mib", 0),
                ("model F1", "model_f1", 2), ("export F1", "export_f1", 2), ("model eval s", "model_eval_s", 2),
                ("export eval s", "export_eval_s", 2), ("export eval RSS MiB", "export_eval_rss_mib", 0)],
@@ -136,6 +137,8 @@ def render_speed(records: list[dict], level: int = 2) -> str:
         mine = [r for r in records if r.get("kind") == kind]
         if not mine:
             continue
+        # a figure no record measured (records written before it was) gets no column
+        columns = [c for c in columns if any(c[1] in r["spread"] for r in mine)]
         header = ["Name", "Model", *SETTINGS[kind], "Rounds", *(c[0] for c in columns), "Commit", "Date"]
         lines += [f"{'#' * level} nerkit {kind}", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
         for r in mine:
@@ -186,16 +189,25 @@ def check_subject(model: Path, rounds: int) -> None:
 def bench_predict(model: Path, text: Path, out: Path, options: PredictOptions, rounds: int,
                   name: str | None = None) -> tuple[str, dict]:
     """Time `rounds` whole `nerkit predict` processes over `text` (start-up and loading included):
-    chars/s (the text's characters over the wall seconds) and peak RSS; the record and the table."""
+    chars/s (the text's characters over the wall seconds) and peak RSS; the record and the table.
+    Each round also times the same command over an empty text, its fixed cost (`startup_s`: the
+    interpreter, the imports, loading the model, writing nothing), and gives the rate beside it
+    (`steady_chars_per_s`: the characters over the seconds the text itself added)."""
     check_subject(model, rounds)
     chars = text_chars(text)
     prepare_out(out, model, text)
     command = nerkit_command("predict", "--model", str(model), str(text), "--output", os.devnull, *options.arguments())
     figures = []
-    for number in range(1, rounds + 1):
-        timed = time_process(command, options.env)
-        figures.append({"round": number, "chars_per_s": chars / timed.seconds, "seconds": timed.seconds,
-                        "peak_rss_mib": timed.peak_rss_mib})
+    with tempfile.TemporaryDirectory(prefix="nerkit-bench-predict-") as scratch:
+        empty = Path(scratch) / "empty.txt"
+        empty.write_bytes(b"")
+        nothing = [str(empty) if part == str(text) else part for part in command]
+        for number in range(1, rounds + 1):
+            timed, startup = time_process(command, options.env), time_process(nothing, options.env)
+            figures.append({"round": number, "chars_per_s": chars / timed.seconds, "seconds": timed.seconds,
+                            "startup_s": startup.seconds,
+                            "steady_chars_per_s": chars / max(timed.seconds - startup.seconds, 1e-9),
+                            "peak_rss_mib": timed.peak_rss_mib})
     settings = {"model": str(model), "text": str(text), "chars": chars, "runtime": options.runtime,
                 "workers": options.workers, "threads": options.threads, "batch_size": options.batch_size,
                 "device": options.device, "env": options.env}

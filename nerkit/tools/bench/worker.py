@@ -165,6 +165,7 @@ def measure(config_path: str, overrides: list[str], out: str, predict_batch_size
         "processes": metrics.get("processes", 1),
         "train_chars_per_s": metrics["train_chars_per_s"],
         "train_chars_per_s_steady": metrics["train_chars_per_s_steady"], "train_s": metrics["elapsed_s"],
+        "train_steps_s": metrics["train_steps_s"], "predict_s": timing.seconds,
         "predict_chars_per_s": sum(map(len, timed)) / max(timing.seconds, 1e-9),
         "predict_on": "dev" if splits.test is None else "test", "predict_batch_size": predict_batch_size,
         "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,  # KiB on Linux
