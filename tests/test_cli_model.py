@@ -565,6 +565,30 @@ def test_every_option_has_help_and_flags_show_as_flags():
     assert seen > 50
 
 
+def test_boolean_flags_are_made_by_the_one_flag_helper():
+    """Issue 56: a plain --help flag is `nerkit.cli.options.flag`, never typer.Option(False, ...,
+    metavar="") written again in a command (ten were)."""
+    from pathlib import Path
+
+    import nerkit.cli
+
+    for path in sorted(Path(nerkit.cli.__file__).parent.glob("*.py")):
+        if path.name != "options.py":
+            assert 'metavar=""' not in path.read_text(encoding="utf-8"), path.name
+
+
+def test_the_cli_sets_no_threads_itself():
+    """Issue 56: --threads is passed to the function a command calls, which applies it (the CLI
+    parses, calls one function, prints); calibrate, report and lm adapt set torch's threads in cli/."""
+    from pathlib import Path
+
+    import nerkit.cli
+
+    for path in sorted(Path(nerkit.cli.__file__).parent.glob("*.py")):
+        text = path.read_text(encoding="utf-8")
+        assert "set_threads" not in text and "set_num_threads" not in text, path.name
+
+
 def test_the_lists_of_commands_wrap_only_where_a_line_is_full():
     """A group's list of commands at 80 columns breaks a summary only where the next word would
     not fit (issue 41: typer kept the docstrings' own line breaks there, e.g. "in one graph that" /

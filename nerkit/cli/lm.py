@@ -10,6 +10,8 @@ from typing import List
 
 import typer
 
+from nerkit.cli.options import flag
+
 lm_app = typer.Typer(no_args_is_help=True, help="Adapt a pretrained language model to your own text.")
 
 
@@ -24,7 +26,7 @@ def adapt(
     steps: int = typer.Option(1000, "--steps", min=1, help="Optimiser steps in all (a --resume may raise it)."),
     batch_size: int = typer.Option(16, "--batch-size", min=1, help="Lines per step."),
     lr: float = typer.Option(5e-5, "--lr", min=0.0, help="Peak learning rate (AdamW, decaying linearly to 0)."),
-    whole_word: bool = typer.Option(False, "--whole-word", metavar="", help="Mask jieba's words whole."),
+    whole_word: bool = flag("--whole-word", help="Mask jieba's words whole."),
     max_len: int = typer.Option(128, "--max-len", min=8, help="Tokens per line; longer lines are cut."),
     held_out: float = typer.Option(0.05, "--held-out", min=0.0, max=0.5, help="Share of the lines held out for "
                                    "the perplexity."),
@@ -32,19 +34,18 @@ def adapt(
                                     "with a checkpoint to --resume from."),
     checkpoint_every: int = typer.Option(200, "--checkpoint-every", min=1, help="Steps between checkpoints."),
     seed: int = typer.Option(0, "--seed", help="Random seed of the held-out split, the batches and the masks."),
-    resume: bool = typer.Option(False, "--resume", metavar="", help="Continue the run in --out from its checkpoint."),
-    force: bool = typer.Option(False, "--force", metavar="", help="Start over in --out if it holds an earlier "
-                               "adaptation (never anything else)."),
+    resume: bool = flag("--resume", help="Continue the run in --out from its checkpoint."),
+    force: bool = flag("--force", help="Start over in --out if it holds an earlier "
+                                       "adaptation (never anything else)."),
     threads: int = typer.Option(0, "--threads", min=0, help="torch threads (0 = the cores free when nerkit starts)."),
-    bf16: bool = typer.Option(False, "--bf16", metavar="", help="Train under bf16 autocast (faster on CPUs with "
-                              "AVX512-BF16; the perplexity is measured in float32)."),
-    dry_run: bool = typer.Option(False, "--dry-run", metavar="", help="Only say how many lines of the text "
-                                 "overlap each --exclude set and would be taken out, and how many would train; "
-                                 "load no model, write nothing."),
+    bf16: bool = flag("--bf16", help="Train under bf16 autocast (faster on CPUs with "
+                                     "AVX512-BF16; the perplexity is measured in float32)."),
+    dry_run: bool = flag("--dry-run", help="Only say how many lines of the text overlap each --exclude set "
+                                           "and would be taken out, and how many would train; load no model, "
+                                           "write nothing."),
 ):
     """Continue masked-language-model training of an encoder on your text (domain adaptation)."""
     from nerkit.typed_yaml import parse_duration
-    from nerkit.device import set_threads
     from nerkit.tools.lm_adapt import AdaptOptions
     from nerkit.tools.lm_adapt import adapt as run
 
@@ -57,7 +58,6 @@ def adapt(
 
         typer.echo(format_dry_run(report(lm, text, exclude, options)))
         return
-    set_threads(threads)
-    result = run(lm, text, out, options, resume=resume, exclude=exclude, force=force)
+    result = run(lm, text, out, options, resume=resume, exclude=exclude, force=force, threads=threads)
     typer.echo(f"held-out perplexity {result['perplexity_before']:.2f} -> {result['perplexity_after']:.2f} after "
                f"{result['steps']:,} steps ({result['stopped']}); wrote {out}")

@@ -11,7 +11,7 @@ from typing import Optional
 
 import typer
 
-from nerkit.cli.options import DEVICE, RUNTIME, WINDOW, Device, Runtime
+from nerkit.cli.options import DEVICE, RUNTIME, WINDOW, Device, Runtime, flag
 from nerkit.errors import UserError
 
 
@@ -41,15 +41,15 @@ def serve(
                                   "each worker); one more is refused with 503 and Retry-After."),
     max_body: int = typer.Option(1 << 20, "--max-body", min=1, help="Largest request body, in bytes (a "
                                  "larger one is refused with 413)."),
-    access_log: bool = typer.Option(False, "--access-log", metavar="", help="Log one line per request on stderr."),
-    scores: bool = typer.Option(False, "--scores", metavar="", help="Give each entity its score: the "
-                                "probability the model gives exactly that span with exactly that type "
-                                "(always with --label-studio)."),
+    access_log: bool = flag("--access-log", help="Log one line per request on stderr."),
+    scores: bool = flag("--scores", help="Give each entity its score: the "
+                                         "probability the model gives exactly that span with exactly that type "
+                                         "(always with --label-studio)."),
     min_score: Optional[float] = typer.Option(None, "--min-score", min=0.0, max=1.0, help="Leave out the "
                                               "entities scored below this (implies --scores)."),
-    label_studio: bool = typer.Option(False, "--label-studio", metavar="", help="Serve as a Label Studio ML "
-                                      "backend (/setup, /predict with Label Studio's tasks, /webhook): connect "
-                                      "a project to this URL to pre-annotate its tasks with scores."),
+    label_studio: bool = flag("--label-studio", help="Serve as a Label Studio ML backend (/setup, /predict "
+                                                     "with Label Studio's tasks, /webhook): connect a project to "
+                                                     "this URL to pre-annotate its tasks with scores."),
 ):
     """Serve a model over HTTP: POST /predict, GET /health, GET /info, the API's docs at /docs.
     SIGTERM or Ctrl-C stops it taking connections, answers every request in flight and exits 0."""

@@ -30,9 +30,9 @@ def train(
     epochs: int = typer.Option(5, "--epochs", help="Passes over the text."),
     seed: int = typer.Option(1, "--seed", help="Random seed (with --workers 1 the files are the same on every run)."),
     workers: int = typer.Option(1, "--workers", help="gensim threads; only 1 gives identical files on every run."),
-    cbow: bool = typer.Option(False, "--cbow", metavar="", help="CBOW instead of skip-gram (faster, weaker on rare tokens)."),
+    cbow: bool = flag("--cbow", help="CBOW instead of skip-gram (faster, weaker on rare tokens)."),
     kinds: str = typer.Option("char,bichar,word", "--kinds", help="Which of char, bichar, word to train."),
-    normalize: bool = typer.Option(False, "--normalize", metavar="", help="NFKC-fold characters, as data.normalize does."),
+    normalize: bool = flag("--normalize", help="NFKC-fold characters, as data.normalize does."),
     exclude: List[Path] = typer.Option([], "--exclude", help="A dev or test corpus whose sentences the "
                                        "training text must not contain (repeatable)."),
     force: bool = flag("--force", help="Write into --out even if it holds earlier vectors (.vec files only)."),

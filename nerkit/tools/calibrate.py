@@ -26,6 +26,7 @@ import torch
 
 from nerkit.data.splits import check_data_files, read_gold, train_and_dev
 from nerkit.data.tags import Span
+from nerkit.device import set_threads
 from nerkit.errors import UserError
 from nerkit.inference.evaluate import MIN_CALIBRATION_ENTITIES, calibration
 from nerkit.inference.pipeline import Pipeline
@@ -173,14 +174,18 @@ def fit_temperature(pipe: Pipeline, decoded: Decoded, where: str = "the dev set"
 
 
 def calibrate(model_dir: str | Path, data: str | Path | None = None, batch_size: int = 128,
-              window: int | None = None, min_entities: int = MIN_CALIBRATION_ENTITIES) -> dict:
+              window: int | None = None, min_entities: int = MIN_CALIBRATION_ENTITIES,
+              threads: int | None = None) -> dict:
     """Fit the temperature of MODEL_DIR's scores on the gold file DATA (a dev set: never the test
     set, whose scores would then be fitted to it; None: the dev split the model was selected on),
     write it into MODEL_DIR/nerkit.json, and return it with the expected calibration error, Brier
     score and log loss before and after. A span-head model gets its threshold chosen instead
     (`nerkit.inference.span_threshold.choose_threshold`). Refused, nerkit.json untouched: a file with
-    no entities, or fewer than `min_entities` predicted or gold, or a fit at the edge of the range."""
+    no entities, or fewer than `min_entities` predicted or gold, or a fit at the edge of the range.
+    `threads`: torch's (nerkit.device.set_threads; None: as they are)."""
     model_dir = Path(model_dir)
+    if threads is not None:
+        set_threads(threads)
     meta_path = model_dir / META_FILE
     if meta_path.is_file() and runtime(_read_json(meta_path)) == "onnx":
         raise UserError("this is an ONNX export, which has no torch model to fit", where=str(model_dir),

@@ -38,6 +38,7 @@ import torch
 
 from nerkit.data.overlap import MIN_CHARS, remove_overlaps
 from nerkit.data.records import read_text, text_lines
+from nerkit.device import set_threads
 from nerkit.errors import UserError
 from nerkit.files import CHECKPOINT, atomic_write_bytes, atomic_write_text, check_input, check_output_directory
 from nerkit.log import progress_display
@@ -268,11 +269,13 @@ def perplexity(model, tokenizer, lines: list[str], options: AdaptOptions) -> flo
 
 def adapt(lm: str | Path, texts: list[str | Path], out: str | Path, options: AdaptOptions = AdaptOptions(),
           resume: bool = False, progress_bar: bool | None = None, exclude: list[str | Path] = (),
-          force: bool = False) -> dict:
+          force: bool = False, threads: int | None = None) -> dict:
     """Adapt the encoder in `lm` to `texts` less the lines that overlap the sets of `exclude`, writing a
     Hugging Face directory to `out`; returns what was measured (also written to OUT/adapt.json). A
     non-empty `out` is continued with `resume`, or started over with `force` if an earlier
-    adaptation wrote it."""
+    adaptation wrote it. `threads`: torch's (nerkit.device.set_threads; None: as they are)."""
+    if threads is not None:
+        set_threads(threads)
     out, lm = Path(out), lm_directory(lm, "--lm", FETCH_FIX)
     if not resume:
         check_output_directory(out, force, own=is_adapt_dir, inputs=[lm, *texts, *exclude],

@@ -255,14 +255,18 @@ def curves_svg(model_dir: Path) -> str | None:
 
 
 def write_report(model_dir: str | Path, data: str | Path, out: str | Path, batch_size: int = 128,
-                 repair: bool | None = None, device: str = "cpu") -> dict:
+                 repair: bool | None = None, device: str = "cpu", threads: int | None = None) -> dict:
     """`nerkit report`: evaluate the model on `data` (Pipeline.evaluation, the one evaluation
-    path) and write the page to `out` atomically. Returns the metrics."""
+    path) and write the page to `out` atomically. Returns the metrics. `threads`: torch's
+    (nerkit.device.set_threads; None: as they are)."""
+    from nerkit.device import set_threads
     from nerkit.files import atomic_write_text, check_output
     from nerkit.inference.pipeline import Pipeline
 
     model_dir, out = Path(model_dir), Path(out)
     check_output(out, data)
+    if threads is not None:
+        set_threads(threads)
     pipe = Pipeline.load(model_dir, device=device)
     evaluation = pipe.predict_and_score(data, batch_size, repair=repair, with_errors=True, with_calibration=True)
     meta = [("model", str(model_dir)), ("encoder", pipe.config.encoder.name), ("data", str(data)),
