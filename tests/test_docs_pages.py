@@ -287,3 +287,47 @@ def test_every_guide_block_that_trains_a_shipped_config_says_which_runs_it_made(
                        if Path(p["config"]).parts[0] == "configs"]
             unmarked += [f"{page.relative_to(REPO)}: {s}" for s in shipped]
     assert not unmarked, "blocks without <!-- recipe: SOURCE RUN ... --> or <!-- recipe: none -->:\n" + "\n".join(unmarked)
+
+
+# ------------------------------------------------------------------------------- guides hold no records
+
+# A guide says how; what a dated run found is a record, kept in docs/notebook/ (by topic, conclusions
+# first) and docs/bench/. The guides are docs/*.md but the two results pages: BENCHMARKS.md, which
+# lists every run's record by design, and RELIABILITY.md, which the tests write and date. A guide may
+# quote a figure, show a table that scripts/benchmarks_doc.py generates from a record, and link a
+# notebook entry or a record; a date or a commit in its own text is a record left behind.
+RESULT_PAGES = {"BENCHMARKS.md", "RELIABILITY.md"}
+DATE = re.compile(r"\b20\d\d-\d\d-\d\d\b")
+COMMIT = re.compile(r"`(?=[0-9a-f]*\d)[0-9a-f]{7,40}`|\bcommits? (?=[0-9a-f]*\d)[0-9a-f]{7,40}\b")
+GENERATED = re.compile(r"^<!-- ([\w-]+): .*? -->\n.*?^<!-- /\1 -->$", re.S | re.M)
+RECORD_LINK = re.compile(r"\[[^\]]*\]\((?:\.\./)*(?:notebook|bench)/[^)]*\)")
+
+
+def dated_records(text: str) -> list[str]:
+    """The lines of a guide that name a date or a commit outside its generated blocks, its markers
+    and its links to the notebook or a record."""
+    text = GENERATED.sub("", text)
+    text = re.sub(r"<!--.*?-->", "", text, flags=re.S)
+    text = RECORD_LINK.sub("", text)
+    text = re.sub(r"\]\([^)]*\)", "]", text)  # another link's target (an anchor may hold a date)
+    return [line.strip() for line in text.splitlines() if DATE.search(line) or COMMIT.search(line)]
+
+
+def test_a_dated_record_is_caught_and_a_generated_table_or_a_link_to_one_is_not():
+    assert dated_records("## MSRA, whole (2026-11-28)\n") == ["## MSRA, whole (2026-11-28)"]
+    assert dated_records("The student reaches 91.24 at\n`672e923`, the teacher 92.17.\n") == ["`672e923`, the teacher 92.17."]
+    assert dated_records("measured at commit 52f93a2, one thread") != []
+    allowed = ("<!-- nesting: docs/bench/cpu-cmeee-bilstm-2026-11-27 -->\n| a | 58.81 |\n- host vm; 2026-11-27\n"
+               "<!-- /nesting -->\n<!-- recipe: docs/bench/gpu-loop-2026-11-27 configs/x.yaml -->\n"
+               "the runs: [notebook](notebook/nested.md#2026-11-28-msra-whole), "
+               "[cpu-distill-pd-2026-11-28](bench/cpu-distill-pd-2026-11-28/results.jsonl), "
+               "[elsewhere](encoders.md#a-2026-11-27-heading), 1,097 lines, 20,864 sentences\n")
+    assert dated_records(allowed) == []
+
+
+def test_no_guide_holds_a_dated_record():
+    """Issue 56: dated records had grown to most of docs/distillation.md, docs/nested.md and
+    docs/confidence.md (the guides' how-to between runs' dates, commits and bench tables)."""
+    found = [f"{page.name}: {line}" for page in sorted(DOCS.glob("*.md")) if page.name not in RESULT_PAGES
+             for line in dated_records(page.read_text(encoding="utf-8"))]
+    assert not found, "dated records in a guide (move them to docs/notebook/, leave a line and a link):\n" + "\n".join(found)
