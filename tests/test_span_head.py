@@ -135,16 +135,18 @@ def test_threshold_and_flat_decoding_equal_brute_force(seed):
     expected = brute_threshold(logits[0], length, logit(threshold))
     assert [f[:3] for f in found] == [e[:3] for e in expected]
     assert [f[3] for f in found] == pytest.approx([1 / (1 + math.exp(-e[3])) for e in expected])
-    # flat: the best-scoring set of pairwise disjoint spans, over every subset of the candidates
+    # flat: the set of pairwise disjoint spans with the largest sum of logit - cut (the log-odds over
+    # the threshold's), over every subset of the candidates
+    cut = logit(threshold)
     best, best_sum = [], 0.0
     for r in range(1, len(expected) + 1):
         for subset in itertools.combinations(expected, r):
             if all(a[1] <= b[0] or b[1] <= a[0] for a, b in itertools.combinations(subset, 2)):
-                total = sum(x[3] for x in subset)
+                total = sum(x[3] - cut for x in subset)
                 if total > best_sum + 1e-12:
                     best, best_sum = sorted(subset), total
-    chosen = flat_choice(expected)
-    assert sum(x[3] for x in chosen) == pytest.approx(best_sum)
+    chosen = flat_choice(expected, cut)
+    assert sum(x[3] - cut for x in chosen) == pytest.approx(best_sum)
     assert chosen == best
     assert [f[:3] for f in decode_band(logits, [length], threshold, flat=True)[0]] == [b[:3] for b in best]
 

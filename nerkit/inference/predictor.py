@@ -176,18 +176,18 @@ class Predictor:
         return [without_whitespace(tokens, found) for tokens, found in zip(token_lists, spans)]
 
     def stitched_spans(self, token_lists: list, pieces: list[tuple[int, int, int]], decoded: list,
-                       scores: bool) -> list[list[Span]]:
+                       scores: bool, threshold: float | None = None) -> list[list[Span]]:
         """The span head's `predict_tokens`: each window's spans (start, end, type index, probability),
         a span kept from the window that holds it most centrally (`central_spans`, the rule that
         scores a CRF's stitched entities); with `span.flat`, the non-overlapping choice among the
-        stitched spans (`flat_spans`)."""
+        stitched spans (`flat_spans`) above `threshold` (the model's by default)."""
         types = self.featurizer.types
         by_text: list[list[tuple[int, int, list[Span]]]] = [[] for _ in token_lists]
         for (i, a, b), found in zip(pieces, decoded):
             by_text[i].append((a, b, [Span(s, e, types[k], p) for s, e, k, p in found]))
         spans = [central_spans(windows) for windows in by_text]
         if self.config.span.flat:
-            spans = [flat_spans(found) for found in spans]
+            spans = [flat_spans(found, self.threshold if threshold is None else threshold) for found in spans]
         if not scores:
             spans = [[Span(s.start, s.end, s.type) for s in found] for found in spans]
         return [without_whitespace(tokens, found) for tokens, found in zip(token_lists, spans)]
@@ -469,14 +469,15 @@ def central_spans(windows: list[tuple[int, int, list[Span]]]) -> list[Span]:
     return sorted(kept, key=lambda s: (s.start, s.end, s.type))
 
 
-def flat_spans(spans: list[Span]) -> list[Span]:
-    """The non-overlapping choice among scored spans with the largest sum of log-odds
-    (nerkit.model.span_decode.flat_choice)."""
-    from nerkit.model.span_decode import flat_choice
+def flat_spans(spans: list[Span], threshold: float = 0.5) -> list[Span]:
+    """The non-overlapping choice among scored spans with the largest sum of log-odds over the
+    threshold's (nerkit.model.span_decode.flat_choice)."""
+    from nerkit.model.span_decode import band_cut, flat_choice
 
     odds = [(s.start, s.end, k, math.log(s.score / (1 - s.score)) if 0 < s.score < 1 else
              math.copysign(50.0, s.score - 0.5)) for k, s in enumerate(spans)]
-    return sorted((spans[k] for _, _, k, _ in flat_choice(odds)), key=lambda s: (s.start, s.end, s.type))
+    chosen = flat_choice(odds, band_cut(threshold))
+    return sorted((spans[k] for _, _, k, _ in chosen), key=lambda s: (s.start, s.end, s.type))
 
 
 def without_whitespace(tokens: list[str], spans: list[Span]) -> list[Span]:

@@ -12,8 +12,8 @@ The head's own probabilities (the sigmoid of its scores) are not calibrated, Su'
 likelihood, so the spans predicted at the chosen threshold then fit Platt's map of the scores
 (`platt_map`, kept as nerkit.json's `span_score_map`), and the threshold is carried onto the map's
 scale: the same spans are predicted, with scores that say how often such a span is right (with
-`span.flat`, the same spans pass the threshold; the flat choice among overlapping ones, by their
-summed log-odds, may differ, the map's shift weighing their number).
+`span.flat` too: the flat choice among overlapping ones weighs each by its log-odds over the
+threshold's, which a map of positive scale multiplies by that scale, so the choice stays).
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ def spans_at(pipe: Pipeline, token_lists: list, pieces: list, found: list, thres
     with its probability)."""
     cut = band_cut(threshold)
     decoded = [with_probabilities([s for s in spans if s[3] > cut]) for spans in found]
-    return pipe.stitched_spans(token_lists, pieces, decoded, scores=scores)
+    return pipe.stitched_spans(token_lists, pieces, decoded, scores=scores, threshold=threshold)
 
 
 def f1_at(pipe: Pipeline, token_lists: list, gold: list, pieces: list, found: list, threshold: float) -> dict:
