@@ -194,11 +194,11 @@ def test_cache_is_reused_and_rebuilt_when_teacher_or_text_changes(teacher, tmp_p
 
 def test_cut_cache_build_continues_where_it_stopped(teacher, tmp_path):
     from nerkit.inference.pipeline import Pipeline
-    from nerkit.training.distill_cache import MANIFEST, cached_targets
+    from nerkit.training.distill_cache import MANIFEST, TargetOptions, cached_targets
 
     pipe = Pipeline.load(teacher)
     units = [list(line) for line in lines_of(TINY_TRAIN)]
-    options = {"window": 0, "temperature": 1.0}
+    options = TargetOptions(window=0, temperature=1.0)
     whole = cached_targets(pipe, teacher, "t", "x", units, options, tmp_path, shard_units=16)
     shards = sorted(whole.directory.glob("shard-*.safetensors"))
     assert len(shards) == -(-len(units) // 16)
@@ -209,6 +209,48 @@ def test_cut_cache_build_continues_where_it_stopped(teacher, tmp_path):
     assert torch.equal(again.marginals, whole.marginals) and torch.equal(again.paths, whole.paths)
     assert whole.marginals.dtype == torch.float16
     assert torch.allclose(whole.marginals.float().sum(1), torch.ones(len(whole.marginals)), atol=1e-2)
+
+
+def test_a_cache_key_with_marginals_is_the_one_caches_had_before_the_options_were_typed():
+    """TargetOptions keys a cache with marginals by the dict the options were (issue 56): caches
+    built before it are still found; one without marginals gets a key of its own."""
+    import hashlib
+
+    from nerkit.training.distill_cache import TargetOptions, cache_key
+
+    before = json.dumps({"format": 1, "window": 250, "temperature": 2.0, "lines_sha256": "abc"}, sort_keys=True)
+    assert cache_key("t", "x", TargetOptions(250, 2.0, "abc")) == hashlib.sha256(f"t\nx\n{before}".encode()).hexdigest()
+    assert cache_key("t", "x", TargetOptions(250, 2.0, "abc", marginals=False)) != cache_key("t", "x", TargetOptions(250, 2.0, "abc"))
+    assert cache_key("t", "x", TargetOptions(250, 2.0, "abc", marginals=False)) == \
+        cache_key("t", "x", TargetOptions(250, 1.0, "abc", marginals=False))  # a best path has no temperature
+
+
+def test_one_teachers_hard_targets_compute_and_cache_no_marginals(teacher, tmp_path, monkeypatch):
+    """Issue 56: with one teacher and hard targets the marginals were computed, stored and keyed,
+    never read. Now the teacher's forward-backward is not run and the cache holds its paths alone;
+    soft targets (or several teachers) still get them, in a cache of their own."""
+    from nerkit.tools.distill import distill
+    from nerkit.training.distill_cache import MANIFEST
+
+    def no_marginals(*args, **kwargs):
+        raise AssertionError("the teacher's marginals were computed")
+
+    text = write_text(tmp_path / "text.txt", lines_of(TINY_TRAIN)[:30])
+    with monkeypatch.context() as patch:
+        patch.setattr(CRF, "marginals", no_marginals)
+        hard = distill(student_config(tmp_path, "train.epochs=1"), [teacher], [text], tmp_path / "hard")
+    cache = Path(hard["cache"][0]["cache"])
+    manifest = json.loads((cache / MANIFEST).read_text(encoding="utf-8"))
+    assert manifest["marginals_dtype"] is None and manifest["options"]["marginals"] is False
+    from safetensors.torch import load_file
+
+    assert all("marginals" not in load_file(str(p)) for p in cache.glob("shard-*.safetensors"))
+    assert set(hard["distillation"]["options"]) == {"targets", "temperature", "weight", "ratio", "text_limit"}
+    soft = distill(student_config(tmp_path, "train.epochs=1", "distill.targets=soft"), [teacher], [text],
+                   tmp_path / "soft")["cache"][0]
+    assert soft["scored"] > 0 and soft["cache"] != str(cache)
+    manifest = json.loads((Path(soft["cache"]) / MANIFEST).read_text(encoding="utf-8"))
+    assert manifest["marginals_dtype"] == "float16" and "marginals" not in manifest["options"]
 
 
 @pytest.mark.slow  # trains a student for several seconds

@@ -26,8 +26,8 @@ from nerkit.inference.pipeline import Pipeline
 from nerkit.inference.windows import text_windows
 from nerkit.tools.lm_adapt import read_lines
 from nerkit.training.checkpoint import TEACHING_KEY
-from nerkit.training.distill import Distillation, check_tags
-from nerkit.training.distill_cache import cached_targets, default_cache_root, teacher_sha256
+from nerkit.training.distill import Distillation, check_tags, marginals_read, recorded_options
+from nerkit.training.distill_cache import TargetOptions, cached_targets, default_cache_root, teacher_sha256
 from nerkit.training.loop import train
 from nerkit.training.run_dir import check_run
 
@@ -105,8 +105,8 @@ def distill(config: Config, teachers: list[Path], texts: list[Path], out: Path, 
             lines = lines[:dc.text_limit]
         lines, counts = without_evaluation_lines(path, lines, splits)
         text_sha = sha256_file(path)
-        options = {"window": window, "temperature": dc.temperature,
-                   "lines_sha256": hashlib.sha256("\n".join(lines).encode("utf-8")).hexdigest()}
+        options = TargetOptions(window, dc.temperature, hashlib.sha256("\n".join(lines).encode("utf-8")).hexdigest(),
+                                marginals=marginals_read(dc, len(teachers)))
         these = text_units(lines, window)
         units += these
         record["texts"].append({"path": str(path), "sha256": text_sha, **counts, "sequences": len(these),
@@ -121,8 +121,7 @@ def distill(config: Config, teachers: list[Path], texts: list[Path], out: Path, 
     del pipes  # the teachers' weights are not needed while the student trains
     record["teachers"] = [{"path": str(t), "sha256": sha, "weights_sha256": sha256_file(Path(t) / WEIGHTS_FILE)}
                           for t, sha in zip(teachers, teacher_shas)]
-    record["options"] = {"targets": dc.targets, "temperature": dc.temperature, "weight": dc.weight, "ratio": dc.ratio,
-                         "text_limit": dc.text_limit}
+    record["options"] = recorded_options(dc)
     cache_use = [{"teacher": str(t), "text": str(p), "scored": targets.scored, "cache": str(targets.directory),
                   "bytes": targets.size_bytes()}
                  for t, per_text in zip(teachers, per_teacher) for p, targets in zip(texts, per_text)]

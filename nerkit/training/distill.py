@@ -58,31 +58,51 @@ def _few(types: set[str], shown: int = 5) -> str:
     return ", ".join(named[:shown]) + more
 
 
-def joined(per_text: list[TeacherTargets]) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
-    """One teacher's targets over several texts, in order: marginals, paths, offsets."""
+# The fields of distill (DistillConfig) that a student's nerkit.json records under
+# distilled_from.options: how it learnt (window is recorded beside them, the cache is a path of
+# the machine it ran on).
+RECORDED_OPTIONS = ("targets", "temperature", "weight", "ratio", "text_limit")
+
+
+def recorded_options(options: DistillConfig) -> dict:
+    """distilled_from.options of a student's nerkit.json: RECORDED_OPTIONS of `options`."""
+    return {name: getattr(options, name) for name in RECORDED_OPTIONS}
+
+
+def marginals_read(options: DistillConfig, teachers: int) -> bool:
+    """Whether training reads the teachers' marginals: soft targets are them, and several teachers'
+    best path is taken over their average (`combined_targets`); one teacher's hard targets are its
+    own best path, and its marginals are then neither computed nor cached."""
+    return options.targets == "soft" or teachers > 1
+
+
+def joined(per_text: list[TeacherTargets]) -> tuple[torch.Tensor | None, torch.Tensor, list[int]]:
+    """One teacher's targets over several texts, in order: marginals (None when not cached), paths, offsets."""
     offsets = [0]
     for targets in per_text:
         offsets += [offsets[-1] + n for n in targets.offsets[1:]]
-    return torch.cat([t.marginals for t in per_text]), torch.cat([t.paths for t in per_text]), offsets
+    marginals = None if per_text[0].marginals is None else torch.cat([t.marginals for t in per_text])
+    return marginals, torch.cat([t.paths for t in per_text]), offsets
 
 
 def combined_targets(teachers: list[list[TeacherTargets]], student_tags: list[str]
-                     ) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
-    """The teachers' averaged marginals (characters, K) float16 and best paths (characters,) in the
-    student's tag order. One teacher: its Viterbi path. Several: the valid path that maximises the
-    sum of the log averaged marginals (a constrained Viterbi over them), since per-position argmaxes
-    may break the tag scheme."""
+                     ) -> tuple[torch.Tensor | None, torch.Tensor, list[int]]:
+    """The teachers' averaged marginals (characters, K) float16 (None when one teacher's targets
+    hold none: `marginals_read`) and best paths (characters,) in the student's tag order. One
+    teacher: its Viterbi path. Several: the valid path that maximises the sum of the log averaged
+    marginals (a constrained Viterbi over them), since per-position argmaxes may break the tag scheme."""
     total, paths, offsets = None, None, None
     for per_text in teachers:
         marginals, teacher_paths, offsets = joined(per_text)
-        order = [per_text[0].tags.index(t) for t in student_tags]  # student column -> teacher column
-        total = marginals[:, order].float() + (total if total is not None else 0.0)
+        if marginals is not None:
+            order = [per_text[0].tags.index(t) for t in student_tags]  # student column -> teacher column
+            total = marginals[:, order].float() + (total if total is not None else 0.0)
         to_student = torch.tensor([student_tags.index(t) for t in per_text[0].tags])
         paths = to_student[teacher_paths.long()]
-    averaged = total / len(teachers)
+    averaged = None if total is None else total / len(teachers)
     if len(teachers) > 1:
         paths = posterior_paths(averaged, offsets, student_tags)
-    return averaged.to(torch.float16), paths, offsets
+    return None if averaged is None else averaged.to(torch.float16), paths, offsets
 
 
 def posterior_paths(marginals: torch.Tensor, offsets: list[int], tags: list[str], rows: int = 256) -> torch.Tensor:

@@ -1,9 +1,9 @@
 """A teacher's targets on an unlabelled text, cached on disk for `nerkit distill`: per sequence, the
-teacher's marginals (float16, (length, K)) and its best path (Viterbi), in safetensors shards with
-a JSON manifest. One cache per (teacher, text) pair, in a directory named by its key: the sha256 of
-the teacher's files, of the text file, and of the reading options (window, temperature, the lines
-taken out). An unchanged pair reuses its cache; a changed teacher or text gets a new key, so a new
-cache. A killed build continues at its first missing shard.
+teacher's best path (Viterbi) and, where they are read (`TargetOptions.marginals`), its marginals
+(float16, (length, K)), in safetensors shards with a JSON manifest. One cache per (teacher, text)
+pair, in a directory named by its key: the sha256 of the teacher's files, of the text file, and of
+the reading options (`TargetOptions`). An unchanged pair reuses its cache; a changed teacher or text
+gets a new key, so a new cache. A killed build continues at its first missing shard.
 """
 
 from __future__ import annotations
@@ -46,17 +46,38 @@ def teacher_sha256(directory: Path) -> str:
     return digest.hexdigest()
 
 
-def cache_key(teacher_sha: str, text_sha: str, options: dict) -> str:
-    reading = json.dumps({"format": CACHE_FORMAT, **options}, sort_keys=True)
+@dataclass(frozen=True)
+class TargetOptions:
+    """How a teacher's targets on one text are made: the text's sequences of `window` characters,
+    less the lines taken out (`lines_sha256`, of the lines kept); its best paths, and with
+    `marginals` its marginals at `temperature` (`nerkit.training.distill.marginals_read` says
+    when they are read: soft targets, or several teachers)."""
+    window: int
+    temperature: float = 1.0
+    lines_sha256: str = ""
+    marginals: bool = True
+
+    def keyed(self) -> dict:
+        """What the cache key and the manifest hold: what changes the targets. With marginals, the
+        keys caches had before `marginals` existed (so those are still found); without, no
+        temperature (a best path does not depend on it) and `marginals: false`."""
+        if self.marginals:
+            return {"window": self.window, "temperature": self.temperature, "lines_sha256": self.lines_sha256}
+        return {"window": self.window, "lines_sha256": self.lines_sha256, "marginals": False}
+
+
+def cache_key(teacher_sha: str, text_sha: str, options: TargetOptions) -> str:
+    reading = json.dumps({"format": CACHE_FORMAT, **options.keyed()}, sort_keys=True)
     return hashlib.sha256(f"{teacher_sha}\n{text_sha}\n{reading}".encode()).hexdigest()
 
 
 @dataclass
 class TeacherTargets:
-    """A teacher's targets on one text's sequences: `marginals` (total characters, K) float16 and
-    `paths` (total characters,) in the teacher's tag order `tags`, sequence i at offsets[i]:offsets[i+1]."""
+    """A teacher's targets on one text's sequences: `marginals` (total characters, K) float16, or
+    None where they were not asked for, and `paths` (total characters,) in the teacher's tag order
+    `tags`, sequence i at offsets[i]:offsets[i+1]."""
     tags: list[str]
-    marginals: torch.Tensor
+    marginals: torch.Tensor | None
     paths: torch.Tensor
     offsets: list[int]
     key: str
@@ -68,7 +89,7 @@ class TeacherTargets:
 
 
 def cached_targets(pipe, teacher_dir: Path, teacher_sha: str, text_sha: str, units: list[list[str]],
-                   options: dict, root: Path, batch_size: int = 128, progress_bar: bool | None = None,
+                   options: TargetOptions, root: Path, batch_size: int = 128, progress_bar: bool | None = None,
                    shard_units: int = SHARD_UNITS) -> TeacherTargets:
     """The targets of teacher `pipe` (loaded from `teacher_dir`) on `units`, from the cache under
     `root` where it has them, scoring the missing shards (and writing each as it is done)."""
@@ -77,8 +98,9 @@ def cached_targets(pipe, teacher_dir: Path, teacher_sha: str, text_sha: str, uni
     manifest = read_manifest(directory, key)
     if manifest is None:
         manifest = {"key": key, "teacher": str(teacher_dir), "teacher_sha256": teacher_sha, "text_sha256": text_sha,
-                    "options": options, "tags": list(pipe.tags), "units": len(units),
-                    "characters": sum(map(len, units)), "marginals_dtype": "float16", "shards": []}
+                    "options": options.keyed(), "tags": list(pipe.tags), "units": len(units),
+                    "characters": sum(map(len, units)), "marginals_dtype": "float16" if options.marginals else None,
+                    "shards": []}
         try:
             directory.mkdir(parents=True, exist_ok=True)
         except OSError as e:
@@ -114,18 +136,23 @@ def read_manifest(directory: Path, key: str) -> dict | None:
     return manifest if manifest.get("key") == key else None
 
 
-def score(pipe, units: list[list[str]], options: dict, batch_size: int, bar) -> dict:
-    """The teacher's marginals (at options' temperature) and best paths of `units`, concatenated."""
+def score(pipe, units: list[list[str]], options: TargetOptions, batch_size: int, bar) -> dict:
+    """The teacher's best paths of `units`, concatenated, and with `options.marginals` its marginals
+    (at options.temperature): a forward-backward per batch that a run reading none does not pay."""
     marginals: list = [None] * len(units)
     paths: list = [None] * len(units)
-    for rows, emissions, mask, best in pipe.decoded_windows(units, batch_size, window=options["window"]):
-        probs = pipe.model.crf.marginals(emissions, mask, options["temperature"])  # (B, T, K) float64
-        for (i, _), row, path in zip(rows, probs, best):
-            marginals[i] = row[:len(path)].to(torch.float16).cpu()
+    for rows, emissions, mask, best in pipe.decoded_windows(units, batch_size, window=options.window):
+        for (i, _), path in zip(rows, best):
             paths[i] = torch.tensor(path, dtype=torch.int16)
+        if options.marginals:
+            probs = pipe.model.crf.marginals(emissions, mask, options.temperature)  # (B, T, K) float64
+            for (i, _), row, path in zip(rows, probs, best):
+                marginals[i] = row[:len(path)].to(torch.float16).cpu()
         bar.update(len(rows))
-    return {"marginals": torch.cat(marginals), "paths": torch.cat(paths),
-            "lengths": torch.tensor([len(u) for u in units], dtype=torch.int32)}
+    found = {"paths": torch.cat(paths), "lengths": torch.tensor([len(u) for u in units], dtype=torch.int32)}
+    if options.marginals:
+        found["marginals"] = torch.cat(marginals)
+    return found
 
 
 def write_shard(directory: Path, manifest: dict, first: int, tensors: dict) -> None:
@@ -147,6 +174,8 @@ def load_targets(directory: Path, manifest: dict, scored: int) -> TeacherTargets
     for n in lengths:
         offsets.append(offsets[-1] + n)
     num_tags = len(manifest["tags"])
-    marginals = torch.cat([p["marginals"] for p in parts]) if parts else torch.zeros(0, num_tags, dtype=torch.float16)
+    marginals = None
+    if manifest["marginals_dtype"] is not None:
+        marginals = torch.cat([p["marginals"] for p in parts]) if parts else torch.zeros(0, num_tags, dtype=torch.float16)
     paths = torch.cat([p["paths"] for p in parts]) if parts else torch.zeros(0, dtype=torch.int16)
     return TeacherTargets(manifest["tags"], marginals, paths, offsets, manifest["key"], directory, scored)
