@@ -47,7 +47,30 @@ ABSOLUTE_ATTENTIONS = ("absolute", "learned")  # positions added to the input: t
 RELATIVE_ATTENTIONS = ("tener", "xl", "shaw", "rope", "alibi")
 ATTENTIONS = ABSOLUTE_ATTENTIONS + RELATIVE_ATTENTIONS
 FUSIONS = ("four", "two")  # FLAT's relative distances (nerkit.model.encoders.flat)
-HEADS = ("crf", "span")  # model.head: what turns the encoder's output into entities (nerkit.model.tagger)
+
+
+@dataclass(frozen=True)
+class HeadTraits:
+    """What a head can do, for every caller to ask instead of its name (torch-free: the config's
+    rules, the featuriser, the splits and the predictor that ONNX Runtime shares read it too);
+    nerkit.model.heads.HEADS gives each name its class, which carries the same traits."""
+
+    has_tags: bool  # one tag per character in data.scheme, trained on tags, windows stitched as tags; else spans of types, nested allowed
+    supports_marginals: bool  # per-character tag marginals: a temperature to calibrate, a teacher or student to distil
+    has_threshold: bool  # predicts the spans above a probability threshold, which dev and calibration choose
+    reads_memory: bool  # can read a stream through Transformer-XL's memory (encoder.memory)
+    export_outputs: tuple[str, ...]  # the outputs of its ONNX graph
+    options: str  # its config section (its options and their rules)
+
+
+# model.head: what turns the encoder's output into entities (nerkit.model.heads), the one list of head names
+HEAD_TRAITS = {
+    "crf": HeadTraits(has_tags=True, supports_marginals=True, has_threshold=False, reads_memory=True,
+                      export_outputs=("tag_ids", "emissions"), options="crf"),
+    "span": HeadTraits(has_tags=False, supports_marginals=False, has_threshold=True, reads_memory=False,
+                       export_outputs=("band",), options="span"),
+}
+HEADS = tuple(HEAD_TRAITS)
 CRF_ALGORITHMS = ("auto", "loop", "scan")  # the CRF likelihood's forward algorithm (nerkit.model.crf)
 OPTIMIZERS = ("sgd", "adam", "adamw")
 SCHEDULES = ("constant", "linear", "inverse_time")
@@ -278,6 +301,9 @@ class CRFConfig:
     dropout: float = ranged(0.0, PROBABILITY)  # on encoder outputs before the emission layer ("output dropout")
     algorithm: Literal[CRF_ALGORITHMS] = "auto"  # likelihood's forward algorithm: scan is log-depth; auto: scan on a GPU
 
+    def check(self, source: str) -> None:
+        """The rules between its fields, when the CRF head is the model's: none."""
+
 
 @dataclass
 class ModelConfig:
@@ -297,6 +323,13 @@ class SpanConfig:
     # them with the largest sum of log-odds (the most probable flat labelling)
     flat: bool = False
     dropout: float = ranged(0.0, PROBABILITY)  # on encoder outputs before the projections
+
+    def check(self, source: str) -> None:
+        """The rules between its fields, when the span head is the model's: rotary positions rotate
+        pairs of numbers."""
+        if self.size % 2:
+            raise ConfigError(f"span.size = {self.size}: rotary positions need an even width", where=source,
+                              fix="choose an even span.size, e.g. 64")
 
 
 @dataclass
@@ -522,16 +555,19 @@ def _check_context(config: Config, source: str) -> None:
 
 
 def _check_head(config: Config, source: str) -> None:
-    """The span head's rotary positions rotate pairs of numbers; it reads each window or sentence
-    whole, so it does not stream through Transformer-XL's memory."""
-    if config.model.head != "span":
-        return
-    if config.span.size % 2:
-        raise ConfigError(f"span.size = {config.span.size}: rotary positions need an even width", where=source,
-                          fix="choose an even span.size, e.g. 64")
-    if getattr(config.encoder.options, "memory", 0):
-        raise ConfigError("model.head: span reads each sentence or window whole, not through Transformer-XL's "
-                          "memory (encoder.memory)", where=source, fix="set encoder.memory: 0, or model.head: crf")
+    """The head's own options (its section's `check`), and a head that reads each window or sentence
+    whole does not stream through Transformer-XL's memory."""
+    traits = head_traits(config)
+    getattr(config, traits.options).check(source)
+    if not traits.reads_memory and getattr(config.encoder.options, "memory", 0):
+        raise ConfigError(f"model.head: {config.model.head} reads each sentence or window whole, not through "
+                          "Transformer-XL's memory (encoder.memory)", where=source,
+                          fix="set encoder.memory: 0, or model.head: crf")
+
+
+def head_traits(config: Config) -> HeadTraits:
+    """What the config's head can do (HEAD_TRAITS)."""
+    return HEAD_TRAITS[config.model.head]
 
 
 def load_config(path: str | Path, overrides: list[str] = ()) -> Config:

@@ -26,8 +26,8 @@ def test_scores_are_the_crf_probabilities_of_the_entities(pipe):
         example = pipe.featurizer.example(list(text))
         batch = collate_padded([example], 1, len(text))
         emissions = pipe.model.emissions(batch)
-        paths = pipe.model.crf.decode(emissions, batch.mask)
-        expected = pipe.model.crf.entity_probabilities(emissions, batch.mask, paths)[0]
+        paths = pipe.model.head.crf.decode(emissions, batch.mask)
+        expected = pipe.model.head.crf.entity_probabilities(emissions, batch.mask, paths)[0]
         assert [e["score"] for e in entities] == pytest.approx(expected, abs=1e-6)
         assert all(0 < e["score"] <= 1 for e in entities)
     plain = pipe.predict(TEXTS, window=0)
@@ -132,8 +132,8 @@ def test_calibrate_fits_a_temperature_that_changes_scores_not_tags(tiny_model_di
     example = after.featurizer.example(list(TEXTS[0]))
     batch = collate_padded([example], 1, len(TEXTS[0]))
     emissions = after.model.emissions(batch)
-    paths = after.model.crf.decode(emissions, batch.mask)
-    expected = after.model.crf.entity_probabilities(emissions, batch.mask, paths, result["temperature"])[0]
+    paths = after.model.head.crf.decode(emissions, batch.mask)
+    expected = after.model.head.crf.entity_probabilities(emissions, batch.mask, paths, result["temperature"])[0]
     assert [e["score"] for e in new[0]] == pytest.approx(expected, abs=1e-6)
     if result["temperature"] != 1.0 and new[0]:
         assert [e["score"] for e in new[0]] != pytest.approx([e["score"] for e in old[0]], abs=1e-6)
@@ -397,8 +397,8 @@ def test_data_select_picks_the_least_sure_texts_first(tiny_model_dir, tmp_path, 
     for text in pool_texts:
         batch = collate_padded([pipe.featurizer.example(list(text))], 1, len(text))
         emissions = pipe.model.emissions(batch)
-        paths = pipe.model.crf.decode(emissions, batch.mask)
-        expected.append(math.log(pipe.model.crf.path_probabilities(emissions, batch.mask, paths)[0]) / len(text))
+        paths = pipe.model.head.crf.decode(emissions, batch.mask)
+        expected.append(math.log(pipe.model.head.crf.path_probabilities(emissions, batch.mask, paths)[0]) / len(text))
     order = sorted(range(len(pool_texts)), key=lambda i: (expected[i], i))
     found = read_lines(nerkit("data", "select", "--model", str(tiny_model_dir), "--pool", str(pool), "-n", "5",
                               "--window", "0").stdout)

@@ -186,7 +186,7 @@ def test_cache_is_reused_and_rebuilt_when_teacher_or_text_changes(teacher, tmp_p
     shutil.copytree(teacher, other)
     pipe = Pipeline.load(other)
     with torch.no_grad():
-        pipe.model.emission.bias.add_(0.1)
+        pipe.model.head.emission.bias.add_(0.1)
     pipe.write_weights(other)
     changed_teacher = distill(config, [other], [text], tmp_path / "d")["cache"][0]
     assert changed_teacher["scored"] > 0 and changed_teacher["cache"] != changed_text["cache"]

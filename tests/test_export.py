@@ -71,9 +71,9 @@ def scrambled(config, seed: int = 0, corpus: Path = FIXTURES / "tiny_train.bio")
     pipe = build_pipeline(config, Splits(corpus.sentences, [], None, corpus.types, "bio", {}))
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
-        pipe.model.emission.weight.mul_(20.0)
-        pipe.model.emission.bias.copy_(torch.randn(len(pipe.tags), generator=generator))
-        for p in pipe.model.crf.parameters():
+        pipe.model.head.emission.weight.mul_(20.0)
+        pipe.model.head.emission.bias.copy_(torch.randn(len(pipe.tags), generator=generator))
+        for p in pipe.model.head.crf.parameters():
             p.copy_(torch.randn(p.shape, generator=generator) * 3.0)
     pipe.model.eval()
     return pipe

@@ -47,12 +47,12 @@ def scramble(pipe: Pipeline, seed: int = 0, entity_bias: float = 0.0) -> Pipelin
     favour entity tags), so that the checks below see many different tag paths."""
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
-        pipe.model.emission.weight.mul_(20.0)
-        pipe.model.emission.bias.copy_(torch.randn(len(pipe.tags), generator=generator))
+        pipe.model.head.emission.weight.mul_(20.0)
+        pipe.model.head.emission.bias.copy_(torch.randn(len(pipe.tags), generator=generator))
         for i, tag in enumerate(pipe.tags):
             if tag != "O":
-                pipe.model.emission.bias[i] += entity_bias
-        for p in pipe.model.crf.parameters():
+                pipe.model.head.emission.bias[i] += entity_bias
+        for p in pipe.model.head.crf.parameters():
             p.copy_(torch.randn(p.shape, generator=generator) * 3.0)
     pipe.model.eval()
     return pipe
@@ -116,7 +116,7 @@ def test_decode_never_yields_an_invalid_tag_sequence(tiny_config, scheme):
         scramble(pipe, seed, entity_bias=2.0)
         texts = random_texts(16, seed)
         batch = collate([pipe.featurizer.example(list(t)) for t in texts])
-        for text, ids in zip(texts, pipe.model.decode(batch)):
+        for text, ids in zip(texts, pipe.model.paths(batch)):
             path = [pipe.tags[i] for i in ids]
             assert len(path) == len(text)
             assert is_valid_path(pipe.tags, path), path
@@ -208,9 +208,9 @@ def test_a_scored_corpus_is_read_in_trimmed_batches_and_predicted_as_by_predict(
     sentences = read_corpus(FIXTURES / "tiny_dev.bio").sentences
     shapes, decode = [], pipe.model.decode
 
-    def counted_decode(batch):
+    def counted_decode(batch, **decoding):
         shapes.append((tuple(batch.mask.shape), int(batch.mask.sum(1).max())))
-        return decode(batch)
+        return decode(batch, **decoding)
 
     pipe.model.decode = counted_decode
     evaluation = pipe.predict_and_score(sentences, batch_size=8)
@@ -232,9 +232,9 @@ def test_prediction_batches_come_in_a_few_shapes(tiny_config):
     pipe = scramble(build_pipeline(tiny_config()), seed=2, entity_bias=1.0)
     shapes, decode = set(), pipe.model.decode
 
-    def counted_decode(batch):
+    def counted_decode(batch, **decoding):
         shapes.add(tuple(batch.mask.shape))
-        return decode(batch)
+        return decode(batch, **decoding)
 
     pipe.model.decode = counted_decode
     rnd = random.Random(3)
@@ -572,7 +572,7 @@ def test_the_whitespace_checks_see_entities_beside_spaces(eager_pipeline):
               or (e["end"] < len(text) and text[e["end"]].isspace())]
     assert len(beside) >= 3
     # What the model itself says of the spaces (the whole text as one window), before the rule.
-    ids = eager_pipeline.model.decode(collate([eager_pipeline.featurizer.example(list(text))]))[0]
+    ids = eager_pipeline.model.paths(collate([eager_pipeline.featurizer.example(list(text))]))[0]
     assert sum(eager_pipeline.tags[i] != "O" for c, i in zip(text, ids) if c.isspace()) >= 2
 
 
@@ -594,16 +594,17 @@ def stub_tagger(pipe: Pipeline, tag_window) -> Pipeline:
     windows can be checked exactly."""
     from nerkit.data.tags import spans_to_tags
     from nerkit.features.featurizer import Example
+    from nerkit.model.decoded import path_entities
 
     def example(tokens, tags=None):
         return Example([ord(c) for c in tokens], [0] * len(tokens))  # the text itself, as code points
 
-    def decode(batch):
+    def decode(batch, **decoding):
         rows = []
         for ids, mask in zip(batch.char_ids.tolist(), batch.mask.tolist()):
             text = "".join(chr(i) for i, m in zip(ids, mask) if m)
             tags = spans_to_tags(len(text), tag_window(text), pipe.scheme)
-            rows.append([pipe.tags.index(t) for t in tags])
+            rows.append(path_entities([pipe.tags.index(t) for t in tags], pipe.tags, pipe.types))
         return rows
 
     pipe.featurizer.example = example

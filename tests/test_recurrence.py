@@ -56,7 +56,7 @@ def memory_pipe(tmp_path_factory) -> Pipeline:
     pipe = Pipeline.load(out)
     with torch.no_grad():  # random transitions: the CRF has a say in every decision
         generator = torch.Generator().manual_seed(0)
-        for param in pipe.model.crf.parameters():
+        for param in pipe.model.head.crf.parameters():
             param.add_(torch.randn(param.shape, generator=generator))
     pipe.save(out.parent / "perturbed")
     return Pipeline.load(out.parent / "perturbed")
@@ -66,7 +66,7 @@ def whole_text_tags(pipe: Pipeline, text: str) -> list[int]:
     """The tag ids of the text decoded at once: the encoder's own segment loop, CRF.decode."""
     batch = collate([pipe.featurizer.example(list(text))])
     pipe.model.eval()
-    return pipe.model.decode(batch)[0]
+    return pipe.model.paths(batch)[0]
 
 
 def test_a_long_text_read_segment_by_segment_equals_decoding_it_whole(memory_pipe):
@@ -96,12 +96,12 @@ def by_hand(pipe: Pipeline, lines: list[str], segments: list[list[tuple[int, int
                 bichars += example.bichar_ids[a:b]
             x = model.embedder(collate([type(example)(chars, bichars)]))
             h, memory = model.encoder.encode(x, torch.ones(1, len(chars), dtype=torch.bool), memory)
-            step = model.emission(h)[0]  # (L, K)
+            step = model.head.emission(h)[0]  # (L, K)
             offset = 0
             for i, a, b in segment:
                 emissions[i].append(step[offset:offset + b - a])
                 offset += b - a
-        return [model.crf.decode(torch.cat(e)[None], torch.ones(1, len(line), dtype=torch.bool))[0] if line else []
+        return [model.head.crf.decode(torch.cat(e)[None], torch.ones(1, len(line), dtype=torch.bool))[0] if line else []
                 for e, line in zip(emissions, lines)]
 
 
@@ -185,8 +185,8 @@ def test_a_look_ahead_margin_is_read_but_neither_emitted_nor_remembered(memory_p
             h, memory = model.encoder.encode(x[:, start:ahead], torch.ones(1, ahead - start, dtype=torch.bool),
                                              memory, keep=end - start)
             assert all(state.size(1) == min(MEMORY, end) for state, _ in memory)  # nothing of the look-ahead
-            emissions.append(model.emission(h)[0, : end - start])
-        expected = model.crf.decode(torch.cat(emissions)[None], torch.ones(1, len(text), dtype=torch.bool))[0]
+            emissions.append(model.head.emission(h)[0, : end - start])
+        expected = model.head.crf.decode(torch.cat(emissions)[None], torch.ones(1, len(text), dtype=torch.bool))[0]
     assert MemoryReader(memory_pipe, margin=3).read(text) == expected
     assert MemoryReader(memory_pipe, margin=0).read(text) == whole_text_tags(memory_pipe, text)
 
@@ -208,7 +208,7 @@ def test_a_long_text_read_with_memory_gets_scores_from_windows_of_its_emissions(
     tag_ids = reader.read(short)
     emissions = torch.from_numpy(np.concatenate(reader.kept[0]))[None]  # (1, n, K)
     mask = torch.ones(1, len(short), dtype=torch.bool)
-    expected = memory_pipe.model.crf.entity_probabilities(emissions, mask, [tag_ids])[0]
+    expected = memory_pipe.model.head.crf.entity_probabilities(emissions, mask, [tag_ids])[0]
     assert [s.score for s in scored[0]] == pytest.approx(expected, abs=1e-9)
 
 

@@ -342,7 +342,7 @@ def entity_model(trained_model, tmp_path_factory) -> Path:
     pipe = Pipeline.load(trained_model)
     with torch.no_grad():
         for i, tag in enumerate(pipe.tags):
-            pipe.model.emission.bias[i] += 0.0 if tag == "O" else 4.0
+            pipe.model.head.emission.bias[i] += 0.0 if tag == "O" else 4.0
     return pipe.save(tmp_path_factory.mktemp("entity_model") / "model")
 
 

@@ -241,7 +241,7 @@ def test_the_saved_score_map_is_what_predict_save_load_export_and_the_server_use
     for text in texts:
         batch = collate_padded([pipe.featurizer.example(list(text))], 1, len(text))
         with torch.no_grad():
-            band = pipe.model.span_band(batch) * 0.5 + 0.2
+            band = pipe.model.head.band(pipe.model.hidden(batch)) * 0.5 + 0.2
         by_hand.append(decision_log_probability(band, band_valid(batch.mask, band.size(-1)),
                                                 band_cut(mapped_threshold)).item() / len(text))
     assert path_confidence(pipe, texts, window=0) == pytest.approx(by_hand, abs=1e-5)

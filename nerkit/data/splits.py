@@ -9,7 +9,7 @@ import logging
 import random
 from dataclasses import dataclass
 
-from nerkit.config import Config
+from nerkit.config import Config, head_traits
 from nerkit.data.corpus import REPAIR_OPTION, read_corpus, refuse_nested
 from nerkit.data.documents import contiguous_dev_split, documents
 from nerkit.data.nesting import FLAT_RULES
@@ -157,7 +157,7 @@ def read_splits(config: Config) -> Splits:
     check_data_files(config)
     train_corpus, train, dev = train_and_dev(config)
     test = read_gold(dc.test, dc.repair, TRAIN_REPAIR_OPTION).sentences if dc.test else None
-    if config.model.head != "span" or dc.flat != "none":  # the span head learns nested entities as they are
+    if head_traits(config).has_tags or dc.flat != "none":  # a head without tags learns nested entities as they are
         train = flat_training(train, train_corpus, dc.flat)  # dev and test stay as written (nested gold)
     if dc.insert_spaces:
         before = sum(len(s) for s in train)
@@ -169,7 +169,7 @@ def read_splits(config: Config) -> Splits:
     max_len = 0 if dc.context == "document" else dc.max_len
     pieces = [p for s in train for p in split_sentence(s, max_len)]
     log_pieces(len(train), pieces, max_len)
-    if config.model.head == "span":
+    if not head_traits(config).has_tags:
         log_too_wide(pieces, config.span.max_width, dc.train)
     types = sorted({sp.type for s in train for sp in s.spans()})
     scheme = train_corpus.scheme if dc.scheme == "auto" else dc.scheme

@@ -10,6 +10,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from nerkit.config import head_traits
 from nerkit.data.records import Sentence
 from nerkit.data.tags import detect_scheme, spans_to_tags, split_tag
 from nerkit.data.text import SPACE, bigrams, normalize_char
@@ -86,7 +87,7 @@ class Featurizer:
                     lexicon: Lexicon | None = None, lm_vocab=None) -> "Featurizer":
         return cls(chars, bichars, tags, words, lexicon, normalize=config.data.normalize,
                    use_bichars=config.embeddings.width("bichar") > 0, max_words=config.lexicon.max_words,
-                   drop=config.lexicon.drop, lm_vocab=lm_vocab, span_head=config.model.head == "span")
+                   drop=config.lexicon.drop, lm_vocab=lm_vocab, span_head=not head_traits(config).has_tags)
 
     @classmethod
     def build(cls, config, sentences: list[Sentence], tags: list[str], lexicon: Lexicon | None = None,

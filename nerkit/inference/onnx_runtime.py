@@ -24,6 +24,7 @@ from nerkit.features.featurizer import Example, Featurizer
 from nerkit.features.padding import budgeted_batches, collate_arrays
 from nerkit.inference.model_dir import CRF_FILE, ONE_RUN_FIX, ONNX_FILE, ONNX_MODEL_FILES, VOCAB_FILE
 from nerkit.model.crf_numpy import entity_probabilities, masked_scores
+from nerkit.model.decoded import path_entities
 from nerkit.model.span_decode import decode_band
 from nerkit.inference.predictor import Predictor, read_model_dir
 
@@ -145,7 +146,7 @@ class OnnxPipeline(Predictor):
         graph's emissions in numpy (nerkit.model.crf_numpy); an export without the CRF's scores
         (`CRF_FILE`) gives its entities none. Its batches are trimmed always (`trim` changes nothing)."""
         batches = budgeted_batches([len(e) for e in examples], batch_size, BATCH_CHARS)
-        if self.config.model.head == "span":
+        if "tag_ids" not in self.head.export_outputs:  # a band of span scores, decoded in numpy
             return self.decode_spans(examples, batches)
         wanted, scores = scores, scores and self.crf_scores is not None
         if wanted and not scores and not self._said_unscored:
@@ -169,10 +170,11 @@ class OnnxPipeline(Predictor):
         else:
             results = map(decode, batches)
         decoded: list = [[] for _ in examples]
+        types = self.featurizer.types
         for idx, (rows, probs) in zip(batches, results):
             for k, (j, row) in enumerate(zip(idx, rows)):
                 path = row[:len(examples[j])].tolist()
-                decoded[j] = (path, probs[k] if probs is not None else None) if wanted else path
+                decoded[j] = path_entities(path, self.tags, types, probs[k] if probs is not None else None)
         return decoded
 
     def decode_spans(self, examples: list[Example], batches: list[list[int]]) -> list:

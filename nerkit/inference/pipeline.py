@@ -74,12 +74,8 @@ class Pipeline(Predictor):
             for idx in bucketed_batches([len(e) for e in examples], batch_size):
                 chosen = [examples[j] for j in idx]
                 batch = (collate(chosen) if trim else collate_padded(chosen, batch_size, window)).to(self.device)
-                if self.model.crf is None:  # the span head: its spans carry their probabilities
-                    band = self.mapped_band(self.model.span_band(batch))
-                    found = self.model.decode_spans(band, batch.mask, self.threshold)
-                else:
-                    found = zip(*self.model.decode_scored(batch, self.score_temperature)) if scores else self.model.decode(batch)
-                for j, result in zip(idx, found):  # the padding rows' paths are dropped
+                found = self.model.decode(batch, **self.decoding(scores))
+                for j, result in zip(idx, found):  # the padding rows' entities are dropped
                     decoded[j] = result
         return decoded
 
@@ -100,14 +96,29 @@ class Pipeline(Predictor):
                 batch = collate(chosen) if trim else collate_padded(chosen, batch_size, window)
                 yield [pieces[j] for j in idx], batch.to(self.device)
 
+    def decoding(self, scores: bool = False) -> dict:
+        """What `Tagger.decode` reads besides the batch: whether to score, and what calibration fitted
+        (each head reads what it uses)."""
+        return {"scores": scores, "temperature": self.score_temperature, "threshold": self.threshold,
+                "score_map": self.span_score_map}
+
     def decoded_windows(self, token_lists: list, batch_size: int = 64, window: int | None = None):
-        """`window_batches` through the CRF head: (rows, emissions (B, T, K), mask, paths)."""
-        if self.model.crf is None:
-            raise UserError("this model has the span head (model.head: span), which has no tags and no CRF to "
+        """`window_batches` through a head with marginals (`supports_marginals`): (rows, emissions
+        (B, T, K), mask, paths)."""
+        if not self.head.supports_marginals:
+            raise UserError(f"this model's head (model.head: {self.config.model.head}) has no tags and no CRF to "
                             "score them with", fix="use a model trained with model.head: crf")
         for pieces, batch in self.window_batches(token_lists, batch_size, window):
             emissions = self.model.emissions(batch)
-            yield [p[:2] for p in pieces], emissions, batch.mask, self.model.crf.decode(emissions, batch.mask)
+            yield [p[:2] for p in pieces], emissions, batch.mask, self.model.head.crf.decode(emissions, batch.mask)
+
+    def decision_log_probabilities(self, token_lists: list, batch_size: int = 64, window: int | None = None):
+        """Each batch of the texts' windows: (rows (text index, window start, window end), the
+        log-probability of the model's decision in each), at what calibration fitted."""
+        decoding = self.decoding()
+        del decoding["scores"]
+        for pieces, batch in self.window_batches(token_lists, batch_size, window):
+            yield pieces, self.model.decision_log_probabilities(batch, **decoding)
 
     def predict_tokens(self, token_lists: list[list[str]], batch_size: int = 64,
                        window: int | None = None, scores: bool = False, trim: bool = False) -> list[list[Span]]:

@@ -15,10 +15,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Sequence
 
-from nerkit.config import Config, build_config, memory_segment
+from nerkit.config import Config, HeadTraits, build_config, head_traits, memory_segment
 from nerkit.data.records import Sentence
 from nerkit.data.splits import read_gold
-from nerkit.data.tags import SCORE_DIGITS, Span, split_tag, tags_to_spans
+from nerkit.data.tags import SCORE_DIGITS, Span, spans_to_tags, split_tag, tags_to_spans
 from nerkit.errors import ModelDirError, UserError
 from nerkit.features.featurizer import Example, Featurizer
 from nerkit.inference.evaluate import by_length, calibration, errors, nesting_errors, score
@@ -74,6 +74,7 @@ class Predictor:
         # (nerkit.json's span_score_map, which `nerkit calibrate` writes).
         self.span_score_map: tuple[float, float] | None = None
 
+
     def mapped_band(self, band):
         """The span head's band logits (numpy or torch, any shape) on the scale its scores and
         threshold are read on: `span_score_map` applied, or as they are."""
@@ -85,6 +86,11 @@ class Predictor:
     @property
     def tags(self) -> list[str]:
         return self.featurizer.tags
+
+    @property
+    def head(self) -> HeadTraits:
+        """What the model's head can do (`nerkit.config.HeadTraits`): what callers ask, never its name."""
+        return head_traits(self.config)
 
     @property
     def scheme(self) -> str:
@@ -131,12 +137,12 @@ class Predictor:
 
     def decode_examples(self, examples: list[Example], batch_size: int, window: int,
                         scores: bool = False, trim: bool = False) -> list:
-        """The tag ids of each example (as long as it), decoded in batches of at most `batch_size`
+        """The entities of each example, whatever the head, in the one shape of nerkit.model.decoded:
+        (start, end exclusive, type index, score or None), decoded in batches of at most `batch_size`
         padded to a few shapes (`nerkit.features.padding.padded_examples`, never past `window` unless
         an example is longer), so that native caches keyed by the shape stop growing with the input;
         with `trim`, each batch padded only to its longest example (a corpus scored once, whose
-        shapes are as many as its batches). With `scores`, each is (tag ids, the probability of each
-        entity of them in order)."""
+        shapes are as many as its batches). With `scores`, each entity carries its probability."""
         raise NotImplementedError
 
     def predict_tokens(self, token_lists: list[list[str]], batch_size: int = 64,
@@ -153,23 +159,22 @@ class Predictor:
             pieces.extend((i, a, b) for a, b in text_windows(len(tokens), window))
         examples = [self.featurizer.example(token_lists[i][a:b]) for i, a, b in pieces]
         decoded = self.decode_examples(examples, batch_size, window, scores, trim) if examples else []
-        stitched = self.stitched_spans if self.config.model.head == "span" else self.stitched_tags
+        stitched = self.stitched_tags if self.head.has_tags else self.stitched_spans
         return stitched(token_lists, pieces, decoded, scores)
 
     def stitched_tags(self, token_lists: list, pieces: list[tuple[int, int, int]], decoded: list,
                       scores: bool) -> list[list[Span]]:
-        """The CRF head's `predict_tokens`: each text's windows' tag ids (with `scores`, (tag ids, the
-        probability of each of their entities)) stitched into one tag sequence (`stitch`), and with
+        """A head with tags' `predict_tokens`: each text's windows' entities as the tag sequence they
+        are (a head with tags decodes valid sequences only) stitched into one (`stitch`), and with
         `scores` each entity scored by the window that decided it (`scored_spans`)."""
+        types = self.featurizer.types
         by_sentence: list[list[tuple[int, list[str]]]] = [[] for _ in token_lists]  # (window start, tags)
         window_spans: list[list[tuple[int, int, list[Span]]]] = [[] for _ in token_lists]  # (start, end, scored)
         for (i, a, b), result in zip(pieces, decoded):
-            tags = [self.tags[t] for t in (result[0] if scores else result)]
-            by_sentence[i].append((a, tags))
+            found = [Span(s, e, types[k], p) for s, e, k, p in result]
+            by_sentence[i].append((a, spans_to_tags(b - a, found, self.scheme)))
             if scores:
-                found = tags_to_spans(tags)
-                probs = result[1] if result[1] is not None else [None] * len(found)  # an export without them
-                window_spans[i].append((a, b, [Span(s.start, s.end, s.type, p) for s, p in zip(found, probs)]))
+                window_spans[i].append((a, b, found))
         spans = [tags_to_spans(stitch(found, self.scheme)) if found else [] for found in by_sentence]
         if scores:
             spans = [scored_spans(found, windows) for found, windows in zip(spans, window_spans)]
@@ -177,7 +182,7 @@ class Predictor:
 
     def stitched_spans(self, token_lists: list, pieces: list[tuple[int, int, int]], decoded: list,
                        scores: bool, threshold: float | None = None) -> list[list[Span]]:
-        """The span head's `predict_tokens`: each window's spans (start, end, type index, probability),
+        """A span head's `predict_tokens`: each window's spans (start, end, type index, probability),
         a span kept from the window that holds it most centrally (`central_spans`, the rule that
         scores a CRF's stitched entities); with `span.flat`, the non-overlapping choice among the
         stitched spans (`flat_spans`) above `threshold` (the model's by default)."""

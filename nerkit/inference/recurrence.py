@@ -46,7 +46,7 @@ class MemoryReader:
         self.segment = memory_segment(pipe.config)
         if not self.segment:
             raise ValueError("a MemoryReader needs a model with encoder.memory")
-        self.decoder = pipe.model.crf.streaming()
+        self.decoder = pipe.model.head.crf.streaming()
         self.memory = None
         self.kept: list[list[np.ndarray]] | None = None  # with `keep_emissions`: each line's emissions, for scores
 
@@ -128,7 +128,7 @@ def scored(pipe, tokens: Sequence[str], tag_ids: list[int], emissions: list[np.n
     from nerkit.inference.predictor import scored_spans, without_whitespace
     from nerkit.inference.windows import text_windows
 
-    crf, tags = pipe.model.crf, pipe.tags
+    crf, tags = pipe.model.head.crf, pipe.tags
     joined = torch.from_numpy(np.concatenate(emissions)) if emissions else torch.zeros(0, len(tags))  # (n, K)
     windows = []
     for a, b in text_windows(len(tag_ids), 2 * memory_segment(pipe.config)):

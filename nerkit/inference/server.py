@@ -283,7 +283,7 @@ def create_app(model_dir: str | Path, options: ServeOptions | None = None) -> Fa
         "score": {"given": options.min_score is not None, "meaning": SCORE_MEANING,
                   "temperature": pipe.score_temperature, "min_score": options.min_score,
                   **({"threshold": pipe.threshold, "map": score_map_json(pipe.span_score_map or (1.0, 0.0))}
-                     if pipe.config.model.head == "span" else {})},
+                     if pipe.head.has_threshold else {})},
         "serve": {**dataclasses.asdict(options), "window": window, "batch_size": batch_size,
                   "pid": os.getpid()},
     }

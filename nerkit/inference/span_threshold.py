@@ -45,7 +45,7 @@ def band_candidates(pipe: Pipeline, token_lists: list, batch_size: int, window: 
     cut = band_cut(floor)
     found = {}
     for pieces, batch in pipe.window_batches(token_lists, batch_size, window, trim=True):
-        band = pipe.mapped_band(pipe.model.span_band(batch).float().cpu().numpy())  # (B, K, T, W)
+        band = pipe.mapped_band(pipe.model.head.band(pipe.model.hidden(batch)).float().cpu().numpy())  # (B, K, T, W)
         for (i, a, b), logits in zip(pieces, band):
             found[i, a, b] = threshold_spans(logits, b - a, cut)
     pieces = sorted(found)

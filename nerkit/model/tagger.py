@@ -1,6 +1,5 @@
-"""The tagger: embedder (char + bichar [+ language-model features]) -> encoder -> a head: linear ->
-CRF (`model.head: crf`), or the span head (`model.head: span`, nerkit.model.span), whose decoding
-gives spans (nerkit.model.span_decode) instead of tag ids.
+"""The tagger: embedder (char + bichar [+ language-model features]) -> encoder -> a head
+(nerkit.model.heads: `model.head` names it in HEADS), which learns and decodes entities.
 
 It exposes `loss(batch)` and `decode(batch)` and does no I/O; the pipeline builds it from a config
 and the featuriser's table sizes, and owns saving and loading.
@@ -11,14 +10,12 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from nerkit.data.tags import split_tag
 from nerkit.features.batch import Batch
-from nerkit.model.crf import CRF
+from nerkit.model.decoded import Found
 from nerkit.model.dropout import Dropout
 from nerkit.model.encoders import ENCODERS, LatticeWords
 from nerkit.model.encoders.transformer import forget
-from nerkit.model.span import SpanHead
-from nerkit.model.span_decode import Found, decode_band
+from nerkit.model.heads import HEADS
 
 UNK_ID = 1  # features.Vocab: 0 is padding, 1 the unknown token
 
@@ -81,6 +78,24 @@ class Embedder(nn.Module):
         return self.dropout(torch.cat(parts, dim=-1))  # (B, T, output_dim)
 
 
+HEAD_PREFIX = "head."  # the head's parameters are saved without it: as they were named before heads were components
+
+
+def _unprefixed_head(module, state: dict, prefix: str, local_metadata) -> None:
+    """state_dict's hook: the head's tensors under their saved names (`emission.weight`, `crf.*`,
+    `span.*`), so that model directories and checkpoints keep their keys."""
+    for key in [k for k in state if k.startswith(prefix + HEAD_PREFIX)]:
+        state[prefix + key[len(prefix + HEAD_PREFIX):]] = state.pop(key)
+
+
+def _prefixed_head(module, state: dict, prefix: str, *args) -> None:
+    """load_state_dict's pre-hook: the saved names back under the head."""
+    for key in [k for k in state if k.startswith(prefix)]:
+        name = key[len(prefix):].split(".", 1)[0]
+        if name in module.head._modules:
+            state[prefix + HEAD_PREFIX + key[len(prefix):]] = state.pop(key)
+
+
 class Tagger(nn.Module):
     def __init__(self, config, num_chars: int, num_bichars: int, tags: list[str], num_words: int = 0,
                  lm: nn.Module | None = None):
@@ -93,17 +108,9 @@ class Tagger(nn.Module):
         self.words = embedding(num_words, emb.width("word"), emb.init) if self.uses_lattice else None
         self.word_dropout = Dropout(emb.dropout)
         self.encoder = encoder_cls(self.embedder.output_dim, config.encoder.options, emb.width("word"))
-        self.head = config.model.head
-        if self.head == "span":  # no emissions and no CRF: the spans are scored directly
-            sc = config.span
-            self.types = sorted({split_tag(t)[1] for t in tags if t != "O"})
-            self.span = SpanHead(self.encoder.output_dim, len(self.types), sc.size, sc.max_width, sc.dropout)
-            self.threshold = sc.threshold  # span.flat is the predictor's, after windows are stitched
-            self.crf = None
-            return
-        self.output_dropout = Dropout(config.crf.dropout)
-        self.emission = nn.Linear(self.encoder.output_dim, len(tags))
-        self.crf = CRF(tags, constrain_training=config.crf.constrain_training, algorithm=config.crf.algorithm)
+        self.head = HEADS[config.model.head](config, self.encoder.output_dim, tags)
+        self.register_state_dict_post_hook(_unprefixed_head)
+        self.register_load_state_dict_pre_hook(_prefixed_head)
 
     @property
     def lm(self) -> nn.Module | None:
@@ -128,9 +135,6 @@ class Tagger(nn.Module):
             table.weight[list(ids)] = rows.to(table.weight)
         table.weight.requires_grad_(not freeze)
 
-    def emissions(self, batch: Batch) -> torch.Tensor:
-        return self.emission(self.output_dropout(self.hidden(batch)))  # (B, T, K)
-
     def hidden(self, batch: Batch) -> torch.Tensor:
         """The encoder's output (B, T, H) at the characters (FLAT's lattice words left out)."""
         x = self.embedder(batch)  # (B, T, D)
@@ -143,19 +147,42 @@ class Tagger(nn.Module):
                                    batch.word_tails, batch.word_mask)
         return self.encoder(x, batch.mask, lattice)  # (B, T, H)
 
-    def span_band(self, batch: Batch, diagonals: bool = False) -> torch.Tensor:
-        """The span head's band logits (B, K, T, W) (nerkit.model.span.SpanHead; `diagonals`: as
-        an ONNX export computes them)."""
-        return self.span(self.hidden(batch), diagonals)
+    def loss(self, batch: Batch) -> torch.Tensor:
+        """The head's mean training loss over the batch (`Head.loss`)."""
+        return self.head.loss(self.hidden(batch), batch)
+
+    @torch.no_grad()
+    def decode(self, batch: Batch, scores: bool = False, temperature: float = 1.0, threshold: float | None = None,
+               score_map: tuple[float, float] | None = None) -> list[list[Found]]:
+        """Each sentence's entities (start, end exclusive, type index, score or None), whatever the
+        head (`Head.decode`, which says what the other arguments mean)."""
+        return self.head.decode(self.hidden(batch), batch.mask, scores, temperature, threshold, score_map)
+
+    @torch.no_grad()
+    def decision_log_probabilities(self, batch: Batch, temperature: float = 1.0, threshold: float | None = None,
+                                   score_map: tuple[float, float] | None = None) -> list[float]:
+        """Per sentence, the log-probability of what the head decides in it (`Head.decision_log_probabilities`)."""
+        return self.head.decision_log_probabilities(self.hidden(batch), batch.mask, temperature, threshold, score_map)
+
+    # What only a head with tags (`traits.has_tags`) has: emissions, tag paths, and what reads them.
+
+    def emissions(self, batch: Batch) -> torch.Tensor:
+        """The tag scores (B, T, K) of a head with tags."""
+        return self.head.emissions(self.hidden(batch))  # (B, T, K)
+
+    @torch.no_grad()
+    def paths(self, batch: Batch) -> list[list[int]]:
+        """Each sentence's best tag path (tag ids) of a head with tags."""
+        return self.head.paths(self.hidden(batch), batch.mask)
 
     def read_segment(self, batch: Batch, memory: list | None = None, keep: int | None = None
                      ) -> tuple[torch.Tensor, list | None]:
-        """Transformer-XL's step (a Transformer with `encoder.memory`): the emissions (B, L, K) of one
-        segment of B streams, and the memory the next segment of the same streams reads (None: every
-        stream starts here; `keep`: only the first `keep` positions go into it, the rest being a
-        look-ahead). Document training and streamed prediction read a stream with it."""
+        """Transformer-XL's step (a Transformer with `encoder.memory`, a head that `reads_memory`): the
+        emissions (B, L, K) of one segment of B streams, and the memory the next segment of the same
+        streams reads (None: every stream starts here; `keep`: only the first `keep` positions go into
+        it, the rest being a look-ahead). Document training and streamed prediction read a stream with it."""
         h, memory = self.encoder.encode(self.embedder(batch), batch.mask, memory, keep)  # (B, L, H)
-        return self.emission(self.output_dropout(h)), memory  # (B, L, K)
+        return self.head.emissions(h), memory  # (B, L, K)
 
     def segment_loss(self, batch: Batch, memory: list | None = None) -> tuple[torch.Tensor, list | None]:
         """Document training's loss (`data.context: document`): one segment of B streams read with
@@ -164,38 +191,9 @@ class Tagger(nn.Module):
         its own CRF sequence, as a sentence is in `loss`); also the memory the next segment reads."""
         emissions, memory = self.read_segment(batch, forget(memory, batch.resets))  # (B, L, K)
         emissions, tag_ids, mask = piece_sequences(emissions, batch.tag_ids, batch.pieces)  # (N, P, K), (N, P)
-        return self.crf.neg_log_likelihood(emissions, tag_ids, mask, reduction="mean"), memory
-
-    def loss(self, batch: Batch) -> torch.Tensor:
-        """The CRF's mean negative log-likelihood per sentence; the span head's multi-label loss over
-        the gold spans `batch.spans`, averaged over (sentence, type)."""
-        if self.head == "span":
-            return self.span.loss(self.hidden(batch), batch.mask, batch.spans)
-        return self.crf.neg_log_likelihood(self.emissions(batch), batch.tag_ids, batch.mask, reduction="mean")
+        return self.head.crf.neg_log_likelihood(emissions, tag_ids, mask, reduction="mean"), memory
 
     def soft_loss(self, batch: Batch, targets: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
-        """Distillation's soft-target loss: KL(teachers' marginals `targets` (B, T, K) || the model's),
-        per sentence (`CRF.posterior_kl`)."""
-        return self.crf.posterior_kl(self.emissions(batch), batch.mask, targets, temperature)
-
-    @torch.no_grad()
-    def decode(self, batch: Batch, threshold: float | None = None) -> list[list[int]] | list[list[Found]]:
-        """The CRF's tag ids of each sentence; the span head's spans (start, end exclusive, type
-        index, probability) above `threshold` (None: `span.threshold`), nested and overlapping."""
-        if self.head == "span":
-            return self.decode_spans(self.span_band(batch), batch.mask, threshold)
-        return self.crf.decode(self.emissions(batch), batch.mask)
-
-    def decode_spans(self, band: torch.Tensor, mask: torch.Tensor, threshold: float | None = None) -> list[list[Found]]:
-        """The spans of band logits (B, K, T, W) above `threshold` (None: `span.threshold`), decoded in
-        numpy as an export decodes them."""
-        threshold = self.threshold if threshold is None else threshold
-        return decode_band(band.float().cpu().numpy(), mask.sum(1).tolist(), threshold, flat=False)
-
-    @torch.no_grad()
-    def decode_scored(self, batch: Batch, temperature: float = 1.0) -> tuple[list[list[int]], list[list[float]]]:
-        """`decode`'s paths and the probability of each of their entities (`CRF.entity_probabilities`);
-        the CRF head's (the span head's spans carry their probabilities: `decode`)."""
-        emissions = self.emissions(batch)
-        paths = self.crf.decode(emissions, batch.mask)
-        return paths, self.crf.entity_probabilities(emissions, batch.mask, paths, temperature)
+        """Distillation's soft-target loss (a head that `supports_marginals`): KL(teachers' marginals
+        `targets` (B, T, K) || the model's), per sentence."""
+        return self.head.soft_loss(self.hidden(batch), batch.mask, targets, temperature)

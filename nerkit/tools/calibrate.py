@@ -33,6 +33,7 @@ from nerkit.inference.pipeline import Pipeline
 from nerkit.inference.model_dir import CONFIG_FILE, META_FILE, SCORE_TEMPERATURE, _read_json, runtime, update_meta
 from nerkit.log import progress_display
 from nerkit.model.crf import EntitySegments
+from nerkit.model.decoded import path_entities
 
 log = logging.getLogger(__name__)
 
@@ -102,10 +103,10 @@ def decode(pipe: Pipeline, sentences: list, batch_size: int, window: int | None)
     batches, pieces = [], []
     for found, batch in pipe.window_batches(token_lists, batch_size, window):
         emissions = pipe.model.emissions(batch).double()
-        paths = pipe.model.crf.decode(emissions, batch.mask)
+        paths = pipe.model.head.crf.decode(emissions, batch.mask)
         indices = list(range(len(pieces), len(pieces) + len(found)))
         pieces.extend(found)
-        batches.append((indices, emissions, batch.mask, paths, pipe.model.crf.entity_segments(batch.mask, paths)))
+        batches.append((indices, emissions, batch.mask, paths, pipe.model.head.crf.entity_segments(batch.mask, paths)))
     order = sorted(range(len(pieces)), key=pieces.__getitem__)  # window_batches reads them by length
     position = {j: k for k, j in enumerate(order)}
     batches = [([position[j] for j in indices], *rest) for indices, *rest in batches]
@@ -120,9 +121,9 @@ def stitched(pipe: Pipeline, decoded: Decoded, temperature: float) -> list[list[
     window that decided it), scored at `temperature`: the one forward-backward pass a temperature costs."""
     windows: list = [None] * len(decoded.pieces)
     for indices, emissions, mask, paths, segments in decoded.batches:
-        probs = pipe.model.crf.entity_probabilities(emissions, mask, paths, temperature, segments)
+        probs = pipe.model.head.crf.entity_probabilities(emissions, mask, paths, temperature, segments)
         for j, path, p in zip(indices, paths, probs):
-            windows[j] = (path, p)
+            windows[j] = path_entities(path, pipe.tags, pipe.types, p)
     return pipe.stitched_tags(decoded.token_lists, decoded.pieces, windows, scores=True)
 
 
@@ -193,7 +194,7 @@ def calibrate(model_dir: str | Path, data: str | Path | None = None, batch_size:
     pipe = Pipeline.load(model_dir)
     sentences, where = dev_set(pipe, model_dir, data)
     gold = [s.spans() for s in sentences]
-    if pipe.config.model.head == "span":
+    if pipe.head.has_threshold:
         from nerkit.inference.span_threshold import choose_threshold, write_threshold
 
         result = choose_threshold(pipe, sentences, where, batch_size, window)

@@ -14,7 +14,7 @@ import logging
 from dataclasses import replace
 from pathlib import Path
 
-from nerkit.config import Config
+from nerkit.config import Config, head_traits
 from nerkit.data.overlap import remove_overlaps
 from nerkit.data.splits import read_splits
 from nerkit.data.stats import sha256_file
@@ -42,7 +42,7 @@ def load_teacher(directory: Path, device: str) -> Pipeline:
         raise UserError("an ONNX export cannot teach (its marginals need the torch model)", where=str(directory),
                         fix="pass the model directory it was exported from")
     pipe = Pipeline.load(directory, device)
-    if pipe.config.model.head != "crf":
+    if not pipe.head.supports_marginals:
         raise UserError(f"a model with model.head: {pipe.config.model.head} cannot teach: distillation uses a "
                         "CRF's marginals", where=str(directory), fix="pass a model trained with model.head: crf")
     return pipe
@@ -82,7 +82,7 @@ def distill(config: Config, teachers: list[Path], texts: list[Path], out: Path, 
     config's, where the caller has read them (`nerkit bench` scores them after)."""
     out = Path(out)
     config = replace(config, output_dir=str(out))
-    if config.model.head != "crf":
+    if not head_traits(config).supports_marginals:
         raise UserError(f"the student has model.head: {config.model.head}; distillation trains a CRF's "
                         "marginals", where="--config", fix="distil into a model with model.head: crf")
     for directory in teachers:  # first, as the paths typed on the command line: a typo fails at once

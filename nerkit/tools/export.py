@@ -83,14 +83,13 @@ class EmissionGraph(nn.Module):
                 word_mask=None, lm_ids=None):
         batch = Batch(char_ids, bichar_ids, mask, word_ids=word_ids, word_heads=word_heads, word_tails=word_tails,
                       word_mask=word_mask, lm_ids=lm_ids)
-        if self.model.crf is None:  # the span head: its band logits, decoded in numpy (nerkit.model.span_decode)
-            return self.model.span_band(batch, diagonals=True)  # (B, K, T, W), no Python-side lengths
-        return self.model.emissions(batch)  # (B, T, K)
+        return self.model.head.export_forward(self.model.hidden(batch))  # what the head's graph decodes
 
 
 def graph_outputs(model: Tagger) -> list[str]:
-    """What the graph writes: the CRF's tag ids and emissions, or the span head's band logits."""
-    return ["band"] if model.crf is None else ["tag_ids", "emissions"]
+    """What the graph writes (the head's `export_outputs`): the CRF's tag ids and emissions, or the
+    span head's band logits."""
+    return list(model.head.traits.export_outputs)
 
 
 def input_names(model: Tagger) -> list[str]:
@@ -218,7 +217,7 @@ def _add_decode(proto, pipe: Pipeline) -> None:
     padding, and emissions (B, T, K) float32."""
     from onnx import TensorProto, helper
 
-    start, trans, end = (t.detach().cpu().float().numpy() for t in pipe.model.crf._masked_scores(float("-inf")))
+    start, trans, end = (t.detach().cpu().float().numpy() for t in pipe.model.head.crf._masked_scores(float("-inf")))
     nodes, constants = viterbi_nodes(start, trans, end, "emissions", "mask", "tag_ids")
     graph = proto.graph
     graph.node.extend(nodes)
@@ -239,7 +238,7 @@ def build_graph(pipe: Pipeline):
     # the length is dynamic): runtimes infer shapes themselves, so no annotation is kept to mislead them.
     del proto.graph.value_info[:]
     _lower_lattice_scores(proto)
-    if pipe.model.crf is not None:  # the span head's decoding is numpy's, beside the graph
+    if pipe.head.has_tags:  # the graph decodes tags with the CRF's Viterbi; a span band is decoded in numpy, beside it
         _add_decode(proto, pipe)
     proto.producer_name = "nerkit"
     onnx.checker.check_model(proto, full_check=True)
@@ -289,7 +288,7 @@ def compare(pipe: Pipeline, session, token_lists: list[list[str]]) -> dict:
     examples = [pipe.featurizer.example(tokens) for tokens in token_lists]
     arrays = collate_arrays(examples)
     feeds = {i.name: arrays[i.name] for i in session.get_inputs()}
-    if pipe.model.crf is None:
+    if not pipe.head.has_tags:
         return compare_spans(pipe, session.run(["band"], feeds)[0], examples)
     tag_ids, emissions = session.run(["tag_ids", "emissions"], feeds)
     batch = collate(examples)
@@ -300,7 +299,7 @@ def compare(pipe: Pipeline, session, token_lists: list[list[str]]) -> dict:
             source.bf16 = False
         with torch.inference_mode():
             expected_emissions = pipe.model.emissions(batch).float().numpy()
-            expected = pipe.model.crf.decode(torch.from_numpy(expected_emissions), batch.mask)
+            expected = pipe.model.head.crf.decode(torch.from_numpy(expected_emissions), batch.mask)
     finally:
         for source, bf16 in zip(sources, precisions):
             source.bf16 = bf16
@@ -316,8 +315,8 @@ def compare_spans(pipe: Pipeline, band: np.ndarray, examples: list) -> dict:
     difference of a band logit inside a sentence (under the key the CRF's emissions use)."""
     batch = collate(examples)
     with torch.inference_mode():
-        expected_band = pipe.model.span_band(batch).float()
-    found, expected = (pipe.model.decode_spans(torch.from_numpy(b), batch.mask) for b in (band, expected_band.numpy()))
+        expected_band = pipe.model.head.band(pipe.model.hidden(batch)).float()
+    found, expected = (pipe.model.head.decode_band(torch.from_numpy(b), batch.mask) for b in (band, expected_band.numpy()))
     same = sum(len(f) == len(e) and all(a[:3] == b[:3] and abs(a[3] - b[3]) <= 1e-4 for a, b in zip(f, e))
                for f, e in zip(found, expected))
     valid = band_valid(batch.mask, band.shape[-1]).numpy()[:, None].repeat(band.shape[1], 1)  # (B, K, T, W)
@@ -338,7 +337,7 @@ def crf_scores(pipe: Pipeline) -> bytes:
     computed from, beside the graph's emissions (nerkit.model.crf_numpy)."""
     from safetensors.numpy import save
 
-    crf = pipe.model.crf.torch_crf
+    crf = pipe.model.head.crf.torch_crf
     return save({name: getattr(crf, name).detach().cpu().float().numpy()
                  for name in ("start_transitions", "transitions", "end_transitions")})
 
@@ -399,7 +398,7 @@ def export_model(model_dir: str | Path, out: str | Path, fmt: str = "onnx", quan
             if (model_dir / "lm").is_dir():  # its config and vocabulary (the weights are in the graph)
                 shutil.copytree(model_dir / "lm", tmp / "lm", ignore=shutil.ignore_patterns("*.safetensors"))
             shutil.copyfile(graph_file, tmp / ONNX_FILE)
-            if pipe.model.crf is not None:
+            if pipe.head.supports_marginals:  # what scores its entities on ONNX Runtime
                 atomic_write_bytes(tmp / CRF_FILE, crf_scores(pipe))
             atomic_write_text(tmp / META_FILE, json.dumps(meta, indent=2) + "\n")
     size = (out / ONNX_FILE).stat().st_size

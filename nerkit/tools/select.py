@@ -34,26 +34,10 @@ def path_confidence(pipe, texts: list[str], batch_size: int = 64, window: int | 
     """Per text, the mean log-probability per character of the model's best path (a span head: of its
     decided spans), 0 for an empty text."""
     totals = [0.0] * len(texts)
-    for rows, log_probabilities in _decision_log_probabilities(pipe, texts, batch_size, window):
+    for rows, log_probabilities in pipe.decision_log_probabilities(texts, batch_size, window):
         for (i, *_), lp in zip(rows, log_probabilities):
             totals[i] += lp
     return [total / len(text) if text else 0.0 for total, text in zip(totals, texts)]
-
-
-def _decision_log_probabilities(pipe, texts: list[str], batch_size: int, window: int | None):
-    """Each batch of the texts' windows: (rows, the log-probability of the model's decision in each)."""
-    if pipe.model.crf is not None:
-        for rows, emissions, mask, paths in pipe.decoded_windows(texts, batch_size, window):
-            probabilities = pipe.model.crf.path_probabilities(emissions, mask, paths, pipe.score_temperature)
-            yield rows, [math.log(max(p, 1e-300)) for p in probabilities]
-        return
-    from nerkit.model.span import band_valid, decision_log_probability
-    from nerkit.model.span_decode import band_cut
-
-    cut = band_cut(pipe.threshold)
-    for pieces, batch in pipe.window_batches(texts, batch_size, window):
-        band = pipe.mapped_band(pipe.model.span_band(batch))  # (B, K, T, W), on the scale of its scores
-        yield pieces, decision_log_probability(band, band_valid(batch.mask, band.size(-1)), cut).tolist()
 
 
 def select(pipe, texts: list[str], n: int, strategy: str = "uncertainty", seed: int = 0,

@@ -145,7 +145,7 @@ def score(pipe, units: list[list[str]], options: TargetOptions, batch_size: int,
         for (i, _), path in zip(rows, best):
             paths[i] = torch.tensor(path, dtype=torch.int16)
         if options.marginals:
-            probs = pipe.model.crf.marginals(emissions, mask, options.temperature)  # (B, T, K) float64
+            probs = pipe.model.head.crf.marginals(emissions, mask, options.temperature)  # (B, T, K) float64
             for (i, _), row, path in zip(rows, probs, best):
                 marginals[i] = row[:len(path)].to(torch.float16).cpu()
         bar.update(len(rows))

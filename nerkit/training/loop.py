@@ -198,7 +198,7 @@ def set_up(config: Config, out: Path, force: bool, resume: bool, splits: Splits 
     n_params = sum(p.numel() for p in pipe.model.parameters())
     ranks = f" x {world.size} processes ({tc.batch_size // world.size} sentences each a step)" if world.size > 1 else ""
     # a CRF tags in a scheme; the span head scores spans of each type, with no tags at all
-    labels = f"tags {splits.scheme.upper()} over" if pipe.model.crf is not None else "spans of types"
+    labels = f"tags {splits.scheme.upper()} over" if pipe.head.has_tags else "spans of types"
     log.info(f"model: {config.encoder.name}, {n_params:,} parameters, {labels} {', '.join(splits.types)}; "
              f"train {len(splits.train)} sentences, dev {len(splits.dev)}; device {device}{ranks}")
     optimizer = make_optimizer(config, pipe.model)
@@ -473,7 +473,7 @@ def evaluate_dev(run: Run) -> dict:
     epoch chose), and the metrics are those at it, with the choice (`span_threshold`: the threshold,
     the map of the scores, the F1 at `span.threshold` beside)."""
     pipe, config = run.pipe, run.config
-    if pipe.model.crf is not None or not config.span.choose_threshold:
+    if not pipe.head.has_threshold or not config.span.choose_threshold:
         return evaluate(run, run.splits.dev)
     pipe.span_threshold, pipe.span_score_map = None, None
     chosen = choose_threshold(pipe, run.splits.dev, "the dev split", config.train.eval_batch_size)

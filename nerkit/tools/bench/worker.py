@@ -70,7 +70,7 @@ def span_threshold_of(pipe, out: str, splits, batch_size: int) -> dict:
     in its nerkit.json (so dev and test are then scored at it, and the saved model predicts with it),
     with the test set's scores at the threshold it had before, shown beside and never used to choose;
     {} for a CRF model."""
-    if pipe.config.model.head != "span":
+    if not pipe.head.has_threshold:
         return {}
     from nerkit.inference.model_dir import update_meta
     from nerkit.inference.span_threshold import choose_threshold, span_meta

@@ -1,0 +1,71 @@
+"""The CRF head: a linear layer gives each character's tag scores (emissions) and a constrained CRF
+(nerkit.model.crf) learns and decodes one tag per character, so entities never overlap; its
+entities are scored by exact marginals."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from nerkit.config import HEAD_TRAITS
+from nerkit.data.tags import split_tag
+from nerkit.features.batch import Batch
+from nerkit.model.crf import CRF
+from nerkit.model.decoded import Found, path_entities
+from nerkit.model.dropout import Dropout
+from nerkit.model.heads.base import Head
+
+
+class CrfHead(Head):
+    traits = HEAD_TRAITS["crf"]
+
+    def __init__(self, config, input_dim: int, tags: list[str]):
+        super().__init__(config, input_dim, tags)
+        self.tags = list(tags)
+        self.types = sorted({split_tag(t)[1] for t in tags if t != "O"})
+        self.output_dropout = Dropout(config.crf.dropout)
+        self.emission = nn.Linear(input_dim, len(tags))
+        self.crf = CRF(tags, constrain_training=config.crf.constrain_training, algorithm=config.crf.algorithm)
+
+    def emissions(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Each character's tag scores (B, T, K) from the encoder's output (B, T, H)."""
+        return self.emission(self.output_dropout(hidden))
+
+    def loss(self, hidden: torch.Tensor, batch: Batch) -> torch.Tensor:
+        """The CRF's mean negative log-likelihood per sentence."""
+        return self.crf.neg_log_likelihood(self.emissions(hidden), batch.tag_ids, batch.mask, reduction="mean")
+
+    def soft_loss(self, hidden: torch.Tensor, mask: torch.Tensor, targets: torch.Tensor,
+                  temperature: float = 1.0) -> torch.Tensor:
+        """Distillation's soft-target loss: KL(teachers' marginals `targets` (B, T, K) || the model's),
+        per sentence (`CRF.posterior_kl`)."""
+        return self.crf.posterior_kl(self.emissions(hidden), mask, targets, temperature)
+
+    def paths(self, hidden: torch.Tensor, mask: torch.Tensor) -> list[list[int]]:
+        """Each sentence's best tag path (tag ids, as long as the sentence)."""
+        return self.crf.decode(self.emissions(hidden), mask)
+
+    @torch.no_grad()
+    def decode(self, hidden: torch.Tensor, mask: torch.Tensor, scores: bool = False, temperature: float = 1.0,
+               threshold: float | None = None, score_map: tuple[float, float] | None = None) -> list[list[Found]]:
+        """The entities of each sentence's best path; with `scores`, each with its probability
+        (`CRF.entity_probabilities`, at `temperature`)."""
+        emissions = self.emissions(hidden)
+        paths = self.crf.decode(emissions, mask)
+        probabilities = self.crf.entity_probabilities(emissions, mask, paths, temperature) if scores else [None] * len(paths)
+        return [path_entities(path, self.tags, self.types, probs) for path, probs in zip(paths, probabilities)]
+
+    @torch.no_grad()
+    def decision_log_probabilities(self, hidden: torch.Tensor, mask: torch.Tensor, temperature: float = 1.0,
+                                   threshold: float | None = None,
+                                   score_map: tuple[float, float] | None = None) -> list[float]:
+        """The log-probability of each sentence's best path."""
+        emissions = self.emissions(hidden)
+        paths = self.crf.decode(emissions, mask)
+        return [math.log(max(p, 1e-300)) for p in self.crf.path_probabilities(emissions, mask, paths, temperature)]
+
+    def export_forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The emissions (B, T, K): the graph decodes them with the CRF's Viterbi (`tag_ids`)."""
+        return self.emissions(hidden)

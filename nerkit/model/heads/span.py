@@ -1,0 +1,67 @@
+"""The span head as a component: GlobalPointer's band of span scores (nerkit.model.span), decoded in
+numpy as an export decodes it (nerkit.model.span_decode): every span above a probability threshold,
+nested and overlapping allowed, each with its own probability."""
+
+from __future__ import annotations
+
+import torch
+
+from nerkit.config import HEAD_TRAITS
+from nerkit.data.tags import split_tag
+from nerkit.features.batch import Batch
+from nerkit.model.decoded import Found
+from nerkit.model.heads.base import Head
+from nerkit.model.span import SpanHead, band_valid, decision_log_probability
+from nerkit.model.span_decode import band_cut, decode_band
+
+
+class GlobalPointerHead(Head):
+    traits = HEAD_TRAITS["span"]
+
+    def __init__(self, config, input_dim: int, tags: list[str]):
+        super().__init__(config, input_dim, tags)
+        sc = config.span
+        self.types = sorted({split_tag(t)[1] for t in tags if t != "O"})
+        self.span = SpanHead(input_dim, len(self.types), sc.size, sc.max_width, sc.dropout)
+        self.threshold = sc.threshold  # span.flat is the predictor's, after windows are stitched
+
+    def band(self, hidden: torch.Tensor, diagonals: bool = False,
+             score_map: tuple[float, float] | None = None) -> torch.Tensor:
+        """The band logits (B, K, T, W) (`SpanHead`; `diagonals`: as an ONNX export computes them),
+        with `score_map` (scale, shift) applied when calibration fitted one."""
+        band = self.span(hidden, diagonals)
+        if score_map is not None:
+            scale, shift = score_map
+            band = band * scale + shift
+        return band
+
+    def loss(self, hidden: torch.Tensor, batch: Batch) -> torch.Tensor:
+        """The multi-label loss over the gold spans `batch.spans`, averaged over (sentence, type)."""
+        return self.span.loss(hidden, batch.mask, batch.spans)
+
+    def decode_band(self, band: torch.Tensor, mask: torch.Tensor, threshold: float | None = None) -> list[list[Found]]:
+        """The spans of band logits (B, K, T, W) above `threshold` (None: `span.threshold`), decoded in
+        numpy as an export decodes them."""
+        threshold = self.threshold if threshold is None else threshold
+        return decode_band(band.float().cpu().numpy(), mask.sum(1).tolist(), threshold, flat=False)
+
+    @torch.no_grad()
+    def decode(self, hidden: torch.Tensor, mask: torch.Tensor, scores: bool = False, temperature: float = 1.0,
+               threshold: float | None = None, score_map: tuple[float, float] | None = None) -> list[list[Found]]:
+        """Every span above `threshold` (None: `span.threshold`), with its probability whatever
+        `scores` says; span.flat's choice is made after windows are stitched."""
+        return self.decode_band(self.band(hidden, score_map=score_map), mask, threshold)
+
+    @torch.no_grad()
+    def decision_log_probabilities(self, hidden: torch.Tensor, mask: torch.Tensor, temperature: float = 1.0,
+                                   threshold: float | None = None,
+                                   score_map: tuple[float, float] | None = None) -> list[float]:
+        """The log-probability of each sentence's decided set of spans (`decision_log_probability`)."""
+        band = self.band(hidden, score_map=score_map)  # (B, K, T, W), on the scale of its scores
+        cut = band_cut(self.threshold if threshold is None else threshold)
+        return decision_log_probability(band, band_valid(mask, band.size(-1)), cut).tolist()
+
+    def export_forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The band logits (B, K, T, W), one width at a time (no Python-side lengths); decoded in
+        numpy beside the graph."""
+        return self.span(hidden, diagonals=True)
