@@ -289,3 +289,14 @@ def test_a_dev_file_without_entities_is_refused(span_model, tmp_path, nerkit):
     assert (model / "nerkit.json").read_text() == before
     result = nerkit("calibrate", "--min-entities", "1", "--model", str(model), "--data", str(empty), check=False)
     assert result.returncode == 2 and "no entities" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_platt_map_of_far_logits_neither_overflows_nor_warns():
+    """A head trained to certainty scores spans thousands of logits from zero (the contract suite's
+    Transformer did, once training fitted the map every epoch): the fit stays finite and silent."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        scale, shift = platt_map([-3000.0, -2000.0, 1500.0, 2500.0, 900.0], [False, False, True, True, False])
+    assert math.isfinite(scale) and math.isfinite(shift) and scale > 0

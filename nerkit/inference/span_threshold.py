@@ -79,7 +79,7 @@ def platt_map(logits: list[float], right: list[bool], steps: int = 50) -> tuple[
     features = np.stack([x, np.ones_like(x)], axis=1)  # (N, 2)
     weights = np.array([1.0, 0.0])
     for _ in range(steps):
-        p = 1 / (1 + np.exp(-(features @ weights)))
+        p = 0.5 * (1 + np.tanh(0.5 * (features @ weights)))  # the sigmoid, with no overflow for a far logit
         gradient = features.T @ (p - target)
         hessian = (features * (p * (1 - p))[:, None]).T @ features + 1e-9 * np.eye(2)
         step = np.linalg.solve(hessian, gradient)
