@@ -21,7 +21,7 @@ from nerkit.data.tags import Span
 from nerkit.errors import ConfigError, UserError
 from nerkit.inference.predictor import central_spans
 from nerkit.inference.windows import text_windows
-from nerkit.model.span import SpanHead, band_valid, decision_log_probability, multilabel_loss
+from nerkit.model.span import PRIOR, SpanHead, band_valid, decision_log_probability, multilabel_loss
 from nerkit.model.span_decode import band_valid as numpy_band_valid
 from nerkit.model.span_decode import decode_band, flat_choice, logit
 
@@ -39,7 +39,10 @@ def rotate_naive(vector: list[float], position: int) -> list[float]:
 
 def small_head(types=3, size=4, width=3, seed=0):
     torch.manual_seed(seed)
-    return SpanHead(5, types, size, width).double().eval()
+    head = SpanHead(5, types, size, width).double().eval()
+    with torch.no_grad():
+        head.bias.normal_()  # each type's own, not the shared start
+    return head
 
 
 @pytest.mark.parametrize("diagonals", [False, True], ids=["blocks", "diagonals"])
@@ -51,9 +54,36 @@ def test_band_scores_equal_a_naive_loop_over_every_pair(diagonals):
     for b, k, s, e in itertools.product(range(2), range(3), range(7), range(7)):
         q = rotate_naive(qk[b, s, k, 0].tolist(), s)
         key = rotate_naive(qk[b, e, k, 1].tolist(), e)
-        expected = sum(x * y for x, y in zip(q, key)) / 2.0  # sqrt(D) = 2
+        expected = sum(x * y for x, y in zip(q, key)) / 2.0 + head.bias[k].item()  # sqrt(D) = 2
         if s <= e < s + 3:
             assert band[b, k, s, e - s].item() == pytest.approx(expected, abs=1e-6)  # angles in float32
+
+
+@pytest.mark.parametrize("prior", [PRIOR, 0.01, 0.5])
+def test_a_new_head_gives_every_span_the_prior_before_it_reads_anything(prior):
+    """The types' biases start at the log-odds of `prior`: with the projections at zero, every span's
+    probability, however computed, is the prior."""
+    head = SpanHead(5, 3, 4, 3, prior=prior).double()
+    assert PRIOR == 1e-3 and head.bias.tolist() == pytest.approx([math.log(prior / (1 - prior))] * 3)
+    with torch.no_grad():
+        head.projection.weight.zero_()
+        head.projection.bias.zero_()
+    h = torch.randn(2, 7, 5, dtype=torch.float64)
+    for scores in (head(h), head(h, diagonals=True), head.full(h)):
+        assert torch.sigmoid(scores).flatten().tolist() == pytest.approx([prior] * scores.numel())
+
+
+def test_a_head_saved_without_biases_loads_with_biases_of_zero():
+    """A model directory written before the biases scored without them: it loads, and scores as it did."""
+    head = small_head()
+    state = {k: v for k, v in head.state_dict().items() if k != "bias"}
+    h = torch.randn(2, 7, 5, dtype=torch.float64)
+    q, k = head.queries_keys(h)
+    unbiased = head.by_diagonals(q, k) - head.bias[:, None, None]
+    again = small_head(seed=1)
+    again.load_state_dict(state)
+    assert again.bias.tolist() == [0.0, 0.0, 0.0]
+    assert torch.allclose(again(h), unbiased)
 
 
 @pytest.mark.parametrize("length", [1, 4, 9, 12])
