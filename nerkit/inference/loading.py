@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from nerkit.errors import UserError
-from nerkit.inference.model_dir import META_FILE, _read_json, runtime
+from nerkit.inference.model_dir import META_FILE, ModelDir
 
 
 def require_runtime(directory: str | Path, wanted: str) -> None:
@@ -16,10 +16,9 @@ def require_runtime(directory: str | Path, wanted: str) -> None:
     asks for that one, so that a script that means to run on onnxruntime (without torch) fails at once
     on the wrong directory instead of running it on the other runtime."""
     directory = Path(directory)
-    meta = directory / META_FILE
-    if wanted == "auto" or not meta.is_file():  # no nerkit.json: loading says what is wrong
+    if wanted == "auto" or not (directory / META_FILE).is_file():  # no nerkit.json: loading says what is wrong
         return
-    found = runtime(_read_json(meta))
+    found = ModelDir.read(directory).runtime
     if found == wanted:
         return
     if wanted == "onnx":
@@ -37,16 +36,15 @@ def load_pipeline(directory: str | Path, device: str = "cpu", threads: int | Non
     threads of the runtime (0: nerkit's default, the cores found free; None: torch's setting is left
     as it is); an export spends them on batches read at once unless `lanes` is False (then on
     each batch, as torch does: nerkit.inference.onnx_runtime)."""
-    directory = Path(directory)
-    meta = directory / META_FILE
-    if meta.is_file() and runtime(_read_json(meta)) == "onnx":
+    found = ModelDir.read(directory)  # read once: the pipeline is built from it
+    if found.is_export:
         from nerkit.inference.onnx_runtime import OnnxPipeline
 
-        return OnnxPipeline.load(directory, device, threads or 0, lanes)
+        return OnnxPipeline.load(found, device, threads or 0, lanes)
     if threads is not None:
         from nerkit.device import set_threads
 
         set_threads(threads)
     from nerkit.inference.pipeline import Pipeline
 
-    return Pipeline.load(directory, device=device)
+    return Pipeline.load(found, device=device)

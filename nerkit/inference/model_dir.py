@@ -1,10 +1,13 @@
-"""What a model directory must hold before anything in it is read: its files, no pickle-capable files,
-no links out of it, and the format version it was written with."""
+"""A model directory: the names of its files, what it must hold before anything in it is read (its
+files, no pickle-capable files, no links out of it), and what it says it is (`ModelDir`, its
+nerkit.json read once: the runtime it asks for, the format version, what calibration fitted)."""
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
+from dataclasses import dataclass
 from pathlib import Path
 
 from nerkit.errors import ModelDirError
@@ -80,11 +83,6 @@ def vocab_fingerprint(vocab: dict) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-def runtime(meta: dict) -> str:
-    """What runs a model directory, from its nerkit.json: `torch` (as trained) or `onnx` (exported)."""
-    return meta.get("runtime", "torch")
-
-
 # Files that could carry pickled code: a model directory holding one is refused outright.
 PICKLE_SUFFIXES = (".pkl", ".pickle", ".pt", ".pth", ".bin", ".ckpt", ".joblib", ".npy", ".npz")
 
@@ -107,7 +105,7 @@ def update_meta(directory: Path, values: dict) -> Path:
     """Set keys of DIRECTORY/nerkit.json (what `nerkit calibrate` fits: `score_temperature`, or
     `span_threshold` with `span_score_map`; what a distilled student learnt from: `distilled_from`),
     the file replaced atomically, all of them at once; its path."""
-    meta = json.loads((directory / META_FILE).read_text(encoding="utf-8"))
+    meta = dict(ModelDir.read(directory).meta)
     meta.update(values)
     return write_meta_file(directory, meta)
 
@@ -137,3 +135,104 @@ def check_model_dir(directory: Path, files: tuple[str, ...] = MODEL_FILES) -> No
         if not (directory / name).is_file():
             raise ModelDirError(f"{name} is missing", where=str(directory),
                                 fix="this is not a complete nerkit model directory (was training interrupted?)")
+
+
+@dataclass(frozen=True)
+class ModelDir:
+    """What a model directory says it is, its nerkit.json read once (`ModelDir.read`) and each value
+    checked as it is asked for: prediction, serving, export, calibration and distillation ask this,
+    never the file. A directory without nerkit.json reads as an empty one (loading then says what is
+    missing)."""
+
+    path: Path
+    meta: dict  # nerkit.json as written ({} when there is none)
+
+    @classmethod
+    def read(cls, directory: str | Path) -> "ModelDir":
+        path = Path(directory)
+        meta_path = path / META_FILE
+        return cls(path, _read_json(meta_path) if meta_path.is_file() else {})
+
+    @property
+    def runtime(self) -> str:
+        """What runs it: `torch` (as `nerkit train` wrote it) or `onnx` (as `nerkit export` did); for
+        a directory without nerkit.json, what its files say (a graph and no weights: `onnx`)."""
+        if not self.meta and (self.path / ONNX_FILE).is_file() and not (self.path / WEIGHTS_FILE).is_file():
+            return "onnx"
+        return self.meta.get("runtime", "torch")
+
+    @property
+    def is_export(self) -> bool:
+        return self.runtime == "onnx"
+
+    @property
+    def weights(self) -> Path:
+        """The file of its network: the weights, or an export's graph."""
+        return self.path / (ONNX_FILE if self.is_export else WEIGHTS_FILE)
+
+    @property
+    def where(self) -> str:
+        return str(self.path / META_FILE)
+
+    def check_format(self) -> None:
+        if self.meta.get("format_version") != FORMAT_VERSION:
+            raise ModelDirError(f"model format version {self.meta.get('format_version')!r}, but this nerkit reads "
+                                f"version {FORMAT_VERSION}", where=self.where,
+                                fix="retrain the model with this nerkit version")
+
+    @property
+    def score_temperature(self) -> float:
+        """`score_temperature` (written by `nerkit calibrate`), 1 when absent."""
+        found = self.meta.get(SCORE_TEMPERATURE, 1.0)
+        if isinstance(found, bool) or not isinstance(found, (int, float)) or not 0 < found < float("inf"):
+            raise ModelDirError(f"{SCORE_TEMPERATURE} is {found!r}, not a positive number", where=self.where,
+                                fix="run `nerkit calibrate` again, or remove the key to score at temperature 1")
+        return float(found)
+
+    @property
+    def span_threshold(self) -> float | None:
+        """`span_threshold` (written by `nerkit calibrate` or training), None when absent."""
+        found = self.meta.get(SPAN_THRESHOLD)
+        if found is not None and (isinstance(found, bool) or not isinstance(found, (int, float)) or not 0 < found < 1):
+            raise ModelDirError(f"{SPAN_THRESHOLD} is {found!r}, not a probability between 0 and 1", where=self.where,
+                                fix="run `nerkit calibrate` again, or remove the key to predict at config.yaml's "
+                                    "span.threshold")
+        return None if found is None else float(found)
+
+    @property
+    def span_score_map(self) -> tuple[float, float] | None:
+        """`span_score_map` (written by `nerkit calibrate` or training) as (scale, shift), None when absent."""
+        found = self.meta.get(SPAN_SCORE_MAP)
+        if found is None:
+            return None
+        numbers = [found.get(k) for k in SCORE_MAP_KEYS] if isinstance(found, dict) else []
+        if (len(numbers) != 2 or any(isinstance(n, bool) or not isinstance(n, (int, float)) or not math.isfinite(n)
+                                     for n in numbers) or not numbers[0] > 0):
+            raise ModelDirError(f"{SPAN_SCORE_MAP} is {found!r}, not {{\"scale\": a positive number, \"shift\": a "
+                                f"number}}", where=self.where, fix="run `nerkit calibrate` again, or remove the key "
+                                                                   "to score spans by the head's own probabilities")
+        return float(numbers[0]), float(numbers[1])
+
+    @property
+    def train_max_len(self) -> int | None:
+        """The longest training sentence; None when absent (a directory written before nerkit saved
+        it: its window stays data.max_len)."""
+        found = self.meta.get("train_max_len")
+        if found is None:
+            return None
+        if isinstance(found, bool) or not isinstance(found, int) or found < 1:
+            raise ModelDirError(f"train_max_len is {found!r}, not a length in characters", where=self.where,
+                                fix="the model directory is damaged; remove the key to predict in windows of "
+                                    "data.max_len")
+        return found
+
+    def check_vocab(self, vocab: dict) -> None:
+        """vocab.json is the one the model was written with, when nerkit.json records its checksum
+        (`vocab_sha256`, which `nerkit train` and `nerkit export` write): a vocabulary of another model
+        would feed the weights ids they were never trained on, or ids past their tables. A directory
+        without the checksum is checked by shapes instead (Pipeline.load, OnnxPipeline.load)."""
+        recorded = self.meta.get("vocab_sha256")
+        if recorded is not None and vocab_fingerprint(vocab) != recorded:
+            raise ModelDirError("vocab.json is not the vocabulary this model was written with (its checksum "
+                                "differs from nerkit.json's vocab_sha256)", where=str(self.path / VOCAB_FILE),
+                                fix=ONE_RUN_FIX)

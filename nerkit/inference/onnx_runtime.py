@@ -22,7 +22,7 @@ from pathlib import Path
 from nerkit.errors import ModelDirError, UserError
 from nerkit.features.featurizer import Example, Featurizer
 from nerkit.features.padding import budgeted_batches, collate_arrays
-from nerkit.inference.model_dir import CRF_FILE, ONE_RUN_FIX, ONNX_FILE, ONNX_MODEL_FILES, VOCAB_FILE
+from nerkit.inference.model_dir import CRF_FILE, ONE_RUN_FIX, ONNX_FILE, ONNX_MODEL_FILES, VOCAB_FILE, ModelDir
 from nerkit.model.crf_numpy import entity_probabilities, masked_scores
 from nerkit.model.decoded import path_entities
 from nerkit.model.span_decode import decode_band
@@ -195,16 +195,17 @@ class OnnxPipeline(Predictor):
         return decoded
 
     @classmethod
-    def load(cls, directory: str | Path, device: str = "cpu", threads: int = 0, lanes: bool = True) -> "OnnxPipeline":
+    def load(cls, directory: str | Path | ModelDir, device: str = "cpu", threads: int = 0,
+             lanes: bool = True) -> "OnnxPipeline":
         """The export in `directory`, on `threads` threads (0: the cores nerkit found free when it
         started, or OMP_NUM_THREADS: nerkit/cores.py): as that many lanes of one thread each, or with
         `lanes` False as one session's intra-op threads."""
         from nerkit.cores import runtime_threads
 
-        directory = Path(directory)
         threads = threads or runtime_threads()
         lane_count = threads if lanes and device != "cuda" else 1
         found = read_model_dir(directory, ONNX_MODEL_FILES)
+        directory = found.found.path
         lm_vocab = None
         if (directory / "lm").is_dir():
             from nerkit.pretrained.vocab import LMVocab
@@ -212,18 +213,14 @@ class OnnxPipeline(Predictor):
             lm_vocab = LMVocab.read(directory / "lm")
         featurizer = Featurizer.from_json(found.config, found.vocab, found.lexicon, where=str(directory / VOCAB_FILE),
                                           lm_vocab=lm_vocab)
-        graph = found.meta.get("onnx") or {}
+        graph = found.found.meta.get("onnx") or {}
         graph_threads = 1 if lane_count > 1 else threads
         graph_session = session(directory / ONNX_FILE, device, graph_threads)
-        if found.meta.get("vocab_sha256") is None:
+        if found.found.meta.get("vocab_sha256") is None:
             check_graph_sizes(directory, graph_session, found.vocab)
         pipe = cls(found.config, featurizer, graph_session, graph.get("max_length"), lane_count)
-        pipe.train_max_len = found.train_max_len
-        pipe.score_temperature = found.score_temperature
-        pipe.span_threshold = found.span_threshold
-        pipe.span_score_map = found.span_score_map
+        pipe.read_settings(found.found)
         if (directory / CRF_FILE).is_file():
             pipe.crf_scores = read_crf_scores(directory / CRF_FILE, pipe.tags)
-        pipe.directory = directory
         return pipe
 

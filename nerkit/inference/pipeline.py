@@ -25,6 +25,7 @@ from nerkit.inference.model_dir import (
     FORMAT_VERSION,
     LEXICON_FILE,
     ONE_RUN_FIX,
+    ModelDir,
     SCORE_TEMPERATURE,
     SPAN_SCORE_MAP,
     SPAN_THRESHOLD,
@@ -199,9 +200,10 @@ class Pipeline(Predictor):
         return directory
 
     @classmethod
-    def load(cls, directory: str | Path, device: str = "cpu") -> "Pipeline":
-        directory = Path(directory)
+    def load(cls, directory: str | Path | ModelDir, device: str = "cpu") -> "Pipeline":
+        """The model directory `directory` (a path, or its `ModelDir` already read) on torch."""
         found = read_model_dir(directory)
+        directory = found.found.path
         config, vocab, lexicon = found.config, found.vocab, found.lexicon
         lm = None
         if (directory / "lm").is_dir():
@@ -210,11 +212,7 @@ class Pipeline(Predictor):
             lm = load_saved_lm(directory, sources=len(config.embeddings.lm_sources()))
         featurizer = Featurizer.from_json(config, vocab, lexicon, where=str(directory / VOCAB_FILE))
         pipe = cls(config, featurizer, device=resolve_device(device), lm=lm)
-        pipe.train_max_len = found.train_max_len
-        pipe.score_temperature = found.score_temperature
-        pipe.span_threshold = found.span_threshold
-        pipe.span_score_map = found.span_score_map
-        pipe.directory = directory
+        pipe.read_settings(found.found)
         weights = directory / WEIGHTS_FILE
         state = read_safetensors(weights, fix="the file is damaged or not a safetensors file; retrain or copy it again",
                                  error=ModelDirError)

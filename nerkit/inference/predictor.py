@@ -24,19 +24,12 @@ from nerkit.features.featurizer import Example, Featurizer
 from nerkit.inference.evaluate import by_length, calibration, errors, nesting_errors, score
 from nerkit.inference.model_dir import (
     CONFIG_FILE,
-    FORMAT_VERSION,
     LEXICON_FILE,
-    META_FILE,
     MODEL_FILES,
-    ONE_RUN_FIX,
-    SCORE_MAP_KEYS,
-    SCORE_TEMPERATURE,
-    SPAN_SCORE_MAP,
-    SPAN_THRESHOLD,
     VOCAB_FILE,
+    ModelDir,
     _read_json,
     check_model_dir,
-    vocab_fingerprint,
 )
 from nerkit.inference.windows import check_window, stitch, text_windows
 
@@ -65,6 +58,7 @@ class Predictor:
         # training, saved in nerkit.json; None for a model directory written before it was saved.
         self.train_max_len: int | None = None
         self.directory: Path | None = None  # where `load` read it from (None: built in memory)
+        self.model_dir: ModelDir | None = None  # what that directory's nerkit.json says it is
         # Divides the CRF's scores when entities are scored: 1, or what `nerkit calibrate` fitted on a dev set.
         self.score_temperature = 1.0
         # The span head's threshold that `nerkit calibrate` chose on a dev set (nerkit.json's
@@ -74,6 +68,14 @@ class Predictor:
         # (nerkit.json's span_score_map, which `nerkit calibrate` writes).
         self.span_score_map: tuple[float, float] | None = None
 
+    def read_settings(self, found: ModelDir) -> None:
+        """What its nerkit.json sets beside the weights: the training lengths, what calibration fitted,
+        and where it was read from."""
+        self.train_max_len = found.train_max_len
+        self.score_temperature = found.score_temperature
+        self.span_threshold = found.span_threshold
+        self.span_score_map = found.span_score_map
+        self.directory, self.model_dir = found.path, found
 
     def mapped_band(self, band):
         """The span head's band logits (numpy or torch, any shape) on the scale its scores and
@@ -84,13 +86,13 @@ class Predictor:
         return band * scale + shift
 
     @property
-    def tags(self) -> list[str]:
-        return self.featurizer.tags
-
-    @property
     def head(self) -> HeadTraits:
         """What the model's head can do (`nerkit.config.HeadTraits`): what callers ask, never its name."""
         return head_traits(self.config)
+
+    @property
+    def tags(self) -> list[str]:
+        return self.featurizer.tags
 
     @property
     def scheme(self) -> str:
@@ -304,25 +306,20 @@ class Predictor:
 class ModelFiles:
     """What a model directory holds beside its weights or graph, read and checked."""
 
-    meta: dict  # nerkit.json
+    found: ModelDir  # nerkit.json: what the directory is
     config: Config
     vocab: dict  # vocab.json
     lexicon: object | None  # nerkit.features.lexicon.Lexicon, for a lattice encoder
-    train_max_len: int | None
-    score_temperature: float = 1.0
-    span_threshold: float | None = None
-    span_score_map: tuple[float, float] | None = None
 
 
-def read_model_dir(directory: Path, files: tuple[str, ...] = MODEL_FILES) -> ModelFiles:
+def read_model_dir(directory: str | Path | ModelDir, files: tuple[str, ...] = MODEL_FILES) -> ModelFiles:
     """nerkit.json (its format version), config.yaml, vocab.json and lexicon.txt (against the checksum
-    the model was trained with), after `check_model_dir` has seen that `files` are there."""
+    the model was trained with), after `check_model_dir` has seen that `files` are there.
+    `directory`: a path, or its `ModelDir` already read (nerkit.json is then not read again)."""
+    found = directory if isinstance(directory, ModelDir) else ModelDir.read(directory)
+    directory = found.path
     check_model_dir(directory, files)
-    meta = _read_json(directory / META_FILE)
-    if meta.get("format_version") != FORMAT_VERSION:
-        raise ModelDirError(
-            f"model format version {meta.get('format_version')!r}, but this nerkit reads version {FORMAT_VERSION}",
-            where=str(directory / META_FILE), fix="retrain the model with this nerkit version")
+    found.check_format()
     import yaml
 
     try:
@@ -339,76 +336,19 @@ def read_model_dir(directory: Path, files: tuple[str, ...] = MODEL_FILES) -> Mod
         raw["data"] = {"normalize": False, **(raw.get("data") or {})}
     config = build_config(raw, str(directory / CONFIG_FILE))
     vocab = _read_json(directory / VOCAB_FILE)
-    check_vocab(meta, vocab, directory)
+    found.check_vocab(vocab)
     lexicon = None
     if vocab.get("words") is not None:
         from nerkit.features.lexicon import Lexicon
 
         lexicon = Lexicon.load(directory / LEXICON_FILE)
-        if meta.get("lexicon_sha256") and lexicon.fingerprint != meta["lexicon_sha256"]:
+        if found.meta.get("lexicon_sha256") and lexicon.fingerprint != found.meta["lexicon_sha256"]:
             raise ModelDirError("lexicon.txt does not match the checksum the model was trained with",
                                 where=str(directory / LEXICON_FILE))
     if not (directory / "lm").is_dir() and config.embeddings.lm_sources():
         raise ModelDirError("lm/ is missing: the model was trained with a language model, which lives in lm/",
                             where=str(directory), fix="copy the whole model directory, lm/ included")
-    return ModelFiles(meta, config, vocab, lexicon, _train_max_len(meta, directory / META_FILE),
-                      _score_temperature(meta, directory / META_FILE), _span_threshold(meta, directory / META_FILE),
-                      _span_score_map(meta, directory / META_FILE))
-
-
-def _score_temperature(meta: dict, where: Path) -> float:
-    """nerkit.json's `score_temperature` (written by `nerkit calibrate`), 1 when absent."""
-    found = meta.get(SCORE_TEMPERATURE, 1.0)
-    if isinstance(found, bool) or not isinstance(found, (int, float)) or not 0 < found < float("inf"):
-        raise ModelDirError(f"{SCORE_TEMPERATURE} is {found!r}, not a positive number", where=str(where),
-                            fix="run `nerkit calibrate` again, or remove the key to score at temperature 1")
-    return float(found)
-
-
-def _span_threshold(meta: dict, where: Path) -> float | None:
-    """nerkit.json's `span_threshold` (written by `nerkit calibrate`), None when absent."""
-    found = meta.get(SPAN_THRESHOLD)
-    if found is not None and (isinstance(found, bool) or not isinstance(found, (int, float)) or not 0 < found < 1):
-        raise ModelDirError(f"{SPAN_THRESHOLD} is {found!r}, not a probability between 0 and 1", where=str(where),
-                            fix="run `nerkit calibrate` again, or remove the key to predict at config.yaml's span.threshold")
-    return None if found is None else float(found)
-
-
-def _span_score_map(meta: dict, where: Path) -> tuple[float, float] | None:
-    """nerkit.json's `span_score_map` (written by `nerkit calibrate`) as (scale, shift), None when absent."""
-    found = meta.get(SPAN_SCORE_MAP)
-    if found is None:
-        return None
-    numbers = [found.get(k) for k in SCORE_MAP_KEYS] if isinstance(found, dict) else []
-    if (len(numbers) != 2 or any(isinstance(n, bool) or not isinstance(n, (int, float)) or not math.isfinite(n)
-                                 for n in numbers) or not numbers[0] > 0):
-        raise ModelDirError(f"{SPAN_SCORE_MAP} is {found!r}, not {{\"scale\": a positive number, \"shift\": a number}}",
-                            where=str(where), fix="run `nerkit calibrate` again, or remove the key to score spans "
-                                                  "by the head's own probabilities")
-    return float(numbers[0]), float(numbers[1])
-
-
-def check_vocab(meta: dict, vocab: dict, directory: Path) -> None:
-    """vocab.json is the one the model was written with, when nerkit.json records its checksum
-    (`vocab_sha256`, which `nerkit train` and `nerkit export` write): a vocabulary of
-    another model would feed the weights ids they were never trained on, or ids past their tables.
-    A directory without the checksum is checked by shapes instead (Pipeline.load, OnnxPipeline.load)."""
-    recorded = meta.get("vocab_sha256")
-    if recorded is not None and vocab_fingerprint(vocab) != recorded:
-        raise ModelDirError("vocab.json is not the vocabulary this model was written with (its checksum differs "
-                            "from nerkit.json's vocab_sha256)", where=str(directory / VOCAB_FILE), fix=ONE_RUN_FIX)
-
-
-def _train_max_len(meta: dict, where: Path) -> int | None:
-    """nerkit.json's longest training sentence; None when it is absent (a directory written before
-    nerkit saved it: its window stays data.max_len)."""
-    found = meta.get("train_max_len")
-    if found is None:
-        return None
-    if isinstance(found, bool) or not isinstance(found, int) or found < 1:
-        raise ModelDirError(f"train_max_len is {found!r}, not a length in characters", where=str(where),
-                            fix="the model directory is damaged; remove the key to predict in windows of data.max_len")
-    return found
+    return ModelFiles(found, config, vocab, lexicon)
 
 
 def check_min_score(min_score) -> None:

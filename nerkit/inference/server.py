@@ -39,7 +39,7 @@ from nerkit.errors import UserError, did_you_mean
 from nerkit.inference.batcher import Batcher, QueueFull
 from nerkit.inference.formats import model_version, predict_records
 from nerkit.inference.loading import load_pipeline
-from nerkit.inference.model_dir import ONNX_FILE, WEIGHTS_FILE, score_map_json
+from nerkit.inference.model_dir import score_map_json
 from nerkit.pretrained.licences import model_terms
 from nerkit.version import __version__
 
@@ -264,8 +264,7 @@ def create_app(model_dir: str | Path, options: ServeOptions | None = None) -> Fa
     # An export runs on ONNX Runtime, no torch; each batch on all the threads, so one request is answered soon.
     pipe = load_pipeline(model_dir, options.device, options.threads, lanes=False)
     window = pipe.check_window(options.window)
-    weights = next((model_dir / name for name in (WEIGHTS_FILE, ONNX_FILE) if (model_dir / name).is_file()),
-                   model_dir / WEIGHTS_FILE)
+    weights = pipe.model_dir.weights
     batch_size = options.batch_size or default_batch_size(pipe.config)
     batcher = Batcher(lambda texts: predict_records(pipe, texts, batch_size, window, options.min_score),
                       options.max_batch_chars, options.max_wait_ms / 1000, options.max_queue)
@@ -275,7 +274,7 @@ def create_app(model_dir: str | Path, options: ServeOptions | None = None) -> Fa
         "scheme": pipe.scheme,
         "encoder": pipe.config.encoder.name,
         "window": window,
-        "runtime": "onnx" if weights.suffix == ".onnx" else "torch",
+        "runtime": pipe.model_dir.runtime,
         "model_sha256": sha256_file(weights),
         "config": config_to_dict(pipe.config),
         "licences": model_terms(model_dir),  # of its language models (nerkit.pretrained.licences)

@@ -30,7 +30,7 @@ from nerkit.device import set_threads
 from nerkit.errors import UserError
 from nerkit.inference.evaluate import MIN_CALIBRATION_ENTITIES, calibration
 from nerkit.inference.pipeline import Pipeline
-from nerkit.inference.model_dir import CONFIG_FILE, META_FILE, SCORE_TEMPERATURE, _read_json, runtime, update_meta
+from nerkit.inference.model_dir import CONFIG_FILE, SCORE_TEMPERATURE, ModelDir, update_meta
 from nerkit.log import progress_display
 from nerkit.model.crf import EntitySegments
 from nerkit.model.decoded import path_entities
@@ -187,11 +187,11 @@ def calibrate(model_dir: str | Path, data: str | Path | None = None, batch_size:
     model_dir = Path(model_dir)
     if threads is not None:
         set_threads(threads)
-    meta_path = model_dir / META_FILE
-    if meta_path.is_file() and runtime(_read_json(meta_path)) == "onnx":
+    found = ModelDir.read(model_dir)
+    if found.is_export:
         raise UserError("this is an ONNX export, which has no torch model to fit", where=str(model_dir),
                         fix="calibrate the model directory that `nerkit train` wrote, then export it again")
-    pipe = Pipeline.load(model_dir)
+    pipe = Pipeline.load(found)
     sentences, where = dev_set(pipe, model_dir, data)
     gold = [s.spans() for s in sentences]
     if pipe.head.has_threshold:

@@ -21,7 +21,7 @@ from nerkit.data.stats import sha256_file
 from nerkit.data.tags import scheme_tags
 from nerkit.errors import UserError
 from nerkit.files import check_input
-from nerkit.inference.model_dir import WEIGHTS_FILE, update_meta
+from nerkit.inference.model_dir import WEIGHTS_FILE, ModelDir, update_meta
 from nerkit.inference.pipeline import Pipeline
 from nerkit.inference.windows import text_windows
 from nerkit.tools.lm_adapt import read_lines
@@ -38,7 +38,7 @@ DEFAULT_WINDOW = 250  # the unlabelled sequences' length when neither distill.wi
 
 def load_teacher(directory: Path, device: str) -> Pipeline:
     """A teacher on torch: any nerkit model directory (an ONNX export has no CRF marginals here)."""
-    if not (directory / WEIGHTS_FILE).is_file() and any(directory.glob("*.onnx")):
+    if ModelDir.read(directory).is_export:
         raise UserError("an ONNX export cannot teach (its marginals need the torch model)", where=str(directory),
                         fix="pass the model directory it was exported from")
     pipe = Pipeline.load(directory, device)

@@ -39,8 +39,8 @@ from nerkit.inference.model_dir import (
     ONNX_FILE,
     QUANTIZE,
     VOCAB_FILE,
+    ModelDir,
     _read_json,
-    runtime,
     vocab_fingerprint,
 )
 from nerkit.inference.pipeline import Pipeline
@@ -344,9 +344,8 @@ def crf_scores(pipe: Pipeline) -> bytes:
 
 def is_export(directory: Path) -> bool:
     """Whether `directory` is an ONNX export that `nerkit export --force` may replace."""
-    meta = directory / META_FILE
     try:
-        return meta.is_file() and runtime(_read_json(meta)) == "onnx"
+        return ModelDir.read(directory).is_export
     except UserError:
         return False
 
@@ -362,15 +361,15 @@ def export_model(model_dir: str | Path, out: str | Path, fmt: str = "onnx", quan
     if quantize is not None and quantize not in QUANTIZE:
         raise UserError(f"unknown quantisation {quantize!r}", fix=f"use one of {', '.join(QUANTIZE)}")
     check_output_directory(out, force, own=is_export, inputs=[model_dir], what="an earlier ONNX export")
-    if model_dir.is_dir() and (model_dir / META_FILE).is_file() and \
-            runtime(_read_json(model_dir / META_FILE)) == "onnx":
+    source = ModelDir.read(model_dir)
+    if source.is_export:
         raise UserError("this model directory is already an ONNX export", where=str(model_dir),
                         fix="export the model directory that `nerkit train` wrote")
-    pipe = Pipeline.load(model_dir)
+    pipe = Pipeline.load(source)
     limit = max_length(pipe)
     proto = build_graph(pipe)
     texts = verification_texts(pipe, limit)
-    meta = _read_json(model_dir / META_FILE)
+    meta = dict(source.meta)
     with tempfile.TemporaryDirectory() as scratch:
         fp32 = Path(scratch) / "fp32.onnx"
         fp32.write_bytes(proto.SerializeToString())
