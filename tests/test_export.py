@@ -1,4 +1,4 @@
-"""`nerkit export` (nerkit.tools.export) and the exported directory on ONNX Runtime
+"""`nerkit export` (nerkit.tools.onnx.export) and the exported directory on ONNX Runtime
 (nerkit.inference.onnx_runtime): per encoder, the graph gives the PyTorch model's tags and emissions
 on a batch of sentences of different lengths; the Viterbi graph alone against the torch CRF; `nerkit
 predict` and `nerkit eval` give the same output on the export as on the original, in a process that
@@ -29,8 +29,8 @@ from nerkit.inference.loading import load_pipeline  # noqa: E402
 from nerkit.inference.onnx_runtime import OnnxPipeline  # noqa: E402
 from nerkit.inference.pipeline import Pipeline  # noqa: E402
 from nerkit.model.crf import CRF  # noqa: E402
-from nerkit.tools.export import compare, export_model  # noqa: E402
-from nerkit.tools.onnx_graphs import fold_weights, viterbi_model  # noqa: E402
+from nerkit.tools.onnx.export import compare, export_model  # noqa: E402
+from nerkit.tools.onnx.graphs import fold_weights, viterbi_model  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 FIXTURES = REPO / "tests" / "fixtures"

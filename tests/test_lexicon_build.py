@@ -1,4 +1,4 @@
-"""`nerkit lexicon build` and `coverage` (nerkit.features.lexicon_mining, nerkit.tools.lexicon): words
+"""`nerkit lexicon build` and `coverage` (nerkit.features.lexicon_mining, nerkit.tools.resources.lexicon): words
 recovered from a text made of known words, scores against a direct count, a coverage report counted
 by hand, determinism, and an output file that is never overwritten without --force."""
 

@@ -1,4 +1,4 @@
-"""`nerkit lm adapt` (nerkit.tools.lm_adapt): continued masked-LM training of a tiny BERT without an
+"""`nerkit lm adapt` (nerkit.tools.resources.lm_adapt): continued masked-LM training of a tiny BERT without an
 MLM head on the fixtures' text: a fresh head, the held-out perplexity falls, the result is a
 Hugging Face directory that `embeddings.lm.path` reads, a stopped run resumes to the weights of an
 uninterrupted one, and whole-word masking masks jieba's words together."""
@@ -21,7 +21,7 @@ from safetensors.torch import load_file  # noqa: E402
 
 from nerkit.data.corpus import read_corpus  # noqa: E402
 from nerkit.pretrained.loading import load_lm  # noqa: E402
-from nerkit.tools.lm_adapt import AdaptOptions, adapt, load_mlm, masked_batch  # noqa: E402
+from nerkit.tools.resources.lm_adapt import AdaptOptions, adapt, load_mlm, masked_batch  # noqa: E402
 
 CHARS = sorted({c for s in read_corpus(FIXTURES / "tiny_train.bio").sentences for c in s.tokens})
 VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + CHARS
@@ -67,7 +67,7 @@ def test_a_stopped_run_resumes_to_the_uninterrupted_weights(lm_dir, text, tmp_pa
     first = json.loads((tmp_path / "cut" / "adapt.json").read_text())
     assert first["stopped"] == "time_budget" and first["steps"] == 1
     caplog.clear()
-    with caplog.at_level(logging.INFO, logger="nerkit.tools.lm_adapt"):
+    with caplog.at_level(logging.INFO, logger="nerkit.tools.resources.lm_adapt"):
         adapt(lm_dir, [text], tmp_path / "cut", AdaptOptions(**OPTIONS), resume=True, progress_bar=False)
     assert f"steps 1 to {OPTIONS['steps']}" in caplog.text, caplog.text
     whole = load_file(str(tmp_path / "whole" / "model.safetensors"))
@@ -80,7 +80,7 @@ def test_a_stopped_run_resumes_to_the_uninterrupted_weights(lm_dir, text, tmp_pa
 def test_bf16_trains_under_autocast_and_measures_the_perplexity_in_float32(lm_dir, text, tmp_path, monkeypatch):
     """What the encoder's first layer outputs, by mode: bf16 in the training steps, float32 in the
     perplexity runs (model.eval()) before and after."""
-    import nerkit.tools.lm_adapt as lm_adapt
+    import nerkit.tools.resources.lm_adapt as lm_adapt
 
     seen: set[tuple[bool, torch.dtype]] = set()
     load = lm_adapt.load_mlm
@@ -182,7 +182,7 @@ def test_xlnet_adapts_by_its_own_objective_and_reads_back_as_features(xlnet_dir,
     through target_mapping, its input keeps its tokens; the held-out perplexity falls and the adapted
     directory is read as features."""
     from nerkit.pretrained.subword import SubwordEmbedder
-    from nerkit.tools.lm_adapt import model_inputs
+    from nerkit.tools.resources.lm_adapt import model_inputs
 
     tokenizer, model, _ = load_mlm(xlnet_dir)
     lines = [s.text for s in read_corpus(FIXTURES / "tiny_train.bio").sentences][:6]
@@ -211,7 +211,7 @@ def test_xlnet_adapts_by_its_own_objective_and_reads_back_as_features(xlnet_dir,
 def test_the_loss_on_the_predicted_tokens_alone_is_the_models_own(kind, lm_dir, tmp_path):
     """`mlm_loss` runs a BERT's or RoBERTa's head on the predicted positions only; its loss and its
     gradients are those of the model's own forward over every position (XLNet computes its own)."""
-    from nerkit.tools.lm_adapt import mlm_loss, model_inputs
+    from nerkit.tools.resources.lm_adapt import mlm_loss, model_inputs
 
     directory = lm_dir if kind == "bert" else subword_dir(kind, tmp_path / kind)
     tokenizer, model, _ = load_mlm(directory)

@@ -15,7 +15,7 @@ import torch
 pytest.importorskip("matplotlib", reason="nerkit[report] (matplotlib) is not installed")
 
 from nerkit.errors import UserError  # noqa: E402
-from nerkit.tools.plot import cjk_font, epoch_position, position_scores  # noqa: E402
+from nerkit.tools.reports.plot import cjk_font, epoch_position, position_scores  # noqa: E402
 
 needs_cjk_font = pytest.mark.skipif(cjk_font() is None, reason="no font with Chinese characters installed "
                                     "(`make fonts` installs fonts-wqy-microhei)")
@@ -58,7 +58,7 @@ def test_curves_of_two_runs_make_one_png_with_ink(tmp_path, nerkit):
 
 
 def test_every_run_is_in_the_legend_and_partial_epochs_are_hollow(tmp_path):
-    from nerkit.tools.plot import curves_figure
+    from nerkit.tools.reports.plot import curves_figure
 
     a = write_history(tmp_path / "x" / "run", [record(1, 9.0, 0.2), record(2, 5.0, 0.5)])
     b = write_history(tmp_path / "y" / "run", [record(1, 8.0, 0.3), record(2, 7.0, 0.4),
@@ -76,7 +76,7 @@ def test_every_run_is_in_the_legend_and_partial_epochs_are_hollow(tmp_path):
 def test_the_rate_panel_shows_both_rates_of_a_fine_tuned_lm_and_whole_epochs(tmp_path):
     """Issue 41: with a fine-tuned LM at its own rate the panel showed one rate of two, and the
     epoch axis of a short run read 1.0, 1.5, 2.0."""
-    from nerkit.tools.plot import curves_figure
+    from nerkit.tools.reports.plot import curves_figure
 
     run = write_history(tmp_path / "lm", [record(1, 9.0, 0.2, lm_lr=2e-4), record(2, 5.0, 0.5, lm_lr=1e-4)])
     plain = write_history(tmp_path / "plain", [record(1, 9.0, 0.2), record(2, 5.0, 0.5)])
@@ -161,7 +161,7 @@ def _drawn(char: str) -> np.ndarray:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    from nerkit.tools.plot import style
+    from nerkit.tools.reports.plot import style
 
     with matplotlib.rc_context(style(char)):
         figure = Figure(figsize=(2, 2), dpi=100)
@@ -189,13 +189,13 @@ def _similarity(a: np.ndarray, b: np.ndarray) -> float:
 
 
 def test_without_a_chinese_font_a_figure_that_needs_one_warns(monkeypatch, caplog):
-    import nerkit.tools.plot
+    import nerkit.tools.reports.plot
 
-    monkeypatch.setattr(nerkit.tools.plot, "cjk_font", lambda: None)
-    with caplog.at_level("WARNING", logger="nerkit.tools.plot"):
-        assert nerkit.tools.plot.style("loss")["font.sans-serif"] == ["DejaVu Sans"]
+    monkeypatch.setattr(nerkit.tools.reports.plot, "cjk_font", lambda: None)
+    with caplog.at_level("WARNING", logger="nerkit.tools.reports.plot"):
+        assert nerkit.tools.reports.plot.style("loss")["font.sans-serif"] == ["DejaVu Sans"]
         assert not caplog.records  # nothing to say for a figure without Chinese
-        nerkit.tools.plot.style("张三")
+        nerkit.tools.reports.plot.style("张三")
     assert "no font with Chinese characters" in caplog.text
 
 
@@ -242,7 +242,7 @@ def tener_model_dir(tmp_path_factory, tiny_config):
 def test_recording_attention_changes_nothing_and_sees_each_layer(tener_model_dir):
     from nerkit.inference.pipeline import Pipeline
     from nerkit.model.encoders.attention import recorded_attention
-    from nerkit.tools.plot import attention_maps
+    from nerkit.tools.reports.plot import attention_maps
 
     pipe = Pipeline.load(tener_model_dir)
     text = "张三在北京大学读书。"
@@ -279,7 +279,7 @@ def test_attention_png_for_a_transformer(tener_model_dir, tmp_path, nerkit):
 
 
 def test_attention_spread_measures_how_far_attention_reaches():
-    from nerkit.tools.plot import attention_spread
+    from nerkit.tools.reports.plot import attention_spread
 
     length = 6
     uniform = torch.full((2, length, length), 1 / length)  # (H, L, L)
@@ -325,7 +325,7 @@ def test_two_models_one_under_the_other_with_their_spread(tener_model_dir, tmp_p
 @needs_cjk_font
 def test_flat_attention_labels_the_lattice_words(tmp_path, tiny_config):
     from nerkit.inference.pipeline import Pipeline
-    from nerkit.tools.plot import attention_maps, plot_attention
+    from nerkit.tools.reports.plot import attention_maps, plot_attention
     from nerkit.training.loop import train
 
     words = tmp_path / "words.txt"
@@ -344,7 +344,7 @@ def test_flat_attention_labels_the_lattice_words(tmp_path, tiny_config):
 
 def test_a_bilstm_has_no_attention_to_plot(tiny_model_dir, tmp_path, nerkit):
     from nerkit.inference.pipeline import Pipeline
-    from nerkit.tools.plot import attention_maps
+    from nerkit.tools.reports.plot import attention_maps
 
     with pytest.raises(UserError, match="no attention"):
         attention_maps(Pipeline.load(tiny_model_dir), "张三")
@@ -368,7 +368,7 @@ def test_memory_attention_sums_every_query_once_by_distance(memory_model_dir):
     """Each query's weights sum to 1, so the weight summed over distances is the number of queries;
     every query sees itself (distance 0); a key of the memory is never nearer than the query's place."""
     from nerkit.inference.pipeline import Pipeline
-    from nerkit.tools.plot_memory import memory_attention
+    from nerkit.tools.reports.plot_memory import memory_attention
 
     texts = [list("张伟在北京大学读书，后来去了上海工作。"), list("他们在天安门广场见面，然后去了王府井。")]
     found = memory_attention(Pipeline.load(memory_model_dir), texts)

@@ -19,7 +19,7 @@ from helpers import TINY_DEV
 
 from nerkit.data.tags import Span
 from nerkit.inference.evaluate import ERROR_KINDS
-from nerkit.tools.report import FILTER_SCRIPT, confusion
+from nerkit.tools.reports.report import FILTER_SCRIPT, confusion
 
 pytest.importorskip("matplotlib", reason="nerkit[report] (matplotlib) is not installed")
 
@@ -102,7 +102,7 @@ def gold_file(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def report(tiny_model_dir, gold_file, tmp_path_factory) -> tuple[Path, dict]:
-    from nerkit.tools.report import write_report
+    from nerkit.tools.reports.report import write_report
 
     out = tmp_path_factory.mktemp("report") / "report.html"
     metrics = write_report(tiny_model_dir, gold_file, out)
@@ -171,7 +171,7 @@ def test_corpus_text_stays_text_and_the_page_needs_nothing_outside(report):
 
 
 def test_a_model_without_training_history_still_gets_a_report(tiny_model_dir, gold_file, tmp_path):
-    from nerkit.tools.report import write_report
+    from nerkit.tools.reports.report import write_report
 
     model = tmp_path / "model"
     shutil.copytree(tiny_model_dir, model)
@@ -295,7 +295,7 @@ def test_predictions_page_in_a_browser(tiny_model_dir, tmp_path):
 @pytest.mark.slow
 @needs_browser
 def test_a_report_of_4000_sentences_stays_usable(tiny_model_dir, gold_file, tmp_path):
-    from nerkit.tools.report import ROWS_PER_PAGE, write_report
+    from nerkit.tools.reports.report import ROWS_PER_PAGE, write_report
 
     lines = gold_file.read_text(encoding="utf-8").splitlines()
     big = tmp_path / "big.jsonl"

@@ -367,7 +367,7 @@ def test_conll_and_inline_output_of_nested_predictions_is_the_outer_projection()
 def test_the_onnx_export_gives_the_same_spans_and_scores(nested_model, tmp_path):
     from nerkit.inference.onnx_runtime import OnnxPipeline
     from nerkit.inference.pipeline import Pipeline
-    from nerkit.tools.export import export_model
+    from nerkit.tools.onnx.export import export_model
 
     found = export_model(nested_model[0], tmp_path / "onnx")
     assert found["same_tags"] == 1.0 and found["max_emission_difference"] < 1e-4

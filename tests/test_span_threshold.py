@@ -172,7 +172,7 @@ def test_calibrate_chooses_the_grid_point_of_best_dev_f1(span_model, tmp_path, n
 def test_the_saved_threshold_is_what_predict_save_load_and_export_use(span_model, tmp_path, nerkit):
     from nerkit.data.corpus import read_corpus
     from nerkit.inference.onnx_runtime import OnnxPipeline
-    from nerkit.tools.export import export_model
+    from nerkit.tools.onnx.export import export_model
 
     model = copy_of(span_model, tmp_path)
     texts = [s.text for s in read_corpus(TINY_TRAIN).sentences[:20]] + TEXTS
@@ -210,7 +210,7 @@ def test_the_saved_score_map_is_what_predict_save_load_export_and_the_server_use
     and loaded copy, an ONNX export and the server."""
     from nerkit.data.corpus import read_corpus
     from nerkit.inference.onnx_runtime import OnnxPipeline
-    from nerkit.tools.export import export_model
+    from nerkit.tools.onnx.export import export_model
 
     model = copy_of(span_model, tmp_path)
     texts = [s.text for s in read_corpus(TINY_TRAIN).sentences[:20]] + TEXTS
@@ -235,7 +235,7 @@ def test_the_saved_score_map_is_what_predict_save_load_export_and_the_server_use
     from nerkit.features.batch import collate_padded
     from nerkit.model.span import band_valid, decision_log_probability
     from nerkit.model.span_decode import band_cut
-    from nerkit.tools.select import path_confidence
+    from nerkit.tools.annotation.select import path_confidence
 
     by_hand = []
     for text in texts:
@@ -277,7 +277,7 @@ def test_a_damaged_threshold_is_refused_when_the_model_loads(span_model, tmp_pat
 
 @pytest.mark.slow
 def test_a_dev_file_without_entities_is_refused(span_model, tmp_path, nerkit):
-    from nerkit.tools.calibrate import calibrate
+    from nerkit.tools.annotation.calibrate import calibrate
 
     model = copy_of(span_model, tmp_path)
     empty = tmp_path / "texts.jsonl"

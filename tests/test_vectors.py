@@ -19,7 +19,7 @@ from nerkit.errors import UserError
 from nerkit.pretrained.paddle import jieba_lac_files, read_paddle_tensor
 from nerkit.data.word2vec import Vectors, read_vectors, write_word2vec_text
 from nerkit.pretrained.vectors import check_dim, coverage, normalize_rows
-from nerkit.tools.vectors import HeldOut, export_jieba, read_texts, train_vectors
+from nerkit.tools.resources.vectors import HeldOut, export_jieba, read_texts, train_vectors
 
 REPO = Path(__file__).resolve().parent.parent
 WORDS = ["中", "国", "</s>", "北京"]

@@ -86,7 +86,7 @@ def loop(
     choosing by uncertainty against at random."""
     from nerkit.tools.bench import parse_seeds
     from nerkit.tools.bench.loop import LoopOptions, simulate, summary
-    from nerkit.tools.select import STRATEGIES
+    from nerkit.tools.annotation.select import STRATEGIES
 
     chosen = tuple(s.strip() for s in strategies.split(",") if s.strip())
     if not chosen or set(chosen) - set(STRATEGIES):

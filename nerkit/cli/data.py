@@ -17,7 +17,7 @@ from nerkit.cli.options import (
     echo_json,
     flag,
 )
-from nerkit.tools.select import PoolFormat, SelectFormat, Strategy
+from nerkit.tools.annotation.select import PoolFormat, SelectFormat, Strategy
 
 data_app = typer.Typer(no_args_is_help=True, help="Inspect, check and convert corpus files.")
 
@@ -132,7 +132,7 @@ def data_select(
 ):
     """Choose the texts of a pool to annotate next (active learning), least sure first, written as
     tasks with the model's scored pre-annotations."""
-    from nerkit.tools.select import select_tasks
+    from nerkit.tools.annotation.select import select_tasks
 
     summary = select_tasks(model, pool, n, strategy, seed, out, fmt, pool_format, exclude, batch_size, window)
     if out is not None:

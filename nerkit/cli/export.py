@@ -1,7 +1,7 @@
 """`nerkit export`: a model directory as an ONNX model directory (the `onnx` extra) that `nerkit
 predict` and `nerkit eval` run on ONNX Runtime, without torch.
 
-The command parses its options, calls `nerkit.tools.export.export_model` and prints what it wrote;
+The command parses its options, calls `nerkit.tools.onnx.export.export_model` and prints what it wrote;
 the graph and its checks are described in docs/export.md.
 """
 
@@ -34,7 +34,7 @@ def export(
 ):
     """Export a model to ONNX: the network, the constrained CRF decoding and all, in one graph that
     gives tag ids; the directory written runs with `nerkit predict` and `nerkit eval`, without torch."""
-    from nerkit.tools.export import export_model
+    from nerkit.tools.onnx.export import export_model
 
     summary = export_model(model, out, fmt, quantize, force)
     typer.echo(json.dumps(summary))

@@ -1,7 +1,7 @@
 """`nerkit lexicon`: mine a domain's words from its own text for FLAT's lattice (`build`), and judge a
 lexicon against a labelled corpus before training on it (`coverage`).
 
-Each command parses its options, calls one function of `nerkit.tools.lexicon`, and prints."""
+Each command parses its options, calls one function of `nerkit.tools.resources.lexicon`, and prints."""
 
 from __future__ import annotations
 
@@ -49,7 +49,7 @@ def build(
     """Discover the words of a domain in raw text (--text) or in a config's training split
     (--config) by cohesion and freedom (Matrix67's method) and write them as a word list for FLAT's
     lattice."""
-    from nerkit.tools.lexicon import build_lexicon
+    from nerkit.tools.resources.lexicon import build_lexicon
 
     report = build_lexicon(text, out, config=config, sets=set_, max_len=max_len, min_count=min_count,
                            min_cohesion=min_cohesion, min_freedom=min_freedom, merge_jieba=merge_jieba,
@@ -79,7 +79,7 @@ def coverage(
     """How many gold entities the lexicon holds (overall and per type), and how many of its matches
     in the corpus's text (all of them, as FLAT's lattice takes them) are an entity or fall on its
     boundaries. `nerkit bench` records the --config report of every run with a lexicon."""
-    from nerkit.tools.lexicon import coverage_report, format_report
+    from nerkit.tools.resources.lexicon import coverage_report, format_report
 
     report = coverage_report(words, data, config, set_, normalize=normalize, repair=repair)
     if as_json:

@@ -1,5 +1,5 @@
 """`nerkit lm`: language models for the features: `adapt` continues a local encoder's masked-language-
-model training on your own unlabelled text (nerkit.tools.lm_adapt) and writes a directory for
+model training on your own unlabelled text (nerkit.tools.resources.lm_adapt) and writes a directory for
 `embeddings.lm.path` (with --dry-run it only reports the text's lines that overlap the evaluation
 sets). The command parses its options, calls one function, and prints."""
 
@@ -46,15 +46,15 @@ def adapt(
 ):
     """Continue masked-language-model training of an encoder on your text (domain adaptation)."""
     from nerkit.typed_yaml import parse_duration
-    from nerkit.tools.lm_adapt import AdaptOptions
-    from nerkit.tools.lm_adapt import adapt as run
+    from nerkit.tools.resources.lm_adapt import AdaptOptions
+    from nerkit.tools.resources.lm_adapt import adapt as run
 
     options = AdaptOptions(steps=steps, batch_size=batch_size, lr=lr, whole_word=whole_word, max_len=max_len,
                            held_out=held_out, time_budget=parse_duration(time_budget, "--time-budget"),
                            checkpoint_every=checkpoint_every, seed=seed, bf16=bf16)
     if dry_run:
-        from nerkit.tools.lm_adapt import dry_run as report
-        from nerkit.tools.lm_adapt import format_dry_run
+        from nerkit.tools.resources.lm_adapt import dry_run as report
+        from nerkit.tools.resources.lm_adapt import format_dry_run
 
         typer.echo(format_dry_run(report(lm, text, exclude, options)))
         return

@@ -140,7 +140,7 @@ def calibrate(
     the threshold of best dev F1, from 0.05 to 0.95 by 0.05, and a map of its span scores fitted on
     the spans it then predicts (Platt's), both of which predictions then use. Refused, the model
     directory untouched: a file without entities, too few entities, a fit at the edge of the range."""
-    from nerkit.tools.calibrate import calibrate as fit
+    from nerkit.tools.annotation.calibrate import calibrate as fit
 
     result = fit(model, data, batch_size, window, min_entities, threads=threads)
     typer.echo(json.dumps(result))
@@ -158,7 +158,7 @@ def report(
 ):
     """One self-contained HTML page: scores, training curves, entity-type confusions, the error
     breakdown and every sentence with an error, filterable by type and kind."""
-    from nerkit.tools.report import write_report
+    from nerkit.tools.reports.report import write_report
 
     metrics = write_report(model, data, out, batch_size, repair=repair, device=device, threads=threads)
     typer.echo(f"wrote {out} (F1 {100 * metrics['f1']:.2f})")

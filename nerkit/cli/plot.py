@@ -1,6 +1,6 @@
 """`nerkit plot`: training curves, position encodings and attention maps as PNG or SVG files.
 
-Each command parses its options, calls one function of `nerkit.tools.plot`, and prints the file it wrote.
+Each command parses its options, calls one function of `nerkit.tools.reports.plot`, and prints the file it wrote.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ def curves(
     out: Path = OUT,
 ):
     """Loss, learning rate and dev F1 per epoch of one or more runs, on one figure."""
-    from nerkit.tools.plot import plot_curves
+    from nerkit.tools.reports.plot import plot_curves
 
     typer.echo(f"wrote {plot_curves(runs, out)}")
 
@@ -36,7 +36,7 @@ def positions(
     max_distance: int = typer.Option(50, "--max-distance", min=1, help="Offsets k from -N to N."),
 ):
     """What attention reads of positions: sinusoids' P_i . P_i+k, through random projections, and TENER's term."""
-    from nerkit.tools.plot import plot_positions
+    from nerkit.tools.reports.plot import plot_positions
 
     typer.echo(f"wrote {plot_positions(dim, out, max_distance)}")
 
@@ -63,7 +63,7 @@ def attention(
     if data is not None:
         memory(model, data, out, limit, layer or head)
         return
-    from nerkit.tools.plot import plot_attention
+    from nerkit.tools.reports.plot import plot_attention
 
     path, spread = plot_attention(model, text, out, layer, head)
     for row in spread:
@@ -73,11 +73,11 @@ def attention(
 
 
 def memory(model: list[Path], data: Path, out: Path, limit: int, chosen: int) -> None:
-    """`plot attention --data`: one model's attention on its memory (nerkit.tools.plot_memory)."""
+    """`plot attention --data`: one model's attention on its memory (nerkit.tools.reports.plot_memory)."""
     if len(model) > 1 or chosen:
         raise UserError("--data draws one model's attention on its memory, every layer on one figure",
                         fix="give one --model and no --layer or --head")
-    from nerkit.tools.plot_memory import plot_memory_attention
+    from nerkit.tools.reports.plot_memory import plot_memory_attention
 
     path, rows = plot_memory_attention(model[0], data, out, limit)
     for row in rows:
@@ -93,7 +93,7 @@ def loop(
     out: Path = OUT,
 ):
     """F1 against the sentences annotated, choosing by uncertainty against at random (`nerkit bench loop`)."""
-    from nerkit.tools.plot import plot_loop
+    from nerkit.tools.reports.plot import plot_loop
 
     typer.echo(f"wrote {plot_loop(results, out)}")
 
@@ -105,6 +105,6 @@ def reliability(
     out: Path = OUT,
 ):
     """How honest the entity scores are: the share of entities right against their score, per model."""
-    from nerkit.tools.plot import plot_reliability
+    from nerkit.tools.reports.plot import plot_reliability
 
     typer.echo(f"wrote {plot_reliability(files, out)}")

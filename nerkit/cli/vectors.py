@@ -38,7 +38,7 @@ def train(
     force: bool = flag("--force", help="Write into --out even if it holds earlier vectors (.vec files only)."),
 ):
     """Train word2vec character, character-bigram and jieba-word vectors on your text."""
-    from nerkit.tools.vectors import HeldOut, train_vectors
+    from nerkit.tools.resources.vectors import HeldOut, train_vectors
 
     held_out = HeldOut.from_files(exclude) if exclude else None
     report = train_vectors(text, out, dim=dim, word_dim=word_dim or None, window=window, min_count=min_count,
@@ -56,7 +56,7 @@ def export_jieba(
     out: Path = typer.Option(..., "--out", "-o", help="The word2vec text file to write."),
 ):
     """Write the character embeddings of jieba's bundled LAC model (Baidu) as word2vec text."""
-    from nerkit.tools.vectors import export_jieba as export
+    from nerkit.tools.resources.vectors import export_jieba as export
 
     report = export(out)
     typer.echo(f"wrote {report['vectors']:,} character vectors of dimension {report['dim']} to {out} "

@@ -3,7 +3,7 @@ configured width against a file's. Their files are read and written by nerkit.da
 names below are imported from there, so that `nerkit.pretrained.vectors` offers the whole of it).
 
 Everything here works on plain numpy arrays; turning vectors into embedding tables is the training
-build's job, and training them is nerkit.tools.vectors'.
+build's job, and training them is nerkit.tools.resources.vectors'.
 """
 
 from __future__ import annotations

@@ -1,3 +1,5 @@
-"""Tools around training and prediction: the HTML report (`report`), figures (`plot`), the benchmark
-matrix (`bench/`), training or exporting static vectors (`vectors`), and the ONNX export of a model
-(`export`, with the graphs it writes node by node in `onnx_graphs`)."""
+"""Commands around training and prediction, a folder per concern: helping people annotate
+(`annotation`: what to label next, scores made honest), the ONNX export (`onnx`), benchmarks
+(`bench`), reports and figures (`reports`), the pretrained resources a model reads (`resources`:
+lexicons mined from text, static vectors, a language model adapted to a domain), and distillation
+(`distill`), which trains a student with the training loop."""

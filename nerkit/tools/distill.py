@@ -24,7 +24,7 @@ from nerkit.files import check_input
 from nerkit.inference.model_dir import WEIGHTS_FILE, ModelDir, update_meta
 from nerkit.inference.pipeline import Pipeline
 from nerkit.inference.windows import text_windows
-from nerkit.tools.lm_adapt import read_lines
+from nerkit.tools.resources.lm_adapt import read_lines
 from nerkit.training.checkpoint import TEACHING_KEY
 from nerkit.training.distill import Distillation, check_tags, marginals_read, recorded_options
 from nerkit.training.distill_cache import TargetOptions, cached_targets, default_cache_root, teacher_sha256

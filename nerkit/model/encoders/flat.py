@@ -106,7 +106,7 @@ class LatticePositions(nn.Module):
 @torch.library.custom_op("nerkit::lattice_scores", mutates_args=())
 def lattice_scores(moved_q: torch.Tensor, rows: torch.Tensor, query_rows: torch.Tensor,
                    key_rows: torch.Tensor) -> torch.Tensor:
-    """`LatticePositions.logits` as one operator for an ONNX export (`nerkit.tools.export` writes it as
+    """`LatticePositions.logits` as one operator for an ONNX export (`nerkit.tools.onnx.export` writes it as
     a Scan over the query nodes, so memory stays that of one query row): score[b, h, i, j] =
     moved_q[b, i, h] . ReLU(sum_k rows[k, query_rows[k, b, i] - key_rows[k, b, j]]). moved_q (B, L, H, M),
     rows (K, R, M), query_rows and key_rows (K, B, L) long. This eager body is the formula, all pairs at once."""

@@ -72,7 +72,7 @@ def simulate(config_path: str | Path, overrides: list[str], out: str | Path, opt
 def run_one(config, splits, out: Path, options: LoopOptions, strategy: str, seed: int, done: set,
             base: dict) -> None:
     """One strategy and seed through every round, from its saved labelled set where it has one."""
-    from nerkit.tools.select import select
+    from nerkit.tools.annotation.select import select
 
     state_file = out / "state" / f"{strategy}-s{seed}.json"
     labelled = random.Random(seed).sample(range(len(splits.train)), options.start)  # the same for both strategies

@@ -54,12 +54,12 @@ def pretrained_inputs(config) -> dict:
 
 def lexicon_of(config, pipe, splits) -> dict:
     """A lattice model's lexicon for its record (`lexicon`: source, file sha256, words and their
-    sha256, coverage of dev and test: nerkit.tools.lexicon.lexicon_record), as the saved model holds
+    sha256, coverage of dev and test: nerkit.tools.resources.lexicon.lexicon_record), as the saved model holds
     it; {} for a model without one."""
     lexicon = pipe.featurizer.lexicon
     if lexicon is None:
         return {}
-    from nerkit.tools.lexicon import lexicon_record
+    from nerkit.tools.resources.lexicon import lexicon_record
 
     return {"lexicon": lexicon_record(lexicon, config.lexicon.source, {"dev": splits.dev, "test": splits.test},
                                       config.data.normalize)}

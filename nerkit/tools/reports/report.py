@@ -236,7 +236,7 @@ over {found['entities']:,} entities (<code>nerkit calibrate</code> fits a temper
 
 
 def reliability_svg(calibration: dict, label: str) -> str:
-    from nerkit.tools.plot import figure_bytes, load_matplotlib, reliability_figure, style
+    from nerkit.tools.reports.plot import figure_bytes, load_matplotlib, reliability_figure, style
 
     matplotlib = load_matplotlib()
     with matplotlib.rc_context(style(label)):
@@ -247,7 +247,7 @@ def curves_svg(model_dir: Path) -> str | None:
     """The run's training curves as SVG text, or None without a metrics.jsonl."""
     if not (model_dir / "metrics.jsonl").is_file():
         return None
-    from nerkit.tools.plot import curves_figure, figure_bytes, load_matplotlib, style
+    from nerkit.tools.reports.plot import curves_figure, figure_bytes, load_matplotlib, style
 
     matplotlib = load_matplotlib()
     with matplotlib.rc_context(style(model_dir.name)):

@@ -2,7 +2,7 @@
 
 The network up to the tag scores (emissions) is traced by torch's ONNX exporter (`torch.onnx.export`,
 dynamo), with dynamic batch, length and lattice-word axes; what it cannot trace is written node by node
-in nerkit.tools.onnx_graphs and joined to it in the same graph: FLAT's lattice scores (a Scan) and
+in nerkit.tools.onnx.graphs and joined to it in the same graph: FLAT's lattice scores (a Scan) and
 the CRF's constrained Viterbi decode (two Scans), so the graph gives tag ids. The encoders trace
 their export form themselves (`torch.compiler.is_exporting()`: the BiLSTM without packing, sinusoids
 computed in the graph, FLAT's scores as one operator, a language model's one window per sentence).
@@ -46,7 +46,7 @@ from nerkit.inference.model_dir import (
 from nerkit.inference.pipeline import Pipeline
 from nerkit.model.span import band_valid
 from nerkit.model.tagger import Tagger
-from nerkit.tools.onnx_graphs import (
+from nerkit.tools.onnx.graphs import (
     OPSET,
     fold_weights,
     lattice_score_nodes,

@@ -1,6 +1,6 @@
 """ONNX graphs written node by node, for what torch's exporter cannot trace: the CRF's constrained
 Viterbi decode (a Scan forward over time, a Scan back over it) and FLAT's lattice scores (a Scan over
-the query nodes). `nerkit.tools.export` adds them to the graph it exports, so that any ONNX runtime
+the query nodes). `nerkit.tools.onnx.export` adds them to the graph it exports, so that any ONNX runtime
 gets tag ids, not scores.
 
 Every piece is batched over sentences of different lengths with the mask, as `nerkit.model.crf.CRF.decode`

@@ -2,7 +2,7 @@
 by distance. A model with `encoder.memory` reads the sentences of a corpus that are longer than one
 segment as `nerkit predict` reads them (`MemoryReader`), its attention weights are recorded, and each
 (query, key) weight is added to the key's distance behind the query (0: itself; a key of the memory
-is at least the query's place in its segment + 1 behind it). The figure (nerkit.tools.plot's style)
+is at least the query's place in its segment + 1 behind it). The figure (nerkit.tools.reports.plot's style)
 shows the mean weight by distance and, by the query's place in its segment, the share on the memory.
 """
 
@@ -15,7 +15,7 @@ import torch
 
 from nerkit.errors import UserError
 from nerkit.files import check_output
-from nerkit.tools.plot import _save, image_format
+from nerkit.tools.reports.plot import _save, image_format
 
 
 @dataclass
