@@ -45,25 +45,6 @@ LOW, HIGH = 0.1, 10.0
 COARSE, REFINE = 5, 10
 EDGE = 0.02  # in log T: a best T this close to an end of the range is at the edge
 
-@dataclass
-class Decoded:
-    """The gold texts read in the model's windows and decoded once, what every temperature tried
-    needs: each window's emissions (float64), mask, paths and entities (`CRF.entity_segments`), and
-    whether each entity of the stitched predictions is right (span and type as in the gold file)."""
-
-    token_lists: list[list[str]]
-    pieces: list[tuple[int, int, int]]  # (text, window start, window end), in text order
-    batches: list[tuple[list[int], torch.Tensor, torch.Tensor, list[list[int]], EntitySegments]]  # piece indices first
-    right: list[bool]
-
-
-# The search for T: log T over [LOW, HIGH], first at COARSE evenly spaced points, then by golden-section
-# search between the neighbours of the best of them, REFINE steps (the bracket shrinks to 0.618^REFINE
-# of 2 * ln(HIGH / LOW) / (COARSE - 1): 0.02 in log T, 2% in T). A best T at an end of the range is
-# no fit (the log loss still falls beyond it: nothing the file says is calibrated by a temperature).
-LOW, HIGH = 0.1, 10.0
-COARSE, REFINE = 5, 10
-EDGE = 0.02  # in log T: a best T this close to an end of the range is at the edge
 
 @dataclass
 class Decoded:
