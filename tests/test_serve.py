@@ -608,3 +608,19 @@ def test_a_port_in_use_is_one_line(nerkit, tiny_model_dir):
     assert result.returncode == 2
     assert f"nerkit: error: cannot listen on 127.0.0.1:{port}" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("label_studio, says, not_says", [
+    (False, "POST /predict; the API's docs at http://127.0.0.1:", "Label Studio"),
+    (True, "as a Label Studio ML backend: connect http://127.0.0.1:", "POST /predict"),
+])
+def test_the_start_up_line_names_the_protocol_served(caplog, label_studio, says, not_says):
+    """`nerkit serve --label-studio` speaks Label Studio's protocol, whose /predict takes its tasks:
+    the start-up line says where to connect it, not nerkit's own API."""
+    from nerkit.inference.server import _announce
+
+    with socket.socket() as sock, caplog.at_level("INFO", logger="nerkit"):
+        sock.bind(("127.0.0.1", 0))
+        _announce("runs/m", "127.0.0.1", sock, 1, label_studio)
+    (line,) = caplog.messages
+    assert says in line and not_says not in line

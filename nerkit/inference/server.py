@@ -378,12 +378,15 @@ def _graceful_exit(server) -> Iterator[None]:
             signal.signal(sig, old)
 
 
-def _announce(model_dir, host: str, sock: socket.socket, workers: int) -> None:
+def _announce(model_dir, host: str, sock: socket.socket, workers: int, label_studio: bool = False) -> None:
+    """The line that says where the server listens and what it speaks: nerkit's own API, or Label
+    Studio's ML backend protocol (whose /predict takes Label Studio's tasks, not nerkit's texts)."""
     port = sock.getsockname()[1]
     url = f"http://{f'[{host}]' if ':' in host else host}:{port}"
     processes = f" in {workers} processes" if workers > 1 else ""
-    log.info(f"serving {model_dir} on {url}{processes} (POST /predict; the API's docs at {url}/docs); "
-             "SIGTERM or Ctrl-C stops it")
+    speaks = (f"as a Label Studio ML backend: connect {url} in a project's Settings > Model"
+              if label_studio else f"POST /predict; the API's docs at {url}/docs")
+    log.info(f"serving {model_dir} on {url}{processes} ({speaks}); SIGTERM or Ctrl-C stops it")
 
 
 def run_server(model_dir: str | Path, host: str = "127.0.0.1", port: int = 8000, workers: int = 1,
@@ -406,7 +409,7 @@ def run_server(model_dir: str | Path, host: str = "127.0.0.1", port: int = 8000,
         options.threads = threads
         app = create_app(model_dir, options)  # before the port is bound: a bad model costs no listening
         sock = listen(host, port)
-        _announce(model_dir, host, sock, workers)
+        _announce(model_dir, host, sock, workers, options.label_studio)
         config = uvicorn.Config(app, host=host, port=sock.getsockname()[1], log_level=uvicorn_level,
                                 access_log=access_log, timeout_graceful_shutdown=None, http=DrainingHTTPProtocol)
         server = uvicorn.Server(config)
@@ -420,7 +423,7 @@ def run_server(model_dir: str | Path, host: str = "127.0.0.1", port: int = 8000,
     os.environ[ENVIRONMENT] = json.dumps({"model": str(model_dir), "options": dataclasses.asdict(options),
                                           "log_level": level})
     sock = listen(host, port)
-    _announce(model_dir, host, sock, workers)
+    _announce(model_dir, host, sock, workers, options.label_studio)
     config = uvicorn.Config(f"{__name__}:app_from_environment", factory=True, host=host, port=sock.getsockname()[1],
                             workers=workers, log_level=uvicorn_level, access_log=access_log,
                             timeout_graceful_shutdown=None, http=DrainingHTTPProtocol)
