@@ -159,3 +159,19 @@ def write_threshold(model_dir: Path, result: dict) -> dict:
              f"scale): ECE {fitted['ece_before']:.4f} -> {fitted['ece_after']:.4f} over {fitted['spans']:,} spans; "
              f"wrote {meta_path}")
     return result
+
+
+def choice_on_dev(pipe: Pipeline, sentences: list, batch_size: int) -> dict:
+    """Training's choice after an epoch: the threshold chosen on the dev SENTENCES from the head's
+    own scores (whatever an earlier epoch chose), set on `pipe`; what training keeps of it (the
+    nerkit.json keys, the grid's threshold `chosen` and the F1 at span.threshold, `f1_at_default`)."""
+    pipe.span_threshold, pipe.span_score_map = None, None
+    chosen = choose_threshold(pipe, sentences, "the dev split", batch_size)
+    return {**span_meta(chosen), "chosen": chosen["threshold"], "f1_at_default": chosen["before"]["f1"]}
+
+
+def adopt_choice(pipe: Pipeline, choice: dict, directory: Path) -> None:
+    """Set a `choice_on_dev` on `pipe` and write it into DIRECTORY/nerkit.json."""
+    pipe.span_threshold = choice[SPAN_THRESHOLD]
+    pipe.span_score_map = tuple(choice[SPAN_SCORE_MAP][k] for k in SCORE_MAP_KEYS)
+    update_meta(directory, {k: choice[k] for k in (SPAN_THRESHOLD, SPAN_SCORE_MAP)})

@@ -31,9 +31,8 @@ from nerkit.errors import Interrupted, UserError, stop_signals_handled
 from nerkit.features.batch import bucketed_batches, collate
 from nerkit.features.featurizer import Example
 from nerkit.files import CHECKPOINT, WRITE_ERRNOS
-from nerkit.inference.model_dir import SCORE_MAP_KEYS, SPAN_SCORE_MAP, SPAN_THRESHOLD, update_meta
 from nerkit.inference.pipeline import Pipeline
-from nerkit.inference.span_threshold import choose_threshold, span_meta
+from nerkit.inference.span_threshold import adopt_choice, choice_on_dev
 from nerkit.log import progress_display
 from nerkit.training.build import build_pipeline
 from nerkit.training.checkpoint import (
@@ -468,17 +467,13 @@ def evaluate(run: Run, sentences: list) -> dict:
 
 
 def evaluate_dev(run: Run) -> dict:
-    """The model's dev metrics; with `span.choose_threshold`, a span-head model's threshold is first
-    chosen on dev as `nerkit calibrate` chooses it (from the head's own scores, whatever an earlier
-    epoch chose), and the metrics are those at it, with the choice (`span_threshold`: the threshold,
-    the map of the scores, the F1 at `span.threshold` beside)."""
+    """The model's dev metrics; with `span.choose_threshold`, a span-head model's are those at the
+    threshold chosen on dev as `nerkit calibrate` chooses it, with the choice (`span_threshold`)."""
     pipe, config = run.pipe, run.config
     if not pipe.head.has_threshold or not config.span.choose_threshold:
         return evaluate(run, run.splits.dev)
-    pipe.span_threshold, pipe.span_score_map = None, None
-    chosen = choose_threshold(pipe, run.splits.dev, "the dev split", config.train.eval_batch_size)
-    return {**evaluate(run, run.splits.dev), "span_threshold": {
-        **span_meta(chosen), "chosen": chosen["threshold"], "f1_at_default": chosen["before"]["f1"]}}
+    choice = choice_on_dev(pipe, run.splits.dev, config.train.eval_batch_size)
+    return {**evaluate(run, run.splits.dev), "span_threshold": choice}
 
 
 def log_epoch(run: Run, epoch: int, n_batches: int, partial: bool) -> dict:
@@ -524,10 +519,7 @@ def finish(run: Run, epoch: int) -> dict:
     pipe.model.load_state_dict(run.best_state)
     dev = run.best_dev if run.best_dev is not None else evaluate_dev(run)
     if "span_threshold" in dev:  # the best epoch's threshold: test is scored at it, and the model predicts with it
-        chosen = dev["span_threshold"]
-        pipe.span_threshold = chosen[SPAN_THRESHOLD]
-        pipe.span_score_map = tuple(chosen[SPAN_SCORE_MAP][k] for k in SCORE_MAP_KEYS)
-        update_meta(run.out, {k: chosen[k] for k in (SPAN_THRESHOLD, SPAN_SCORE_MAP)})
+        adopt_choice(pipe, dev["span_threshold"], run.out)
     metrics = {"best_epoch": progress.best_epoch, "epochs": min(epoch, tc.epochs), "steps": progress.step,
                "partial_epoch": progress.batch > 0,  # a limit stopped the run inside its last epoch
                "stopped": run.progress.stopped, "dev": dev,
