@@ -57,8 +57,14 @@ def _create_file(tmp: Path) -> None:
 @contextmanager
 def atomic_file(path: str | Path) -> Iterator[BinaryIO]:
     """Yield a new file beside `path` to write into; when the block ends it is fsynced and renamed
-    over `path`, and when the block raises anything (Ctrl-C included) it is removed."""
+    over `path`, and when the block raises anything (Ctrl-C included) it is removed. A `path` that
+    is there and is no regular file (/dev/null, /dev/stdout, a named pipe) is written as it is:
+    renamed over, a device would become a file (as root, /dev/null for every program)."""
     path = Path(path)
+    if path.exists() and not path.is_file() and not path.is_dir():
+        with open(path, "wb") as f:
+            yield f
+        return
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = _new_sibling(path, _create_file)
     try:

@@ -693,6 +693,9 @@ def test_bench_predict_times_whole_processes_in_rounds(tiny_model_dir, tmp_path)
     for r in record["rounds"]:  # the fixed cost, timed over an empty text, is beside the steady rate
         assert 0 < r["startup_s"] and r["steady_chars_per_s"] == pytest.approx(16 / max(r["seconds"] - r["startup_s"], 1e-9))
     assert "| start-up s | steady chars/s |" in (out / "RESULTS.md").read_text(encoding="utf-8")
+    import stat
+
+    assert stat.S_ISCHR(os.stat(os.devnull).st_mode)  # its --output /dev/null was written, not replaced
     # a missing text file is one line and exit 2
     bad = nerkit("bench", "predict", "--model", tiny_model_dir, "--text", tmp_path / "none.txt", "--out", out)
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "text file not found" in bad.stderr

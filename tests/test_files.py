@@ -61,3 +61,21 @@ def test_atomic_file_replaces_the_target_when_the_block_ends(tmp_path):
         assert not target.exists()
     assert target.read_bytes() == b"new\n"
     assert [p.name for p in target.parent.iterdir()] == ["out.jsonl"]
+
+
+def test_a_device_or_a_pipe_is_written_as_it_is_never_replaced(tmp_path):
+    """`--output /dev/null` (what `nerkit bench predict` passes) renamed over made /dev/null a regular
+    file for every program on the machine; a named pipe stands in for it here."""
+    import stat
+    import threading
+
+    pipe = tmp_path / "pipe"
+    os.mkfifo(pipe)
+    received = []
+    reader = threading.Thread(target=lambda: received.append(pipe.read_bytes()), daemon=True)
+    reader.start()
+    atomic_write_text(pipe, "written through\n")
+    reader.join(timeout=10)
+    assert stat.S_ISFIFO(os.stat(pipe).st_mode) and received == [b"written through\n"]
+    assert [p.name for p in tmp_path.iterdir()] == ["pipe"]  # no temporary sibling left
+    assert stat.S_ISCHR(os.stat(os.devnull).st_mode)
