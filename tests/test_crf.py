@@ -96,6 +96,88 @@ def test_nll_matches_brute_force(tags, constrain_training, algorithm):
     assert nll.item() == pytest.approx(sum(expected), abs=1e-5)
 
 
+# ---------------------------------------------------------------- partial labels
+
+
+def random_allowed(generator: torch.Generator, shape: tuple[int, int, int], unknown: float) -> torch.Tensor:
+    """(B, T, K) bool: each position, with probability `unknown`, any non-empty set of tags, else one tag."""
+    batch, length, num_tags = shape
+    allowed = torch.zeros(shape, dtype=torch.bool)
+    for b, t in itertools.product(range(batch), range(length)):
+        if torch.rand(1, generator=generator).item() < unknown:
+            while not allowed[b, t].any():
+                allowed[b, t] = torch.rand(num_tags, generator=generator) < 0.6
+        else:
+            allowed[b, t, torch.randint(num_tags, (1,), generator=generator)] = True
+    return allowed
+
+
+@pytest.mark.parametrize("algorithm", ["loop", "scan"])
+@pytest.mark.parametrize("constrain_training", [False, True])
+@pytest.mark.parametrize("tags", [BIO, BIOES, BMES, BIOES_MIXED[:5]], ids=["BIO", "BIOES", "BMES", "mixed"])
+def test_partial_label_nll_matches_brute_force(tags, constrain_training, algorithm):
+    """Partial labels: minus log of the summed exp-scores of the paths through the allowed tags, over
+    all paths, by enumeration; the same transitions (decoding's forbidden ones with constrain_training)."""
+    generator = torch.Generator().manual_seed(len(tags) + 7 * constrain_training)
+    crf = randomize(CRF(tags, constrain_training=constrain_training, algorithm=algorithm).double(), generator)
+    lengths = [4, 1, 3, 2]
+    emissions = torch.randn(len(lengths), 4, len(tags), generator=generator, dtype=torch.float64)
+    mask = lengths_to_mask(lengths, 4)
+    allowed = random_allowed(generator, tuple(emissions.shape), unknown=0.5)
+    allowed[0, :2] = True  # a run of unknown positions
+    expected = []
+    for row, length in enumerate(lengths):
+        paths, scores = all_path_scores(crf, emissions[row, :length].numpy(), valid_only=constrain_training)
+        through = np.array([all(allowed[row, t, p[t]] for t in range(length)) for p in paths])
+        if not through.any():  # no path through this row's allowed tags: leave the row out of the sum
+            allowed[row, :length] = True
+            through[:] = True
+        expected.append(-(logsumexp(scores[through]) - logsumexp(scores)))
+    gold = torch.zeros(mask.shape, dtype=torch.long)  # not read with `allowed`
+    nll = crf.neg_log_likelihood(emissions, gold, mask, reduction="sum", allowed=allowed)
+    assert nll.item() == pytest.approx(sum(expected), abs=1e-6)
+
+
+@pytest.mark.parametrize("constrain_training", [False, True])
+def test_partial_labels_with_nothing_unknown_are_the_full_likelihood_and_batch_like_one_at_a_time(constrain_training):
+    generator = torch.Generator().manual_seed(3)
+    crf = randomize(CRF(BIOES, constrain_training=constrain_training), generator, scale=0.5)
+    lengths = [6, 2, 5]
+    emissions = torch.randn(3, 6, len(BIOES), generator=generator)
+    mask = lengths_to_mask(lengths, 6)
+    gold = torch.tensor([[1, 2, 3, 0, 4, 0], [4, 0, 0, 0, 0, 0], [0, 1, 3, 4, 0, 0]])
+    known = torch.nn.functional.one_hot(gold, len(BIOES)).bool()
+    for reduction in ("sum", "mean", "token_mean"):
+        assert crf.neg_log_likelihood(emissions, gold, mask, reduction, allowed=known).item() == pytest.approx(
+            crf.neg_log_likelihood(emissions, gold, mask, reduction).item(), rel=1e-5)
+    allowed = known.clone()
+    allowed[0, 3:5] = True  # unknown between two known entities
+    allowed[2, :2] = True
+    together = crf.neg_log_likelihood(emissions, gold, mask, "sum", allowed=allowed)
+    alone = sum(crf.neg_log_likelihood(emissions[i:i + 1, :n], gold[i:i + 1, :n], mask[i:i + 1, :n], "sum",
+                                       allowed=allowed[i:i + 1, :n]) for i, n in enumerate(lengths))
+    assert together.item() == pytest.approx(alone.item(), rel=1e-5)
+    assert together.item() < crf.neg_log_likelihood(emissions, gold, mask, "sum").item()  # fewer paths ruled out
+
+
+def test_partial_labels_reach_every_parameter_and_no_unknown_emission_is_pushed_down():
+    """Every parameter gets a gradient; an unknown position's emissions are pulled only towards the
+    paths the known tags allow (with every tag allowed there and nothing known, the gradient is 0)."""
+    generator = torch.Generator().manual_seed(5)
+    crf = randomize(CRF(BIO, constrain_training=True), generator, scale=0.5)
+    emissions = torch.randn(2, 5, len(BIO), generator=generator, requires_grad=True)
+    mask = lengths_to_mask([5, 5], 5)
+    allowed = torch.ones(2, 5, len(BIO), dtype=torch.bool)
+    allowed[0, 0] = False
+    allowed[0, 0, 1] = True  # one known tag in the first row
+    crf.neg_log_likelihood(emissions, torch.zeros(2, 5, dtype=torch.long), mask, allowed=allowed).backward()
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in crf.parameters())
+    assert emissions.grad[0].abs().sum() > 0
+    assert emissions.grad[1].abs().max() < 1e-6  # nothing known in the second row: nothing to learn
+    with pytest.raises(ValueError, match="allowed must be"):
+        crf.neg_log_likelihood(emissions, torch.zeros(2, 5, dtype=torch.long), mask, allowed=allowed[:, :4])
+
+
 @pytest.mark.parametrize("algorithm", ["loop", "scan"])
 @pytest.mark.parametrize("constrain_training", [False, True])
 @pytest.mark.parametrize(

@@ -112,13 +112,23 @@ class CRF(nn.Module):
             raise ValueError(f"tag_ids must be {tuple(emissions.shape[:2])}, got {tuple(tag_ids.shape)}")
 
     def neg_log_likelihood(
-        self, emissions: torch.Tensor, tag_ids: torch.Tensor, mask: torch.Tensor, reduction: str = "sum"
+        self, emissions: torch.Tensor, tag_ids: torch.Tensor, mask: torch.Tensor, reduction: str = "sum",
+        allowed: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """emissions (B, T, K) float, tag_ids (B, T) long, mask (B, T) bool (True = real token, left-aligned,
-        every row has at least one True). reduction: 'sum' | 'mean' (per sequence) | 'token_mean'."""
+        every row has at least one True). reduction: 'sum' | 'mean' (per sequence) | 'token_mean'.
+
+        Partial labels: `allowed` (B, T, K) bool, the tags each position may take (one where the
+        annotation is known, several or all where it is not; every real position allows at least
+        one). The likelihood is then that of every path through allowed tags, the forward algorithm
+        over the lattice with the other tags' emissions forbidden, against all paths (Tsuboi et al.
+        2008; Yang et al. 2018's partial-annotation CRF), under the same transitions as the full
+        likelihood's; where each position allows exactly its `tag_ids` tag it is that likelihood."""
         if reduction not in _REDUCTIONS:
             raise ValueError(f"reduction must be one of {_REDUCTIONS}, got {reduction!r}")
         self._check_shapes(emissions, mask, tag_ids)
+        if allowed is not None and allowed.shape != emissions.shape:
+            raise ValueError(f"allowed must be {tuple(emissions.shape)}, got {tuple(allowed.shape)}")
         mask = mask.bool()
         emissions = emissions.to(self.torch_crf.transitions.dtype)
         # Padding labels may be an ignore index such as -100; they are never scored but are still
@@ -133,9 +143,11 @@ class CRF(nn.Module):
             crf = self.torch_crf
             start, trans, end = crf.start_transitions, crf.transitions, crf.end_transitions
         partition = self._log_partition_scan if scan else self._log_partition
-        log_likelihood = self._gold_score(emissions, tag_ids, mask, start, trans, end) - partition(
-            emissions, mask, start, trans, end
-        )  # (B,)
+        if allowed is None:
+            paths = self._gold_score(emissions, tag_ids, mask, start, trans, end)  # (B,)
+        else:  # every path through the allowed tags: exp(_FORBIDDEN_IN_LIKELIHOOD) is exactly 0
+            paths = partition(emissions.masked_fill(~allowed.bool(), _FORBIDDEN_IN_LIKELIHOOD), mask, start, trans, end)
+        log_likelihood = paths - partition(emissions, mask, start, trans, end)  # (B,)
         if reduction == "sum":
             return -log_likelihood.sum()
         if reduction == "mean":
