@@ -143,6 +143,40 @@ def test_loss_equals_the_formula_term_by_term():
     assert multilabel_loss(logits, targets, valid).item() == pytest.approx(total / 2, abs=1e-10)  # per sentence
 
 
+def test_partial_labels_make_no_negative_of_a_span_with_an_unannotated_character():
+    """Issue 57: with `known`, the formula term by term where a cell is a negative only if every
+    character of it is annotated (a positive stays one); all known, the loss is the full one."""
+    from nerkit.model.span import band_known
+
+    generator = torch.Generator().manual_seed(4)
+    logits = torch.randn(2, 2, 5, 3, generator=generator, dtype=torch.float64, requires_grad=True)
+    targets = torch.rand(2, 2, 5, 3, generator=generator) < 0.3
+    mask = torch.tensor([[True] * 5, [True, True, True, False, False]])
+    valid = band_valid(mask, 3)
+    known = torch.tensor([[True, True, False, True, True], [False, True, True, True, True]])
+    cells = band_known(known, 3)
+    total = 0.0
+    for b, k in itertools.product(range(2), range(2)):
+        negatives = positives = 0.0
+        for start, w in itertools.product(range(5), range(3)):
+            annotated = all(known[b, t] for t in range(start, min(start + w + 1, 5)))
+            if valid[b, start, w]:
+                x = logits[b, k, start, w].item()
+                if targets[b, k, start, w]:
+                    positives += math.exp(-x)
+                elif annotated:
+                    negatives += math.exp(x)
+        total += math.log(1 + negatives) + math.log(1 + positives)
+    loss = multilabel_loss(logits, targets, valid, cells)
+    assert loss.item() == pytest.approx(total / 2, abs=1e-10)
+    loss.backward()
+    unsure = valid[:, None] & ~cells[:, None] & ~targets  # (B, K, T, W): cells that are neither
+    assert unsure.any() and logits.grad[unsure].abs().max() == 0
+    everything = torch.ones_like(known)
+    assert multilabel_loss(logits, targets, valid, band_known(everything, 3)).item() == pytest.approx(
+        multilabel_loss(logits, targets, valid).item(), abs=1e-12)
+
+
 def test_spans_wider_than_the_band_are_left_out_of_the_targets():
     head = small_head(width=2)
     targets = head.targets(torch.tensor([[0, 1, 2, 1], [1, 0, 0, 2]]), (2, 3, 4, 2))

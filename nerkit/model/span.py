@@ -31,16 +31,31 @@ def band_valid(mask: torch.Tensor, max_width: int) -> torch.Tensor:
     return ends[None] < mask.sum(1)[:, None, None]  # (B, T, W)
 
 
-def multilabel_loss(logits: torch.Tensor, targets: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+def band_known(known: torch.Tensor, max_width: int) -> torch.Tensor:
+    """(B, T, W) bool: the band cells every character of which is annotated (`known` (B, T); a cell
+    past the end counts as known, `band_valid` leaves it out anyway)."""
+    T = known.size(1)
+    unknown = torch.nn.functional.pad((~known).long().cumsum(1), (1, 0))  # (B, T + 1): unknown before t
+    starts = torch.arange(T, device=known.device)[:, None]  # (T, 1)
+    ends = (starts + torch.arange(max_width, device=known.device)[None, :] + 1).clamp(max=T)  # (T, W)
+    return (unknown[:, ends] - unknown[:, starts]) == 0  # (B, T, W)
+
+
+def multilabel_loss(logits: torch.Tensor, targets: torch.Tensor, valid: torch.Tensor,
+                    known: torch.Tensor | None = None) -> torch.Tensor:
     """Su's multi-label categorical cross-entropy, log(1 + sum_neg e^s) + log(1 + sum_pos e^-s), over
     the valid band cells of each (sentence, type), summed over the types and averaged over the
     sentences, as a CRF's likelihood is per sentence (averaged over (sentence, type) pairs, it learnt
-    more slowly: docs/notebook/span.md). logits, targets (B, K, T, W); valid (B, T, W)."""
+    more slowly: docs/notebook/span.md). logits, targets (B, K, T, W); valid (B, T, W).
+
+    Partial labels: `known` (B, T, W), `band_known`'s cells; a cell with an unannotated character is
+    no negative (nothing says it is not an entity), while an annotated entity stays a positive."""
     B, K = logits.shape[:2]
     s = logits.reshape(B, K, -1)  # (B, K, N)
     positive = targets.reshape(B, K, -1)
     outside = ~valid.reshape(B, 1, -1)
-    negatives = s.masked_fill(positive | outside, float("-inf"))
+    unsure = outside if known is None else outside | ~known.reshape(B, 1, -1)
+    negatives = s.masked_fill(positive | unsure, float("-inf"))
     positives = (-s).masked_fill(~positive | outside, float("-inf"))
     zero = s.new_zeros(B, K, 1)  # the 1 in log(1 + ...)
     loss = torch.logsumexp(torch.cat([zero, negatives], -1), -1) + torch.logsumexp(torch.cat([zero, positives], -1), -1)
@@ -121,9 +136,12 @@ class SpanHead(nn.Module):
         targets[spans[:, 0], spans[:, 1], spans[:, 2], spans[:, 3]] = True
         return targets
 
-    def loss(self, h: torch.Tensor, mask: torch.Tensor, spans: torch.Tensor) -> torch.Tensor:
+    def loss(self, h: torch.Tensor, mask: torch.Tensor, spans: torch.Tensor,
+             known: torch.Tensor | None = None) -> torch.Tensor:
+        """`multilabel_loss` of the gold spans; `known` (B, T) bool: the annotated characters (None: all)."""
         logits = self(h)  # (B, K, T, W)
-        return multilabel_loss(logits, self.targets(spans, logits.shape), band_valid(mask, self.max_width))
+        cells = None if known is None else band_known(known, self.max_width)
+        return multilabel_loss(logits, self.targets(spans, logits.shape), band_valid(mask, self.max_width), cells)
 
 
 def _no_bias_is_zero(module: SpanHead, state: dict, prefix: str, *args) -> None:
