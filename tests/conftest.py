@@ -7,11 +7,18 @@ import os
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 from helpers import REPO, fixture_lm_vocab, run_cli, tiny_raw_config, write_lm
 
 # Tests run many small nerkit processes side by side: one torch thread each by default, whatever
 # cores each finds free when it starts (nerkit/cores.py); tests of that choice set their own.
 os.environ.setdefault("NERKIT_FREE_CORES", "1")
+
+# Hypothesis's per-example deadline (200 ms) times the machine, not the code: on two cores shared
+# with the other test worker, a first example that imports or warms a cache took 909 ms once and
+# 2 ms when hypothesis ran it again, failing a correct test. The examples' count bounds the time.
+settings.register_profile("nerkit", deadline=None)
+settings.load_profile("nerkit")
 
 
 @pytest.fixture(scope="session")
