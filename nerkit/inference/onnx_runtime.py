@@ -205,7 +205,7 @@ class OnnxPipeline(Predictor):
         threads = threads or runtime_threads()
         lane_count = threads if lanes and device != "cuda" else 1
         found = read_model_dir(directory, ONNX_MODEL_FILES)
-        directory = found.found.path
+        directory = found.model_dir.path
         lm_vocab = None
         if (directory / "lm").is_dir():
             from nerkit.pretrained.vocab import LMVocab
@@ -213,13 +213,13 @@ class OnnxPipeline(Predictor):
             lm_vocab = LMVocab.read(directory / "lm")
         featurizer = Featurizer.from_json(found.config, found.vocab, found.lexicon, where=str(directory / VOCAB_FILE),
                                           lm_vocab=lm_vocab)
-        graph = found.found.meta.get("onnx") or {}
+        graph = found.model_dir.meta.get("onnx") or {}
         graph_threads = 1 if lane_count > 1 else threads
         graph_session = session(directory / ONNX_FILE, device, graph_threads)
-        if found.found.meta.get("vocab_sha256") is None:
+        if found.model_dir.meta.get("vocab_sha256") is None:
             check_graph_sizes(directory, graph_session, found.vocab)
         pipe = cls(found.config, featurizer, graph_session, graph.get("max_length"), lane_count)
-        pipe.read_settings(found.found)
+        pipe.read_settings(found.model_dir)
         if (directory / CRF_FILE).is_file():
             pipe.crf_scores = read_crf_scores(directory / CRF_FILE, pipe.tags)
         return pipe

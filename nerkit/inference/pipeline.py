@@ -203,7 +203,7 @@ class Pipeline(Predictor):
     def load(cls, directory: str | Path | ModelDir, device: str = "cpu") -> "Pipeline":
         """The model directory `directory` (a path, or its `ModelDir` already read) on torch."""
         found = read_model_dir(directory)
-        directory = found.found.path
+        directory = found.model_dir.path
         config, vocab, lexicon = found.config, found.vocab, found.lexicon
         lm = None
         if (directory / "lm").is_dir():
@@ -212,7 +212,7 @@ class Pipeline(Predictor):
             lm = load_saved_lm(directory, sources=len(config.embeddings.lm_sources()))
         featurizer = Featurizer.from_json(config, vocab, lexicon, where=str(directory / VOCAB_FILE))
         pipe = cls(config, featurizer, device=resolve_device(device), lm=lm)
-        pipe.read_settings(found.found)
+        pipe.read_settings(found.model_dir)
         weights = directory / WEIGHTS_FILE
         state = read_safetensors(weights, fix="the file is damaged or not a safetensors file; retrain or copy it again",
                                  error=ModelDirError)

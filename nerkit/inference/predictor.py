@@ -57,8 +57,7 @@ class Predictor:
         # The longest training sentence (a piece of at most data.max_len), in characters: set by
         # training, saved in nerkit.json; None for a model directory written before it was saved.
         self.train_max_len: int | None = None
-        self.directory: Path | None = None  # where `load` read it from (None: built in memory)
-        self.model_dir: ModelDir | None = None  # what that directory's nerkit.json says it is
+        self.model_dir: ModelDir | None = None  # what the directory `load` read says it is (None: built in memory)
         # Divides the CRF's scores when entities are scored: 1, or what `nerkit calibrate` fitted on a dev set.
         self.score_temperature = 1.0
         # The span head's threshold that `nerkit calibrate` chose on a dev set (nerkit.json's
@@ -75,7 +74,7 @@ class Predictor:
         self.score_temperature = found.score_temperature
         self.span_threshold = found.span_threshold
         self.span_score_map = found.span_score_map
-        self.directory, self.model_dir = found.path, found
+        self.model_dir = found
 
     def mapped_band(self, band):
         """The span head's band logits (numpy or torch, any shape) on the scale its scores and
@@ -84,6 +83,11 @@ class Predictor:
             return band
         scale, shift = self.span_score_map
         return band * scale + shift
+
+    @property
+    def directory(self) -> Path | None:
+        """Where `load` read it from (None: built in memory)."""
+        return self.model_dir.path if self.model_dir is not None else None
 
     @property
     def head(self) -> HeadTraits:
@@ -306,7 +310,7 @@ class Predictor:
 class ModelFiles:
     """What a model directory holds beside its weights or graph, read and checked."""
 
-    found: ModelDir  # nerkit.json: what the directory is
+    model_dir: ModelDir  # nerkit.json: what the directory is
     config: Config
     vocab: dict  # vocab.json
     lexicon: object | None  # nerkit.features.lexicon.Lexicon, for a lattice encoder
