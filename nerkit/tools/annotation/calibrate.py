@@ -93,28 +93,35 @@ def decode(pipe: Pipeline, sentences: list, batch_size: int, window: int | None)
     batches = [([position[j] for j in indices], *rest) for indices, *rest in batches]
     decoded = Decoded(token_lists, [pieces[j] for j in order], batches, [])
     gold = [set(s.spans()) for s in sentences]
-    decoded.right = [span in gold[i] for i, spans in enumerate(stitched(pipe, decoded, 1.0)) for span in spans]
+    decoded.right = [span in gold[i] for i, spans in enumerate(stitched(pipe, decoded)) for span in spans]
     return decoded
 
 
-def stitched(pipe: Pipeline, decoded: Decoded, temperature: float) -> list[list[Span]]:
+def stitched(pipe: Pipeline, decoded: Decoded, temperature: float | None = None) -> list[list[Span]]:
     """Each text's entities as prediction gives them (windows stitched, each entity scored by the
-    window that decided it), scored at `temperature`: the one forward-backward pass a temperature costs."""
+    window that decided it), scored at `temperature`: the one forward-backward pass a temperature
+    costs (None: unscored, no pass)."""
     windows: list = [None] * len(decoded.pieces)
     for indices, emissions, mask, paths, segments in decoded.batches:
-        probs = pipe.model.head.crf.entity_probabilities(emissions, mask, paths, temperature, segments)
+        probs = ([None] * len(paths) if temperature is None else
+                 pipe.model.head.crf.entity_probabilities(emissions, mask, paths, temperature, segments))
         for j, path, p in zip(indices, paths, probs):
             windows[j] = path_entities(path, pipe.tags, pipe.types, p)
-    return pipe.stitched_tags(decoded.token_lists, decoded.pieces, windows, scores=True)
+    return pipe.stitched_tags(decoded.token_lists, decoded.pieces, windows, scores=temperature is not None)
 
 
 def log_loss(pipe: Pipeline, decoded: Decoded, temperature: float) -> float:
     """Mean log loss of the stitched entities' scores at `temperature` against whether they are right."""
-    scores = [s.score for spans in stitched(pipe, decoded, temperature) for s in spans]
+    return mean_log_loss(stitched(pipe, decoded, temperature), decoded.right)
+
+
+def mean_log_loss(spans: list[list[Span]], right: list[bool]) -> float:
+    """Mean log loss of the scores of `spans` (every text's, in order) against `right`, one per span."""
+    scores = [s.score for found in spans for s in found]
     total = 0.0
-    for p, right in zip(scores, decoded.right):
+    for p, correct in zip(scores, right):
         p = min(max(p, 1e-12), 1 - 1e-12)
-        total -= math.log(p if right else 1 - p)
+        total -= math.log(p if correct else 1 - p)
     return total / len(scores) if scores else 0.0
 
 
@@ -187,8 +194,9 @@ def calibrate(model_dir: str | Path, data: str | Path | None = None, batch_size:
     temperature = fit_temperature(pipe, decoded, where)
     result = {"temperature": round(temperature, 4), "entities": entities, "gold": gold_count, "data": where}
     for name, t in (("before", 1.0), ("after", temperature)):
-        fitted = calibration(gold, stitched(pipe, decoded, t))
-        result[name] = {"ece": fitted["ece"], "brier": fitted["brier"], "log_loss": log_loss(pipe, decoded, t)}
+        spans = stitched(pipe, decoded, t)
+        fitted = calibration(gold, spans)
+        result[name] = {"ece": fitted["ece"], "brier": fitted["brier"], "log_loss": mean_log_loss(spans, decoded.right)}
     meta_path = update_meta(model_dir, {SCORE_TEMPERATURE: result["temperature"]})
     log.info(f"score temperature {temperature:.3f} on {entities:,} entities of {where}: ECE "
              f"{result['before']['ece']:.4f} -> {result['after']['ece']:.4f}; wrote {meta_path}")
