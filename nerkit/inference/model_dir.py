@@ -105,7 +105,7 @@ def update_meta(directory: Path, values: dict) -> Path:
     """Set keys of DIRECTORY/nerkit.json (what `nerkit calibrate` fits: `score_temperature`, or
     `span_threshold` with `span_score_map`; what a distilled student learnt from: `distilled_from`),
     the file replaced atomically, all of them at once; its path."""
-    meta = dict(ModelDir.read(directory).meta)
+    meta = _read_json(directory / META_FILE)  # there already: a directory without one is no model's
     meta.update(values)
     return write_meta_file(directory, meta)
 
