@@ -40,6 +40,10 @@ class Sentence:
     # A JSON-lines record's keys besides "text" and "entities" (an id, metadata), in its order, which
     # `nerkit data convert --to jsonl` writes back; nothing else reads them. None for other formats.
     extra: dict | None = None
+    # Partial annotation: the regions (start, end exclusive, sorted, disjoint) that nobody annotated,
+    # where the tags hold O only as a placeholder and no entity lies; a marked entity is whole and
+    # known. None where every character is annotated (every corpus nerkit read before issue 57).
+    unknown: list[tuple[int, int]] | None = None
 
     @property
     def text(self) -> str:
@@ -54,6 +58,29 @@ class Sentence:
 
     def __len__(self) -> int:
         return len(self.tokens)
+
+    @property
+    def partial(self) -> bool:
+        return bool(self.unknown)
+
+    def known(self) -> list[bool]:
+        """Per character, whether it is annotated (False inside an `unknown` region)."""
+        known = [True] * len(self.tokens)
+        for start, end in self.unknown or ():
+            known[start:end] = [False] * (end - start)
+        return known
+
+
+def unknown_regions(known: list[bool]) -> list[tuple[int, int]] | None:
+    """The `Sentence.unknown` regions of a per-character annotated mask (None: all annotated)."""
+    regions, start = [], None
+    for i, k in enumerate([*known, True]):
+        if not k and start is None:
+            start = i
+        elif k and start is not None:
+            regions.append((start, i))
+            start = None
+    return regions or None
 
 
 @dataclass
