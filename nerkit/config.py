@@ -120,6 +120,13 @@ class DataConfig:
     # entities counted exactly. (Not the FLAT encoder: a flat projection of the data.)
     flat: Literal[FLATS] = "none"
     limit: int = 0  # use only the first N training sentences (0 = all)
+    # Another training corpus, read as data.train is and added to its sentences after the dev carve
+    # (never carved into dev): e.g. a dictionary's partial annotation beside the gold (docs/partial.md).
+    train_extra: str | None = None
+    # Simulate a corpus whose annotators missed entities: remove this fraction of data.train's
+    # entities at random (seeded by split_seed) before training, each read as O. For benchmarks of
+    # span.negative_sampling (configs/bench/partial.yaml); dev, test and train_extra are left as they are.
+    hide_entities: float = ranged(0.0, PROBABILITY)
 
 
 @dataclass
@@ -323,6 +330,11 @@ class SpanConfig:
     # them with the largest sum of log-odds (the most probable flat labelling)
     flat: bool = False
     dropout: float = ranged(0.0, PROBABILITY)  # on encoder outputs before the projections
+    # For a corpus whose annotators missed entities (or a dictionary's marks): 0 counts every span no
+    # entity marks as a negative (outside unknown regions); above 0, only ceil(this x the sentence's
+    # length) of them drawn at random each step, unknown regions included (Li et al., ICLR 2021's
+    # negative sampling; docs/partial.md)
+    negative_sampling: float = ranged(0.0, "[0, 10]")
 
     def check(self, source: str) -> None:
         """The rules between its fields, when the span head is the model's: rotary positions rotate
@@ -559,6 +571,10 @@ def _check_head(config: Config, source: str) -> None:
     whole does not stream through Transformer-XL's memory."""
     traits = head_traits(config)
     getattr(config, traits.options).check(source)
+    if config.span.negative_sampling and traits.options != "span":
+        raise ConfigError(f"span.negative_sampling = {config.span.negative_sampling:g} is the span head's, but "
+                          f"model.head is {config.model.head}", where=source,
+                          fix="set model.head: span (--set model.head=span), or span.negative_sampling: 0")
     if not traits.reads_memory and getattr(config.encoder.options, "memory", 0):
         raise ConfigError(f"model.head: {config.model.head} reads each sentence or window whole, not through "
                           "Transformer-XL's memory (encoder.memory)", where=source,

@@ -421,6 +421,7 @@ def _field_values(cls, section: str):
     if cls is DataConfig:
         values["dev_split"] = st.floats(0, 0.99)
         values["insert_spaces"] = st.floats(0, 1)
+        values["hide_entities"] = st.floats(0, 0.99)
         values["context"] = st.just("sentence")  # document needs an encoder with memory (test_document_context.py)
     if cls is TrainConfig:
         values["batch_size"] = st.integers(1, 512)

@@ -116,8 +116,9 @@ def random_allowed(generator: torch.Generator, shape: tuple[int, int, int], unkn
 @pytest.mark.parametrize("constrain_training", [False, True])
 @pytest.mark.parametrize("tags", [BIO, BIOES, BMES, BIOES_MIXED[:5]], ids=["BIO", "BIOES", "BMES", "mixed"])
 def test_partial_label_nll_matches_brute_force(tags, constrain_training, algorithm):
-    """Partial labels: minus log of the summed exp-scores of the paths through the allowed tags, over
-    all paths, by enumeration; the same transitions (decoding's forbidden ones with constrain_training)."""
+    """Partial labels: minus log of the summed exp-scores of the valid paths (decoding's forbidden
+    transitions, always) through the allowed tags, over all paths (valid ones with constrain_training),
+    by enumeration."""
     generator = torch.Generator().manual_seed(len(tags) + 7 * constrain_training)
     crf = randomize(CRF(tags, constrain_training=constrain_training, algorithm=algorithm).double(), generator)
     lengths = [4, 1, 3, 2]
@@ -128,11 +129,12 @@ def test_partial_label_nll_matches_brute_force(tags, constrain_training, algorit
     expected = []
     for row, length in enumerate(lengths):
         paths, scores = all_path_scores(crf, emissions[row, :length].numpy(), valid_only=constrain_training)
-        through = np.array([all(allowed[row, t, p[t]] for t in range(length)) for p in paths])
-        if not through.any():  # no path through this row's allowed tags: leave the row out of the sum
+        valid_paths, valid_scores = all_path_scores(crf, emissions[row, :length].numpy(), valid_only=True)
+        through = np.array([all(allowed[row, t, p[t]] for t in range(length)) for p in valid_paths])
+        if not through.any():  # no valid path through this row's allowed tags: leave the row out of the sum
             allowed[row, :length] = True
             through[:] = True
-        expected.append(-(logsumexp(scores[through]) - logsumexp(scores)))
+        expected.append(-(logsumexp(valid_scores[through]) - logsumexp(scores)))
     gold = torch.zeros(mask.shape, dtype=torch.long)  # not read with `allowed`
     nll = crf.neg_log_likelihood(emissions, gold, mask, reduction="sum", allowed=allowed)
     assert nll.item() == pytest.approx(sum(expected), abs=1e-6)

@@ -46,6 +46,39 @@ def test_the_loss_is_finite_and_reaches_every_parameter(pipe):
     assert not missing, f"no gradient for {missing}"
 
 
+def partial_examples(pipe) -> list:
+    """The first tiny training sentences, each with an unknown region (one over an entity)."""
+    sentences = read_corpus(TINY_TRAIN).sentences[:6]
+    for k, sent in enumerate(sentences):
+        start = k % 3
+        sent.unknown = [(start, min(len(sent), start + 2 + k % 2))]
+        sent.tags = [("O" if start <= i < start + 2 + k % 2 else t) for i, t in enumerate(sent.tags)]
+        assert not any(s.start < sent.unknown[0][1] and sent.unknown[0][0] < s.end for s in sent.spans())
+    return [pipe.featurizer.training_example(s) for s in sentences]
+
+
+def test_partial_labels_every_character_known_is_the_complete_loss(pipe):
+    pipe.model.eval()
+    examples = partial_examples(pipe)
+    complete = [pipe.featurizer.training_example(s) for s in read_corpus(TINY_TRAIN).sentences[:6]]
+    known = collate(examples)
+    assert known.known is not None and not known.known.all()
+    every = collate(examples)
+    every.known = torch.ones_like(every.known)
+    for a, b in zip(examples, complete):
+        b.tag_ids, b.spans = a.tag_ids, a.spans  # the same marks, read as complete
+    assert pipe.model.loss(every).item() == pytest.approx(pipe.model.loss(collate(complete)).item(), rel=1e-6)
+    # an unknown region can only add paths (a CRF) or take negatives away (a span head)
+    assert pipe.model.loss(known).item() < pipe.model.loss(every).item()
+
+
+def test_partial_labels_batched_loss_equals_one_sentence_at_a_time(pipe):
+    pipe.model.eval()
+    examples = partial_examples(pipe)
+    alone = [pipe.model.loss(collate([e])).item() for e in examples]
+    assert pipe.model.loss(collate(examples)).item() == pytest.approx(sum(alone) / len(alone), rel=1e-5)
+
+
 def decoded(pipe, texts: list[str], scores: bool = False) -> list:
     pipe.model.eval()
     batch = collate([pipe.featurizer.example(list(t)) for t in texts])

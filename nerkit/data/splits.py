@@ -13,7 +13,7 @@ from nerkit.config import Config, head_traits
 from nerkit.data.corpus import REPAIR_OPTION, read_corpus, refuse_nested
 from nerkit.data.documents import contiguous_dev_split, documents
 from nerkit.data.nesting import FLAT_RULES
-from nerkit.data.records import Corpus, Sentence, flatten
+from nerkit.data.records import Corpus, Sentence, flatten, unknown_regions
 from nerkit.data.stats import sha256_file
 from nerkit.data.tags import continues
 from nerkit.data.text import SPACE, split_sentence
@@ -53,16 +53,21 @@ def insert_spaces(sentences: list[Sentence], rate: float, seed: int) -> list[Sen
     rnd = random.Random(seed)
     spaced = []
     for sent in sentences:
-        tokens, tags = [], []
-        for token, tag in zip(sent.tokens + [None], sent.tags + [None]):
+        tokens, tags, known = [], [], []
+        was_known = sent.known()
+        for i, (token, tag) in enumerate(zip(sent.tokens + [None], sent.tags + [None])):
             outside = tag is None or not continues(tag)  # no entity crosses the gap
-            if outside and rnd.random() < rate:
+            # a gap inside an unknown region, or at its edge, is left alone: a space there is no known O
+            annotated = (i == 0 or was_known[i - 1]) and (i == len(sent) or was_known[i])
+            if outside and rnd.random() < rate and annotated:
                 tokens.append(SPACE)
                 tags.append("O")
+                known.append(True)
             if token is not None:
                 tokens.append(token)
                 tags.append(tag)
-        spaced.append(Sentence(tokens, tags, sent.line, sent.document))
+                known.append(was_known[i])
+        spaced.append(Sentence(tokens, tags, sent.line, sent.document, unknown=unknown_regions(known)))
     return spaced
 
 
@@ -115,6 +120,22 @@ def read_gold(path: str, repair: bool, repair_option: str = REPAIR_OPTION, limit
     return corpus
 
 
+def partial_training(train: list[Sentence], config: Config) -> None:
+    """Say how much of the training data is partially annotated (Sentence.unknown), and refuse what
+    cannot learn from it: document streams carry no unknown regions."""
+    partial = [s for s in train if s.partial]
+    if not partial:
+        return
+    unknown = sum(e - s for sent in partial for s, e in sent.unknown)
+    if config.data.context == "document":
+        raise UserError(f"{len(partial):,} training sentences have unknown regions, which data.context: document "
+                        "cannot learn from", where=config.data.train_extra or config.data.train,
+                        fix="set data.context: sentence, or give complete annotation")
+    how = ("read as unlabelled: span.negative_sampling draws the negatives" if config.span.negative_sampling
+           and not head_traits(config).has_tags else "left out of the loss (partial-label training)")
+    log.info(f"train: {len(partial):,} sentences partially annotated, {unknown:,} characters unknown, {how}")
+
+
 def check_data_files(config: Config, keys: tuple[str, ...] = ("train", "dev", "test"), fix: str | None = None) -> None:
     """Raise a UserError now if a corpus the config names (data.train, dev, test: `keys`) is not a
     readable file: a run looks before it reads, and a missing test file costs no wait for train.
@@ -154,9 +175,21 @@ def train_and_dev(config: Config) -> tuple[Corpus, list[Sentence], list[Sentence
 
 def read_splits(config: Config) -> Splits:
     dc = config.data
-    check_data_files(config)
+    check_data_files(config, ("train", "train_extra", "dev", "test"))
     train_corpus, train, dev = train_and_dev(config)
     test = read_gold(dc.test, dc.repair, TRAIN_REPAIR_OPTION).sentences if dc.test else None
+    if dc.hide_entities:
+        from nerkit.data.matching import hide_entities  # TEMP until matching.py lands
+        before = sum(len(s.spans()) for s in train)
+        train = hide_entities(train, dc.hide_entities, dc.split_seed)
+        hidden = before - sum(len(s.spans()) for s in train)
+        log.info(f"train: {hidden:,} entities hidden (read as O) to simulate missed annotation "
+                 f"(data.hide_entities = {dc.hide_entities:g}, seed {dc.split_seed})")
+    if dc.train_extra:
+        extra = [s for s in read_gold(dc.train_extra, dc.repair, TRAIN_REPAIR_OPTION).sentences if len(s)]
+        log.info(f"train: {len(extra):,} sentences of {dc.train_extra} added (data.train_extra)")
+        train = train + extra
+    partial_training(train, config)
     if head_traits(config).has_tags or dc.flat != "none":  # a head without tags learns nested entities as they are
         train = flat_training(train, train_corpus, dc.flat)  # dev and test stay as written (nested gold)
     if dc.insert_spaces:
@@ -175,6 +208,6 @@ def read_splits(config: Config) -> Splits:
     scheme = train_corpus.scheme if dc.scheme == "auto" else dc.scheme
     if not types:
         raise UserError("the training data has no entities", where=dc.train)
-    checksums = {name: sha256_file(path) for name, path in (("train", dc.train), ("dev", dc.dev), ("test", dc.test))
-                 if path}
+    checksums = {name: sha256_file(path) for name, path in (("train", dc.train), ("train_extra", dc.train_extra),
+                                                             ("dev", dc.dev), ("test", dc.test)) if path}
     return Splits(pieces, dev, test, types, scheme, checksums)

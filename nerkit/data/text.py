@@ -75,7 +75,9 @@ def split_sentence(sent: Sentence, max_len: int) -> list[Sentence]:
         tags = sent.tags[a:b] if sent.tags is not None else None
         entities = None if sent.entities is None else \
             [Span(e.start - a, e.end - a, e.type) for e in sent.entities if a <= e.start and e.end <= b]
-        pieces.append(Sentence(sent.tokens[a:b], tags, sent.line + a if sent.line else 0, sent.document, entities))
+        unknown = [(max(s, a) - a, min(e, b) - a) for s, e in sent.unknown or () if s < b and a < e] or None
+        pieces.append(Sentence(sent.tokens[a:b], tags, sent.line + a if sent.line else 0, sent.document, entities,
+                               unknown=unknown))
     return pieces
 
 

@@ -33,6 +33,7 @@ class Batch:
     pieces: torch.Tensor | None = None  # (N, 3) long
     resets: torch.Tensor | None = None  # (B,) bool
     spans: torch.Tensor | None = None  # (N, 4) long: the span head's gold, as (row, type, start, width - 1)
+    known: torch.Tensor | None = None  # (B, T) bool: the annotated characters; None when every one is
 
     def to(self, device) -> "Batch":
         return Batch(**{k: _to(v, device) for k, v in self.__dict__.items()})
@@ -72,6 +73,8 @@ def collate(examples: list[Example], width: int = 0, words: int = 0) -> Batch:
     if first.spans is not None:
         rows = [(b, *span) for b, e in enumerate(examples) for span in e.spans]
         batch.spans = torch.tensor(rows, dtype=torch.long).reshape(-1, 4)  # (N, 4)
+    if any(e.known is not None for e in examples):  # partial labels: padding counts as known
+        batch.known = torch.tensor([(e.known or [True] * len(e)) + [True] * (width - len(e)) for e in examples])
     if first.lm_states is not None:
         batch.lm_states = _lm_states([e.lm_states for e in examples], width)
     if first.lm_ids is not None and not _all_cached(first.lm_states):

@@ -134,12 +134,17 @@ class Featurizer:
         return ex
 
     def training_example(self, sentence: Sentence) -> Example:
+        """A gold sentence as ids: its tags in the model's scheme, or for the span head its spans;
+        a partially annotated one (`Sentence.unknown`) also says which characters are `known`."""
         if self.span_head:  # every gold span, nested or not, as (type, start, width - 1)
             example = self.example(sentence.tokens)
             index = {t: k for k, t in enumerate(self.types)}
             example.spans = [(index[s.type], s.start, s.end - s.start - 1) for s in sentence.spans()]
-            return example
-        return self.example(sentence.tokens, spans_to_tags(len(sentence), sentence.spans(), self.scheme))
+        else:  # an unknown region's placeholder O tags are never read: the CRF allows every tag there
+            example = self.example(sentence.tokens, spans_to_tags(len(sentence), sentence.spans(), self.scheme))
+        if sentence.partial:
+            example.known = sentence.known()
+        return example
 
     def sizes(self) -> dict:
         """The table sizes the model is built with."""
@@ -181,6 +186,7 @@ class Example:
     # (T, S, D) a frozen LM's cached layer states, instead of running it; stacked: a tuple, None where a source runs
     lm_states: torch.Tensor | tuple[torch.Tensor | None, ...] | None = None
     spans: list[tuple[int, int, int]] | None = None  # the span head's gold: (type, start, width - 1)
+    known: list[bool] | None = None  # partial annotation: per character, whether it is annotated (None: all)
 
     def __len__(self) -> int:
         return len(self.char_ids)

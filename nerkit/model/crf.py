@@ -122,8 +122,9 @@ class CRF(nn.Module):
         annotation is known, several or all where it is not; every real position allows at least
         one). The likelihood is then that of every path through allowed tags, the forward algorithm
         over the lattice with the other tags' emissions forbidden, against all paths (Tsuboi et al.
-        2008; Yang et al. 2018's partial-annotation CRF), under the same transitions as the full
-        likelihood's; where each position allows exactly its `tag_ids` tag it is that likelihood."""
+        2008; Yang et al. 2018's partial-annotation CRF), only valid paths (decoding's forbidden
+        transitions) counted; where each position allows exactly its `tag_ids` tag, a valid path, it
+        is the full likelihood."""
         if reduction not in _REDUCTIONS:
             raise ValueError(f"reduction must be one of {_REDUCTIONS}, got {reduction!r}")
         self._check_shapes(emissions, mask, tag_ids)
@@ -145,8 +146,11 @@ class CRF(nn.Module):
         partition = self._log_partition_scan if scan else self._log_partition
         if allowed is None:
             paths = self._gold_score(emissions, tag_ids, mask, start, trans, end)  # (B,)
-        else:  # every path through the allowed tags: exp(_FORBIDDEN_IN_LIKELIHOOD) is exactly 0
-            paths = partition(emissions.masked_fill(~allowed.bool(), _FORBIDDEN_IN_LIKELIHOOD), mask, start, trans, end)
+        else:  # every valid path through the allowed tags: exp(_FORBIDDEN_IN_LIKELIHOOD) is exactly 0
+            # Decoding's forbidden transitions hold here whatever constrain_training says: an unknown
+            # region must not take mass through I-LOC after B-PER. A valid gold path is one such path.
+            paths = partition(emissions.masked_fill(~allowed.bool(), _FORBIDDEN_IN_LIKELIHOOD), mask,
+                              *self._masked_scores(_FORBIDDEN_IN_LIKELIHOOD))
         log_likelihood = paths - partition(emissions, mask, start, trans, end)  # (B,)
         if reduction == "sum":
             return -log_likelihood.sum()

@@ -41,6 +41,22 @@ def band_known(known: torch.Tensor, max_width: int) -> torch.Tensor:
     return (unknown[:, ends] - unknown[:, starts]) == 0  # (B, T, W)
 
 
+def sampled_negatives(targets: torch.Tensor, valid: torch.Tensor, rate: float,
+                      generator: torch.Generator | None = None) -> torch.Tensor:
+    """(B, T, W) bool: negative sampling for entities nobody marked (Li et al., ICLR 2021): of each
+    sentence's valid cells that are no marked entity of any type, ceil(rate x its length) drawn
+    uniformly without replacement, the only ones that count as negatives. A name the annotation
+    missed is then rarely drawn as a negative, since entities are sparse among a sentence's spans.
+    targets (B, K, T, W); valid (B, T, W)."""
+    B = valid.size(0)
+    candidates = (valid & ~targets.any(1)).reshape(B, -1)  # (B, N)
+    lengths = valid[:, :, 0].sum(1)  # (B,): a sentence's length is the count of its width-1 cells
+    wanted = torch.ceil(rate * lengths.float()).long().clamp(max=candidates.sum(1))  # (B,)
+    draws = torch.rand(candidates.shape, generator=generator, device=valid.device).masked_fill(~candidates, 2.0)
+    ranks = draws.argsort(1).argsort(1)  # (B, N): each cell's place in its sentence's random order
+    return (ranks < wanted[:, None]).reshape(valid.shape)
+
+
 def multilabel_loss(logits: torch.Tensor, targets: torch.Tensor, valid: torch.Tensor,
                     known: torch.Tensor | None = None) -> torch.Tensor:
     """Su's multi-label categorical cross-entropy, log(1 + sum_neg e^s) + log(1 + sum_pos e^-s), over
@@ -137,11 +153,17 @@ class SpanHead(nn.Module):
         return targets
 
     def loss(self, h: torch.Tensor, mask: torch.Tensor, spans: torch.Tensor,
-             known: torch.Tensor | None = None) -> torch.Tensor:
-        """`multilabel_loss` of the gold spans; `known` (B, T) bool: the annotated characters (None: all)."""
+             known: torch.Tensor | None = None, negative_rate: float = 0.0) -> torch.Tensor:
+        """`multilabel_loss` of the gold spans; `known` (B, T) bool: the annotated characters (None:
+        all). With `negative_rate` (`sampled_negatives`) the negatives are a sample of the cells no
+        entity marks, wherever they lie: unannotated regions are read as unlabelled, not unknown."""
         logits = self(h)  # (B, K, T, W)
-        cells = None if known is None else band_known(known, self.max_width)
-        return multilabel_loss(logits, self.targets(spans, logits.shape), band_valid(mask, self.max_width), cells)
+        targets, valid = self.targets(spans, logits.shape), band_valid(mask, self.max_width)
+        if negative_rate:
+            cells = sampled_negatives(targets, valid, negative_rate)
+        else:
+            cells = None if known is None else band_known(known, self.max_width)
+        return multilabel_loss(logits, targets, valid, cells)
 
 
 def _no_bias_is_zero(module: SpanHead, state: dict, prefix: str, *args) -> None:

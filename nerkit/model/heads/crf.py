@@ -34,8 +34,13 @@ class CrfHead(Head):
         return self.emission(self.output_dropout(hidden))
 
     def loss(self, hidden: torch.Tensor, batch: Batch) -> torch.Tensor:
-        """The CRF's mean negative log-likelihood per sentence."""
-        return self.crf.neg_log_likelihood(self.emissions(hidden), batch.tag_ids, batch.mask, reduction="mean")
+        """The CRF's mean negative log-likelihood per sentence; with partial labels (`batch.known`),
+        that of every path through the known tags, any tag allowed where nothing is known."""
+        allowed = None
+        if batch.known is not None:
+            allowed = nn.functional.one_hot(batch.tag_ids, len(self.tags)).bool() | ~batch.known[..., None]
+        return self.crf.neg_log_likelihood(self.emissions(hidden), batch.tag_ids, batch.mask, reduction="mean",
+                                           allowed=allowed)
 
     def soft_loss(self, hidden: torch.Tensor, mask: torch.Tensor, targets: torch.Tensor,
                   temperature: float = 1.0) -> torch.Tensor:

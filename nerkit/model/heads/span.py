@@ -24,6 +24,7 @@ class GlobalPointerHead(Head):
         self.types = sorted({split_tag(t)[1] for t in tags if t != "O"})
         self.span = SpanHead(input_dim, len(self.types), sc.size, sc.max_width, sc.dropout)
         self.threshold = sc.threshold  # span.flat is the predictor's, after windows are stitched
+        self.negative_sampling = sc.negative_sampling  # in training only
 
     def band(self, hidden: torch.Tensor, diagonals: bool = False,
              score_map: tuple[float, float] | None = None) -> torch.Tensor:
@@ -36,8 +37,9 @@ class GlobalPointerHead(Head):
         return band
 
     def loss(self, hidden: torch.Tensor, batch: Batch) -> torch.Tensor:
-        """The multi-label loss over the gold spans `batch.spans`, averaged over (sentence, type)."""
-        return self.span.loss(hidden, batch.mask, batch.spans)
+        """The multi-label loss over the gold spans `batch.spans`, averaged over (sentence, type);
+        no negative from an unknown region (`batch.known`), or sampled negatives (span.negative_sampling)."""
+        return self.span.loss(hidden, batch.mask, batch.spans, batch.known, self.negative_sampling)
 
     def decode_band(self, band: torch.Tensor, mask: torch.Tensor, threshold: float | None = None) -> list[list[Found]]:
         """The spans of band logits (B, K, T, W) above `threshold` (None: `span.threshold`), decoded in
