@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import List, Optional
+from typing import List, Literal, Optional
 
 import typer
 
@@ -17,7 +17,12 @@ from nerkit.cli.options import (
     echo_json,
     flag,
 )
+from nerkit.data.matching import AMBIGUITIES, DEFAULT_MIN_LENGTH, OUTPUTS, RESTS
 from nerkit.tools.annotation.select import PoolFormat, SelectFormat, Strategy
+
+MatchOutput = Literal[OUTPUTS]  # what `nerkit data match --to` writes
+MatchRest = Literal[RESTS]
+MatchAmbiguous = Literal[AMBIGUITIES]
 
 data_app = typer.Typer(no_args_is_help=True, help="Inspect, check and convert corpus files.")
 
@@ -138,3 +143,39 @@ def data_select(
     if out is not None:
         typer.echo(f"chose {summary['selected']:,} of {summary['pool']:,} texts ({summary['excluded']:,} already "
                    f"annotated) by {summary['strategy']}; wrote {out}")
+
+
+@data_app.command("match")
+def data_match(
+    dicts: List[str] = typer.Option(..., "--dict", "-d", metavar="FILE[:TYPE]", help="A dictionary (repeatable): "
+                                    "a word list, a word a line (`word`, `word<TAB>TYPE`, or `word<TAB>count` as "
+                                    "`nerkit lexicon build` writes it), its words' type after the file's name "
+                                    "where a line has none; or a labelled corpus (.jsonl, .json, or a "
+                                    "character-per-line file), whose entities are the words, with their types."),
+    text: Path = typer.Option(..., "--text", "-t", help="The text to mark: one sentence a line, or a labelled "
+                              "corpus, whose sentences are kept and labels ignored."),
+    out: Path = typer.Option(..., "--out", "-o", help="The marked corpus to write."),
+    to: Optional[MatchOutput] = typer.Option(None, "--to", help="Write JSON lines (unknown regions as "
+                                             "\"unknown\") or CoNLL in a tag scheme (unknown characters tagged "
+                                             "UNK) (default: jsonl for a .jsonl or .json --out, else bio)."),
+    rest: MatchRest = typer.Option("unknown", "--rest", help="What the characters outside every match are: "
+                                   "unknown (a partial label), or o (the naive reading: every one O)."),
+    maps: List[str] = typer.Option([], "--map", metavar="OLD=NEW", help="Rename a dictionary's type, e.g. "
+                                   "--map NR=PER (repeatable)."),
+    only_mapped: bool = flag("--only-mapped", help="Drop the entries whose type no --map names (default: kept "
+                             "under their own type)."),
+    ambiguous: MatchAmbiguous = typer.Option("unknown", "--ambiguous", help="A string given two types: "
+                                             "unknown (matched but left unmarked) or majority (the type given "
+                                             "it most often, a word list's line once and a corpus's entity once "
+                                             "a place; a tie stays unknown)."),
+    min_length: int = typer.Option(DEFAULT_MIN_LENGTH, "--min-length", min=1, help="Shortest dictionary string "
+                                   "matched, in characters (single characters, mostly abbreviations such as 中 "
+                                   "and 美, are an entity in few of their places: 1 keeps them)."),
+):
+    """Mark every dictionary string found in a text as an entity and leave the rest unknown: a
+    dictionary as the only supervision. The longest string at the leftmost place wins; a string
+    given two types is left unknown and counted."""
+    from nerkit.data.matching import match_corpus
+
+    summary = match_corpus(dicts, text, out, to, rest, maps, only_mapped, ambiguous, min_length)
+    typer.echo(f"{summary.line()}; wrote {out}")
