@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from nerkit.config import Config, head_traits
 from nerkit.data.corpus import REPAIR_OPTION, read_corpus, refuse_nested
 from nerkit.data.documents import contiguous_dev_split, documents
+from nerkit.data.matching import hide_entities
 from nerkit.data.nesting import FLAT_RULES
 from nerkit.data.records import Corpus, Sentence, flatten, unknown_regions
 from nerkit.data.stats import sha256_file
@@ -179,7 +180,6 @@ def read_splits(config: Config) -> Splits:
     train_corpus, train, dev = train_and_dev(config)
     test = read_gold(dc.test, dc.repair, TRAIN_REPAIR_OPTION).sentences if dc.test else None
     if dc.hide_entities:
-        from nerkit.data.matching import hide_entities  # TEMP until matching.py lands
         before = sum(len(s.spans()) for s in train)
         train = hide_entities(train, dc.hide_entities, dc.split_seed)
         hidden = before - sum(len(s.spans()) for s in train)
