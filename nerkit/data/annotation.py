@@ -15,6 +15,7 @@ import re
 from pathlib import Path
 
 from nerkit.data.records import (
+    UNKNOWN_KEY,
     Corpus,
     Overlaps,
     Sentence,
@@ -26,6 +27,8 @@ from nerkit.data.records import (
     _shown,
     _span_corpus,
     _text_of,
+    check_unknown,
+    record_unknown,
     span_sentence,
 )
 from nerkit.data.tags import SCORE_DIGITS, Span
@@ -89,11 +92,16 @@ _DOCCANO_UNITS = ("doccano's offsets count UTF-16 code units from 0, end exclusi
                   "outside the BMP counts 2)")
 
 
+_DOCCANO_UNKNOWN = ('"unknown" lists the regions nobody annotated as [start, end] pairs in the offsets of the labels: '
+                    '{"text": "...", "label": [...], "unknown": [[5, 9]]}; ' + _DOCCANO_UNITS)
+
+
 def read_doccano(path: str | Path, max_errors: int = 1, overlaps: Overlaps | None = None) -> Corpus:
     """doccano's sequence-labelling JSONL: each line `{"text", "label": [[start, end, TYPE], ...]}`
     (`"labels"` in exports of doccano 1.2 and before), or `{"text", "entities": [{"start_offset",
     "end_offset", "label"}]}` (projects with relations); other keys ("id", "Comments", metadata)
-    are allowed. Offsets are UTF-16 code units, end exclusive. Entities may not overlap."""
+    are allowed and dropped, but for "unknown", the regions nobody annotated (records.UNKNOWN_KEY;
+    doccano keeps it as the text's metadata). Offsets are UTF-16 code units, end exclusive."""
     return _read_records(path, max_errors, _parse_doccano, "doccano", overlaps)
 
 
@@ -128,7 +136,11 @@ def _parse_doccano(line: str, number: int, where: str, overlaps: Overlaps) -> Se
                                   "counts otherwise: turn that off, or correct the offsets")
         spans.add(Span(first, last, _check_type(label, where, "doccano")))  # an entity listed twice is one
     spans = sorted(spans, key=lambda s: (s.start, s.end, s.type))
-    return span_sentence(text, overlaps.check(spans), number)
+    unknown = None
+    if UNKNOWN_KEY in record:  # in the labels' units, as whoever wrote the file counted them
+        unknown = record_unknown(record[UNKNOWN_KEY], units.length, where, _DOCCANO_UNKNOWN, units.char, "UTF-16 units")
+    check_unknown(spans, unknown, text, where)
+    return span_sentence(text, overlaps.check(spans), number, unknown=unknown)
 
 
 def _doccano_entity(item, key: str, where: str) -> tuple[int, int, object]:
@@ -149,19 +161,23 @@ def _doccano_entity(item, key: str, where: str) -> tuple[int, int, object]:
     raise CorpusError(f"the entity {shown} is not [start, end, \"TYPE\"] with integer offsets", where=where, fix=fix)
 
 
-def doccano_record(text: str, spans: list[Span]) -> dict:
+def doccano_record(text: str, spans: list[Span], unknown: list[tuple[int, int]] | None = None) -> dict:
     """One text as doccano imports it for sequence labelling, offsets in UTF-16 code units. Scored
-    spans (predictions) add `scores`, one per label: doccano keeps a record's other keys as its
-    metadata, since a label has no place for a score."""
+    spans (predictions) add `scores`, one per label, and a partial sentence's `unknown` regions
+    its UNKNOWN_KEY: doccano keeps a record's other keys as its metadata, since a label has no
+    place for either."""
     units = _Units(text)
     record = {"text": text, "label": [[units.of(s.start), units.of(s.end), s.type] for s in spans]}
     if any(s.score is not None for s in spans):
         record["scores"] = [s.to_dict().get("score") for s in spans]
+    if unknown:
+        record[UNKNOWN_KEY] = [[units.of(start), units.of(end)] for start, end in unknown]
     return record
 
 
 def format_doccano(sentences: list[Sentence]) -> str:
-    return "".join(json.dumps(doccano_record(s.text, s.spans()), ensure_ascii=False) + "\n" for s in sentences)
+    return "".join(json.dumps(doccano_record(s.text, s.spans(), s.unknown), ensure_ascii=False) + "\n"
+                   for s in sentences)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -180,6 +196,10 @@ LABEL_STUDIO_DATA_KEY = "text"
 
 LABEL_STUDIO_FORMAT = ('a JSON array of tasks, each {"data": {"text": "..."}, "annotations": [{"result": [{"type": '
                        '"labels", "value": {"start": 0, "end": 2, "text": "...", "labels": ["TYPE"]}}]}]}')
+
+
+_LABEL_STUDIO_UNKNOWN = ('data.unknown lists the regions nobody annotated as [start, end] pairs in characters, end '
+                         'exclusive: {"data": {"text": "...", "unknown": [[5, 9]]}, "annotations": [...]}')
 
 
 # A JSON array written a task at a time: its start, what goes between two tasks, its end. Each
@@ -275,8 +295,11 @@ def _parse_task(task, index: int, key: str, where: str, overlaps: Overlaps) -> S
             and not (isinstance(item, dict) and item.get("was_cancelled") is True)]
     if not live:
         return "cancelled" if items and key == "annotations" else "none"
-    readings = [(item, _result_spans(item, text, where, key, overlaps)) for item in live]
-    return span_sentence(text, _agreed(readings, key, where), index + 1)
+    unknown = None
+    if UNKNOWN_KEY in data:  # data's fields go through Label Studio's import and export as they are
+        unknown = record_unknown(data[UNKNOWN_KEY], len(text), where, _LABEL_STUDIO_UNKNOWN)
+    readings = [(item, _result_spans(item, text, where, key, overlaps, unknown)) for item in live]
+    return span_sentence(text, _agreed(readings, key, where), index + 1, unknown=unknown)
 
 
 def _agreed(readings: list[tuple[dict, list[Span]]], key: str, where: str) -> list[Span]:
@@ -297,8 +320,10 @@ def _agreed(readings: list[tuple[dict, list[Span]]], key: str, where: str) -> li
                       where=where, fix=fix)
 
 
-def _result_spans(item, text: str, where: str, key: str, overlaps: Overlaps) -> list[Span]:
-    """The entities of one annotation or prediction: its results of type "labels"."""
+def _result_spans(item, text: str, where: str, key: str, overlaps: Overlaps,
+                  unknown: list[tuple[int, int]] | None = None) -> list[Span]:
+    """The entities of one annotation or prediction: its results of type "labels", none of them
+    in the task's `unknown` regions."""
     if not isinstance(item, dict) or not isinstance(item.get("result"), list):
         raise CorpusError(f'an item of "{key}" has no "result" list', where=where, fix=LABEL_STUDIO_FORMAT)
     spans = set()
@@ -314,6 +339,7 @@ def _result_spans(item, text: str, where: str, key: str, overlaps: Overlaps) -> 
                               where=where, fix="label the text with <Labels> on a <Text> tag, as the NER template does")
         # Relations, choices, text areas and the like say nothing about where entities are.
     spans = sorted(spans, key=lambda s: (s.start, s.end, s.type))
+    check_unknown(spans, unknown, text, where)
     return overlaps.check(spans)
 
 
@@ -383,9 +409,13 @@ def prediction_score(spans: list[Span]) -> float | None:
     return round(min(scores), SCORE_DIGITS) if scores else None
 
 
-def label_studio_task(text: str, spans: list[Span]) -> dict:
-    """A text and its entities as a task with one annotation (a corpus imported for review)."""
-    return {"data": {LABEL_STUDIO_DATA_KEY: text}, "annotations": [{"result": label_studio_result(text, spans)}]}
+def label_studio_task(text: str, spans: list[Span], unknown: list[tuple[int, int]] | None = None) -> dict:
+    """A text and its entities as a task with one annotation (a corpus imported for review); a
+    partial sentence's `unknown` regions go in its data, which Label Studio keeps as it is."""
+    data = {LABEL_STUDIO_DATA_KEY: text}
+    if unknown:
+        data[UNKNOWN_KEY] = [[start, end] for start, end in unknown]
+    return {"data": data, "annotations": [{"result": label_studio_result(text, spans)}]}
 
 
 def model_prediction(text: str, spans: list[Span], model_version: str, from_name: str = LABEL_STUDIO_FROM_NAME,
@@ -406,7 +436,7 @@ def label_studio_prediction(text: str, spans: list[Span], model_version: str) ->
 
 def format_label_studio(sentences: list[Sentence]) -> str:
     start, separator, end = JSON_ARRAY
-    return start + separator.join(task_json(label_studio_task(s.text, s.spans())) for s in sentences) + end
+    return start + separator.join(task_json(label_studio_task(s.text, s.spans(), s.unknown)) for s in sentences) + end
 
 
 READERS = {"doccano": read_doccano, "label-studio": read_label_studio}

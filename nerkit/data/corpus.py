@@ -19,6 +19,7 @@ from nerkit.data.inline import read_inline
 from nerkit.data.nesting import describe_pair, overlapping_pairs
 from nerkit.data.records import (
     check_keys,
+    check_unknown,
     Corpus,
     _decode,
     DOCUMENT_SEPARATOR,
@@ -29,15 +30,20 @@ from nerkit.data.records import (
     _read_bytes,
     _read_records,
     record_entities,
+    record_unknown,
     Sentence,
     _shown,
     span_sentence,
     SPANS,
     _text_of,
+    UNKNOWN_KEY,
+    unknown_regions,
+    unknown_value,
 )
 from nerkit.data.tags import (
     _TAG_RE,
     SCHEMES,
+    UNKNOWN_TAG,
     Span,
     convert_tags,
     detect_scheme,
@@ -47,7 +53,7 @@ from nerkit.data.tags import (
 from nerkit.errors import CorpusError
 from nerkit.files import atomic_write_text, check_output
 
-RECORD_KEYS = ("text", "entities")
+RECORD_KEYS = ("text", "entities", UNKNOWN_KEY)
 
 
 # An entity's "text" and "score", as nerkit predict writes them, are optional (and a score is not read).
@@ -55,6 +61,8 @@ ENTITY_KEYS = ("start", "end", "type", "text", "score")
 
 
 _JSONL_FORMAT = 'each line is {"text": "...", "entities": [{"start": 0, "end": 2, "type": "PER"}]}'
+_UNKNOWN_FORMAT = ('"unknown" lists the regions nobody annotated as [start, end] pairs, end exclusive: '
+                   '{"text": "...", "entities": [...], "unknown": [[5, 9]]}')
 
 
 # CLUENER's release (and others that copied it): the mention's text, then where it occurs, end inclusive.
@@ -197,7 +205,7 @@ def _conll_sentences(path: Path, text: str, problems: _Problems, repair: bool = 
         separator = _SEPARATOR.split(line.strip(" \t"), 1)[0] == DOCUMENT_SEPARATOR
         if separator or not line.strip(" \t"):
             if tokens and not broken:
-                sentences.append(Sentence(tokens, tags, first_line, document))
+                sentences.append(_conll_sentence(tokens, tags, first_line, document))
                 if len(sentences) == limit:
                     return sentences, columns
             tokens, tags, broken = [], [], False
@@ -218,8 +226,18 @@ def _conll_sentences(path: Path, text: str, problems: _Problems, repair: bool = 
         tokens.append(parts[0])
         tags.append(parts[-1])
     if tokens and not broken:
-        sentences.append(Sentence(tokens, tags, first_line, document))
+        sentences.append(_conll_sentence(tokens, tags, first_line, document))
     return sentences, columns
+
+
+def _conll_sentence(tokens: list[str], tags: list[str], line: int, document: int) -> Sentence:
+    """A sentence of a char-per-line file, its UNKNOWN_TAG positions its `unknown` regions and their
+    tags O placeholders. Looked for once a sentence, not once a line: the line cache stays as fast."""
+    if UNKNOWN_TAG not in tags:
+        return Sentence(tokens, tags, line, document)
+    known = [tag != UNKNOWN_TAG for tag in tags]
+    return Sentence(tokens, [tag if k else "O" for tag, k in zip(tags, known)], line, document,
+                    unknown=unknown_regions(known))
 
 
 def _all_lines(text: str) -> list[str]:
@@ -258,9 +276,10 @@ def _token_line(line: str, where: str, columns: int | None) -> list[str]:
             where=where, fix="use the same number of columns on every line",
         )
     tag = parts[-1]
-    if tag != "O" and not _TAG_RE.match(tag):
-        hint = f"tags are case-sensitive: did you mean {tag.upper()}?" if _TAG_RE.match(tag.upper()) or tag.upper() == "O" \
-            else "use O or B-/I-/M-/E-/S- followed by a type, e.g. B-PER"
+    if tag != "O" and tag != UNKNOWN_TAG and not _TAG_RE.match(tag):
+        hint = f"tags are case-sensitive: did you mean {tag.upper()}?" \
+            if _TAG_RE.match(tag.upper()) or tag.upper() in ("O", UNKNOWN_TAG) \
+            else f"use O or B-/I-/M-/E-/S- followed by a type, e.g. B-PER ({UNKNOWN_TAG} where nobody annotated)"
         raise CorpusError(f"unknown tag {_shown(tag)}", where=where, fix=hint)
     return parts
 
@@ -284,12 +303,14 @@ def _split_tokens(sentences: list[Sentence], scheme: str) -> int:
     for sent in sentences:
         if all(len(token) == 1 for token in sent.tokens):
             continue
-        tokens, tags = [], []
-        for token, tag in zip(sent.tokens, sent.tags):
+        tokens, tags, known = [], [], []
+        for token, tag, k in zip(sent.tokens, sent.tags, sent.known()):
             split += len(token) > 1
             tokens.extend(token)
             tags.extend(spread_tag(tag, len(token), scheme))
+            known.extend([k] * len(token))  # an unannotated token's characters are all unannotated
         sent.tokens, sent.tags = tokens, tags
+        sent.unknown = unknown_regions(known) if sent.unknown else None
     return split
 
 
@@ -328,7 +349,10 @@ def _check_transitions(corpus: Corpus, repair: bool, strict: bool, problems: _Pr
             corpus.repaired += sum(a != b for a, b in zip(fixed, sent.tags))
             sent.tags = fixed
         elif strict:
+            known = sent.known()
             for i, why in bad:
+                if 0 < i <= len(known) and not known[i - 1]:
+                    why += f" ({UNKNOWN_TAG}, not annotated, reads as O)"
                 line = sent.line + min(i, len(sent.tags) - 1)
                 problems.add(CorpusError(f"invalid transition: {why}", where=f"{corpus.path}:{line}",
                                          fix=f"fix the tag, or read it as conlleval does: {repair_option}"), line)
@@ -392,17 +416,19 @@ def _parse_cluener(line: str, number: int, where: str, overlaps: Overlaps, texts
 
 
 def _parse_record(line: str, number: int, where: str, overlaps: Overlaps, texts_only: bool = False) -> Sentence:
-    """A record of nerkit's JSON lines. Keys besides "text" and "entities" (an id, metadata) are
-    kept (`Sentence.extra`); a misspelt "text" or "entities" is caught as that key missing, its
-    error naming the record's key that looks like it."""
+    """A record of nerkit's JSON lines. Keys besides "text", "entities" and "unknown" (the regions
+    nobody annotated: records.UNKNOWN_KEY) are kept (`Sentence.extra`); a misspelt "text" or
+    "entities" is caught as that key missing, its error naming the record's key that looks like it."""
     record = _json_record(line, where, _JSONL_FORMAT)
     if not isinstance(record.get("text"), str):
         raise CorpusError('the record has no "text" string', where=where, fix=_missing_fix(record, "text"))
     entities = record_entities(record, where, texts_only, lambda: _missing_fix(record, "entities"))
     text = record["text"]
     spans = sorted((_parse_entity(ent, text, where) for ent in entities), key=lambda s: (s.start, s.end))
+    unknown = record_unknown(record[UNKNOWN_KEY], len(text), where, _UNKNOWN_FORMAT) if UNKNOWN_KEY in record else None
+    check_unknown(spans, unknown, text, where)
     extra = {key: value for key, value in record.items() if key not in RECORD_KEYS}
-    return span_sentence(text, overlaps.check(spans), number, extra or None)
+    return span_sentence(text, overlaps.check(spans), number, extra or None, unknown)
 
 
 def _missing_fix(record: dict, key: str) -> str:
@@ -458,6 +484,8 @@ def format_conll(sentences: list[Sentence], scheme: str) -> str:
         if separated:
             out.append(f"{DOCUMENT_SEPARATOR} O\n\n")
         tags = convert_tags(sent.tags, scheme)
+        if sent.unknown:  # its O placeholders back to the tag of a character nobody annotated
+            tags = [tag if k else UNKNOWN_TAG for tag, k in zip(tags, sent.known())]
         out.extend(conll_line(tok, tag) for tok, tag in zip(sent.tokens, tags))
         out.append("\n")
     return "".join(out)
@@ -470,6 +498,8 @@ def format_jsonl(sentences: list[Sentence]) -> str:
             lines.append(json.dumps({"text": DOCUMENT_SEPARATOR, "entities": []}) + "\n")
         ents = [s.to_dict() for s in sent.spans()]
         record = {**(sent.extra or {}), "text": sent.text, "entities": ents}  # other keys first, as predict writes them
+        if sent.partial:
+            record[UNKNOWN_KEY] = unknown_value(sent)
         lines.append(json.dumps(record, ensure_ascii=False) + "\n")
     return "".join(lines)
 

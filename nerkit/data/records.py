@@ -274,14 +274,78 @@ def _text_of(record: dict, where: str, fmt: str) -> str:
     return text
 
 
-def span_sentence(text: str, spans: list[Span], line: int, extra: dict | None = None) -> Sentence:
+def span_sentence(text: str, spans: list[Span], line: int, extra: dict | None = None,
+                  unknown: list[tuple[int, int]] | None = None) -> Sentence:
     """The Sentence of a text and its entities (sorted by start, end): tagged BIOES inside nerkit,
     the entities kept beside the tags when they overlap (`Sentence.entities`); `extra`: its
-    record's other keys (`Sentence.extra`)."""
+    record's other keys (`Sentence.extra`); `unknown`: its regions nobody annotated, checked
+    (`record_unknown`, `check_unknown`)."""
     if not nested(spans):
-        return Sentence(list(text), spans_to_tags(len(text), spans, "bioes"), line, extra=extra)
+        return Sentence(list(text), spans_to_tags(len(text), spans, "bioes"), line, extra=extra, unknown=unknown)
     return Sentence(list(text), spans_to_tags(len(text), project(spans, "outer"), "bioes"), line,
-                    entities=sorted(spans, key=lambda s: (s.start, s.end, s.type)), extra=extra)
+                    entities=sorted(spans, key=lambda s: (s.start, s.end, s.type)), extra=extra, unknown=unknown)
+
+
+# Partial annotation in a record of offsets (JSON lines, doccano, Label Studio's data): the regions
+# nobody annotated, `"unknown": [[start, end], ...]`, end exclusive as entities' offsets are. The
+# key says what is missing rather than what is there, so that a record without it, every file
+# written before it, is complete and keeps its meaning.
+UNKNOWN_KEY = "unknown"
+
+
+def record_unknown(value, length: int, where: str, fix: str, char=None,
+                   units: str = "characters") -> list[tuple[int, int]] | None:
+    """The `Sentence.unknown` of a record's UNKNOWN_KEY `value` (None for an empty list): pairs of
+    integer offsets inside its text of `length` (in the file's units), no region empty. Regions
+    that are out of order, overlap or touch are refused rather than merged: one region is written
+    one way, so every file reads back to itself, and a list out of order is a script's bug worth
+    seeing. `char` maps an offset of the file to a character index, None inside a character
+    (doccano's UTF-16 `units`); `fix` says what the record looks like."""
+    if not isinstance(value, list):
+        raise CorpusError(f'"{UNKNOWN_KEY}" is {type(value).__name__}, not a list of [start, end] pairs', where=where,
+                          fix=fix)
+    regions: list[tuple[int, int]] = []
+    for pair in value:
+        if not (isinstance(pair, list) and len(pair) == 2 and all(type(x) is int for x in pair)):
+            raise CorpusError(f"the unknown region {_shown(json.dumps(pair, ensure_ascii=False))} is not [start, end] "
+                              "with integer offsets", where=where, fix=fix)
+        start, end = pair
+        if not 0 <= start < end <= length:
+            what = "is empty" if start == end else f"is outside the text of {length} {units}"
+            raise CorpusError(f"the unknown region [{start}, {end}] {what}", where=where,
+                              fix=f"offsets count {units} from 0, end exclusive, as entities' do")
+        if regions and start <= regions[-1][1]:
+            before = regions[-1]
+            how = "are out of order" if start < before[0] else "overlap" if start < before[1] else "touch"
+            raise CorpusError(f"the unknown regions [{before[0]}, {before[1]}] and [{start}, {end}] {how}", where=where,
+                              fix="list the regions sorted by start and apart, a region that overlaps or touches "
+                                  f"another written as one: [{min(before[0], start)}, {max(before[1], end)}]")
+        regions.append((start, end))
+    if char is not None:
+        chars = [(char(start), char(end)) for start, end in regions]
+        inside = next((pair for pair, got in zip(regions, chars) if None in got), None)
+        if inside:
+            raise CorpusError(f"the unknown region [{inside[0]}, {inside[1]}] starts or ends inside a character", where=where,
+                              fix=fix)
+        regions = chars
+    return regions or None
+
+
+def check_unknown(spans: list[Span], unknown: list[tuple[int, int]] | None, text: str, where: str) -> None:
+    """An entity that overlaps an unknown region is an error naming both: a marked entity is
+    annotated whole, and no entity lies where nobody looked."""
+    for span in spans:
+        for start, end in unknown or ():
+            if span.start < end and start < span.end:
+                raise CorpusError(f"the entity {span.type} {_shown(text[span.start:span.end])} at {span.start}:{span.end} "
+                                  f"overlaps the unknown region [{start}, {end}]", where=where,
+                                  fix="an entity lies where the text is annotated: shrink the region to leave it out, "
+                                      "or remove the entity")
+
+
+def unknown_value(sentence: Sentence) -> list[list[int]]:
+    """A partial sentence's regions as a record's UNKNOWN_KEY writes them (character offsets)."""
+    return [[start, end] for start, end in sentence.unknown or ()]
 
 
 @dataclass
@@ -322,7 +386,7 @@ def flatten(sentences: list[Sentence], flat: str) -> tuple[list[Sentence], int]:
         kept = project(sent.entities, flat)
         dropped += len(sent.entities) - len(kept)
         out.append(Sentence(sent.tokens, spans_to_tags(len(sent), kept, "bioes"), sent.line, sent.document,
-                            extra=sent.extra))
+                            extra=sent.extra, unknown=sent.unknown))
     return out, dropped
 
 

@@ -12,6 +12,12 @@ from nerkit.config import SCHEMES  # the tag schemes, defined once there
 
 _TAG_RE = re.compile(r"^([BIMES])-(\S+)$")
 
+# A character nobody annotated (partial annotation, issue 57), in a character-per-line file: the
+# dsner-news corpora's tag, in place of O where an annotator may have missed an entity. Inside nerkit
+# its tag is an O placeholder and its position is in `Sentence.unknown`, so schemes and transitions
+# read it as O (`UNK I-PER` breaks BIO as `O I-PER` does); writers put it back.
+UNKNOWN_TAG = "UNK"
+
 
 @dataclass(frozen=True)
 class Span:
