@@ -2,7 +2,7 @@
 `UNK` in a character-per-line file and `"unknown": [[start, end], ...]` in JSON lines, doccano and
 Label Studio's task data. Each format reads them into `Sentence.unknown` and writes them back, so
 every round trip and every conversion between them is exact; a malformed region, or an entity in
-one, is one error line."""
+one, is one error line; and a score refuses a gold file that has any (`refuse_partial`)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from nerkit.data.corpus import read_corpus, write_corpus
+from nerkit.data.corpus import read_corpus, refuse_partial, write_corpus
 from nerkit.data.records import UNKNOWN_KEY, Sentence
 from nerkit.data.tags import UNKNOWN_TAG, Span
 from nerkit.errors import CorpusError
@@ -254,3 +254,35 @@ def test_nerkit_data_convert_carries_unknown_regions_there_and_back(nerkit, writ
     assert [s.unknown for s in read_corpus(middle, fmt=fmt).sentences] == PARTIAL_UNKNOWN
     nerkit("data", "convert", str(middle), str(back), "--from", fmt, "--to", "bio")
     assert back.read_text(encoding="utf-8") == PARTIAL_BIO
+
+
+# ---------------------------------------------------------------- scores refuse partial gold
+
+
+def test_refuse_partial_names_the_first_unknown_character(write_file):
+    path = write_file(PARTIAL_BIO)
+    corpus = read_corpus(path)
+    with pytest.raises(CorpusError) as info:
+        refuse_partial(corpus)
+    assert info.value.where == f"{path}:1"
+    assert 'the gold has unknown regions (UNK tags / "unknown") in 2 of 3 sentences' in info.value.message
+    later = write_file("张 B-PER\n三 I-PER\n\n宋 B-PER\n神 I-PER\n， UNK\n", "later.bio")
+    with pytest.raises(CorpusError) as info:
+        refuse_partial(read_corpus(later).sentences, later, role="test set")
+    assert info.value.where == f"{later}:6" and info.value.message.startswith("the test set has unknown regions")
+    records = write_file(jsonl(*PARTIAL_RECORDS[1:]), "partial.jsonl")
+    with pytest.raises(CorpusError) as info:
+        refuse_partial(read_corpus(records))
+    assert info.value.where == f"{records}:2"
+    refuse_partial(read_corpus(write_file(jsonl(PARTIAL_RECORDS[1]), "complete.jsonl")))  # complete: no error
+
+
+def test_eval_refuses_a_gold_file_with_unknown_regions(nerkit, tiny_model_dir, write_file):
+    import nerkit as api
+
+    path = write_file("张 B-PER\n伟 I-PER\n在 O\n北 B-LOC\n京 I-LOC\n\n李 B-PER\n娜 I-PER\n来 UNK\n了 UNK\n")
+    result = nerkit("eval", "--model", str(tiny_model_dir), "--data", str(path), check=False)
+    assert_one_error_line(result, f"{path}:9", "the gold has unknown regions")
+    assert "a score needs complete annotation" in result.stderr
+    with pytest.raises(CorpusError, match="the gold has unknown regions"):
+        api.load(tiny_model_dir).evaluate(path)

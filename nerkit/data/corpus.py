@@ -563,6 +563,28 @@ def refuse_nested(sentences: list[Sentence], path: str | Path, fmt: str, what: s
                       where=sentence_where(path, fmt, first), fix=fix)
 
 
+def refuse_partial(corpus: Corpus | list[Sentence], path: str | Path | None = None, role: str = "gold",
+                   fmt: str = "auto") -> None:
+    """A CorpusError at the first unknown character of the first partial sentence (`Sentence.unknown`)
+    when any sentence is: a score counts every gold entity, and where nobody annotated, an entity
+    the model finds would count as wrong. `corpus`: a Corpus (its path and format are used) or
+    sentences read from `path` as `fmt` (read_corpus's); `role` names the file in the message
+    ("gold", "dev set", "test set"). Every reading of a file to score on refuses here."""
+    if isinstance(corpus, Corpus):
+        sentences, path, fmt = corpus.sentences, path or corpus.path, corpus.format
+    else:
+        sentences = corpus
+    first = next((s for s in sentences if s.partial), None)
+    if first is None:
+        return
+    count = sum(s.partial for s in sentences)
+    per_token = fmt == "conll" or (fmt == "auto" and not is_jsonl(path))
+    where = f"{path}:{first.line + first.unknown[0][0]}" if per_token and first.line else sentence_where(path, fmt, first)
+    raise CorpusError(f'the {role} has unknown regions ({UNKNOWN_TAG} tags / "{UNKNOWN_KEY}") in {count:,} of '
+                      f"{len(sentences):,} sentences: a score needs complete annotation", where=where,
+                      fix="score on a completely annotated file: annotate those regions, or leave their sentences out")
+
+
 def sentence_where(path: str | Path, fmt: str, sent: Sentence) -> str:
     """Where a sentence of offsets is in the file it was read from: its line, or its task or record
     in a JSON array (Label Studio's, CBLUE's)."""

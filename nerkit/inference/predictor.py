@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Iterable, Sequence
 
 from nerkit.config import Config, HeadTraits, build_config, head_traits, memory_segment
+from nerkit.data.corpus import refuse_partial
 from nerkit.data.records import Sentence
 from nerkit.data.splits import read_gold
 from nerkit.data.tags import SCORE_DIGITS, Span, spans_to_tags, split_tag, tags_to_spans
@@ -253,6 +254,7 @@ class Predictor:
         else:
             corpus = read_gold(data, self.config.data.repair if repair is None else repair,
                                "pass --repair (repair=True in Python)")
+            refuse_partial(corpus)  # a score needs every gold entity: none may hide where nobody annotated
             sentences, scheme = corpus.sentences, corpus.scheme
             self.check_types(corpus.types, str(data))
         started = time.perf_counter()
