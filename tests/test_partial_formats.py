@@ -2,7 +2,8 @@
 `UNK` in a character-per-line file and `"unknown": [[start, end], ...]` in JSON lines, doccano and
 Label Studio's task data. Each format reads them into `Sentence.unknown` and writes them back, so
 every round trip and every conversion between them is exact; a malformed region, or an entity in
-one, is one error line; and a score refuses a gold file that has any (`refuse_partial`)."""
+one, is one error line; `nerkit data stats` and `validate` count them; and a score refuses a gold
+file that has any (`refuse_partial`)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import pytest
 
 from nerkit.data.corpus import read_corpus, refuse_partial, write_corpus
 from nerkit.data.records import UNKNOWN_KEY, Sentence
+from nerkit.data.stats import corpus_stats
 from nerkit.data.tags import UNKNOWN_TAG, Span
 from nerkit.errors import CorpusError
 
@@ -254,6 +256,31 @@ def test_nerkit_data_convert_carries_unknown_regions_there_and_back(nerkit, writ
     assert [s.unknown for s in read_corpus(middle, fmt=fmt).sentences] == PARTIAL_UNKNOWN
     nerkit("data", "convert", str(middle), str(back), "--from", fmt, "--to", "bio")
     assert back.read_text(encoding="utf-8") == PARTIAL_BIO
+
+
+# ---------------------------------------------------------------- stats, validate
+
+
+def test_stats_count_partial_sentences_and_unknown_characters(nerkit, write_file):
+    path = write_file(PARTIAL_BIO)
+    stats = corpus_stats(path)
+    assert (stats["partial_sentences"], stats["unknown_characters"]) == (2, 7)
+    result = nerkit("data", "stats", str(path))
+    assert '  partial       7 characters nobody annotated (UNK / "unknown") in 2 of 3 texts' in result.stdout
+    complete = corpus_stats(write_file("张 B-PER\n三 I-PER\n", "complete.bio"))
+    assert (complete["partial_sentences"], complete["unknown_characters"]) == (0, 0)
+    assert "  partial  " not in nerkit("data", "stats", str(write_file("张 B-PER\n", "c.bio"))).stdout
+
+
+def test_validate_says_how_much_is_unannotated_and_its_repair_keeps_it(nerkit, write_file, tmp_path):
+    path = write_file(PARTIAL_BIO)
+    result = nerkit("data", "validate", str(path))
+    assert result.stdout == (f'{path}: OK, 3 texts, BIO, types PER; partial: 7 characters nobody annotated '
+                             f'(UNK / "unknown") in 2 of 3 texts\n')
+    assert "; partial" not in nerkit("data", "validate", str(write_file("张 B-PER\n", "c.bio"))).stdout
+    broken = write_file("我 UNK\n振 I-PER\n铎 I-PER\n", "broken.bio")
+    nerkit("data", "validate", str(broken), "--repair", str(tmp_path / "fixed.bio"))
+    assert (tmp_path / "fixed.bio").read_text(encoding="utf-8") == "我 UNK\n振 B-PER\n铎 I-PER\n\n"
 
 
 # ---------------------------------------------------------------- scores refuse partial gold

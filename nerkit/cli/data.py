@@ -35,8 +35,9 @@ def data_stats(
 ):
     """Texts (sentences, or documents: a record or a block of lines each), characters, entities per
     type, lengths, the texts longer than --max-len, scheme, invalid transitions, nesting (entities
-    that overlap another, inside one or crossing, depth, spans with two types), sha256. A file that
-    cannot be read gets one error line; the others are still reported (exit 2)."""
+    that overlap another, inside one or crossing, depth, spans with two types), partial annotation
+    (the characters nobody annotated: UNK tags, "unknown" regions), sha256. A file that cannot be
+    read gets one error line; the others are still reported (exit 2)."""
     from nerkit.data.stats import files_stats, format_stats
 
     stats, failures = files_stats(files, max_len)
@@ -60,11 +61,12 @@ def data_validate(
     entities nest (a format of offsets holds nested ones; a CRF or a BIO file needs a flat
     projection); with --repair OUT, fix invalid transitions, split tokens of several characters,
     keep the longest of overlapping entities (the earliest of equal ones: --flat outer), and write
-    the result. Says how many texts are longer than --max-len."""
+    the result. Says how many texts are longer than --max-len, and how many characters nobody
+    annotated (partial annotation: UNK tags, "unknown" regions), which a repaired copy keeps."""
     from nerkit.data.corpus import read_corpus, scheme_label, write_corpus
     from nerkit.data.nesting import describe, nesting
     from nerkit.data.records import OVERLAP_RULE
-    from nerkit.data.stats import MAX_LEN_NOTE, longer_than
+    from nerkit.data.stats import MAX_LEN_NOTE, describe_partial, longer_than, partial_counts
 
     corpus = read_corpus(file, repair=repair is not None, max_errors=20,
                          repair_option="pass --repair OUT for a repaired copy")
@@ -80,6 +82,8 @@ def data_validate(
         nested = f"; {describe(found)}" if found.is_nested else ""  # a flat corpus's line is as it was
         longer = longer_than((len(s) for s in corpus.sentences), max_len)
         long = f"; {longer:,} longer than {max_len:,} characters (data.max_len), {MAX_LEN_NOTE}" if longer else ""
+        partial, unknown = partial_counts(corpus.sentences)
+        long += f"; partial: {describe_partial(partial, unknown, len(corpus.sentences))}" if partial else ""
         typer.echo(f"{file}: OK, {len(corpus.sentences)} texts, {scheme_label(corpus.labels)}, "
                    f"types {', '.join(corpus.types) or '-'}{nested}{long}")
 

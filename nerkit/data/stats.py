@@ -1,5 +1,5 @@
 """Corpus statistics for `nerkit data stats`: texts, characters, entities by type, lengths, the texts
-longer than `data.max_len`, nesting, and the checksums of the known benchmark files."""
+longer than `data.max_len`, nesting, partial annotation, and the checksums of the known benchmark files."""
 
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ from pathlib import Path
 from nerkit.config import DataConfig
 from nerkit.data.corpus import read_corpus, scheme_label
 from nerkit.data.nesting import Nesting, describe, nesting
+from nerkit.data.records import UNKNOWN_KEY, Sentence
+from nerkit.data.tags import UNKNOWN_TAG
 from nerkit.errors import CorpusError
 
 # ---------------------------------------------------------------------------------------------
@@ -50,6 +52,17 @@ def longer_than(lengths, max_len: int) -> int:
     return sum(n > max_len for n in lengths) if max_len > 0 else 0
 
 
+def partial_counts(sentences: list[Sentence]) -> tuple[int, int]:
+    """How many of `sentences` are partial (`Sentence.unknown`), and their characters nobody annotated."""
+    partial = [s for s in sentences if s.partial]
+    return len(partial), sum(end - start for s in partial for start, end in s.unknown)
+
+
+def describe_partial(partial: int, unknown: int, texts: int) -> str:
+    """`partial_counts` as `nerkit data stats` and `validate` say them."""
+    return f'{unknown:,} characters nobody annotated ({UNKNOWN_TAG} / "{UNKNOWN_KEY}") in {partial:,} of {texts:,} texts'
+
+
 def corpus_stats(path: str | Path, max_len: int = DataConfig.max_len) -> dict:
     """The statistics of one corpus file, its texts measured against `max_len` (data.max_len's
     default unless given). Its JSON keeps the key `sentences` for the texts."""
@@ -60,6 +73,7 @@ def corpus_stats(path: str | Path, max_len: int = DataConfig.max_len) -> dict:
         for span in sent.spans():
             per_type[span.type] = per_type.get(span.type, 0) + 1
     digest = sha256_file(path)
+    partial, unknown = partial_counts(corpus.sentences)
     return {
         "file": str(path),
         "sentences": len(corpus.sentences),
@@ -73,6 +87,8 @@ def corpus_stats(path: str | Path, max_len: int = DataConfig.max_len) -> dict:
         "longer_than_max_len": longer_than(lengths, max_len),
         "invalid_transitions": corpus.invalid_transitions,
         "nesting": nesting(s.spans() for s in corpus.sentences).to_dict(),
+        "partial_sentences": partial,
+        "unknown_characters": unknown,
         "sha256": digest,
         "known_as": KNOWN_FILES.get(digest),
     }
@@ -108,4 +124,7 @@ def format_stats(stats: dict) -> str:
     found = Nesting(**stats["nesting"])
     if found.is_nested:  # a flat corpus's report is as it was
         lines.append(f"  nesting       {describe(found)}")
+    if stats["partial_sentences"]:  # and a completely annotated one's
+        lines.append("  partial       " + describe_partial(stats["partial_sentences"], stats["unknown_characters"],
+                                                          stats["sentences"]))
     return "\n".join(lines)
