@@ -15,6 +15,7 @@ from nerkit.cli.options import (
     flag,
 )
 from nerkit.errors import UserError
+from nerkit.tools.bench.annotator import QUERY_COST
 
 
 bench_app = typer.Typer(invoke_without_command=True, help="Train and measure every run of a benchmark matrix "
@@ -81,17 +82,31 @@ def loop(
     set_: List[str] = typer.Option([], "--set", help="Override a config value of every round: --set train.epochs=10."),
     device: Optional[Device] = typer.Option(None, "--device", help="train.device of every round."),
     resume: bool = flag("--resume", help="Go on with the loop in --out where it stopped."),
+    unit: str = typer.Option("sentence", "--unit", help="Comma-separated: sentence (each round asks --add whole "
+                             "sentences), span (each round asks the spans the model is least sure of, answered "
+                             "from gold widened to whole names, for what --add sentences of mean length cost; a "
+                             "CRF config)."),
+    query_cost: int = typer.Option(QUERY_COST, "--query-cost", min=0, help="Characters each question costs besides "
+                                   "those it labels (the context read before answering)."),
+    span_cost: int = typer.Option(0, "--span-cost", min=0, help="What a span round's questions cost, in characters "
+                                  "(0: what --add sentences of the training split's mean length cost)."),
+    full: bool = flag("--full", help="Also train on the whole training split once per seed: the full-data F1 the "
+                      "summary measures the cost of reaching 99% of."),
 ):
     """Simulate the annotation loop with the gold labels as the annotator: dev and test F1 by round,
-    choosing by uncertainty against at random."""
+    choosing by uncertainty against at random, asking for sentences or for spans."""
+    from nerkit.tools.annotation.select import STRATEGIES, UNITS
     from nerkit.tools.bench import parse_seeds
     from nerkit.tools.bench.loop import LoopOptions, simulate, summary
-    from nerkit.tools.annotation.select import STRATEGIES
 
     chosen = tuple(s.strip() for s in strategies.split(",") if s.strip())
     if not chosen or set(chosen) - set(STRATEGIES):
         raise UserError(f"--strategies takes {', '.join(STRATEGIES)}, not {strategies!r}")
-    options = LoopOptions(start, add, rounds, tuple(parse_seeds(seeds)), chosen, dev_limit)
+    units = tuple(u.strip() for u in unit.split(",") if u.strip())
+    if not units or set(units) - set(UNITS):
+        raise UserError(f"--unit takes {', '.join(UNITS)}, not {unit!r}")
+    options = LoopOptions(start, add, rounds, tuple(parse_seeds(seeds)), chosen, dev_limit, units, query_cost,
+                          span_cost, full)
     records = simulate(config, set_, out, options, resume=resume, device=device)
     typer.echo(summary(records), nl=False)
 

@@ -1,20 +1,26 @@
 """`nerkit bench loop`: the annotation loop of `nerkit data select`, simulated with the gold labels
-standing in for the annotator, to measure what choosing by uncertainty buys over choosing at random.
+standing in for the annotator, to measure what choosing by uncertainty buys over choosing at random,
+and what asking for spans buys over asking for sentences.
 
-For each seed, both strategies start from the same `start` random training sentences; each round
-then adds `add` sentences chosen from the rest of the training split (by the model of the round
-before, or at random), and the model is trained again from scratch on all of them with the same
-config (the same budget every round). Every round's model is scored on the dev set, which also
-selects its epoch as in any run, and on the test set (never used to choose anything). Each round is
-a record in OUT/results.jsonl as soon as it is done, and the labelled set of each (strategy, seed)
-in OUT/state/, so that `--resume` goes on where a stopped run left off.
+For each seed, every loop starts from the same `start` random training sentences, labelled whole
+(round 0). Each round after, a sentence loop (`unit` sentence) adds `add` sentences chosen from the
+rest of the training split, by the model of the round before or at random; a span loop (`unit`
+span) asks about the spans that model is least sure of in the rest (or random ones of the same
+candidates), each answered from gold and widened to the whole names it cuts, until the round's
+questions cost what `add` sentences of mean length do (`span_cost` to choose), the sentences asked
+becoming partially annotated training sentences (nerkit.tools.bench.annotator says how it counts
+the cost, the same for both units). The model is trained again from scratch on all of them with the
+same config (the same budget every round). With `full`, each seed's model of the whole training
+split is trained once too: the full-data F1 that the summary measures each loop against. Every
+round's model is scored on the dev set, which also selects its epoch as in any run, and on the test
+set (never used to choose anything). Each round is a record in OUT/results.jsonl as soon as it is
+done, and each loop's labels in OUT/state/, so that `--resume` goes on where a stopped run left off.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import random
 import shutil
 import time
 from dataclasses import asdict, dataclass, replace
@@ -22,7 +28,8 @@ from pathlib import Path
 
 from nerkit.config import load_config
 from nerkit.errors import UserError
-from nerkit.files import atomic_write_text, check_output_directory, read_json_lines
+from nerkit.files import check_output_directory, read_json_lines
+from nerkit.tools.bench.annotator import QUERY_COST
 from nerkit.tools.bench.runner import host_info
 
 log = logging.getLogger(__name__)
@@ -38,15 +45,28 @@ class LoopOptions:
     seeds: tuple[int, ...] = (1, 2, 3)
     strategies: tuple[str, ...] = ("uncertainty", "random")
     dev_limit: int = 0  # the first N dev sentences select each run's epoch (0: all); all are scored
+    units: tuple[str, ...] = ("sentence",)  # nerkit.tools.annotation.select.UNITS
+    query_cost: int = QUERY_COST  # characters each question costs besides those it labels
+    span_cost: int = 0  # what a span round's questions cost (0: what `add` sentences of mean length do)
+    full: bool = False  # also train on the whole training split once per seed
+
+
+FULL = ("full", "all")  # the (unit, strategy) of a seed's model of the whole training split
 
 
 def is_loop_dir(directory: Path) -> bool:
     return all(p.name in (RESULTS, "state", "runs") for p in directory.iterdir())
 
 
+def record_key(record: dict) -> tuple:
+    """A record's (unit, strategy, seed, round); a record written before units were is a sentence loop's."""
+    return record.get("unit", "sentence"), record["strategy"], record["seed"], record["round"]
+
+
 def simulate(config_path: str | Path, overrides: list[str], out: str | Path, options: LoopOptions = LoopOptions(),
              resume: bool = False, device: str | None = None) -> list[dict]:
-    """Run the loop for every seed and strategy (see the module's docstring); returns the records."""
+    """Run the loop for every seed, unit and strategy (see the module's docstring); returns the records."""
+    from nerkit.config import head_traits
     from nerkit.data.splits import read_splits
 
     out = Path(out)
@@ -54,56 +74,76 @@ def simulate(config_path: str | Path, overrides: list[str], out: str | Path, opt
     config = load_config(config_path, overrides)
     if device is not None:
         config = replace(config, train=replace(config.train, device=device))
+    if "span" in options.units and not head_traits(config).supports_marginals:
+        raise UserError(f"a span loop needs a CRF's marginals; this config's head is model.head: {config.model.head}",
+                        where=str(config_path), fix="use --unit sentence, or a config with model.head: crf")
     splits = read_splits(config)
-    needed = options.start + options.add * options.rounds
+    needed = options.start + (options.add * options.rounds if "sentence" in options.units else 0)
     if needed > len(splits.train):
         raise UserError(f"the loop needs {needed:,} training sentences, the split has {len(splits.train):,}",
                         fix="lower --start, --add or --rounds")
-    done = {(r["strategy"], r["seed"], r["round"]) for _, r in read_json_lines(out / RESULTS, "a loop record")} \
+    done = {record_key(r) for _, r in read_json_lines(out / RESULTS, "a loop record")} \
         if resume and (out / RESULTS).is_file() else set()
     out.mkdir(parents=True, exist_ok=True)
     base = {**host_info(), "config": str(config_path), "overrides": list(overrides), "options": asdict(options)}
     for seed in options.seeds:
-        for strategy in options.strategies:
-            run_one(config, splits, out, options, strategy, seed, done, base)
+        if options.full and (*FULL, seed, 0) not in done:
+            run_full(config, splits, out, options, seed, base)
+        for unit in options.units:
+            for strategy in options.strategies:
+                run_one(config, splits, out, options, unit, strategy, seed, done, base)
     return [r for _, r in read_json_lines(out / RESULTS, "a loop record")]
 
 
-def run_one(config, splits, out: Path, options: LoopOptions, strategy: str, seed: int, done: set,
+def run_one(config, splits, out: Path, options: LoopOptions, unit: str, strategy: str, seed: int, done: set,
             base: dict) -> None:
-    """One strategy and seed through every round, from its saved labelled set where it has one."""
-    from nerkit.tools.annotation.select import select
+    """One unit, strategy and seed through every round, from its saved labels where it has them."""
+    from nerkit.tools.bench.annotator import UNIT_LABELS
 
-    state_file = out / "state" / f"{strategy}-s{seed}.json"
-    labelled = random.Random(seed).sample(range(len(splits.train)), options.start)  # the same for both strategies
-    if state_file.is_file():
-        labelled = json.loads(state_file.read_text(encoding="utf-8"))["labelled"]
+    labels = UNIT_LABELS[unit](splits.train, options, strategy, seed, out / "state")
+    name = f"{strategy}-s{seed}" if unit == "sentence" else f"{unit}-{strategy}-s{seed}"
     for round_ in range(options.rounds + 1):
-        size = options.start + options.add * round_
-        if (strategy, seed, round_) in done and len(labelled) > size:
-            continue  # this round's model chose the next sentences before the stop
-        run_dir = out / "runs" / f"{strategy}-s{seed}"
+        recorded = (unit, strategy, seed, round_) in done
+        if recorded and (round_ == options.rounds or labels.chosen(round_ + 1)):
+            continue  # this round's model chose the next labels before the stop
         started = time.perf_counter()
-        pipe, metrics = train_round(config, splits, [splits.train[i] for i in labelled[:size]], run_dir, seed,
+        pipe, metrics = train_round(config, splits, labels.training(round_), out / "runs" / name, seed,
                                     options.dev_limit)
-        if (strategy, seed, round_) not in done:
-            record = {"strategy": strategy, "seed": seed, "round": round_, "sentences": size,
-                      "characters": sum(len(splits.train[i]) for i in labelled[:size]),
-                      "dev_f1": metrics["dev_f1"], "test_f1": metrics["test_f1"], "best_epoch": metrics["best_epoch"],
-                      "seconds": round(time.perf_counter() - started, 1), "device": metrics["device"],
-                      "date": time.strftime("%Y-%m-%d %H:%M:%S"), **base}
-            with open(out / RESULTS, "a", encoding="utf-8") as f:
-                f.write(json.dumps(record) + "\n")
-            log.info(f"loop {strategy} seed {seed} round {round_}: {size:,} sentences, dev F1 "
-                     f"{100 * record['dev_f1']:.2f}, test F1 {100 * record['test_f1']:.2f}")
+        if not recorded:
+            write_record(out, {"unit": unit, "strategy": strategy, "seed": seed, "round": round_,
+                               **labels.tally(round_)}, metrics, started, options, base)
         if round_ == options.rounds:
             break
-        rest = sorted(set(range(len(splits.train))) - set(labelled))
-        texts = [splits.train[i].text for i in rest]
-        picked = select(pipe, texts, options.add, strategy, seed * 1000 + round_)
-        labelled = labelled[:size] + [rest[k] for k in picked]
-        atomic_write_text(state_file, json.dumps({"labelled": labelled, "options": asdict(options)}) + "\n")
-    shutil.rmtree(out / "runs" / f"{strategy}-s{seed}", ignore_errors=True)
+        labels.choose(pipe, round_ + 1)
+    shutil.rmtree(out / "runs" / name, ignore_errors=True)
+
+
+def run_full(config, splits, out: Path, options: LoopOptions, seed: int, base: dict) -> None:
+    """The seed's model of the whole training split, recorded as unit "full" (its cost: every
+    sentence asked whole)."""
+    from nerkit.tools.bench.annotator import question_cost
+
+    started = time.perf_counter()
+    run_dir = out / "runs" / f"full-s{seed}"
+    _, metrics = train_round(config, splits, splits.train, run_dir, seed, options.dev_limit)
+    characters = sum(len(s) for s in splits.train)
+    tally = {"sentences": len(splits.train), "characters": characters, "queries": len(splits.train),
+             "cost": question_cost(characters, len(splits.train), options.query_cost)}
+    write_record(out, {"unit": FULL[0], "strategy": FULL[1], "seed": seed, "round": 0, **tally}, metrics, started,
+                 options, base)
+    shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def write_record(out: Path, record: dict, metrics: dict, started: float, options: LoopOptions, base: dict) -> None:
+    """A round's record, appended to OUT/results.jsonl at once (a stop loses no finished round)."""
+    record = {**record, "query_cost": options.query_cost, "dev_f1": metrics["dev_f1"], "test_f1": metrics["test_f1"],
+              "best_epoch": metrics["best_epoch"], "seconds": round(time.perf_counter() - started, 1),
+              "device": metrics["device"], "date": time.strftime("%Y-%m-%d %H:%M:%S"), **base}
+    with open(out / RESULTS, "a", encoding="utf-8") as f:
+        f.write(json.dumps(record) + "\n")
+    log.info(f"loop {record['unit']} {record['strategy']} seed {record['seed']} round {record['round']}: "
+             f"{record['sentences']:,} sentences, cost {record['cost']:,} characters, dev F1 "
+             f"{100 * record['dev_f1']:.2f}, test F1 {100 * (record['test_f1'] or 0):.2f}")
 
 
 def train_round(config, splits, train_sentences, run_dir: Path, seed: int, dev_limit: int):
@@ -134,6 +174,17 @@ def describe_device(device: str) -> str:
 
 
 def summary(records: list[dict]) -> str:
+    """The sentence loops' table (`sentence_table`), and where any record is a span loop's or a
+    full-data run's, every loop by its cost (`cost_table`) and what each cost to reach 99% of the
+    full-data F1 (`reach_table`)."""
+    sentences = [r for r in records if record_key(r)[0] == "sentence"]
+    tables = [sentence_table(sentences)] if sentences else []
+    if len(sentences) < len(records):
+        tables += [cost_table(records), reach_table(records)]
+    return "\n".join(tables)
+
+
+def sentence_table(records: list[dict]) -> str:
     """Dev and test F1 by config, round and strategy over the seeds (mean, and the lowest and
     highest test F1), as a Markdown table: the two strategies side by side at each round."""
     by: dict = {}
@@ -150,8 +201,72 @@ def summary(records: list[dict]) -> str:
             if not rows:
                 cells += ["", ""]
                 continue
-            tests = [100 * (r["test_f1"] or 0) for r in rows]
-            dev = sum(100 * r["dev_f1"] for r in rows) / len(rows)
-            cells += [f"{dev:.2f}", f"{sum(tests) / len(tests):.2f} ({min(tests):.2f}-{max(tests):.2f}, {len(rows)} seeds)"]
+            cells += [f"{mean(100 * r['dev_f1'] for r in rows):.2f}", test_cell(rows)]
         lines.append(f"| {config} | {round_} | {sentences:,} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def mean(values) -> float:
+    values = list(values)
+    return sum(values) / len(values)
+
+
+def test_cell(rows: list[dict]) -> str:
+    tests = [100 * (r["test_f1"] or 0) for r in rows]
+    return f"{mean(tests):.2f} ({min(tests):.2f}-{max(tests):.2f}, {len(rows)} seeds)"
+
+
+def loop_name(record: dict) -> str:
+    unit, strategy = record_key(record)[:2]
+    return "full data" if (unit, strategy) == FULL else f"{unit}, {strategy}"
+
+
+def cost_table(records: list[dict]) -> str:
+    """Every loop's rounds (and the full-data runs) over the seeds: questions, characters labelled and
+    the cost with each question's fixed cost (means), dev F1 and test F1 (mean, lowest-highest)."""
+    by: dict = {}
+    for r in records:
+        by.setdefault((Path(r["config"]).stem, loop_name(r), r["round"]), []).append(r)
+    lines = ["| config | loop | round | questions | characters | cost | dev F1 | test F1 (lowest-highest) |",
+             "|---|---|---:|---:|---:|---:|---:|---:|"]
+    for (config, name, round_), rows in sorted(by.items()):
+        lines.append(f"| {config} | {name} | {round_} | {mean(r['queries'] for r in rows):,.0f} | "
+                     f"{mean(r['characters'] for r in rows):,.0f} | {mean(r['cost'] for r in rows):,.0f} | "
+                     f"{mean(100 * r['dev_f1'] for r in rows):.2f} | {test_cell(rows)} |")
+    return "\n".join(lines) + "\n"
+
+
+REACH = 0.99  # the share of the full-data F1 a loop is measured to reach
+
+
+def reach_table(records: list[dict]) -> str:
+    """Per config and seed, each loop's first round whose test F1 reaches REACH x the full-data run's
+    test F1 (the test set chooses nothing: this only reads the curve): its cost, its characters as
+    a share of the training split's, and its cost over the sentence loop's of the same strategy."""
+    lines = [f"| config | seed | full-data test F1 | loop | reaches {REACH:.0%} at round | cost | "
+             "characters (% of training) | cost / sentence loop's |", "|---|---:|---:|---|---:|---:|---:|---:|"]
+    for config in sorted({Path(r["config"]).stem for r in records}):
+        mine = [r for r in records if Path(r["config"]).stem == config]
+        for seed in sorted({r["seed"] for r in mine}):
+            full = next((r for r in mine if r["seed"] == seed and record_key(r)[:2] == FULL), None)
+            if full is None or full["test_f1"] is None:
+                lines.append(f"| {config} | {seed} | no full-data run (--full) | | | | | |")
+                continue
+            target = REACH * full["test_f1"]
+            reached = {}
+            for unit, strategy in sorted({record_key(r)[:2] for r in mine if r["seed"] == seed} - {FULL}):
+                rounds = sorted((r for r in mine if r["seed"] == seed and record_key(r)[:2] == (unit, strategy)),
+                                key=lambda r: r["round"])
+                reached[unit, strategy] = next((r for r in rounds if (r["test_f1"] or 0) >= target), None), rounds
+            for (unit, strategy), (first, rounds) in reached.items():
+                head = f"| {config} | {seed} | {100 * full['test_f1']:.2f} | {unit}, {strategy} |"
+                if first is None:
+                    best = max(rounds, key=lambda r: r["test_f1"] or 0)
+                    lines.append(f"{head} not reached (best {100 * (best['test_f1'] or 0):.2f} at round "
+                                 f"{best['round']}) | | | |")
+                    continue
+                baseline = reached.get(("sentence", strategy), (None,))[0]
+                ratio = f"{first['cost'] / baseline['cost']:.2f}" if baseline and unit != "sentence" else ""
+                lines.append(f"{head} {first['round']} | {first['cost']:,} | {first['characters']:,} "
+                             f"({100 * first['characters'] / full['characters']:.1f}%) | {ratio} |")
     return "\n".join(lines) + "\n"
