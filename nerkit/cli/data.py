@@ -18,7 +18,7 @@ from nerkit.cli.options import (
     flag,
 )
 from nerkit.data.matching import AMBIGUITIES, DEFAULT_MIN_LENGTH, OUTPUTS, RESTS
-from nerkit.tools.annotation.select import PoolFormat, SelectFormat, Strategy
+from nerkit.tools.annotation.select import PoolFormat, SelectFormat, Strategy, Unit
 
 MatchOutput = Literal[OUTPUTS]  # what `nerkit data match --to` writes
 MatchRest = Literal[RESTS]
@@ -138,14 +138,19 @@ def data_select(
                                        "chosen (repeatable)."),
     batch_size: int = typer.Option(64, "--batch-size", min=1, help="Sentences per batch."),
     window: Optional[int] = WINDOW,
+    unit: Unit = typer.Option("sentence", "--unit", help="What a task asks: sentence, a whole text; span, the "
+                              "spans the model is least sure of (a CRF model; --n counts spans), each text's "
+                              "written with its entities inside them and every region outside them \"unknown\": "
+                              "corrected, it is partially annotated training data."),
 ):
     """Choose the texts of a pool to annotate next (active learning), least sure first, written as
     tasks with the model's scored pre-annotations."""
     from nerkit.tools.annotation.select import select_tasks
 
-    summary = select_tasks(model, pool, n, strategy, seed, out, fmt, pool_format, exclude, batch_size, window)
+    summary = select_tasks(model, pool, n, strategy, seed, out, fmt, pool_format, exclude, batch_size, window, unit)
     if out is not None:
-        typer.echo(f"chose {summary['selected']:,} of {summary['pool']:,} texts ({summary['excluded']:,} already "
+        spans = f"{summary['selected']:,} spans in " if unit == "span" else ""
+        typer.echo(f"chose {spans}{summary['texts']:,} of {summary['pool']:,} texts ({summary['excluded']:,} already "
                    f"annotated) by {summary['strategy']}; wrote {out}")
 
 
