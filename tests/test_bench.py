@@ -791,3 +791,35 @@ def test_a_span_run_chooses_its_threshold_on_dev_and_scores_test_at_it(tmp_path)
     assert score([s.spans() for s in test], found)["f1"] == pytest.approx(records["span"]["test"]["f1"])
     assert set(chosen["test_before"]) == {"threshold", "precision", "recall", "f1"}
     assert "span_threshold" not in records["crf"]  # a CRF model has no threshold
+
+
+def test_a_runs_prepare_commands_write_the_file_it_trains_on(tmp_path):
+    """`prepare:` runs nerkit commands before the run trains, ${BENCH_OUT} naming OUT in them and in
+    the overrides: here the dictionary matches the run trains on (issue 57's dictionary benchmarks)."""
+    config = write_yaml(tmp_path / "tiny.yaml", TINY)
+    matched = "${BENCH_OUT}/matched.jsonl"
+    matrix = write_yaml(tmp_path / "matrix.yaml", {"predict_batch_size": 16, "runs": [
+        {"name": "matched", "dataset": "sample", "config": str(config), "overrides": [f"data.train={matched}"],
+         "prepare": [f"data match --dict {SAMPLE / 'train.bio'} --text {SAMPLE / 'train.bio'} --rest o --out {matched}"]},
+        {"name": "broken", "dataset": "sample", "config": str(config),
+         "prepare": ["data match --dict /nonexistent.txt:PER --text /nonexistent.txt --out ${BENCH_OUT}/x.jsonl"]}]})
+    out = tmp_path / "out"
+    result = nerkit("bench", "--matrix", matrix, "--out", out, "--device", "cpu")
+    records = {r["name"]: r for r in read_jsonl(out / "results.jsonl")}
+    assert records["matched"]["status"] == "ok", (out / "logs" / "matched.log").read_text(encoding="utf-8")
+    assert records["matched"]["prepare"] == matrix_prepare(matrix, 0)
+    assert (out / "matched.jsonl").is_file()
+    assert f"$ nerkit data match --dict {SAMPLE / 'train.bio'}" in (out / "logs" / "matched.log").read_text(encoding="utf-8")
+    assert records["broken"]["status"] == "failed" and result.returncode == 1  # a failed prepare fails its run
+    assert not (out / "runs" / "broken" / "model.safetensors").exists()
+
+
+def matrix_prepare(matrix: Path, i: int) -> list[str]:
+    return yaml.safe_load(matrix.read_text(encoding="utf-8"))["runs"][i]["prepare"]
+
+
+def test_prepare_must_be_a_list_of_commands(tmp_path):
+    matrix = write_yaml(tmp_path / "m.yaml", {"runs": [{"name": "a", "dataset": "d", "config": "c.yaml",
+                                                        "prepare": "data match"}]})
+    with pytest.raises(UserError, match="prepare must be a list"):
+        load_matrix(matrix)

@@ -19,7 +19,7 @@ MATRIX_KEYS = ("runs", "quick", "anchors", "predict_batch_size", "env", "rounds"
 
 
 RUN_KEYS = ("name", "config", "dataset", "overrides", "seeds", "quick", "env", "nproc", "rounds", "teachers", "text",
-            "train_text")
+            "train_text", "prepare")
 
 
 REQUIRED_RUN_KEYS = ("name", "config", "dataset")
@@ -51,6 +51,9 @@ class MatrixRun:
     teachers: list[str] = field(default_factory=list)  # run names whose model directories teach this run
     texts: list[str] = field(default_factory=list)  # unlabelled text files (interpolated) a student reads
     train_text: bool = False  # a student also reads its own training split's text
+    # nerkit commands (the words after `nerkit`) run in order before the run trains, e.g. the
+    # `data match` that writes its training file; ${BENCH_OUT} in them and in the overrides is OUT
+    prepare: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -320,6 +323,11 @@ def load_matrix(path: str | Path, quick: bool = False, device: str | None = None
         nproc = _count(entry.get("nproc"), "nproc", f"{where}.", path, ("runs", i, "nproc"), 1)
         times = rounds or _count(entry.get("rounds"), "rounds", f"{where}.", path, ("runs", i, "rounds"), shared_rounds)
         teachers, texts, train_text = _student(entry, where, path, i)
+        prepare = entry.get("prepare", [])
+        if not isinstance(prepare, list) or not all(isinstance(c, str) and c.strip() for c in prepare):
+            raise UserError(f"{where}.prepare must be a list of nerkit commands (the words after `nerkit`)",
+                            where=line_of(path, ("runs", i, "prepare")),
+                            fix="e.g. prepare: ['data match --dict D.txt:PER --text T.txt --out ${BENCH_OUT}/m.jsonl']")
         if teachers and nproc > 1:
             raise UserError(f"{where}: a student (teachers:) trains in one process, not nproc: {nproc}",
                             where=line_of(path, ("runs", i, "nproc")))
@@ -328,7 +336,7 @@ def load_matrix(path: str | Path, quick: bool = False, device: str | None = None
             extra = [] if seed is None else [f"train.seed={seed}"]
             extra += [] if device is None else [f"train.device={device}"]
             runs.append(MatrixRun(name, group, entry["dataset"], entry["config"], overrides + sets + extra, seed,
-                                  env, nproc, times, list(teachers), texts, train_text))
+                                  env, nproc, times, list(teachers), texts, train_text, list(prepare)))
             teacher_lines[name] = line_of(path, ("runs", i, "teachers"))
     names = [r.name for r in runs]
     duplicates = sorted({n for n in names if names.count(n) > 1})

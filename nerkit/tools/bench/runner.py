@@ -9,6 +9,7 @@ import json
 import logging
 import os
 import platform
+import shlex
 import signal
 import socket
 import subprocess
@@ -26,6 +27,7 @@ from nerkit.inference.model_dir import CONFIG_FILE
 from nerkit.tools.bench.matrix import MatrixRun, load_matrix, select_runs, with_teachers
 from nerkit.tools.bench.report import render_markdown, short_error, spread
 from nerkit.training.resume import run_differences
+from nerkit.typed_yaml import interpolate
 from nerkit.version import __version__
 
 RESULTS = "results.jsonl"
@@ -40,6 +42,7 @@ WORKER_RESULT = "bench.json"  # written by the worker into its model directory
 ERROR_LINES = 20  # of a failed run's log, kept in its record
 
 
+BENCH_OUT = "BENCH_OUT"  # the variable that names the output directory to a run's prepare: and overrides
 TEXTS = "texts"  # DIR/texts/NAME.train.txt: the training text of a student with `train_text: true`
 
 
@@ -204,7 +207,23 @@ def run_record(run: MatrixRun, base: dict) -> dict:
               "date": datetime.now(timezone.utc).isoformat(timespec="seconds")}
     if run.teachers:
         record.update({"teachers": run.teachers, "text": run.texts, "train_text": run.train_text})
+    if run.prepare:
+        record["prepare"] = run.prepare
     return record
+
+
+def prepare(run: MatrixRun, log_file, env: dict) -> int:
+    """Run the run's `prepare:` commands in order (${BENCH_OUT} and the like interpolated as a
+    config's paths are), their output in the run's log; the first failure's exit code, else 0."""
+    for command in run.prepare:
+        args = shlex.split(interpolate(command, f"{run.name}: prepare"))
+        log_file.write(f"$ nerkit {shlex.join(args)}\n")
+        log_file.flush()
+        returncode = WORKERS.run([sys.executable, "-m", "nerkit", *args], stdin=subprocess.DEVNULL, stdout=log_file,
+                                 stderr=subprocess.STDOUT, env=env)
+        if returncode:
+            return returncode
+    return 0
 
 
 def student_of_failed(run: MatrixRun, out: Path, base: dict, failed: list[str]) -> dict:
@@ -250,9 +269,11 @@ def execute(run: MatrixRun, out: Path, predict_batch_size: int, base: dict, prev
         if resume:
             log_file.write(f"\n--- nerkit bench --resume {record['date']}: continuing from {run_dir / CHECKPOINT} ---\n")
             log_file.flush()
-        returncode = WORKERS.run([sys.executable, "-m", "nerkit.tools.bench.worker", json.dumps(spec)],
-                                 stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
-                                 env=run_env(base.get("jobs") or 1, run.env))
+        env = run_env(base.get("jobs") or 1, run.env)
+        returncode = prepare(run, log_file, env)
+        if not returncode:
+            returncode = WORKERS.run([sys.executable, "-m", "nerkit.tools.bench.worker", json.dumps(spec)],
+                                     stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT, env=env)
     record["wall_s"] = time.perf_counter() - started
     if resume:
         record["wall_s"] += previous.get("wall_s", 0.0)
@@ -408,6 +429,7 @@ def run_bench(matrix_path: str | Path, out: str | Path | None = None, quick: boo
         raise UserError(f"--jobs must be at least 1, not {jobs}")
     matrix = load_matrix(matrix_path, quick, device, sets, seeds, rounds)
     out = Path(out) if out else Path("bench-out") / matrix.path.stem
+    os.environ[BENCH_OUT] = str(out.resolve())  # for ${BENCH_OUT} in prepare: commands and overrides
     records = read_results(out)
     runs = select_runs(matrix.runs, list(only))
     if not markdown_only:
