@@ -97,6 +97,9 @@ def test_unk_before_an_inside_tag_breaks_the_scheme_as_o_does(write_file):
     assert "I-PER after O continues no entity" in err.message and "UNK, not annotated, reads as O" in err.message
     repaired = read_corpus(path, repair=True)
     assert repaired.sentences[0].spans() == [Span(1, 3, "PER")] and repaired.sentences[0].unknown == [(0, 1)]
+    unclosed = write_file("张 B-PER\n三 I-PER\n我 UNK\n们 S-PER\n", "unclosed.bioes")
+    err = read_error(unclosed)
+    assert err.where == f"{unclosed}:3" and "O after I-PER" in err.message and "UNK, not annotated, reads as O" in err.message
 
 
 def test_a_lower_case_unk_is_an_error_that_names_unk(write_file):

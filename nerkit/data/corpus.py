@@ -351,7 +351,7 @@ def _check_transitions(corpus: Corpus, repair: bool, strict: bool, problems: _Pr
         elif strict:
             known = sent.known()
             for i, why in bad:
-                if 0 < i <= len(known) and not known[i - 1]:
+                if not all(known[max(i - 1, 0):i + 1]):  # the tag or the one before it
                     why += f" ({UNKNOWN_TAG}, not annotated, reads as O)"
                 line = sent.line + min(i, len(sent.tags) - 1)
                 problems.add(CorpusError(f"invalid transition: {why}", where=f"{corpus.path}:{line}",
