@@ -18,7 +18,7 @@ from nerkit.data.records import Sentence
 from nerkit.data.splits import insert_spaces
 from nerkit.data.tags import Span, spans_to_tags
 from nerkit.data.text import SPACE, split_sentence
-from nerkit.errors import ConfigError
+from nerkit.errors import ConfigError, CorpusError
 from nerkit.features.batch import collate
 from nerkit.model.span import band_valid, sampled_negatives
 
@@ -104,3 +104,88 @@ def test_spaces_are_inserted_only_between_annotated_characters():
     # every gap takes a space except inside an entity and beside or inside the unknown region
     assert "".join(spaced.tokens) == f"{SPACE}王芳{SPACE}来自武汉{SPACE}市{SPACE}"
     assert [spaced.tokens[s:e] for s, e in spaced.unknown] == [list("自武")]
+
+
+# ---------------------------------------------------------------- the training data a config names
+
+
+def write_partial(path, sentences, every: int = 2) -> str:
+    """`sentences` as JSON lines, every `every`-th one with the characters after its entities unknown."""
+    from nerkit.data.corpus import write_corpus
+
+    out = []
+    for k, sent in enumerate(sentences):
+        spans = sent.spans()
+        start = max((s.end for s in spans), default=0)
+        if k % every == 0 and start < len(sent):
+            tags = [t if i < start else "O" for i, t in enumerate(sent.tags)]
+            sent = Sentence(sent.tokens, tags, sent.line, unknown=[(start, len(sent))])
+        out.append(sent)
+    write_corpus(path, out, "jsonl")
+    return str(path)
+
+
+def test_a_run_trains_on_partial_labels_under_either_head_and_keeps_dev_complete(tmp_path, tiny_config):
+    from helpers import TINY_DEV, TINY_TRAIN
+
+    from nerkit.data.corpus import read_corpus
+    from nerkit.data.splits import read_splits
+    from nerkit.training.loop import train
+
+    partial_train = write_partial(tmp_path / "train.jsonl", read_corpus(TINY_TRAIN).sentences)
+    for head in (["model.head=crf"], ["model.head=span", "span.negative_sampling=0.35", "span.size=8"]):
+        config = tiny_config(f"data.train={partial_train}", "train.epochs=2", *head)
+        out = tmp_path / head[0].split("=")[1]
+        train(config, out=out)
+        assert (out / "model.safetensors").is_file()
+    # a dev set carved from partial training data takes only its complete sentences
+    carved = read_splits(tiny_config(f"data.train={partial_train}", "data.dev=null", "data.dev_split=0.3"))
+    assert carved.dev and not any(s.partial for s in carved.dev)
+    assert sum(s.partial for s in carved.train) == sum(s.partial for s in read_corpus(partial_train).sentences)
+    # a partial dev or test set is refused: a score needs complete annotation
+    partial_dev = write_partial(tmp_path / "dev.jsonl", read_corpus(TINY_DEV).sentences, every=1)
+    for key in ("dev", "test"):
+        with pytest.raises(CorpusError, match=f"the {key} set has unknown regions"):
+            read_splits(tiny_config(f"data.{key}={partial_dev}"))
+
+
+def test_data_train_extra_adds_its_sentences_and_hide_entities_hides_a_fraction(tmp_path, tiny_config):
+    from helpers import TINY_TRAIN
+
+    from nerkit.data.corpus import read_corpus
+    from nerkit.data.splits import read_splits
+
+    extra = write_partial(tmp_path / "extra.jsonl", read_corpus(TINY_TRAIN).sentences[:5], every=1)
+    plain = read_splits(tiny_config())
+    added = read_splits(tiny_config(f"data.train_extra={extra}"))
+    assert len(added.train) == len(plain.train) + 5 and sum(s.partial for s in added.train) >= 1
+    entities = sum(len(s.spans()) for s in plain.train)
+    hidden = read_splits(tiny_config("data.hide_entities=0.5"))
+    assert sum(len(s.spans()) for s in hidden.train) == entities - round(0.5 * entities)
+    assert [s.text for s in hidden.train] == [s.text for s in plain.train]
+
+
+def test_predict_drops_unknown_regions_and_calibrate_refuses_a_partial_file(tmp_path, tiny_model_dir):
+    """predict's output entities are the model's over the whole text: a kept "unknown" would say they
+    were not; calibration, like every score, needs complete annotation."""
+    import json
+    import shutil
+
+    from helpers import TINY_DEV
+    from helpers import run_nerkit as nerkit
+
+    from nerkit.data.corpus import read_corpus
+
+    partial = write_partial(tmp_path / "dev.jsonl", read_corpus(TINY_DEV).sentences, every=1)
+    out = tmp_path / "out.jsonl"
+    result = nerkit("predict", "--model", tiny_model_dir, partial, "--output", out)
+    assert result.returncode == 0, result.stderr
+    records = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()]
+    assert records and not any("unknown" in r for r in records)
+    read_corpus(out)  # reads back as a complete corpus
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, model)
+    before = (model / "nerkit.json").read_bytes()
+    result = nerkit("calibrate", "--model", model, "--data", partial)
+    assert result.returncode == 2 and "the calibration set has unknown regions" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and (model / "nerkit.json").read_bytes() == before

@@ -300,3 +300,18 @@ def test_platt_map_of_far_logits_neither_overflows_nor_warns():
         warnings.simplefilter("error")
         scale, shift = platt_map([-3000.0, -2000.0, 1500.0, 2500.0, 900.0], [False, False, True, True, False])
     assert math.isfinite(scale) and math.isfinite(shift) and scale > 0
+
+
+def test_a_threshold_rounded_to_0_or_1_keeps_every_span_or_none():
+    """A steep score map can round the threshold on its scale to 1.0 (a degenerate fit on a model
+    that is barely trained): decoding then keeps nothing rather than dividing by zero."""
+    import math
+
+    import numpy as np
+
+    from nerkit.model.span_decode import decode_band, logit
+
+    assert logit(1.0) == math.inf and logit(0.0) == -math.inf and logit(0.5) == 0.0
+    band = np.full((1, 1, 3, 2), 5.0, dtype=np.float32)
+    assert decode_band(band, [3], 1.0, flat=False) == [[]]
+    assert len(decode_band(band, [3], 0.0, flat=False)[0]) == 5  # every valid cell of 3 characters, width 2

@@ -10,7 +10,7 @@ import random
 from dataclasses import dataclass
 
 from nerkit.config import Config, head_traits
-from nerkit.data.corpus import REPAIR_OPTION, read_corpus, refuse_nested
+from nerkit.data.corpus import REPAIR_OPTION, read_corpus, refuse_nested, refuse_partial
 from nerkit.data.documents import contiguous_dev_split, documents
 from nerkit.data.matching import hide_entities
 from nerkit.data.nesting import FLAT_RULES
@@ -153,8 +153,9 @@ def check_data_files(config: Config, keys: tuple[str, ...] = ("train", "dev", "t
 
 def train_and_dev(config: Config) -> tuple[Corpus, list[Sentence], list[Sentence]]:
     """The training corpus, and its sentences as training takes them (`data.limit`, then the dev
-    carve-out where `data.dev` is not set) with the dev split: the one place the carve is made, so
-    that what is mined from the training text (`nerkit lexicon build --config`) is what trains."""
+    carve-out where `data.dev` is not set, from its completely annotated sentences) with the dev split:
+    the one place the carve is made, so that what is mined from the training text (`nerkit lexicon
+    build --config`) is what trains."""
     dc = config.data
     # with data.limit a char-per-line file is read up to its limit: the scheme and types are those
     # of the sentences read (their entities hold the E-/S- or M- tags that tell the scheme)
@@ -163,12 +164,20 @@ def train_and_dev(config: Config) -> tuple[Corpus, list[Sentence], list[Sentence
     if dc.limit:
         train = train[: dc.limit]
     if dc.dev:
-        return train_corpus, train, read_gold(dc.dev, dc.repair, TRAIN_REPAIR_OPTION).sentences
+        dev = read_gold(dc.dev, dc.repair, TRAIN_REPAIR_OPTION)
+        refuse_partial(dev, role="dev set")  # an epoch chosen on it would be scored against missing gold
+        return train_corpus, train, dev.sentences
     if dc.dev_split <= 0:
         raise UserError("no dev data: data.dev is not set and data.dev_split is 0",
                         fix="set data.dev, or data.dev_split (e.g. 0.05) to carve a dev set from train")
     carve = contiguous_dev_split if dc.context == "document" else seeded_dev_split
-    train, dev = carve(train, dc.dev_split, dc.split_seed)
+    # dev is carved from the completely annotated sentences only: it is scored
+    partial = [s for s in train if s.partial]
+    if partial and len(partial) == len(train):
+        raise UserError("every training sentence has unknown regions, so no dev set can be carved from it",
+                        where=dc.train, fix="set data.dev to a completely annotated file")
+    train, dev = carve([s for s in train if not s.partial], dc.dev_split, dc.split_seed)
+    train += partial
     blocks = f", {len(documents(dev))} contiguous blocks" if dc.context == "document" else ""
     log.info(f"dev: {len(dev)} sentences carved from {dc.train} (seed {dc.split_seed}, {dc.dev_split:.0%}{blocks})")
     return train_corpus, train, dev
@@ -178,7 +187,11 @@ def read_splits(config: Config) -> Splits:
     dc = config.data
     check_data_files(config, ("train", "train_extra", "dev", "test"))
     train_corpus, train, dev = train_and_dev(config)
-    test = read_gold(dc.test, dc.repair, TRAIN_REPAIR_OPTION).sentences if dc.test else None
+    test = None
+    if dc.test:
+        test_corpus = read_gold(dc.test, dc.repair, TRAIN_REPAIR_OPTION)
+        refuse_partial(test_corpus, role="test set")
+        test = test_corpus.sentences
     if dc.hide_entities:
         before = sum(len(s.spans()) for s in train)
         train = hide_entities(train, dc.hide_entities, dc.split_seed)

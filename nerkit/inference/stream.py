@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import BinaryIO, Iterable, Iterator
 
 from nerkit.data.corpus import UNWRITABLE, is_jsonl
-from nerkit.data.records import decode_utf8, nul_error, text_record
+from nerkit.data.records import UNKNOWN_KEY, decode_utf8, nul_error, text_record
 from nerkit.errors import CorpusError, UserError
 from nerkit.files import WRITE_ERRNOS, atomic_file, check_output
 from nerkit.inference.formats import FORMATS, output_frame, predict_chunk
@@ -150,6 +150,9 @@ def _texts(lines: Iterable[tuple[str, int]], name: str, field: str | None,
         if fmt in _LINE_FORMATS and UNWRITABLE.search(text):
             raise CorpusError(f"the text holds a line break or NUL, which --format {fmt} cannot write "
                               "(it writes a text on lines of its own)", where=where, fix="use --format jsonl")
+        # a partial corpus's unknown regions said what its annotators left out; the output's entities
+        # are the model's over the whole text, which a kept "unknown" would contradict when read back
+        keys.pop(UNKNOWN_KEY, None)
         yield text, keys, size + skipped
         skipped = 0
 

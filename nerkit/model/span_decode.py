@@ -14,7 +14,10 @@ Found = tuple[int, int, int, float]
 
 
 def logit(probability: float) -> float:
-    """The log-odds a probability threshold stands for (0.5 -> 0)."""
+    """The log-odds a probability threshold stands for (0.5 -> 0); at 0 and 1, -inf and inf (every
+    span kept, none kept): a steep calibration map can round a threshold on its scale to either."""
+    if probability <= 0.0 or probability >= 1.0:
+        return math.copysign(math.inf, probability - 0.5)
     return math.log(probability / (1.0 - probability))
 
 

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import torch
 
+from nerkit.data.corpus import refuse_partial
 from nerkit.data.splits import check_data_files, read_gold, train_and_dev
 from nerkit.data.tags import Span
 from nerkit.device import set_threads
@@ -69,6 +70,7 @@ def dev_set(pipe: Pipeline, model_dir: Path, data: str | Path | None) -> tuple[l
         sentences, where = train_and_dev(pipe.config)[2], f"the dev split of {model_dir / CONFIG_FILE}"
     else:
         corpus = read_gold(data, pipe.config.data.repair, "pass --repair")
+        refuse_partial(corpus, role="calibration set")  # where nobody annotated, a found entity is not wrong
         sentences, where = corpus.sentences, str(data)
     if not any(s.spans() for s in sentences):
         raise UserError("the gold file has no entities: every predicted one would count as wrong, and the fit "
