@@ -271,6 +271,9 @@ def test_a_span_loop_beside_the_sentence_loop_counts_its_cost_exactly_and_resume
         assert not any(s.start < start < s.end or s.start < end < s.end for s in train[i].spans())
     assert by["full", 0]["characters"] == sum(len(s) for s in train)
     assert "reaches 99% at round" in shown and "| tiny | 1 |" in shown
+    figure = tmp_path / "loop.png"  # both units drawn against their cost
+    nerkit("plot", "loop", str(out / "results.jsonl"), "--out", str(figure))
+    assert figure.stat().st_size > 0
     refused = nerkit(*args, "--rounds", "2", check=False)  # a finished loop is not overwritten without --resume
     assert refused.returncode == 2 and "not empty" in refused.stderr
 
