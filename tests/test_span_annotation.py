@@ -283,6 +283,11 @@ def test_a_span_loop_refuses_a_span_head(loop_config, tmp_path, nerkit):
                      "--set", "model.head=span", check=False)
     assert refused.returncode == 2 and len(refused.stderr.strip().splitlines()) == 1
     assert "model.head: crf" in refused.stderr
+    refused = nerkit("bench", "loop", "--config", str(loop_config), "--out", str(tmp_path / "loop"), "--unit", "span",
+                     *(f"--set={o}" for o in ("data.context=document", "encoder.name=transformer",
+                                              "encoder.attention=xl", "encoder.memory=16", "encoder.segment=24")),
+                     check=False)
+    assert refused.returncode == 2 and "data.context: document" in refused.stderr.strip().splitlines()[-1]
     refused = nerkit("bench", "loop", "--config", str(loop_config), "--out", str(tmp_path / "loop"), "--unit", "word",
                      check=False)
     assert refused.returncode == 2 and "--unit takes sentence, span" in refused.stderr

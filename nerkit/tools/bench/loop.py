@@ -77,6 +77,9 @@ def simulate(config_path: str | Path, overrides: list[str], out: str | Path, opt
     if "span" in options.units and not head_traits(config).supports_marginals:
         raise UserError(f"a span loop needs a CRF's marginals; this config's head is model.head: {config.model.head}",
                         where=str(config_path), fix="use --unit sentence, or a config with model.head: crf")
+    if "span" in options.units and config.data.context == "document":  # as training refuses a partial corpus there
+        raise UserError("a span loop's partial sentences cannot be read with data.context: document",
+                        where=str(config_path), fix="use --unit sentence, or --set data.context=sentence")
     splits = read_splits(config)
     needed = options.start + (options.add * options.rounds if "sentence" in options.units else 0)
     if needed > len(splits.train):
