@@ -29,6 +29,7 @@ from nerkit.cli.model import calibrate, evaluate, predict, report
 from nerkit.cli.options import flag
 from nerkit.cli.plot import plot_app
 from nerkit.cli.serve import serve
+from nerkit.cli.shards import shards_app
 from nerkit.cli.train import train
 from nerkit.cli.vectors import vectors_app
 from nerkit.ending import end_process
@@ -43,6 +44,7 @@ app.command()(train)  # nerkit/cli/train.py
 app.command()(distill)  # nerkit/cli/distill.py
 app.command("eval")(evaluate)  # nerkit/cli/model.py
 app.command()(predict)
+app.add_typer(shards_app, name="shards")  # nerkit/cli/shards.py
 app.command()(serve)  # nerkit/cli/serve.py
 app.command()(export)  # nerkit/cli/export.py
 app.command()(report)  # nerkit/cli/model.py

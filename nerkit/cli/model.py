@@ -99,12 +99,20 @@ def predict(
                                   "for doccano and label-studio, whose tools sort the review by them)."),
     min_score: Optional[float] = typer.Option(None, "--min-score", min=0.0, max=1.0, help="Leave out the "
                                               "entities scored below this (implies --scores)."),
+    shard: Optional[str] = typer.Option(None, "--shard", metavar="I/N", help="Predict only shard I of N of the "
+                                        "input file (whole chunks of lines, the same on every machine) into "
+                                        "--output, with a manifest beside it; `nerkit shards join` joins them."),
 ):
     """Tag every line of a text file (or stdin, a pipe, /dev/stdin), or the texts of a JSON-lines file."""
     from nerkit.inference.loading import require_runtime
+    from nerkit.inference.shards import predict_shard
     from nerkit.inference.stream import predict_file
 
     require_runtime(model, runtime)
+    if shard is not None:
+        predict_shard(model, source, str(output) if output else None, shard, fmt, batch_size, device, threads,
+                      workers, window, field, scoring(fmt, scores, min_score), document)
+        return
     predict_file(model, source, str(output) if output else None, fmt, batch_size, device, threads, workers, window,
                  document, field, scoring(fmt, scores, min_score))
 

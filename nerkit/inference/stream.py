@@ -23,6 +23,7 @@ import sys
 import threading
 from collections import deque
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Iterable, Iterator
 
@@ -102,11 +103,11 @@ def _read_line(stream: BinaryIO, where: str) -> bytes:
             return b"".join(pieces)
 
 
-def _lines(stream: BinaryIO, name: str) -> Iterator[tuple[str, int]]:
+def _lines(stream: BinaryIO, name: str, first_line: int = 1, offset: int = 0) -> Iterator[tuple[str, int]]:
     """Each line of `stream` as text without its ending, and its size in bytes. A line that is not
-    UTF-8 or holds a NUL byte is a CorpusError naming `name` and the line; a leading BOM is dropped."""
-    offset = 0
-    for number in itertools.count(1):
+    UTF-8 or holds a NUL byte is a CorpusError naming `name` and the line; a leading BOM is dropped.
+    A stream read from the middle of a file starts on its line `first_line`, at byte `offset`."""
+    for number in itertools.count(first_line):
         raw = _read_line(stream, f"{name}:{number}")
         if not raw:
             return
@@ -155,6 +156,31 @@ def _texts(lines: Iterable[tuple[str, int]], name: str, field: str | None,
         keys.pop(UNKNOWN_KEY, None)
         yield text, keys, size + skipped
         skipped = 0
+
+
+def input_lines(stream: BinaryIO, name: str) -> Iterator[tuple[str, int]]:
+    """Each line of an input stream as `nerkit predict` reads it (its text and its size in bytes),
+    checked as it is read: what `input_chunks` takes, for a reader of the input beside
+    `predict_stream` (nerkit.inference.shards plans its shards with them)."""
+    return _lines(stream, name)
+
+
+@dataclass(frozen=True)
+class Part:
+    """A run of whole chunks of an input file, as `predict_stream` reads it from the start: `chunks`
+    of them from byte `offset`, where line `line` starts (a shard: nerkit.inference.shards). Chunks
+    start afresh after each other, so the part's are those of the whole file; `size`: its bytes."""
+
+    offset: int
+    line: int
+    chunks: int
+    size: int
+
+
+def input_chunks(lines: Iterable[tuple[str, int]], name: str, field: str | None, fmt: str,
+                 chunk_chars: int = CHUNK_CHARS, warn: bool = True) -> Iterator[tuple[list[str], int, list[dict] | None]]:
+    """The chunks `predict_stream` predicts, from `input_lines`: the same whoever reads them."""
+    return _chunks(_texts(lines, name, field, fmt, warn), chunk_chars)
 
 
 def _chunks(texts: Iterable[tuple[str, dict | None, int]],
@@ -301,7 +327,8 @@ def predict_file(model: str | Path, source: str, output: str | None, fmt: str = 
 
 def predict_stream(pipe, source: str, output: str | None, fmt: str = "jsonl", batch_size: int = 64,
                    chunk_chars: int = CHUNK_CHARS, progress: bool | None = None, window: int | None = None,
-                   ranks: Ranks | None = None, field: str | None = None, min_score: float | None = None) -> int:
+                   ranks: Ranks | None = None, field: str | None = None, min_score: float | None = None,
+                   part: Part | None = None) -> int:
     """Predict every line of `source` (a path, or '-' for stdin) into `output` (a path, or stdout)
     with `pipe`: a Pipeline, or `nerkit.inference.workers.Workers` (processes that each hold one; the output
     is the same). `window`: the prediction window (None: the model's, `Pipeline.window`). With
@@ -309,7 +336,9 @@ def predict_stream(pipe, source: str, output: str | None, fmt: str = "jsonl", ba
     input order (nerkit.inference.ranks). `field`: the key of each line's JSON object that holds its
     text (`input_field`: "text" for a .jsonl or .json file; None: plain text); the object's other
     keys are kept in its output record. `min_score`: None for entities without scores, else each
-    entity is scored and those below it are left out (0: none). Returns the number of records written."""
+    entity is scored and those below it are left out (0: none). With `part`, only that run of chunks
+    of the input file is read, predicted and written, in the format's frame. Returns the number of
+    records written."""
     if fmt not in FORMATS:
         raise UserError(f"unknown output format {fmt!r}", fix=f"use one of {', '.join(FORMATS)}")
     if batch_size < 1:
@@ -321,6 +350,10 @@ def predict_stream(pipe, source: str, output: str | None, fmt: str = "jsonl", ba
     field = input_field(source, field)
     name = "<stdin>" if source == STDIN else source
     stream, total = _open_source(source)
+    lines = input_lines(stream, name)
+    if part is not None:
+        stream.seek(part.offset)
+        lines, total = _lines(stream, name, part.line, part.offset), part.size
     if progress is None and source == STDIN and sys.stderr.isatty():
         progress = False  # someone may be typing the input: no bar under it
     bar = progress_display("predict", total, "B", unit_scale=True, shown=progress)
@@ -335,7 +368,9 @@ def predict_stream(pipe, source: str, output: str | None, fmt: str = "jsonl", ba
             # html's page and label-studio's JSON array: their start, the records as they come, their end
             start, separator, end = (part.encode("utf-8") for part in output_frame(fmt))
             sink.write(start)
-            chunks = _chunks(_texts(_lines(stream, name), name, field, fmt), chunk_chars)
+            chunks = input_chunks(lines, name, field, fmt, chunk_chars)
+            if part is not None:
+                chunks = itertools.islice(chunks, part.chunks)
             produced = (_predicted(pipe, chunks, fmt, batch_size, window, min_score) if ranks is None
                         else predicted_by_ranks(pipe, chunks, fmt, batch_size, window, ranks, min_score))
             for data, records, size in produced:
