@@ -315,3 +315,15 @@ def test_a_threshold_rounded_to_0_or_1_keeps_every_span_or_none():
     band = np.full((1, 1, 3, 2), 5.0, dtype=np.float32)
     assert decode_band(band, [3], 1.0, flat=False) == [[]]
     assert len(decode_band(band, [3], 0.0, flat=False)[0]) == 5  # every valid cell of 3 characters, width 2
+
+
+def test_a_map_of_the_scores_never_overflows_and_a_steep_one_rounds_to_the_edges():
+    """Negative sampling's first epochs fitted a map steep enough that exp() overflowed in training
+    (OverflowError); the map is computed through tanh, and fit_scores keeps no map under which the
+    threshold itself rounds to 0 or 1."""
+    from nerkit.inference.span_threshold import mapped_probability
+
+    assert mapped_probability(0.5, 1.0, 0.0) == pytest.approx(0.5)
+    assert mapped_probability(0.9, 2.0, 0.0) == pytest.approx(0.81 / (0.81 + 0.01))  # odds squared
+    assert mapped_probability(1e-12, 1e4, -50.0) == 0.0 and mapped_probability(1 - 1e-12, 1e4, 50.0) == 1.0
+    assert mapped_probability(-1e6, 1.0, 0.0, is_logit=True) == 0.0

@@ -90,6 +90,13 @@ def platt_map(logits: list[float], right: list[bool], steps: int = 50) -> tuple[
     return (scale, shift) if scale > 0 and math.isfinite(scale) and math.isfinite(shift) else (1.0, 0.0)
 
 
+def mapped_probability(p: float, scale: float, shift: float, is_logit: bool = False) -> float:
+    """sigmoid(scale x logit(p) + shift), `p` given as its logit with `is_logit`, written with tanh so
+    that no value overflows (a far one is 0.0 or 1.0)."""
+    x = p if is_logit else logit(min(max(p, 1e-12), 1 - 1e-12))
+    return 0.5 * (1 + math.tanh(0.5 * (scale * x + shift)))
+
+
 def fit_scores(pipe: Pipeline, token_lists: list, gold: list, pieces: list, found: list, threshold: float) -> dict:
     """Platt's map of the span head's scores, fitted on the spans predicted at `threshold` (right
     when span and type match a gold entity), composed with the model's present map and set on
@@ -102,9 +109,13 @@ def fit_scores(pipe: Pipeline, token_lists: list, gold: list, pieces: list, foun
     pairs = [(score_logit(s.score), (s.start, s.end, s.type) in entities)
              for spans, entities in zip(predicted, right) for s in spans]
     scale, shift = platt_map([x for x, _ in pairs], [r for _, r in pairs])
+    if not 0.0 < mapped_probability(threshold, scale, shift) < 1.0:
+        # a map so steep that the threshold on its scale rounds to 0 or 1 would lose which spans it
+        # keeps (a barely trained model's scores, or negative sampling's, can fit one): none is fitted
+        scale, shift = 1.0, 0.0
 
     def mapped(p: float) -> float:  # a probability through the new map
-        return 1 / (1 + math.exp(-(scale * score_logit(p) + shift)))
+        return mapped_probability(score_logit(p), scale, shift, is_logit=True)
 
     old_scale, old_shift = pipe.span_score_map or (1.0, 0.0)
     pipe.span_score_map = (scale * old_scale, scale * old_shift + shift)
