@@ -93,8 +93,8 @@ def test_new_configs_normalise_and_the_benchmark_configs_read_the_corpus_as_it_i
     assert load_config(REPO / "configs" / "demo.yaml").data.normalize is True
     benchmark = sorted((REPO / "configs").glob("*_*.yaml"))
     # {msra, peopledaily} x {bilstm, transformer, tener, flat, lm_crf, lm_bilstm, lm_flat, lac_bilstm, stacked_crf},
-    # msra_lac_flat, cmeee x {bilstm, lm} x {crf, span}, and cmeee_flat x {jieba, mined}
-    assert len(benchmark) == 25
+    # msra_lac_flat, cmeee x {bilstm, lm} x {crf, span}, cmeee_flat x {jieba, mined}, and dsner_news x {bilstm, lm_crf}
+    assert len(benchmark) == 27
     for path in benchmark:
         assert load_config(path).data.normalize is False, path
 
