@@ -159,6 +159,26 @@ def test_select_spans_writes_partial_annotation_that_reads_back(tiny_model_dir, 
             (s.text, s.unknown, s.spans()) for s in corpus.sentences]
 
 
+def test_inside_probabilities_are_the_crfs_marginals_and_a_long_text_takes_the_central_window(tiny_model_dir):
+    from nerkit.features.batch import collate_padded
+    from nerkit.inference.pipeline import Pipeline
+    from nerkit.tools.annotation.spans import inside_probabilities
+
+    pipe = Pipeline.load(tiny_model_dir)
+    text = "王五和赵六在武汉的华中科技大学见面，然后去了北京。"
+    batch = collate_padded([pipe.featurizer.example(list(text))], 1, len(text))
+    marginals = pipe.model.head.crf.marginals(pipe.model.emissions(batch), batch.mask)[0]  # (T, K)
+    expected = [1 - float(row[pipe.tags.index("O")]) for row in marginals]
+    found = inside_probabilities(pipe, [text, ""], window=0)
+    assert found[0] == pytest.approx(expected, abs=1e-6) and found[1] == []  # float32 emissions, other padding
+    whole = inside_probabilities(pipe, [text * 6], window=0)[0]
+    windowed = inside_probabilities(pipe, [text * 6], window=2 * len(text))[0]
+    assert len(windowed) == len(whole)
+    # far from every window's edge the context is the same as the whole text's, and so, nearly, is q
+    middle = range(2 * len(text), 4 * len(text))
+    assert max(abs(windowed[k] - whole[k]) for k in middle) < 0.05
+
+
 def test_select_spans_never_asks_again_what_an_exclude_corpus_annotated(tiny_model_dir, pool, tmp_path, nerkit):
     from nerkit.data.corpus import read_corpus
 
