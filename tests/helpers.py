@@ -371,3 +371,24 @@ def small_vocab(fold: bool = True):
     from nerkit.pretrained.lac import LACVocab
 
     return LACVocab({c: i for i, c in enumerate(LAC_CHARS)}, fold=fold)
+
+
+# ----------------------------------------------------------------------- user errors
+
+def read_error(path, fmt: str = "auto", **kwargs):
+    """The CorpusError that reading PATH raises (read_corpus's options as keywords)."""
+    import pytest
+
+    from nerkit.data.corpus import read_corpus
+    from nerkit.errors import CorpusError
+
+    with pytest.raises(CorpusError) as info:
+        read_corpus(path, fmt=fmt, **kwargs)
+    return info.value
+
+
+def assert_one_error_line(result, where: str, words: str) -> None:
+    """Exit code 2 and one line on stderr, `nerkit: error: WHERE: ...`, holding `words` and a fix."""
+    assert result.returncode == 2 and result.stdout == "", result
+    assert result.stderr.startswith(f"nerkit: error: {where}: ") and result.stderr.count("\n") == 1, result.stderr
+    assert words in result.stderr and "; " in result.stderr and "Traceback" not in result.stderr

@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 
 import pytest
+from helpers import assert_one_error_line, read_error
 
 from nerkit.data.annotation import FORMATS, LABEL_STUDIO_FROM_NAME, LABEL_STUDIO_TO_NAME
 from nerkit.data.corpus import read_corpus
@@ -26,17 +27,6 @@ def entities(path: Path, fmt: str = "auto") -> list[tuple[str, list[Span]]]:
     return [(s.text, s.spans()) for s in read_corpus(path, fmt=fmt).sentences]
 
 
-def read_error(path: Path, fmt: str) -> CorpusError:
-    with pytest.raises(CorpusError) as info:
-        read_corpus(path, fmt=fmt)
-    return info.value
-
-
-def assert_one_error_line(result, where: str, words: str) -> None:
-    """Exit code 2 and one line on stderr, `nerkit: error: WHERE: ...`, holding `words` and a fix."""
-    assert result.returncode == 2 and result.stdout == "", result
-    assert result.stderr.startswith(f"nerkit: error: {where}: ") and result.stderr.count("\n") == 1, result.stderr
-    assert words in result.stderr and "; " in result.stderr and "Traceback" not in result.stderr
 
 
 def ls_task(text: str, *annotations, **task) -> dict:

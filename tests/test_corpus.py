@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from helpers import read_error
 from seqeval.metrics.sequence_labeling import get_entities
 
 from nerkit.data.corpus import read_corpus, write_corpus
@@ -100,10 +101,6 @@ def span_key(span: Span) -> tuple[int, int, str]:
     return span.start, span.end, span.type
 
 
-def read_error(path: Path, **kwargs) -> CorpusError:
-    with pytest.raises(CorpusError) as info:
-        read_corpus(path, **kwargs)
-    return info.value
 
 
 def assert_at(err: CorpusError, path: Path, line: int) -> None:

@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 
 import pytest
+from helpers import assert_one_error_line, read_error
 
 from nerkit.data.corpus import read_corpus, refuse_partial, write_corpus
 from nerkit.data.records import UNKNOWN_KEY, Sentence
@@ -27,17 +28,6 @@ PARTIAL_SPANS = [[Span(3, 6, "PER")], [Span(0, 2, "PER")], [Span(0, 3, "PER")]]
 PARTIAL_UNKNOWN = [[(0, 3), (6, 8)], None, [(4, 6)]]
 
 
-def read_error(path: Path, fmt: str = "auto") -> CorpusError:
-    with pytest.raises(CorpusError) as info:
-        read_corpus(path, fmt=fmt)
-    return info.value
-
-
-def assert_one_error_line(result, where: str, words: str) -> None:
-    """Exit code 2 and one line on stderr, `nerkit: error: WHERE: ...`, holding `words`, no traceback."""
-    assert result.returncode == 2 and result.stdout == "", result
-    assert result.stderr.startswith(f"nerkit: error: {where}: ") and result.stderr.count("\n") == 1, result.stderr
-    assert words in result.stderr and "Traceback" not in result.stderr
 
 
 def jsonl(*records: dict) -> str:
