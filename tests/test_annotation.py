@@ -17,7 +17,6 @@ from helpers import assert_one_error_line, read_error
 from nerkit.data.annotation import FORMATS, LABEL_STUDIO_FROM_NAME, LABEL_STUDIO_TO_NAME
 from nerkit.data.corpus import read_corpus
 from nerkit.data.tags import Span
-from nerkit.errors import CorpusError
 from nerkit.version import __version__
 
 FIXTURES = Path(__file__).parent / "fixtures"

@@ -8,7 +8,6 @@ file that has any (`refuse_partial`)."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 from helpers import assert_one_error_line, read_error
