@@ -11,7 +11,7 @@ STAMP := $(VENV)/.installed-stamp
 
 export NERKIT_DATA
 
-.PHONY: install fonts browser label-studio demo test test-fast gpu-check lm lac vectors pd1998 cmeee-lexicon bench bench-quick benchmarks-doc docs docs-figures clean
+.PHONY: install fonts browser label-studio java engines test-engines demo test test-fast gpu-check lm lac vectors pd1998 cmeee-lexicon bench bench-quick benchmarks-doc docs docs-figures clean
 
 install: $(STAMP)
 
@@ -52,6 +52,31 @@ label-studio: .venv-ls/.installed-$(LABEL_STUDIO_VERSION)
 	.venv-ls/bin/python -m pip install -q --disable-pip-version-check label-studio==$(LABEL_STUDIO_VERSION)
 	touch $@
 
+# The cluster engines that nerkit/inference/engines/ adapts to (Ray Data, PySpark, Dask: the extras ray,
+# spark, dask) in .venv beside nerkit, at these versions, torch kept as $(TORCH) installed it (about 700 MB,
+# 2 minutes), and Spark's JVM from Debian's packages (`java`: default-jre-headless, about 200 MB, when
+# there is no java and apt-get can run as root). For tests/engines/ (`make test-engines`); .ci/run runs both.
+RAY_VERSION ?= 2.60.0
+SPARK_VERSION ?= 4.3.0
+DASK_VERSION ?= 2026.8.0
+ENGINES_STAMP := $(VENV)/.engines-$(RAY_VERSION)-$(SPARK_VERSION)-$(DASK_VERSION)
+
+engines: $(ENGINES_STAMP) java
+
+$(ENGINES_STAMP): $(STAMP)
+	$(PY) -c "import torch; print('torch==' + torch.__version__)" > $(VENV)/torch-pin.txt
+	$(PY) -m pip install -q --disable-pip-version-check -c $(VENV)/torch-pin.txt -e ".[ray,spark,dask]" \
+		"ray[data]==$(RAY_VERSION)" "pyspark==$(SPARK_VERSION)" "dask[dataframe]==$(DASK_VERSION)" \
+		"distributed==$(DASK_VERSION)"
+	touch $@
+
+java:
+	@if command -v java >/dev/null; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+			default-jre-headless >/dev/null) || echo "note: could not install default-jre-headless"; \
+	else echo "note: no java; install one (e.g. apt-get install default-jre-headless) or Spark's tests are skipped"; fi
+
 demo: $(STAMP)
 	$(NERKIT) data stats data/sample/train.bio data/sample/dev.bio data/sample/test.bio
 	$(NERKIT) train --config configs/demo.yaml --out runs/demo --force
@@ -61,13 +86,19 @@ demo: $(STAMP)
 # The suite on both cores (pytest-xdist, a test file per worker), then the multi-process training
 # tests alone, with no other test beside their two ranks (one each core).
 test: $(STAMP) fonts
-	$(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadfile --ignore=tests/test_distributed.py
+	$(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadfile --ignore=tests/test_distributed.py --ignore=tests/engines
 	$(PY) -m pytest -q -p no:cacheprovider tests/test_distributed.py
+
+# The engines' tests alone (tests/engines/): a real local Ray cluster, Spark in local mode and a Dask
+# LocalCluster, one after another, each with the machine to itself. About 3 minutes on 2 busy cores.
+test-engines: engines
+	$(PY) -m pytest -q -p no:cacheprovider tests/engines
 
 # The suite without the tests marked slow (those that start processes, servers, torchrun, Label Studio
 # or a browser, or take more than about 2 s): about a minute on 2 idle cores.
 test-fast: $(STAMP) fonts
-	$(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadfile -m "not slow" --ignore=tests/test_distributed.py
+	$(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadfile -m "not slow" --ignore=tests/test_distributed.py \
+		--ignore=tests/engines
 
 # On a machine with CUDA: the tests that need it (named *cuda*: the CRF on the GPU against the CPU, and
 # tests/test_gpu.py's timing of every encoder training in float32, bf16 and fp16 autocast, printed as a

@@ -1,0 +1,78 @@
+"""nerkit on Dask (the `dask` extra): `tag_partition`, the function for `map_partitions` of a Dask
+DataFrame (`tag_texts` for a Bag of texts), the model loaded once per worker process; and
+`read_lines`, a DataFrame of the lines of text files, read as `nerkit predict` reads them.
+
+    from dask.distributed import Client, LocalCluster
+    from nerkit.inference.engines.dask import read_lines, tag_partition, tagged_meta
+
+    client = Client(LocalCluster(n_workers=2, threads_per_worker=1))
+    lines = read_lines("texts/*.txt")
+    tagged = lines.map_partitions(tag_partition, "runs/msra", meta=tagged_meta(lines))
+    tagged.to_parquet("tagged/")
+
+Each row gains `entities` (a list of {start, end, type, text[, score]}, as `nerkit predict` writes
+them, None where the row had an error) and `error`. A worker that dies is restarted by its nanny and
+its tasks are run again elsewhere by the scheduler.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Iterable
+
+import dask.dataframe as dd
+import pandas as pd
+
+from nerkit.inference.engines.tagging import ROW_KEYS, TextTagger, file_rows
+
+
+def tag_partition(frame: pd.DataFrame, model: str | Path, column: str = "text", **options) -> pd.DataFrame:
+    """`frame` with `entities` and `error` columns for its `column` of texts (`TextTagger`'s options);
+    an `error` already there (read_lines') keeps its reason where it has one."""
+    tagged = TextTagger(model, **options).tag(frame[column].tolist())  # the model: loaded once per process
+    out = frame.copy()
+    out["entities"] = pd.Series(tagged.entities, index=frame.index, dtype=object)
+    errors = tagged.errors
+    if "error" in frame.columns:
+        errors = [before if isinstance(before, str) else now for before, now in zip(frame["error"].tolist(), errors)]
+    out["error"] = pd.Series(errors, index=frame.index, dtype=object)
+    return out
+
+
+def tagged_meta(frame: dd.DataFrame) -> pd.DataFrame:
+    """What `tag_partition` returns for `frame`, as `map_partitions(meta=...)` wants it (else Dask
+    would run the function on made-up rows to find out, loading the model on the client)."""
+    meta = frame._meta.copy()
+    meta["entities"] = pd.Series(dtype=object)
+    meta["error"] = pd.Series(dtype=object)
+    return meta
+
+
+def tag_texts(texts: Iterable, model: str | Path, **options) -> list[dict]:
+    """`map_partitions` of a Bag of texts: a record {"text", "entities", "error"} for each."""
+    texts = list(texts)
+    tagged = TextTagger(model, **options).tag(texts)
+    return [{"text": t, "entities": e, "error": r} for t, e, r in zip(texts, tagged.entities, tagged.errors)]
+
+
+def _file_frame(path: str, field: str | None) -> pd.DataFrame:
+    with open(path, "rb") as f:
+        rows = file_rows(f.read(), path, field)
+    return _frame(rows)
+
+
+def _frame(rows: list[dict]) -> pd.DataFrame:
+    return pd.DataFrame({"path": pd.Series([r["path"] for r in rows], dtype=object),
+                         "line": pd.Series([r["line"] for r in rows], dtype="int64"),
+                         "text": pd.Series([r["text"] for r in rows], dtype=object),
+                         "error": pd.Series([r["error"] for r in rows], dtype=object)}, columns=list(ROW_KEYS))
+
+
+def read_lines(paths, field: str | None = None) -> dd.DataFrame:
+    """The lines of the text files at `paths` (a glob or a list of paths) as a DataFrame (path, line,
+    text, error) with a partition per file (`tagging.file_rows`; `field`: JSON lines): a line that
+    `nerkit predict` would refuse is a row with predict's error for it."""
+    import glob
+
+    files = sorted(glob.glob(paths)) if isinstance(paths, str) else [str(p) for p in paths]
+    return dd.from_map(_file_frame, files, field=field, meta=_frame([]), enforce_metadata=False)

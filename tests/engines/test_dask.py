@@ -1,0 +1,83 @@
+"""nerkit on Dask (nerkit/inference/engines/dask.py) against a real `LocalCluster` started here (two
+worker processes under their nannies, one thread each): `map_partitions` gives several thousand lines
+the entities `nerkit predict` gives them, in order, with scores, the model loaded once per worker; a
+worker killed in the middle of the run is restarted and its tasks run again, no line lost or repeated;
+a line predict refuses is a row with predict's message; a Bag of texts is tagged as well."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+pytest.importorskip("dask.dataframe")
+pytest.importorskip("distributed")
+
+import dask.bag as db  # noqa: E402
+from distributed import Client, LocalCluster  # noqa: E402
+from engine_helpers import assert_tagged_as_predict, crash_setting, deadline  # noqa: E402
+
+from nerkit.inference.engines.dask import read_lines, tag_partition, tag_texts, tagged_meta  # noqa: E402
+from nerkit.inference.engines.tagging import CRASH_VARIABLE, loaded_models  # noqa: E402
+
+pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::DeprecationWarning"),
+              pytest.mark.filterwarnings("ignore::FutureWarning"), pytest.mark.filterwarnings("ignore::UserWarning"),
+              pytest.mark.filterwarnings("ignore::ResourceWarning")]
+
+
+@pytest.fixture(scope="module")
+def client(crash_marker):
+    """Two worker processes, one thread each, that crash once when a test arms it (the marker); the
+    cluster is closed with the module."""
+    saved = os.environ.get(CRASH_VARIABLE)
+    os.environ[CRASH_VARIABLE] = crash_setting(crash_marker)  # the workers' environment is this one's
+    cluster = LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None,
+                           silence_logs=50)
+    try:
+        with Client(cluster) as connected:
+            yield connected
+    finally:
+        cluster.close()
+        os.environ.pop(CRASH_VARIABLE) if saved is None else os.environ.__setitem__(CRASH_VARIABLE, saved)
+
+
+def tagged(lines, model, **options) -> list[dict]:
+    with deadline(240):
+        frame = lines.map_partitions(tag_partition, str(model), meta=tagged_meta(lines), **options).compute()
+    return frame.to_dict("records")
+
+
+def test_the_entities_are_predicts_in_order_once_loaded_per_worker(client, corpus, tiny_model_dir):
+    directory, _, entities = corpus
+    rows = tagged(read_lines(str(directory / "*.txt")), tiny_model_dir, scores=True)
+    assert_tagged_as_predict(rows, entities)
+    assert [(r["path"], r["line"]) for r in rows] == sorted((r["path"], r["line"]) for r in rows)
+    assert set(client.run(loaded_models).values()) <= {0, 1}  # a worker loads the model once at most
+
+
+def test_a_worker_killed_mid_run_is_restarted_and_no_line_is_lost(client, corpus, tiny_model_dir, crash_marker):
+    directory, _, entities = corpus
+    crash_marker.unlink()  # armed: the first worker to reach its third partition exits at once
+    try:
+        rows = tagged(read_lines(str(directory / "*.txt")).repartition(npartitions=8), tiny_model_dir, scores=True)
+    finally:
+        crashed = crash_marker.exists()
+        crash_marker.touch()
+    assert crashed, "no worker crashed"
+    assert_tagged_as_predict(rows, entities)
+
+
+def test_a_line_predict_refuses_is_a_row_with_its_message(client, refused, tiny_model_dir):
+    for path, (field, line, message) in refused.items():
+        rows = tagged(read_lines([path], field=field), tiny_model_dir)
+        assert [(r["line"], r["error"], r["entities"]) for r in rows if r["error"]] == [(line, message, None)]
+
+
+def test_a_bag_of_texts_is_tagged_as_predict_tags_it(client, corpus, tiny_model_dir):
+    _, whole, entities = corpus
+    texts = whole.read_text(encoding="utf-8").splitlines()
+    with deadline(240):
+        records = db.from_sequence(texts + [None], npartitions=4).map_partitions(
+            tag_texts, str(tiny_model_dir), scores=True).compute()
+    assert [r["entities"] for r in records[:-1]] == entities
+    assert records[-1] == {"text": None, "entities": None, "error": "no text to tag: the row holds no value"}
