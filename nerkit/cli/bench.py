@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import List, Optional
+from typing import List, Literal, Optional
 
 import typer
 
@@ -16,6 +16,9 @@ from nerkit.cli.options import (
 )
 from nerkit.errors import UserError
 from nerkit.tools.bench.annotator import QUERY_COST
+from nerkit.tools.bench.engine_run import ENGINES
+
+Engine = Literal[ENGINES]
 
 
 bench_app = typer.Typer(invoke_without_command=True, help="Train and measure every run of a benchmark matrix "
@@ -123,13 +126,17 @@ def predict(
     device: Device = typer.Option("cpu", "--device", help="nerkit predict's --device."),
     env: List[str] = typer.Option([], "--env", help="Set a variable in the timed process: --env "
                                   "OMP_WAIT_POLICY=PASSIVE (KEY= unsets it; repeatable)."),
+    engine: Optional[Engine] = typer.Option(None, "--engine", help="Time that cluster engine instead, started on "
+                                            "this machine with --workers worker processes, tagging the text cut "
+                                            "into files through nerkit's adapter (`make engines`; docs/scale.md)."),
     rounds: int = ROUNDS,
     name: Optional[str] = NAME,
 ):
-    """Time whole `nerkit predict` processes (start-up and loading included): chars/s and peak RSS."""
+    """Time whole `nerkit predict` processes (start-up and loading included): chars/s and peak RSS;
+    or, with --engine, a whole process that runs Ray, Spark or Dask over the same text."""
     from nerkit.tools.bench.speed import PredictOptions, bench_predict, parse_env
 
-    options = PredictOptions(runtime, workers, threads, batch_size, device, parse_env(env))
+    options = PredictOptions(runtime, workers, threads, batch_size, device, parse_env(env), engine)
     table, _ = bench_predict(model, text, out, options, rounds, name)
     typer.echo(table, nl=False)
 

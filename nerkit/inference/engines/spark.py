@@ -58,13 +58,19 @@ def make_predict_fn(model: str | Path, **options) -> Callable[[], Callable[[np.n
     return make
 
 
-def read_lines(spark, paths, field: str | None = None):
+def read_lines(spark, paths, field: str | None = None, partitions: int | None = None):
     """The lines of the text files at `paths` (a path, a directory or a glob, or a list of them, as
     Spark's `binaryFile` source takes them) as a DataFrame (path, line, text, error)
     (`tagging.file_rows`; `field`: JSON lines). Spark's `text` source would replace bytes that are
     not UTF-8 without a word; here such a line is a row with its error. Each file is read whole by
-    one task (at most 2 GiB: cut a larger one, or predict it in shards, `nerkit predict --shard`)."""
+    one task (at most 2 GiB: cut a larger one, or predict it in shards, `nerkit predict --shard`).
+    Spark packs small files into one partition (up to 128 MiB): when that makes fewer partitions
+    than `partitions` (default: Spark's default parallelism, its cores in local mode), the files are
+    spread over that many, so that every core tags."""
     files = spark.read.format("binaryFile").load(paths).select("path", "content")
+    wanted = partitions or spark.sparkContext.defaultParallelism
+    if files.rdd.getNumPartitions() < wanted:
+        files = files.repartition(wanted)
     rows = files.rdd.flatMap(lambda file: [tuple(row.values()) for row in
                                            file_rows(bytes(file.content), _local(file.path), field)])
     return spark.createDataFrame(rows, LINES_SCHEMA)

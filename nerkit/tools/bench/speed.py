@@ -5,6 +5,7 @@ machine) goes to OUT/results.jsonl, replacing an earlier record of its name, and
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import subprocess
@@ -18,6 +19,7 @@ from pathlib import Path
 from nerkit.data.records import read_text
 from nerkit.errors import UserError
 from nerkit.files import atomic_write_text, check_output_directory
+from nerkit.inference.model_dir import ModelDir
 from nerkit.tools.bench.report import spread, spread_text
 from nerkit.tools.bench.runner import TABLE, host_info, is_bench_dir, read_results, with_env, write_results
 
@@ -111,14 +113,15 @@ def save(out: Path, record: dict) -> str:
 # The columns of each kind's table: (heading, figure, digits).
 COLUMNS = {
     "predict": [("chars/s", "chars_per_s", 0), ("wall s", "seconds", 2), ("start-up s", "startup_s", 2),
-                ("steady chars/s", "steady_chars_per_s", 0), ("peak RSS MiB", "peak_rss_mib", 0)],
+                ("steady chars/s", "steady_chars_per_s", 0), ("peak RSS MiB", "peak_rss_mib", 0),
+                ("worker RSS MiB", "worker_rss_mib", 0), ("all RSS MiB", "total_rss_mib", 0)],
     "export": [("export s", "seconds", 2), ("size MiB", "size_mib", 2), ("peak RSS MiB", "peak_rss_mib", 0),
                ("model F1", "model_f1", 2), ("export F1", "export_f1", 2), ("model eval s", "model_eval_s", 2),
                ("export eval s", "export_eval_s", 2), ("export eval RSS MiB", "export_eval_rss_mib", 0)],
     "serve": [("requests/s", "requests_per_s", 1), ("chars/s", "chars_per_s", 0), ("p50 ms", "p50_ms", 1),
               ("p95 ms", "p95_ms", 1)],
 }
-SETTINGS = {"predict": ("runtime", "workers", "threads", "env"), "export": ("format", "int8"),
+SETTINGS = {"predict": ("engine", "runtime", "workers", "threads", "env"), "export": ("format", "int8"),
             "serve": ("requests", "concurrency", "seconds", "threads", "workers")}
 
 
@@ -139,11 +142,12 @@ def render_speed(records: list[dict], level: int = 2) -> str:
             continue
         # a figure no record measured (records written before it was) gets no column
         columns = [c for c in columns if any(c[1] in r["spread"] for r in mine)]
-        header = ["Name", "Model", *SETTINGS[kind], "Rounds", *(c[0] for c in columns), "Commit", "Date"]
+        settings = [s for s in SETTINGS[kind] if any(s in r for r in mine)]  # likewise a setting (engine)
+        header = ["Name", "Model", *settings, "Rounds", *(c[0] for c in columns), "Commit", "Date"]
         lines += [f"{'#' * level} nerkit {kind}", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
         for r in mine:
             commit = r["git_commit"][:10] + ("-dirty" if r.get("git_dirty") else "")
-            cells = [r["name"], r["model"], *(_cell(r.get(s)) for s in SETTINGS[kind]), str(len(r["rounds"])),
+            cells = [r["name"], r["model"], *(_cell(r.get(s)) for s in settings), str(len(r["rounds"])),
                      *(spread_text(r["spread"].get(key), digits) for _, key, digits in columns), commit, r["date"][:10]]
             lines.append("| " + " | ".join(cells) + " |")
         lines.append("")
@@ -165,6 +169,7 @@ class PredictOptions:
     batch_size: int = 64
     device: str = "cpu"
     env: dict[str, str | None] = field(default_factory=dict)
+    engine: str | None = None  # ray, spark or dask: that engine's run (engine_run.py) instead of nerkit predict
 
     def arguments(self) -> list[str]:
         return ["--runtime", self.runtime, "--workers", str(self.workers), "--threads", str(self.threads),
@@ -196,6 +201,8 @@ def bench_predict(model: Path, text: Path, out: Path, options: PredictOptions, r
     check_subject(model, rounds)
     chars = text_chars(text)
     prepare_out(out, model, text)
+    if options.engine is not None:
+        return bench_engine(model, text, chars, out, options, rounds, name)
     command = nerkit_command("predict", "--model", str(model), str(text), "--output", os.devnull, *options.arguments())
     figures = []
     with tempfile.TemporaryDirectory(prefix="nerkit-bench-predict-") as scratch:
@@ -212,6 +219,62 @@ def bench_predict(model: Path, text: Path, out: Path, options: PredictOptions, r
                 "workers": options.workers, "threads": options.threads, "batch_size": options.batch_size,
                 "device": options.device, "env": options.env}
     name = name or f"predict_{model.name}_{options.runtime}_w{options.workers}_t{options.threads}"
+    record = summarise("predict", name, command, figures, settings)
+    return save(out, record), record
+
+
+# -------------------------------------------------------------------- nerkit bench predict --engine
+
+# Files the text is cut into for an engine, per worker: a directory of files is what the engines read
+# in parallel (a file is one task's), and several per worker keep them all busy to the end.
+FILES_PER_WORKER = 4
+
+
+def split_text(text: Path, directory: Path, files: int) -> int:
+    """Cut `text` into `files` files of whole lines, about as many lines each, in order
+    (DIRECTORY/part-000.txt, ...); returns its lines."""
+    lines = read_text(text).split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()  # after the last line end there is no line
+    directory.mkdir(parents=True)
+    for k in range(files):
+        part = lines[k * len(lines) // files:(k + 1) * len(lines) // files]
+        (directory / f"part-{k:03d}.txt").write_text("".join(line + "\n" for line in part), encoding="utf-8")
+    return len(lines)
+
+
+def bench_engine(model: Path, text: Path, chars: int, out: Path, options: PredictOptions, rounds: int,
+                 name: str | None = None) -> tuple[str, dict]:
+    """`bench_predict` for a cluster engine: each round a fresh process (engine_run.py) starts the
+    engine on this machine with `options.workers` worker processes, makes it ready (`startup_s`),
+    tags the text cut into files (`steady_chars_per_s`: its characters over the tagging's seconds)
+    and brings every row back; `chars_per_s` is over the whole process, as for nerkit predict. Memory:
+    the largest worker's peak and the engine's processes together. A round that loses a line or
+    reports a row in error fails."""
+    from nerkit.inference.workers import threads_per_worker
+
+    figures = []
+    with tempfile.TemporaryDirectory(prefix="nerkit-bench-engine-") as scratch:
+        texts = Path(scratch) / "texts"
+        lines = split_text(text, texts, FILES_PER_WORKER * options.workers)
+        spec = {"engine": options.engine, "model": str(model), "texts": str(texts), "workers": options.workers,
+                "threads": threads_per_worker(options.threads, options.workers), "batch_size": options.batch_size}
+        command = [sys.executable, "-m", "nerkit.tools.bench.engine_run", json.dumps(spec, ensure_ascii=False)]
+        for number in range(1, rounds + 1):
+            timed = time_process(command, options.env)
+            result = json.loads(timed.stdout.strip().splitlines()[-1])
+            if result["rows"] != lines or result["errors"]:
+                raise UserError(f"{options.engine} returned {result['rows']:,} rows for {lines:,} lines, "
+                                f"{result['errors']:,} in error", where=str(text))
+            figures.append({"round": number, "chars_per_s": chars / timed.seconds, "seconds": timed.seconds,
+                            "startup_s": result["startup_s"], "steady_chars_per_s": chars / result["tag_s"],
+                            "peak_rss_mib": timed.peak_rss_mib, "worker_rss_mib": result["worker_rss_mib"],
+                            "total_rss_mib": result["total_rss_mib"]})
+    settings = {"model": str(model), "text": str(text), "chars": chars, "lines": lines, "engine": options.engine,
+                "runtime": ModelDir.read(model).runtime, "workers": options.workers, "threads": options.threads,
+                "batch_size": options.batch_size, "device": "cpu", "env": options.env,
+                "files": FILES_PER_WORKER * options.workers}
+    name = name or f"predict_{model.name}_{options.engine}_w{options.workers}_t{options.threads}"
     record = summarise("predict", name, command, figures, settings)
     return save(out, record), record
 
