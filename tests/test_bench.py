@@ -823,3 +823,27 @@ def test_prepare_must_be_a_list_of_commands(tmp_path):
                                                         "prepare": "data match"}]})
     with pytest.raises(UserError, match="prepare must be a list"):
         load_matrix(matrix)
+
+
+def test_the_scale_table_sets_each_engine_against_predict_with_two_workers(tmp_path):
+    """docs/scale.md's table (speed.scale_table): an engine's median rates as shares of `nerkit predict
+    --workers 2`'s with the same model, the target met or not, and 10^9 characters on N machines as
+    start-up plus the characters over N times the steady rate. split_text cuts a text into whole lines."""
+    from nerkit.tools.bench.speed import scale_table, split_text
+
+    def record(engine, chars_per_s, steady, startup):
+        spread = {"chars_per_s": {"median": chars_per_s}, "steady_chars_per_s": {"median": steady},
+                  "startup_s": {"median": startup}, "peak_rss_mib": {"median": 300.0}}
+        return {"kind": "predict", "model": "/m/bilstm", "engine": engine, "workers": 2, "spread": spread}
+
+    table = scale_table([record(None, 40_000, 50_000, 2.0), record("dask", 36_000, 45_000, 8.0),
+                         record("ray", 30_000, 48_000, 20.0)])
+    predict, dask, ray = table.splitlines()[2:]
+    assert "| bilstm | nerkit predict | 2 | 50,000 | 2.0 | – | – | 300 | 5.6 h | 33 min | 3 min |" == predict
+    assert "| 0.90 / 0.90 | yes |" in dask and "| 6.2 h | 37 min | 4 min |" in dask  # 8 s + 10^9 / (N x 45,000) s
+    assert "| 0.75 / 0.96 | no |" in ray
+
+    text = tmp_path / "t.txt"
+    text.write_text("a\nbb\nc\nd\ne\n", encoding="utf-8")
+    assert split_text(text, tmp_path / "parts", 2) == 5
+    assert [p.read_text(encoding="utf-8") for p in sorted((tmp_path / "parts").iterdir())] == ["a\nbb\n", "c\nd\ne\n"]
