@@ -90,7 +90,7 @@ test: $(STAMP) fonts
 	$(PY) -m pytest -q -p no:cacheprovider tests/test_distributed.py
 
 # The engines' tests alone (tests/engines/): a real local Ray cluster, Spark in local mode and a Dask
-# LocalCluster, one after another, each with the machine to itself. About 3 minutes on 2 busy cores.
+# LocalCluster, one after another, each with the machine to itself. About 4 minutes on 2 busy cores.
 test-engines: engines
 	$(PY) -m pytest -q -p no:cacheprovider tests/engines
 
