@@ -448,15 +448,9 @@ def test_data_select_refuses_a_pool_with_nothing_to_choose_before_writing(tiny_m
 def test_bench_loop_simulates_the_annotation_loop_and_resumes(tmp_path, nerkit):
     import json
 
-    import yaml
-    from helpers import TINY_DEV, TINY_TRAIN
+    from helpers import write_loop_config
 
-    config = tmp_path / "tiny.yaml"
-    config.write_text(yaml.safe_dump({
-        "data": {"train": str(TINY_TRAIN), "dev": str(TINY_DEV), "test": str(TINY_DEV), "max_len": 250},
-        "embeddings": {"char_dim": 16, "bichar_dim": 8, "dropout": 0.0},
-        "encoder": {"name": "bilstm", "hidden_size": 16},
-        "train": {"epochs": 2, "batch_size": 8, "lr": 0.02, "patience": 0, "seed": 1, "device": "cpu"}}))
+    config = write_loop_config(tmp_path)
     out = tmp_path / "loop"
     args = ["bench", "loop", "--config", str(config), "--out", str(out), "--start", "10", "--add", "10", "--seeds", "1"]
     nerkit(*args, "--rounds", "1")  # stopped after round 1 ...

@@ -236,16 +236,9 @@ def test_a_partial_sentence_keeps_the_gold_of_its_answers_only():
 
 @pytest.fixture
 def loop_config(tmp_path):
-    import yaml
-    from helpers import TINY_DEV, TINY_TRAIN
+    from helpers import write_loop_config
 
-    config = tmp_path / "tiny.yaml"
-    config.write_text(yaml.safe_dump({
-        "data": {"train": str(TINY_TRAIN), "dev": str(TINY_DEV), "test": str(TINY_DEV), "max_len": 250},
-        "embeddings": {"char_dim": 16, "bichar_dim": 8, "dropout": 0.0},
-        "encoder": {"name": "bilstm", "hidden_size": 16},
-        "train": {"epochs": 2, "batch_size": 8, "lr": 0.02, "patience": 0, "seed": 1, "device": "cpu"}}))
-    return config
+    return write_loop_config(tmp_path)
 
 
 def test_a_span_loop_beside_the_sentence_loop_counts_its_cost_exactly_and_resumes(loop_config, tmp_path, nerkit):

@@ -59,3 +59,17 @@ def assert_tagged_as_predict(rows: list[dict], entities: list[list[dict]]) -> No
     ordered = [row for _, row in sorted(zip(keys, rows), key=lambda pair: pair[0])]
     assert [row["error"] for row in ordered] == [None] * len(entities)
     assert [row["entities"] for row in ordered] == entities
+
+
+@contextmanager
+def one_crash(marker: Path, who: str):
+    """The crash of one worker process (`who`, for the message) armed for the block: the marker taken
+    away, which the crash puts back; the block must have crashed one, and the marker is back after it
+    whatever happened."""
+    marker.unlink()
+    try:
+        yield
+    finally:
+        crashed = marker.exists()
+        marker.touch()
+    assert crashed, f"no {who} crashed"

@@ -16,7 +16,7 @@ pytest.importorskip("distributed")
 
 import dask.bag as db  # noqa: E402
 from distributed import Client, LocalCluster  # noqa: E402
-from engine_helpers import assert_tagged_as_predict, crash_setting, deadline  # noqa: E402
+from engine_helpers import assert_tagged_as_predict, crash_setting, deadline, one_crash  # noqa: E402
 
 from nerkit.inference.engines.dask import read_lines, tag_partition, tag_texts, tagged_meta  # noqa: E402
 from nerkit.inference.engines.tagging import CRASH_VARIABLE, loaded_models  # noqa: E402
@@ -58,13 +58,8 @@ def test_the_entities_are_predicts_in_order_once_loaded_per_worker(client, corpu
 
 def test_a_worker_killed_mid_run_is_restarted_and_no_line_is_lost(client, corpus, tiny_model_dir, crash_marker):
     directory, _, entities = corpus
-    crash_marker.unlink()  # armed: the first worker to reach its third partition exits at once
-    try:
+    with one_crash(crash_marker, "worker"):  # the first worker to reach its third partition exits at once
         rows = tagged(read_lines(str(directory / "*.txt")).repartition(npartitions=8), tiny_model_dir, scores=True)
-    finally:
-        crashed = crash_marker.exists()
-        crash_marker.touch()
-    assert crashed, "no worker crashed"
     assert_tagged_as_predict(rows, entities)
 
 

@@ -11,7 +11,7 @@ import pytest
 ray = pytest.importorskip("ray")
 pytest.importorskip("ray.data")
 
-from engine_helpers import assert_tagged_as_predict, crash_setting, deadline  # noqa: E402
+from engine_helpers import assert_tagged_as_predict, crash_setting, deadline, one_crash  # noqa: E402
 
 from nerkit.inference.engines.ray import EntityTagger, read_lines  # noqa: E402
 from nerkit.inference.engines.tagging import CRASH_VARIABLE  # noqa: E402
@@ -53,13 +53,8 @@ def test_the_entities_are_predicts_in_order_with_scores(cluster, corpus, tiny_mo
 
 def test_an_actor_killed_mid_run_is_restarted_and_no_line_is_lost(cluster, corpus, tiny_model_dir, crash_marker):
     directory, _, entities = corpus
-    crash_marker.unlink()  # armed: the first actor to reach its third batch exits at once
-    try:
+    with one_crash(crash_marker, "actor"):  # the first actor to reach its third batch exits at once
         rows = tagged(directory, tiny_model_dir, scores=True)
-    finally:
-        crashed = crash_marker.exists()
-        crash_marker.touch()
-    assert crashed, "no actor crashed"
     assert_tagged_as_predict(rows, entities)
 
 

@@ -17,7 +17,7 @@ pytest.importorskip("pyspark")
 if shutil.which("java") is None:
     pytest.skip("no Java for Spark (make java installs Debian's)", allow_module_level=True)
 
-from engine_helpers import assert_tagged_as_predict, crash_setting, deadline  # noqa: E402
+from engine_helpers import assert_tagged_as_predict, crash_setting, deadline, one_crash  # noqa: E402
 from pyspark.ml.functions import predict_batch_udf  # noqa: E402
 from pyspark.sql import SparkSession  # noqa: E402
 from pyspark.sql.functions import col, from_json  # noqa: E402
@@ -75,13 +75,8 @@ def test_the_entities_are_predicts_with_scores(spark, corpus, tiny_model_dir):
 def test_a_python_worker_killed_mid_task_is_retried_and_no_line_is_lost(spark, corpus, tiny_model_dir,
                                                                         crash_marker):
     directory, _, entities = corpus
-    crash_marker.unlink()  # armed: the first worker to reach its third batch exits at once
-    try:
+    with one_crash(crash_marker, "Python worker"):  # the first worker to reach its third batch exits at once
         rows = tagged(read_lines(spark, str(directory)), tiny_model_dir, scores=True)
-    finally:
-        crashed = crash_marker.exists()
-        crash_marker.touch()
-    assert crashed, "no Python worker crashed"
     assert_tagged_as_predict(rows, entities)
 
 
