@@ -9,6 +9,7 @@ pages are replaced by what the records give:
     <!-- nesting: docs/bench/NAME -->       test F1 overall and on nested and flat gold entities
     <!-- lexicon: docs/bench/NAME -->       each lattice run's lexicon, its coverage of dev and test, F1
     <!-- speed: docs/bench/NAME -->         `nerkit bench predict` / `bench export` records, min / median / max
+    <!-- scale: docs/bench/NAME -->         the engines' `nerkit bench predict` records against predict's
     <!-- best: DATASET -->    the dev-selected best run of each input kind, its config and command
     <!-- runs: DATASET -->    every run docs/bench/index.yaml lists for the dataset
     <!-- grid: NAME -->       a grid of test F1 (index.yaml's `grids`)
@@ -48,7 +49,7 @@ def pages() -> list[Path]:
 
 BLOCK = re.compile(r"(<!-- bench: (\S+) (\S+) -->\n)(.*?)(<!-- /bench -->)", re.S)
 # The records of `nerkit bench loop` and of calibration runs, rendered by their own modules.
-RECORD_KINDS = ("loop", "calibration", "nesting", "lexicon", "speed")
+RECORD_KINDS = ("loop", "calibration", "nesting", "lexicon", "speed", "scale")
 RECORD_BLOCK = re.compile(rf"(<!-- ({'|'.join(RECORD_KINDS)}): (\S+) -->\n)(.*?)(<!-- /\2 -->)", re.S)
 
 
@@ -68,12 +69,13 @@ def table(out: str, matrix: str) -> str:
 
 def record_table(kind: str, out: str) -> str:
     from nerkit.tools.bench.loop import summary
-    from nerkit.tools.bench.speed import render_speed
+    from nerkit.tools.bench.speed import render_speed, scale_table
     from nerkit.tools.annotation.calibrate import calibration_table
 
     records = [r for _, r in read_json_lines(REPO / out / "results.jsonl", f"a {kind} record")]
     return {"loop": summary, "calibration": calibration_table, "nesting": nesting_table,
-            "lexicon": lexicon_table, "speed": lambda rs: render_speed(rs, level=4).split("\n", 2)[2]}[kind](records)
+            "lexicon": lexicon_table, "speed": lambda rs: render_speed(rs, level=4).split("\n", 2)[2],
+            "scale": scale_table}[kind](records)
 
 
 def nesting_table(records: list[dict]) -> str:

@@ -18,7 +18,7 @@ import dask.bag as db  # noqa: E402
 from distributed import Client, LocalCluster  # noqa: E402
 from engine_helpers import assert_tagged_as_predict, crash_setting, deadline, one_crash  # noqa: E402
 
-from nerkit.inference.engines.dask import read_lines, tag_partition, tag_texts, tagged_meta  # noqa: E402
+from nerkit.inference.engines.dask import load_model, read_lines, tag_partition, tag_texts, tagged_meta  # noqa: E402
 from nerkit.inference.engines.tagging import CRASH_VARIABLE, loaded_models  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::DeprecationWarning"),
@@ -95,6 +95,7 @@ def test_an_int8_export_finds_the_entities_its_predict_finds(client, corpus, tin
     export_model(tiny_model_dir, tmp_path / "int8", quantize="int8")
     predicted = nerkit("predict", "--model", tmp_path / "int8", whole, "--scores", "--threads", "1").stdout
     expected = [json.loads(line)["entities"] for line in predicted.splitlines()]
+    assert set(client.run(load_model, str(tmp_path / "int8"), threads=1).values()) == {None}
     rows = tagged(read_lines(str(directory / "*.txt")), tmp_path / "int8", scores=True)
     rows.sort(key=lambda r: (r["path"], r["line"]))
     assert len(rows) == len(expected) and all(r["error"] is None for r in rows)

@@ -39,6 +39,13 @@ def tag_partition(frame: pd.DataFrame, model: str | Path, column: str = "text", 
     return out
 
 
+def load_model(model: str | Path, **options) -> None:
+    """Load the model in this worker now (`client.run(load_model, "runs/msra")` loads it in every
+    worker, so the first partitions do not pay for it). Returns nothing: what `client.run` returns is
+    sent back to the client, and a loaded model (an ONNX session above all) cannot be."""
+    TextTagger(model, **options).load()
+
+
 def tagged_meta(frame: dd.DataFrame) -> pd.DataFrame:
     """What `tag_partition` returns for `frame`, as `map_partitions(meta=...)` wants it (else Dask
     would run the function on made-up rows to find out, loading the model on the client)."""

@@ -158,8 +158,7 @@ def spark_engine(spec: dict) -> Iterator:
 def dask_engine(spec: dict) -> Iterator:
     from distributed import Client, LocalCluster
 
-    from nerkit.inference.engines.dask import read_lines, tag_partition, tagged_meta
-    from nerkit.inference.engines.tagging import load_once
+    from nerkit.inference.engines.dask import load_model, read_lines, tag_partition, tagged_meta
 
     cluster = LocalCluster(n_workers=spec["workers"], threads_per_worker=1, processes=True, dashboard_address=None,
                            silence_logs=40)
@@ -172,7 +171,7 @@ def dask_engine(spec: dict) -> Iterator:
         return iter(frame["error"].tolist())
 
     try:
-        client.run(load_once, spec["model"], "cpu", spec["threads"])  # every worker loads the model
+        client.run(load_model, spec["model"], threads=spec["threads"], batch_size=spec["batch_size"])
         yield tag
     finally:
         client.close()
