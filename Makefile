@@ -18,7 +18,7 @@ install: $(STAMP)
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check $(TORCH)
-	$(PY) -m pip install -q --disable-pip-version-check -e ".[test,fast,lm,vectors,report,serve,onnx]"
+	$(PY) -m pip install -q --disable-pip-version-check -e ".[test,fast,lm,vectors,report,serve,onnx,audit]"
 	touch $(STAMP)
 
 # A font with Chinese characters for `nerkit plot` (else they are empty boxes): WenQuanYi Micro Hei

@@ -718,3 +718,47 @@ def test_cuda_scores_match_cpu():
                     cpu.entity_probabilities(emissions, mask, paths, 1.3)):
         assert a == pytest.approx(b, abs=1e-9)
     torch.testing.assert_close(on_gpu.marginals(emissions.cuda(), mask.cuda()).cpu(), cpu.marginals(emissions, mask))
+
+
+@pytest.mark.parametrize("tags", [BIO, BIOES, BMES, BIOES_MIXED], ids=["BIO", "BIOES", "BMES", "BIOES-mixed"])
+def test_span_probabilities_and_allowed_paths_match_brute_force(tags):
+    """The audit's exact scores: every span's probability of being exactly one entity of each type,
+    and the mass of the paths through allowed tags (a labelled path, or a partial annotation), each
+    against the sum over every valid path."""
+    generator = torch.Generator().manual_seed(3 + len(tags))
+    crf = randomize(CRF(tags).double(), generator)
+    lengths = [4, 1, 3] if len(tags) < 9 else [3, 1, 2]
+    seq_len = max(lengths)
+    emissions = torch.randn(len(lengths), seq_len, len(tags), generator=generator, dtype=torch.float64) * 2
+    mask = lengths_to_mask(lengths, seq_len)
+    types = sorted({t.split("-", 1)[1] for t in tags if t != "O"})
+    for temperature in (1.0, 1.6):
+        band = crf.span_log_probabilities(emissions, mask, 3, temperature).exp()  # (B, types, T, W)
+        allowed = torch.rand(emissions.shape, generator=generator) < 0.6
+        allowed[..., 0] = True  # every position allows something
+        allowed |= ~mask[..., None]
+        allowed_lp = crf.allowed_log_probabilities(emissions, mask, allowed, temperature)
+        for row, length in enumerate(lengths):
+            every, probs = brute_force(crf_at(crf, temperature), emissions[row, :length] / temperature)
+            for k, kind in enumerate(types):
+                for s in range(seq_len):
+                    for w in range(3):
+                        if s + w + 1 > length:
+                            assert band[row, k, s, w] == 0
+                            continue
+                        mass = sum(p for path, p in zip(every, probs)
+                                   if (s, s + w + 1, kind) in reference_entities([tags[i] for i in path]))
+                        assert band[row, k, s, w].item() == pytest.approx(mass, abs=1e-9), (row, kind, s, w)
+            through = sum(p for path, p in zip(every, probs) if all(allowed[row, t, i] for t, i in enumerate(path)))
+            assert allowed_lp[row].exp().item() == pytest.approx(through, abs=1e-9)
+
+
+def crf_at(crf: CRF, temperature: float) -> CRF:
+    """A copy of `crf` with its transition scores divided by `temperature` (brute force's reference at it)."""
+    import copy
+
+    scaled = copy.deepcopy(crf)
+    with torch.no_grad():
+        for p in (scaled.torch_crf.start_transitions, scaled.torch_crf.transitions, scaled.torch_crf.end_transitions):
+            p /= temperature
+    return scaled

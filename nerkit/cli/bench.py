@@ -114,6 +114,42 @@ def loop(
     typer.echo(summary(records), nl=False)
 
 
+@bench_app.command("audit")
+def audit(
+    config: Path = typer.Option(..., "--config", "-c", help="The config whose training corpus gets planted errors "
+                                "(data.limit to take a slice) and which trains the fold models; its data.test scores "
+                                "the review's models."),
+    out: Path = typer.Option(..., "--out", "-o", help="Directory for the corpora, the audit, the review's runs and "
+                             "results.jsonl."),
+    folds: int = typer.Option(5, "--folds", "-k", help="The audit's --folds."),
+    retype: float = typer.Option(0.03, "--retype", min=0, max=1, help="Share of entities given another type."),
+    boundary: float = typer.Option(0.03, "--boundary", min=0, max=1, help="Share of entities with an end moved."),
+    delete: float = typer.Option(0.03, "--delete", min=0, max=1, help="Share of entities deleted."),
+    spurious: float = typer.Option(0.01, "--spurious", min=0, max=1, help="Spurious entities, as a share of the "
+                                   "entities."),
+    noise_seed: int = typer.Option(1, "--noise-seed", help="Seed of the planted errors."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the folds and of the random baselines."),
+    review_k: int = typer.Option(0, "--review", min=-1, help="Sentences each simulated review corrects (0: the number "
+                                 "of noisy sentences; -1: no review trainings)."),
+    missing_threshold: Optional[float] = typer.Option(None, "--missing-threshold", help="The audit's "
+                                                      "--missing-threshold."),
+    set_: List[str] = typer.Option([], "--set", help="Override a config value of every training: --set train.epochs=3."),
+    resume: bool = flag("--resume", help="Go on in --out: the audit's finished folds and the review's finished runs "
+                        "are kept."),
+    name: Optional[str] = NAME,
+):
+    """Measure `nerkit data audit` on errors planted in a corpus: precision in the top k, recall at the number of
+    noisy sentences and AUPRC against cleanlab's ranking and random order, omissions apart, and the test F1 after
+    reviewing the top-k sentences against k random ones."""
+    from nerkit.tools.audit.noise import NoiseRates
+    from nerkit.tools.bench.audit import AuditBenchOptions, bench_audit
+
+    options = AuditBenchOptions(folds, NoiseRates(retype, boundary, delete, spurious), noise_seed, seed, review_k,
+                                missing_threshold=missing_threshold)
+    table, _ = bench_audit(config, set_, out, options, resume, name)
+    typer.echo(table, nl=False)
+
+
 @bench_app.command("predict")
 def predict(
     model: Path = typer.Option(..., "--model", "-m", help="Model directory (or an ONNX export)."),

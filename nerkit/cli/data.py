@@ -19,10 +19,12 @@ from nerkit.cli.options import (
 )
 from nerkit.data.matching import AMBIGUITIES, DEFAULT_MIN_LENGTH, OUTPUTS, RESTS
 from nerkit.tools.annotation.select import PoolFormat, SelectFormat, Strategy, Unit
+from nerkit.tools.audit.suspects import SCORES
 
 MatchOutput = Literal[OUTPUTS]  # what `nerkit data match --to` writes
 MatchRest = Literal[RESTS]
 MatchAmbiguous = Literal[AMBIGUITIES]
+AuditScore = Literal[SCORES]  # how `nerkit data audit` ranks sentences
 
 data_app = typer.Typer(no_args_is_help=True, help="Inspect, check and convert corpus files.")
 
@@ -188,3 +190,63 @@ def data_match(
 
     summary = match_corpus(dicts, text, out, to, rest, maps, only_mapped, ambiguous, min_length)
     typer.echo(f"{summary.line()}; wrote {out}")
+
+
+@data_app.command("audit")
+def data_audit(
+    config: Path = typer.Option(..., "--config", "-c", help="The config whose data.train is audited, and which "
+                                "trains the fold models (its limits, threads and dev set; --set to change them)."),
+    out: Path = typer.Option(..., "--out", "-o", help="Directory for the fold models and the report."),
+    folds: int = typer.Option(5, "--folds", "-k", help="Models trained, each on all folds but one and "
+                              "judging the one it never saw."),
+    set_: List[str] = typer.Option([], "--set", help="Override a config value: --set train.epochs=5 (repeatable)."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the fold assignment (written to OUT/folds.json)."),
+    score: AuditScore = typer.Option("entity", "--score", help="How sentences are ranked: entity, the strongest "
+                                     "single piece of evidence against the labels (in log-odds over its kind's "
+                                     "threshold); path, log P(the model's best labelling) - log P(the labels)."),
+    threshold: float = typer.Option(0.5, "--threshold", help="The evidence (the model's probability that the labels "
+                                    "are wrong there) that makes a suspect."),
+    missing_threshold: Optional[float] = typer.Option(None, "--missing-threshold", help="The same for an entity the "
+                                                      "labels miss (default: --threshold); lower it to find more "
+                                                      "omissions, which fold models learn to leave out too."),
+    top: int = typer.Option(200, "--top", min=1, help="Sentences shown on OUT/suspects.html."),
+    resume: bool = flag("--resume", help="Go on with the audit in --out: finished fold models are kept, an "
+                        "interrupted one continues from its checkpoint, the folds are those of OUT/folds.json."),
+    force: bool = flag("--force", help="Replace an earlier audit in --out."),
+):
+    """Find label errors in a training corpus: K models trained on K-1 folds each judge the sentences
+    they never saw, and every sentence is ranked by how much its fold model disputes its labels,
+    with its suspects (an entity missing, unsupported, of the wrong type or with wrong boundaries),
+    written as JSON lines, Label Studio and doccano tasks and an HTML page, worst first."""
+    from nerkit.tools.audit.run import AuditOptions, audit
+
+    result = audit(config, set_, out, AuditOptions(folds, seed, score, threshold, missing_threshold, top),
+                   resume=resume, force=force)
+    flagged = sum(bool(j.suspects) for j in result.judged)
+    typer.echo(f"judged {len(result.judged):,} sentences with {folds} fold models; {flagged:,} have suspects, "
+               f"ranked by {score} in {out}/suspects.jsonl (also label-studio.json, doccano.jsonl, suspects.html)")
+
+
+@data_app.command("corrupt")
+def data_corrupt(
+    source: Path = typer.Argument(..., help="The corpus to plant errors in."),
+    target: Path = typer.Argument(..., help="The corrupted corpus (JSON lines for .jsonl or .json, else CoNLL in "
+                                  "the source's scheme)."),
+    truth: Path = typer.Option(..., "--truth", help="JSON lines of every change: sentence, kind, the entity before "
+                               "and after."),
+    retype: float = typer.Option(0.03, "--retype", min=0, max=1, help="Share of entities given another type."),
+    boundary: float = typer.Option(0.03, "--boundary", min=0, max=1, help="Share of entities with one end moved "
+                                   "by one or two characters."),
+    delete: float = typer.Option(0.03, "--delete", min=0, max=1, help="Share of entities deleted (omissions)."),
+    spurious: float = typer.Option(0.01, "--spurious", min=0, max=1, help="Spurious entities added, as a share of "
+                                   "the entities."),
+    seed: int = typer.Option(1, "--seed", help="Seed of the draws: the same seed plants the same errors."),
+    limit: int = typer.Option(0, "--limit", min=0, help="Only the first N sentences (0: all)."),
+):
+    """Plant known label errors in a corpus (the audit's noise protocol): entities retyped, with a
+    boundary moved, deleted, and spurious ones added, seeded, with every change written to --truth."""
+    from nerkit.tools.audit.noise import NoiseRates, corrupt_file
+
+    changes = corrupt_file(source, target, truth, NoiseRates(retype, boundary, delete, spurious), seed, limit)
+    kinds = ", ".join(f"{kind} {count:,}" for kind, count in changes.items())
+    typer.echo(f"{source} -> {target}: {kinds}; wrote {truth}")

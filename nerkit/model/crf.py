@@ -13,7 +13,7 @@ from torch import nn
 from torchcrf import CRF as TorchCRF
 
 from nerkit.config import CRF_ALGORITHMS
-from nerkit.data.tags import continues, split_tag, tags_to_spans, transition_table
+from nerkit.data.tags import Span, continues, detect_scheme, spans_to_tags, split_tag, tags_to_spans, transition_table
 from nerkit.model.crf_numpy import FORBIDDEN
 from nerkit.model.viterbi import StreamingViterbi
 
@@ -295,6 +295,75 @@ class CRF(nn.Module):
         score = self._gold_score(emissions, tag_ids, mask, start, trans, end)
         log_z = self._log_partition(emissions, mask, start, trans, end)
         return (score - log_z).exp().clamp(max=1.0).tolist()
+
+    @torch.no_grad()
+    def allowed_log_probabilities(self, emissions: torch.Tensor, mask: torch.Tensor, allowed: torch.Tensor,
+                                  temperature: float = 1.0) -> torch.Tensor:
+        """(B,): log P(the path goes through the allowed tags), `allowed` (B, T, K) bool as
+        `neg_log_likelihood` takes it: a labelled path's own log-probability where each position
+        allows one tag, the mass of every path consistent with a partial annotation where unknown
+        positions allow them all. Among valid paths, as `path_probabilities` counts them."""
+        self._check_shapes(emissions, mask)
+        mask = mask.bool()
+        emissions, start, trans, end = self._scaled(emissions, temperature)
+        inside = emissions.masked_fill(~allowed.bool(), _FORBIDDEN_IN_LIKELIHOOD)
+        return (self._log_partition(inside, mask, start, trans, end)
+                - self._log_partition(emissions, mask, start, trans, end))
+
+    @torch.no_grad()
+    def span_log_probabilities(self, emissions: torch.Tensor, mask: torch.Tensor, max_width: int,
+                               temperature: float = 1.0) -> torch.Tensor:
+        """(B, types, T, W) float64, W = `max_width`: cell (k, s, w) is log P(characters s..s+w are
+        exactly one entity of type k), the mass of the paths that tag that segment as one entity of
+        that type (its tags as the scheme spells it) and do not continue it past its end, as
+        `entity_probabilities` scores a decoded entity, here for every span of every type (the
+        layout of the span head's band; types sorted). Cells past a sentence's end get -inf.
+
+        The segment's score is built a tag at a time from its start: a width's tags share their
+        prefix with the next width's (B, I, I, ... in BIO), so each prefix is summed once."""
+        self._check_shapes(emissions, mask)
+        mask = mask.bool()
+        emissions, start, trans, end = self._scaled(emissions, temperature)
+        alpha, beta, log_z = self._forward_backward(emissions, mask, start, trans, end)  # (B, T, K) (B, T, K) (B,)
+        batch_size, seq_len, _ = emissions.shape
+        lengths = mask.sum(1)  # (B,)
+        scheme = detect_scheme(self.tags)
+        types = sorted({split_tag(t)[1] for t in self.tags if t != "O"})
+        forbidden = torch.full((batch_size, seq_len), _FORBIDDEN_IN_LIKELIHOOD, dtype=emissions.dtype,
+                               device=emissions.device)
+
+        def shifted(values: torch.Tensor, by: int) -> torch.Tensor:
+            """values[:, s + by] at s, (B, T); past the end, a score whose exp is 0."""
+            return torch.cat([values[:, by:], forbidden[:, :by]], dim=1) if by else values
+
+        positions = torch.arange(seq_len, device=emissions.device)
+        last_real = positions[None, :] == (lengths - 1)[:, None]  # (B, T)
+        out = torch.full((batch_size, len(types), seq_len, max_width), float("-inf"), dtype=emissions.dtype,
+                         device=emissions.device)
+        for k, kind in enumerate(types):
+            goes_on = torch.tensor([continues(t) and split_tag(t)[1] == kind for t in self.tags],
+                                   device=emissions.device)  # (K,): the tags that would continue it
+            prefixes: dict[tuple[int, ...], torch.Tensor] = {}  # tag ids -> (B, T) score from each start
+            for w in range(max_width):
+                tag_ids = tuple(self.tags.index(t) for t in spans_to_tags(w + 1, [Span(0, w + 1, kind)], scheme))
+                for j in range(len(tag_ids)):
+                    if tag_ids[:j + 1] in prefixes:
+                        continue
+                    if j == 0:
+                        prefixes[tag_ids[:1]] = alpha[:, :, tag_ids[0]]
+                    else:
+                        step = trans[tag_ids[j - 1], tag_ids[j]] + shifted(emissions[:, :, tag_ids[j]], j)
+                        prefixes[tag_ids[:j + 1]] = prefixes[tag_ids[:j]] + step
+                last = tag_ids[-1]
+                # leaving the segment at position p: the sequence's end, or a next tag that does not continue it
+                onward = trans[last][None, None, :] + emissions[:, 1:] + beta[:, 1:]  # (B, T - 1, K)
+                onward = torch.logsumexp(onward.masked_fill(goes_on, float("-inf")), dim=2)
+                onward = torch.cat([onward, forbidden[:, :1]], dim=1)  # (B, T): at p
+                onward = torch.where(last_real, end[last], onward)
+                score = prefixes[tag_ids] + shifted(onward, w) - log_z[:, None]  # (B, T)
+                fits = positions[None, :] + w < lengths[:, None]  # (B, T)
+                out[:, k, :, w] = score.masked_fill(~fits, float("-inf")).clamp(max=0.0)
+        return out
 
     def entity_segments(self, mask: torch.Tensor, paths: list[list[int]]) -> "EntitySegments":
         """The entities of `paths` (as `decode` gives them) as `entity_probabilities` reads them: what
