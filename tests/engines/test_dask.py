@@ -14,11 +14,21 @@ import pytest
 pytest.importorskip("dask.dataframe")
 pytest.importorskip("distributed")
 
+import dask  # noqa: E402
 import dask.bag as db  # noqa: E402
 from distributed import Client, LocalCluster  # noqa: E402
 from engine_helpers import assert_tagged_as_predict, crash_setting, deadline, one_crash  # noqa: E402
 
-from nerkit.inference.engines.dask import load_model, read_lines, tag_partition, tag_texts, tagged_meta  # noqa: E402
+from nerkit.inference.engines.dask import (  # noqa: E402
+    SLOW_MALLOC,
+    WORKER_ENVIRON,
+    load_model,
+    read_lines,
+    tag_partition,
+    tag_texts,
+    tagged_meta,
+    worker_environ,
+)
 from nerkit.inference.engines.tagging import CRASH_VARIABLE, loaded_models  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::DeprecationWarning"),
@@ -32,8 +42,9 @@ def client(crash_marker):
     cluster is closed with the module."""
     saved = os.environ.get(CRASH_VARIABLE)
     os.environ[CRASH_VARIABLE] = crash_setting(crash_marker)  # the workers' environment is this one's
-    cluster = LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None,
-                           silence_logs=50)
+    with dask.config.set({WORKER_ENVIRON: worker_environ()}):  # as docs/scale.md starts one
+        cluster = LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None,
+                               silence_logs=50)
     try:
         with Client(cluster) as connected:
             yield connected
@@ -54,6 +65,14 @@ def test_the_entities_are_predicts_in_order_once_loaded_per_worker(client, corpu
     assert_tagged_as_predict(rows, entities)
     assert [(r["path"], r["line"]) for r in rows] == sorted((r["path"], r["line"]) for r in rows)
     assert set(client.run(loaded_models).values()) <= {0, 1}  # a worker loads the model once at most
+
+
+def test_the_workers_start_without_dasks_malloc_trim_threshold(client):
+    """Dask's own default sets it (and so slows torch's allocations); `worker_environ` leaves the
+    rest of Dask's environment as it is."""
+    assert SLOW_MALLOC in dask.config.get(WORKER_ENVIRON)
+    assert set(client.run(os.environ.get, SLOW_MALLOC).values()) == {None}
+    assert set(client.run(os.environ.get, "OMP_NUM_THREADS").values()) == {"1"}
 
 
 def test_a_worker_killed_mid_run_is_restarted_and_no_line_is_lost(client, corpus, tiny_model_dir, crash_marker):

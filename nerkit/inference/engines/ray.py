@@ -76,12 +76,20 @@ def _rows(file: dict, field: str | None) -> list[dict]:
 # The cores that reading and splitting a file claims: none of its own (it is little beside tagging its
 # lines). With any, a pool of actors that holds every core leaves the reading tasks waiting for ever.
 READ_CPUS = 0
+# How many reading tasks run at once. A task that claims no core is never held back by the cores, so
+# without a bound Ray starts a worker process for each file at the same time, every one importing
+# Python and pyarrow on the cores the actors tag on (on 2 cores this cost a third of the tagging
+# rate); one reader keeps well ahead of the actors.
+READ_CONCURRENCY = 1
 
 
-def read_lines(paths, field: str | None = None, num_cpus: float = READ_CPUS, **read_options) -> "ray.data.Dataset":
+def read_lines(paths, field: str | None = None, num_cpus: float = READ_CPUS, concurrency: int = READ_CONCURRENCY,
+               **read_options) -> "ray.data.Dataset":
     """The lines of the text files at `paths` (files or directories, as `ray.data.read_binary_files`
     takes them, with its `read_options`) as rows {path, line, text, error} (`tagging.file_rows`;
-    `field`: JSON lines). Each file is read whole by one task: a collection of many files spreads;
-    one huge file is better cut (`split -n l/N`) or predicted in shards (`nerkit predict --shard`)."""
-    files = ray.data.read_binary_files(paths, include_paths=True, num_cpus=num_cpus, **read_options)
-    return files.flat_map(_rows, fn_kwargs={"field": field}, num_cpus=num_cpus)
+    `field`: JSON lines), read by `concurrency` tasks at a time. Each file is read whole by one task: a
+    collection of many files spreads; one huge file is better cut (`split -n l/N`) or predicted in
+    shards (`nerkit predict --shard`)."""
+    files = ray.data.read_binary_files(paths, include_paths=True, num_cpus=num_cpus, concurrency=concurrency,
+                                       **read_options)
+    return files.flat_map(_rows, fn_kwargs={"field": field}, num_cpus=num_cpus, concurrency=concurrency)

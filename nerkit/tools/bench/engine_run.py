@@ -158,10 +158,14 @@ def spark_engine(spec: dict) -> Iterator:
 def dask_engine(spec: dict) -> Iterator:
     from distributed import Client, LocalCluster
 
-    from nerkit.inference.engines.dask import load_model, read_lines, tag_partition, tagged_meta
+    import dask
 
-    cluster = LocalCluster(n_workers=spec["workers"], threads_per_worker=1, processes=True, dashboard_address=None,
-                           silence_logs=40)
+    from nerkit.inference.engines.dask import WORKER_ENVIRON, load_model, read_lines, tag_partition, tagged_meta, \
+        worker_environ
+
+    with dask.config.set({WORKER_ENVIRON: worker_environ()}):
+        cluster = LocalCluster(n_workers=spec["workers"], threads_per_worker=1, processes=True,
+                               dashboard_address=None, silence_logs=40)
     client = Client(cluster)
 
     def tag() -> Iterator:
