@@ -76,6 +76,8 @@ OPTIMIZERS = ("sgd", "adam", "adamw")
 SCHEDULES = ("constant", "linear", "inverse_time")
 DEVICES = ("auto", "cpu", "cuda")  # auto: the GPU when torch sees one
 DISTILL_TARGETS = ("soft", "hard")  # `nerkit distill`: the teachers' marginals, or their best paths
+# `nerkit train --from`: the old types' targets, the old model's entities or its marginals, or none (read as O)
+GROW_TARGETS = ("hard", "soft", "none")
 
 # Ranges of the numbers that are not ANY_AMOUNT (any finite value from 0 up)
 AT_LEAST_ONE = "[1, inf)"  # sizes torch cannot build with 0
@@ -386,6 +388,18 @@ class DistillConfig:
 
 
 @dataclass
+class GrowConfig:
+    # The corpus of data.train labels the new types alone; the model grown keeps the source's types and weights
+    source: str | None = None  # the trained model directory to grow (None: an ordinary run); `nerkit train --from DIR` sets it
+    # hard: the source model's entities of its own types, merged into the new labels as known tags
+    # (a CRF's tags, a span head's spans); soft: its CRF marginals of its types as distillation
+    # targets beside the new labels' partial likelihood (a head with marginals); none: no target, every
+    # character the corpus does not mark is O for every type (plain fine-tuning: the baseline that forgets)
+    targets: Literal[GROW_TARGETS] = "hard"
+    weight: float = ranged(1.0, ANY_AMOUNT)  # soft targets: the weight of their KL against the new labels' likelihood
+
+
+@dataclass
 class Config:
     data: DataConfig = field(default_factory=DataConfig)
     embeddings: EmbeddingsConfig = field(default_factory=EmbeddingsConfig)
@@ -396,6 +410,7 @@ class Config:
     span: SpanConfig = field(default_factory=SpanConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     distill: DistillConfig = field(default_factory=DistillConfig)
+    grow: GrowConfig = field(default_factory=GrowConfig)
     output_dir: str = "runs/model"  # the model directory when `nerkit train` is given no `--out`
 
 

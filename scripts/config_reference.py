@@ -29,7 +29,7 @@ from nerkit import typed_yaml  # noqa: E402
 
 SECTIONS = {"data": "DataConfig", "embeddings": "EmbeddingsConfig", "lexicon": "LexiconConfig",
             "crf": "CRFConfig", "model": "ModelConfig", "span": "SpanConfig", "train": "TrainConfig",
-            "distill": "DistillConfig"}
+            "distill": "DistillConfig", "grow": "GrowConfig"}
 INTRO = {
     "data": "The corpora and how their text is read.",
     "embeddings": "Character, bigram and lexicon-word tables, and pretrained vectors ([pretrained.md](pretrained.md)).",
@@ -40,6 +40,7 @@ INTRO = {
     "span": "The span head (`model.head: span`, GlobalPointer; [nested.md](nested.md)).",
     "train": "The optimiser, its schedule, and the limits of a run.",
     "distill": "Read by `nerkit distill` alone ([distillation.md](distillation.md)); `nerkit train` ignores it.",
+    "grow": "Adding entity types to a trained model (`nerkit train --from MODEL`; [grow.md](grow.md)).",
 }
 
 HEAD = """\

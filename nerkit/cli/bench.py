@@ -17,13 +17,15 @@ from nerkit.cli.options import (
 from nerkit.errors import UserError
 from nerkit.tools.bench.annotator import QUERY_COST
 from nerkit.tools.bench.engine_run import ENGINES
+from nerkit.tools.bench.grow import METHODS as GROW_METHODS
 
 Engine = Literal[ENGINES]
 
 
 bench_app = typer.Typer(invoke_without_command=True, help="Train and measure every run of a benchmark matrix "
                         "(`nerkit bench --matrix FILE`), time whole commands (`nerkit bench predict`, `export`, "
-                        "`serve`), or simulate the annotation loop (`nerkit bench loop`).")
+                        "`serve`), simulate the annotation loop (`nerkit bench loop`), or add types step by step "
+                        "(`nerkit bench grow`).")
 
 ROUNDS = typer.Option(3, "--rounds", min=1, help="Times the command runs, each a fresh process; the record keeps "
                       "each round and their min/median/max.")
@@ -148,6 +150,35 @@ def audit(
                                 missing_threshold=missing_threshold)
     table, _ = bench_audit(config, set_, out, options, resume, name)
     typer.echo(table, nl=False)
+
+
+@bench_app.command("grow")
+def grow(
+    config: Path = typer.Option(..., "--config", "-c", help="The model's config, for every step (its data.train is "
+                                "cut into the steps' slices, data.dev selects and data.test scores), e.g. "
+                                "configs/peopledaily_bilstm.yaml."),
+    out: Path = typer.Option(..., "--out", "-o", help="Directory for results.jsonl, the steps' data and models."),
+    order: List[str] = typer.Option([], "--order", help="The types in the order they are added, comma-separated, "
+                                    "e.g. PER,LOC,ORG; repeatable, each order its own sequence (default: the "
+                                    "corpus's types sorted)."),
+    first: int = typer.Option(1, "--first", min=1, help="Types the first step learns; one is added a step after."),
+    methods: str = typer.Option(",".join(GROW_METHODS), "--methods", help="Comma-separated: hard, soft (grown with "
+                                "those grow.targets), finetune (grown with the old types read as O), joint (trained "
+                                "from scratch on the slices so far, labelled for every type so far)."),
+    seed: int = typer.Option(1, "--seed", help="The seed of the slices and of every training."),
+    set_: List[str] = typer.Option([], "--set", help="Override a config value of every step: --set train.epochs=10."),
+    device: Optional[Device] = typer.Option(None, "--device", help="train.device of every step."),
+    resume: bool = flag("--resume", help="Go on in --out where it stopped: the steps recorded are skipped."),
+):
+    """Add entity types one step at a time (the continual-NER protocol): each step's slice of the
+    training data labelled for its types alone; micro-F1 over the types so far and each old type's F1
+    per step, against fine-tuning and joint training."""
+    from nerkit.tools.bench.grow import GrowOptions, simulate, summary
+
+    orders = tuple(tuple(t.strip() for t in o.split(",") if t.strip()) for o in order)
+    chosen = tuple(m.strip() for m in methods.split(",") if m.strip())
+    records = simulate(config, set_, out, GrowOptions(orders, first, chosen, seed), resume=resume, device=device)
+    typer.echo(summary(records), nl=False)
 
 
 @bench_app.command("predict")

@@ -99,6 +99,17 @@ def loop(
 
 
 @plot_app.command()
+def grow(
+    results: Path = typer.Argument(..., help="The results.jsonl of `nerkit bench grow`."),
+    out: Path = OUT,
+):
+    """Test micro-F1 by step as types are added, one line per method (`nerkit bench grow`)."""
+    from nerkit.tools.reports.plot import plot_grow
+
+    typer.echo(f"wrote {plot_grow(results, out)}")
+
+
+@plot_app.command()
 def reliability(
     files: List[Path] = typer.Argument(..., help="Outputs of `nerkit eval --calibration --json`, or calibration "
                                         "records (one a line, before and after the temperature)."),

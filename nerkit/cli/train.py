@@ -24,6 +24,9 @@ def train(
                          "warnings), and exit."),
     force: bool = flag("--force", help="Replace a non-empty output directory."),
     resume: Optional[Path] = typer.Option(None, "--resume", help="Continue the interrupted run in this directory."),
+    from_: Optional[Path] = typer.Option(None, "--from", help="A trained model directory to add entity types to: "
+                                         "the config's data.train labels the new types only, and the model's "
+                                         "architecture, vocabulary and weights are kept (grow.source; docs/grow.md)."),
     nproc: int = typer.Option(1, "--nproc", min=1, help="Processes on this machine (data-parallel, started "
                               "by torchrun); train.batch_size is the global batch they share."),
 ):
@@ -31,7 +34,7 @@ def train(
     from nerkit.config import config_to_yaml
     from nerkit.training.run_dir import run_config
 
-    cfg = run_config(config, resume, set_, out)
+    cfg = run_config(config, resume, set_, out, grow_from=from_)
     if dry_run or nproc > 1:
         from nerkit.training.run_dir import check_run
 

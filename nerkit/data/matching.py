@@ -352,3 +352,19 @@ def hide_entities(sentences: list[Sentence], fraction: float, seed: int) -> list
                 tags[spans[i][j].start:spans[i][j].end] = ["O"] * (spans[i][j].end - spans[i][j].start)
             out[i] = replace(sent, tags=tags)
     return out
+
+
+def keep_types(sentences: list[Sentence], types) -> list[Sentence]:
+    """`sentences` with the entities of `types` alone, the others removed and read as O (not marked
+    unknown): a corpus labelled for some types, as the continual-NER protocol gives each step of
+    adding types (`nerkit bench grow`). A sentence that loses none is returned as it is."""
+    out = []
+    for sent in sentences:
+        spans = sent.spans()
+        kept = [span for span in spans if span.type in types]
+        if len(kept) == len(spans):
+            out.append(sent)
+            continue
+        rebuilt = span_sentence(sent.text, kept, sent.line)
+        out.append(replace(sent, tags=rebuilt.tags, entities=rebuilt.entities))
+    return out

@@ -34,6 +34,9 @@ class Batch:
     resets: torch.Tensor | None = None  # (B,) bool
     spans: torch.Tensor | None = None  # (N, 4) long: the span head's gold, as (row, type, start, width - 1)
     known: torch.Tensor | None = None  # (B, T) bool: the annotated characters; None when every one is
+    allowed: torch.Tensor | None = None  # (B, T, K) bool: the tags each character may take (a corpus labelled for some types)
+    teacher: torch.Tensor | None = None  # (B, T, K) float32: a source model's marginals (zeros: no target there)
+    unsure: torch.Tensor | None = None  # (N, 4) long: span cells that are no negative, as `spans`
 
     def to(self, device) -> "Batch":
         return Batch(**{k: _to(v, device) for k, v in self.__dict__.items()})
@@ -75,6 +78,17 @@ def collate(examples: list[Example], width: int = 0, words: int = 0) -> Batch:
         batch.spans = torch.tensor(rows, dtype=torch.long).reshape(-1, 4)  # (N, 4)
     if any(e.known is not None for e in examples):  # partial labels: padding counts as known
         batch.known = torch.tensor([(e.known or [True] * len(e)) + [True] * (width - len(e)) for e in examples])
+    if first.allowed is not None:  # padding allows every tag (it is masked out)
+        batch.allowed = torch.ones(len(examples), width, first.allowed.size(1), dtype=torch.bool)
+        for b, e in enumerate(examples):
+            batch.allowed[b, :len(e)] = e.allowed
+    if first.teacher is not None:
+        batch.teacher = torch.zeros(len(examples), width, first.teacher.size(1))
+        for b, e in enumerate(examples):
+            batch.teacher[b, :len(e)] = e.teacher.float()
+    if first.unsure is not None:
+        rows = [(b, *cell) for b, e in enumerate(examples) for cell in e.unsure]
+        batch.unsure = torch.tensor(rows, dtype=torch.long).reshape(-1, 4)  # (N, 4)
     if first.lm_states is not None:
         batch.lm_states = _lm_states([e.lm_states for e in examples], width)
     if first.lm_ids is not None and not _all_cached(first.lm_states):

@@ -187,6 +187,13 @@ class Example:
     lm_states: torch.Tensor | tuple[torch.Tensor | None, ...] | None = None
     spans: list[tuple[int, int, int]] | None = None  # the span head's gold: (type, start, width - 1)
     known: list[bool] | None = None  # partial annotation: per character, whether it is annotated (None: all)
+    # A corpus labelled for some types only (a grown model's, nerkit.training.grow): the tags each
+    # character may take (T, K) bool; the source model's marginals over its tags, in this model's tag
+    # order (T, K) float16, a row of zeros where they are not a target; the span head's cells of a type
+    # that are no negative, as (type, start, width - 1)
+    allowed: torch.Tensor | None = None
+    teacher: torch.Tensor | None = None
+    unsure: list[tuple[int, int, int]] | None = None
 
     def __len__(self) -> int:
         return len(self.char_ids)

@@ -235,7 +235,8 @@ class Predictor:
 
     def predict_and_score(self, data: str | Path | list[Sentence], batch_size: int = 128, repair: bool | None = None,
                    with_errors: bool = False, window: int | None = None, document: bool = False,
-                   with_calibration: bool = False, with_by_length: bool = False, trim: bool = True) -> Evaluation:
+                   with_calibration: bool = False, with_by_length: bool = False, trim: bool = True,
+                   types: list[str] | None = None) -> Evaluation:
         """The model's predictions on a corpus file or on sentences already read, with their entity-level
         P/R/F1 and the time they took (an `Evaluation`; `evaluate` gives the metrics alone); with
         `with_errors` the metrics also hold `errors` (see `nerkit.inference.evaluate.errors`). A file is read
@@ -246,7 +247,7 @@ class Predictor:
         the predictions carry scores and the metrics hold `calibration` (`nerkit.inference.evaluate.calibration`);
         with `with_by_length`, `by_length` (`nerkit.inference.evaluate.by_length`). `trim`: the batches
         padded only to their longest sentence (`decode_examples`), as a corpus read once may be; False
-        times prediction's own batch shapes (the benchmark's prediction speed)."""
+        times prediction's own batch shapes (the benchmark's prediction speed). `types`: as `evaluate`'s."""
         window = self.check_window(window)  # before the file is read: a wrong value costs no wait
         reader = self.document_stream() if document else self  # a model without memory: refused now too
         if isinstance(data, list):
@@ -267,6 +268,8 @@ class Predictor:
             predicted = self.predict_tokens([s.tokens for s in sentences], batch_size, window,  # Python lists: GPU work done
                                             with_calibration, trim)
         seconds = time.perf_counter() - started
+        if types is not None:
+            predicted = [[s for s in spans if s.type in types] for spans in predicted]
         gold = [s.spans() for s in sentences]
         metrics = score(gold, predicted)
         if with_errors:
@@ -300,10 +303,12 @@ class Predictor:
             log.warning(f"{where}: the entity types differ ({listed}): {'; '.join(effects)}")
 
     def evaluate(self, data: str | Path | list[Sentence], batch_size: int = 128, repair: bool | None = None,
-                 with_errors: bool = False, window: int | None = None, document: bool = False) -> dict:
+                 with_errors: bool = False, window: int | None = None, document: bool = False,
+                 types: list[str] | None = None) -> dict:
         """The model's scores on `data`: {"precision", "recall", "f1", "per_type", "counts"[, "errors"]}
-        (`predict_and_score` gives the predictions and the time beside them)."""
-        return self.predict_and_score(data, batch_size, repair, with_errors, window, document).metrics
+        (`predict_and_score` gives the predictions and the time beside them). `types`: score these
+        alone, the model's entities of its other types left out (a gold set labelled for some of them)."""
+        return self.predict_and_score(data, batch_size, repair, with_errors, window, document, types=types).metrics
 
 
 # ------------------------------------------------------------------------------ model directory

@@ -269,13 +269,23 @@ class CRF(nn.Module):
         return alpha + beta - log_z[:, None, None]
 
     def posterior_kl(self, emissions: torch.Tensor, mask: torch.Tensor, targets: torch.Tensor,
-                     temperature: float = 1.0) -> torch.Tensor:
+                     temperature: float = 1.0, merged: torch.Tensor | None = None) -> torch.Tensor:
         """Posterior distillation (Wang et al. 2020): KL(targets || this CRF's marginals) summed over
         each sequence's real positions, the mean over sequences, times temperature^2 (Hinton's
         scaling, so that the gradients keep their size whatever the temperature). `targets` (B, T, K):
-        the teachers' marginals at the same temperature (each real position sums to 1). Zero exactly
-        when the marginals are equal."""
+        the teachers' marginals at the same temperature (each real position sums to 1, or is all
+        zeros: a position left out). Zero exactly when the marginals are equal.
+
+        `merged` (K,) bool: tags the teacher does not know (a grown model's new types, whose
+        `targets` columns are 0): their marginal mass joins O's, since the teacher's O means "none
+        of my types" (nerkit.training.grow)."""
         log_student = self.log_marginals(emissions, mask, temperature)  # (B, T, K)
+        if merged is not None:
+            o = self.tags.index("O")
+            joined = merged.clone()
+            joined[o] = True
+            outside = torch.logsumexp(log_student[..., joined], dim=2, keepdim=True)  # (B, T, 1): O or a new tag
+            log_student = log_student.index_copy(2, torch.tensor([o], device=log_student.device), outside)
         targets = targets.to(log_student.dtype)
         # xlogy: a tag the teacher gives no mass (a forbidden one) adds 0, not 0 * log 0
         per_tag = torch.xlogy(targets, targets) - targets * log_student

@@ -64,13 +64,14 @@ def multilabel_loss(logits: torch.Tensor, targets: torch.Tensor, valid: torch.Te
     sentences, as a CRF's likelihood is per sentence (averaged over (sentence, type) pairs, it learnt
     more slowly: docs/notebook/span.md). logits, targets (B, K, T, W); valid (B, T, W).
 
-    Partial labels: `known` (B, T, W), `band_known`'s cells; a cell with an unannotated character is
-    no negative (nothing says it is not an entity), while an annotated entity stays a positive."""
+    Partial labels: `known` (B, T, W), `band_known`'s cells, or (B, K, T, W) per type; a cell with an
+    unannotated character is no negative (nothing says it is not an entity), while an annotated
+    entity stays a positive."""
     B, K = logits.shape[:2]
     s = logits.reshape(B, K, -1)  # (B, K, N)
     positive = targets.reshape(B, K, -1)
     outside = ~valid.reshape(B, 1, -1)
-    unsure = outside if known is None else outside | ~known.reshape(B, 1, -1)
+    unsure = outside if known is None else outside | ~known.reshape(B, known.size(1) if known.dim() == 4 else 1, -1)
     negatives = s.masked_fill(positive | unsure, float("-inf"))
     positives = (-s).masked_fill(~positive | outside, float("-inf"))
     zero = s.new_zeros(B, K, 1)  # the 1 in log(1 + ...)
@@ -153,16 +154,23 @@ class SpanHead(nn.Module):
         return targets
 
     def loss(self, h: torch.Tensor, mask: torch.Tensor, spans: torch.Tensor,
-             known: torch.Tensor | None = None, negative_rate: float = 0.0) -> torch.Tensor:
+             known: torch.Tensor | None = None, negative_rate: float = 0.0,
+             unsure: torch.Tensor | None = None) -> torch.Tensor:
         """`multilabel_loss` of the gold spans; `known` (B, T) bool: the annotated characters (None:
         all). With `negative_rate` (`sampled_negatives`) the negatives are a sample of the cells no
-        entity marks, wherever they lie: unannotated regions are read as unlabelled, not unknown."""
+        entity marks, wherever they lie: unannotated regions are read as unlabelled, not unknown.
+        `unsure` (N, 4), as `spans`: cells of one type that are no negative (a grown model's old
+        entity that a new label overlaps, nerkit.training.grow)."""
         logits = self(h)  # (B, K, T, W)
         targets, valid = self.targets(spans, logits.shape), band_valid(mask, self.max_width)
         if negative_rate:
             cells = sampled_negatives(targets, valid, negative_rate)
         else:
             cells = None if known is None else band_known(known, self.max_width)
+        if unsure is not None and len(unsure):
+            cells = (valid if cells is None else cells)[:, None].expand(logits.shape).clone()  # (B, K, T, W)
+            unsure = unsure[unsure[:, 3] < self.max_width]
+            cells[unsure[:, 0], unsure[:, 1], unsure[:, 2], unsure[:, 3]] = False
         return multilabel_loss(logits, targets, valid, cells)
 
 

@@ -193,6 +193,14 @@ class Tagger(nn.Module):
         emissions, tag_ids, mask = piece_sequences(emissions, batch.tag_ids, batch.pieces)  # (N, P, K), (N, P)
         return self.head.crf.neg_log_likelihood(emissions, tag_ids, mask, reduction="mean"), memory
 
+    def loss_with_teacher(self, batch: Batch, merged: torch.Tensor, weight: float) -> torch.Tensor:
+        """A grown model's loss with soft targets (nerkit.training.grow; a head that `supports_marginals`):
+        the head's loss of the new labels (`Head.loss`), plus `weight` x the KL of the source model's
+        marginals `batch.teacher` (B, T, K) against the model's, the tags it lacks (`merged` (K,)) counted
+        as its O; the encoder runs once for both."""
+        h = self.hidden(batch)
+        return self.head.loss(h, batch) + weight * self.head.soft_loss(h, batch.mask, batch.teacher, 1.0, merged)
+
     def soft_loss(self, batch: Batch, targets: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
         """Distillation's soft-target loss (a head that `supports_marginals`): KL(teachers' marginals
         `targets` (B, T, K) || the model's), per sentence."""

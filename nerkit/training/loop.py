@@ -3,6 +3,8 @@ fresh or resumed state), `train_step` (one batch), `run_epoch` (its batches, sto
 or Ctrl-C says; with `nerkit distill`, `distill_step` on the unlabelled batches mixed among
 them), `end_epoch` (dev evaluation, best and last models, the checkpoint) and `finish`
 (the best model's final figures, test scored once and never used for selection). `train` runs them.
+A run with `grow.source` adds types to a trained model: its pipeline, its examples' targets and its
+loss come from nerkit.training.grow's `Growth`.
 
 Under torchrun every rank runs the same steps (nerkit.training.distributed): each trains on its slice of the
 global batch and DDP averages the gradients; rank 0 alone evaluates, logs and writes files.
@@ -31,6 +33,7 @@ from nerkit.errors import Interrupted, UserError, stop_signals_handled
 from nerkit.features.batch import bucketed_batches, collate
 from nerkit.features.featurizer import Example
 from nerkit.files import CHECKPOINT, WRITE_ERRNOS
+from nerkit.inference.model_dir import update_meta
 from nerkit.inference.pipeline import Pipeline
 from nerkit.inference.span_threshold import adopt_choice, choice_on_dev
 from nerkit.log import progress_display
@@ -48,6 +51,7 @@ from nerkit.training.distributed import (
     seed_rank,
 )
 from nerkit.training.distill import Distillation, UnlabelledBatch
+from nerkit.training.grow import Growth
 from nerkit.training.model_card import write_model_card
 from nerkit.training.run_dir import check_run, prepare_output_dir, save_run_config
 from nerkit.training.schedule import (
@@ -152,6 +156,7 @@ class Run:
     memory: list | None = None
     empty: Example | None = None
     distill: Distillation | None = None  # `nerkit distill`: the unlabelled text and its teachers' targets
+    grow: Growth | None = None  # `nerkit train --from`: the model grown and its old types' targets
     # best_state's dev metrics when this session scored that very state (rank 0's): `finish` reports
     # them rather than score dev again; None after a resume, which restores a state it did not score
     best_dev: dict | None = None
@@ -176,6 +181,9 @@ def set_up(config: Config, out: Path, force: bool, resume: bool, splits: Splits 
            progress_bar: bool | None, world: World, distill: Distillation | None = None) -> Run:
     """Everything a run needs before its first step: a fresh output directory, or the state of the
     run in `out` restored from its checkpoint; with several processes, this rank in their group."""
+    growth = Growth.start(config) if config.grow.source else None
+    if growth is not None:
+        config = growth.config  # the source model's architecture
     tc = config.train
     # before the data loads: a wrong path or a used --out costs no wait
     check_run(config, out, force, resume, world.size, writes=world.main)
@@ -185,13 +193,23 @@ def set_up(config: Config, out: Path, force: bool, resume: bool, splits: Splits 
     splits = splits if splits is not None else read_splits(config)
     if distill is not None and world.size > 1:
         raise UserError("nerkit distill trains on one process", fix="run it without torchrun")
-    pipe = build_pipeline(config, splits, device, unlabelled=distill.units if distill else ())
+    if growth is not None and world.size > 1:
+        raise UserError("growing a model (grow.source) trains on one process", fix="run it without --nproc or torchrun")
+    if growth is not None:
+        pipe = growth.pipeline(splits, device)
+    else:
+        pipe = build_pipeline(config, splits, device, unlabelled=distill.units if distill else ())
     if distill is not None:
         distill.attach(pipe.featurizer)
     config = pipe.config  # the widths its vector files gave resolved
     world.check_same("the corpora and vocabularies", [splits.checksums, pipe.featurizer.sizes()], config.data.train)
     streams = document_streams(config, pipe, splits, world)
-    examples = [] if streams else [pipe.featurizer.training_example(s) for s in splits.train]
+    if streams:
+        examples = []
+    elif growth is not None:
+        examples = growth.examples(pipe, splits.train)
+    else:
+        examples = [pipe.featurizer.training_example(s) for s in splits.train]
     if streams is None:  # document streams run a frozen LM every step (its cache is per sentence)
         attach_lm_cache(config, pipe, splits, examples)
     n_params = sum(p.numel() for p in pipe.model.parameters())
@@ -208,11 +226,12 @@ def set_up(config: Config, out: Path, force: bool, resume: bool, splits: Splits 
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: lr_factor(config, step, steps_per_epoch, total_steps))
     run = Run(config, out, splits, pipe, examples, optimizer, scheduler,
-              Progress(checksums={**splits.checksums, **(distill.checksums if distill else {})},
+              Progress(checksums={**splits.checksums, **(distill.checksums if distill else {}),
+                                  **(growth.checksums if growth else {})},
                        world_size=world.size), None, stop, world, pipe.model,
               progress_bar, params=[p for p in pipe.model.parameters() if p.requires_grad],
               total_steps=total_steps, warned_warmup=warned, streams=streams,
-              empty=pipe.featurizer.example([], []) if streams else None, distill=distill)
+              empty=pipe.featurizer.example([], []) if streams else None, distill=distill, grow=growth)
     if resume:
         _restore(run)
         if world.main:  # the run's config.yaml: this session's limits, and the widths its vector files gave
@@ -377,8 +396,12 @@ def sentence_step(run: Run, idx: list[int]) -> tuple[float, int]:
     tc = run.config.train
     mine, weight = run.world.slice(idx)
     batch = collate([run.examples[i] for i in mine]).to(run.pipe.device)
-    loss = train_step(run.learner, batch, run.optimizer, run.scheduler, run.params, tc.clip_norm,
-                      tc.clip_value, weight)
+    if run.grow is not None:  # the new labels and the source model's targets (nerkit.training.grow)
+        loss = learn(run.grow.loss(run.learner, batch), run.optimizer, run.scheduler, run.params, tc.clip_norm,
+                     tc.clip_value, weight)
+    else:
+        loss = train_step(run.learner, batch, run.optimizer, run.scheduler, run.params, tc.clip_norm,
+                          tc.clip_value, weight)
     return loss, sum(run.lengths[i] for i in idx)
 
 
@@ -459,11 +482,13 @@ def end_epoch(run: Run, epoch: int, n_batches: int) -> bool:
     return finished
 
 
-def evaluate(run: Run, sentences: list) -> dict:
-    """The model's metrics on dev or test sentences, through the one evaluation path; a model trained
-    in document context reads them as it trained, in order as a stream (`document`)."""
+def evaluate(run: Run, sentences: list, name: str = "dev") -> dict:
+    """The model's metrics on dev or test sentences (`name`), through the one evaluation path; a model
+    trained in document context reads them as it trained, in order as a stream (`document`). A grown
+    model's dev or test set that lacks some of its types is scored on those it carries."""
     document = run.config.data.context == "document"
-    return run.pipe.evaluate(sentences, run.config.train.eval_batch_size, document=document)
+    types = run.grow.scored_types.get(name) if run.grow is not None else None
+    return run.pipe.evaluate(sentences, run.config.train.eval_batch_size, document=document, types=types)
 
 
 def evaluate_dev(run: Run) -> dict:
@@ -530,10 +555,12 @@ def finish(run: Run, epoch: int) -> dict:
                "elapsed_s": run.elapsed(), "parameters": sum(p.numel() for p in pipe.model.parameters()),
                "device": str(pipe.device), "processes": run.world.size, "data_sha256": splits.checksums}
     if splits.test is not None:
-        metrics["test"] = evaluate(run, splits.test)
+        metrics["test"] = evaluate(run, splits.test, "test")
         log.info(f"test (best dev epoch {progress.best_epoch}): P {100 * metrics['test']['precision']:.2f} "
                  f"R {100 * metrics['test']['recall']:.2f} F1 {100 * metrics['test']['f1']:.2f}")
     pipe.write_weights(run.out, metrics)
+    if run.grow is not None:  # what it grew from
+        update_meta(run.out, {"grown_from": run.grow.record})
     write_model_card(run.out, run.config, metrics, splits)
     log.info(f"model saved to {run.out}")
     if run.progress.stopped in LIMITS and (progress.batch > 0 or epoch < tc.epochs):  # epochs were left to train

@@ -52,9 +52,11 @@ def check_run(config: Config, out: Path, force: bool, resume: bool, world_size: 
     """What a run checks before it reads any data: the corpora and the pretrained inputs exist, the
     global batch splits over the `world_size` processes, and a new run's output directory is usable
     (`--force` replaces a non-empty one; a resumed run continues in its own). `writes`: whether this
-    process writes the output directory (rank 0 alone does)."""
+    process writes the output directory (rank 0 alone does). A model grown from another
+    (`grow.source`) reads no pretrained input: its weights are the source's."""
     check_data_files(config)
-    check_pretrained_files(config)
+    if not config.grow.source:
+        check_pretrained_files(config)
     check_batch_size(config.train.batch_size, world_size)
     if writes and not resume:
         check_output_dir(out, force, config)
@@ -104,15 +106,24 @@ def resume_config(out: str | Path, overrides: list[str] = ()) -> Config:
 
 
 def run_config(config: str | Path | None, resume: str | Path | None, overrides: list[str] = (),
-               out: str | Path | None = None) -> Config:
+               out: str | Path | None = None, grow_from: str | Path | None = None) -> Config:
     """The config a `nerkit train` runs: the file's (`config`) or, to continue a run, the one saved
-    in `resume`, with `overrides`; its output_dir is `out`, else the resumed run's, else its own."""
+    in `resume`, with `overrides`; its output_dir is `out`, else the resumed run's, else its own.
+    `grow_from`: the trained model it adds types to (`grow.source`, `nerkit train --from`), whose
+    architecture it then has (nerkit.training.grow)."""
     if resume is not None:
         if config is not None:
             raise UserError("--resume continues a run with its saved config", fix="drop --config when resuming")
+        if grow_from is not None:
+            raise UserError("--resume continues a run from the model it started from (its config.yaml's grow.source)",
+                            fix="drop --from when resuming")
         loaded, out = resume_config(resume, list(overrides)), resume
     elif config is None:
         raise UserError("no config given", fix="pass --config FILE (e.g. configs/demo.yaml) or --resume DIR")
     else:
         loaded = load_config(config, list(overrides))
+    if grow_from is not None:
+        from nerkit.training.grow import Growth
+
+        loaded = Growth.start(replace(loaded, grow=replace(loaded.grow, source=str(grow_from))), str(config)).config
     return loaded if out is None else replace(loaded, output_dir=str(out))

@@ -2,7 +2,7 @@
 Transformer): gradients reach every parameter; a padded batch gives each sentence what it gives
 alone; padding comes out as zeros, finite, and nothing written into it reaches a real position; a
 model trained with it, saved and loaded predicts exactly as before; the span head trains under it;
-and a student of it distils from a teacher on unlabelled text. A new encoder is one file and
+a student of it distils from a teacher on unlabelled text; and a model of it grows by new types. A new encoder is one file and
 one line in the registry, and this suite covers it without a change."""
 
 from __future__ import annotations
@@ -221,3 +221,38 @@ def test_a_student_of_every_encoder_distils_saves_and_loads(name, attention, tmp
     assert metrics["epochs"] == 1 and student.predict(["张三在北京大学读书。"])
     epoch = json.loads((tmp_path / "student" / "metrics.jsonl").read_text(encoding="utf-8").splitlines()[-1])
     assert 0 < epoch["distill_loss"] < float("inf")  # the soft targets' loss went through the encoder
+
+
+# Adding types to a trained model (nerkit.training.grow) under every encoder: a model of PER alone
+# grows by LOC; before training it predicts exactly as its source (the encoder's weights are the
+# source's, the new tags start below the old), and after a step of training on a corpus labelled for
+# LOC alone (hard targets: the source's PER) it is an ordinary model directory of both types.
+@pytest.mark.slow
+@pytest.mark.parametrize("name, attention", CASES, ids=IDS)
+def test_every_encoder_grows_a_model_by_new_types(name, attention, tmp_path, tiny_config):
+    from dataclasses import replace
+
+    from helpers import TINY_DEV, TINY_TRAIN
+
+    from nerkit.data.corpus import read_corpus, write_corpus
+    from nerkit.data.matching import keep_types
+    from nerkit.data.splits import read_splits
+    from nerkit.inference.pipeline import Pipeline
+    from nerkit.training.grow import Growth
+    from nerkit.training.loop import train
+
+    sentences = read_corpus(TINY_TRAIN).sentences[:24]
+    write_corpus(tmp_path / "per.bio", keep_types(sentences, {"PER"}), "bio")
+    write_corpus(tmp_path / "loc.bio", keep_types(sentences, {"LOC"}), "bio")
+    overrides = [*case_overrides(name, attention, tmp_path), "train.epochs=1", f"data.dev={TINY_DEV}"]
+    train(tiny_config(*overrides, f"data.train={tmp_path / 'per.bio'}"), out=tmp_path / "per", progress_bar=False)
+    source = Pipeline.load(tmp_path / "per")
+    config = tiny_config(*overrides, f"data.train={tmp_path / 'loc.bio'}", f"grow.source={tmp_path / 'per'}")
+    growth = Growth.start(config)
+    grown = growth.pipeline(read_splits(growth.config), "cpu")
+    texts = [s.text for s in read_corpus(TINY_DEV).sentences] + ["张三在北京大学读书。" * 3, "上"]
+    assert grown.types == ["LOC", "PER"] and grown.predict(texts) == source.predict(texts)
+    train(replace(config, train=replace(config.train, max_steps=2)), out=tmp_path / "grown", progress_bar=False)
+    loaded = Pipeline.load(tmp_path / "grown")
+    assert loaded.types == ["LOC", "PER"] and loaded.config.encoder.name == name
+    assert Pipeline.load(tmp_path / "grown").predict(texts) == loaded.predict(texts)

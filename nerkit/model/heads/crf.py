@@ -35,18 +35,50 @@ class CrfHead(Head):
 
     def loss(self, hidden: torch.Tensor, batch: Batch) -> torch.Tensor:
         """The CRF's mean negative log-likelihood per sentence; with partial labels (`batch.known`),
-        that of every path through the known tags, any tag allowed where nothing is known."""
-        allowed = None
-        if batch.known is not None:
+        that of every path through the known tags, any tag allowed where nothing is known; with
+        `batch.allowed` (a corpus labelled for some types only), through the tags each position allows."""
+        allowed = batch.allowed
+        if allowed is None and batch.known is not None:
             allowed = nn.functional.one_hot(batch.tag_ids, len(self.tags)).bool() | ~batch.known[..., None]
         return self.crf.neg_log_likelihood(self.emissions(hidden), batch.tag_ids, batch.mask, reduction="mean",
                                            allowed=allowed)
 
     def soft_loss(self, hidden: torch.Tensor, mask: torch.Tensor, targets: torch.Tensor,
-                  temperature: float = 1.0) -> torch.Tensor:
+                  temperature: float = 1.0, merged: torch.Tensor | None = None) -> torch.Tensor:
         """Distillation's soft-target loss: KL(teachers' marginals `targets` (B, T, K) || the model's),
-        per sentence (`CRF.posterior_kl`)."""
-        return self.crf.posterior_kl(self.emissions(hidden), mask, targets, temperature)
+        per sentence (`CRF.posterior_kl`; `merged`: the tags the teacher lacks, counted as its O)."""
+        return self.crf.posterior_kl(self.emissions(hidden), mask, targets, temperature, merged)
+
+    @torch.no_grad()
+    def grow_from(self, old: "CrfHead", score_map: tuple[float, float] | None = None) -> None:
+        """`Head.grow_from`: the old tags' emission rows and start, transition and end scores copied
+        exactly; the new tags' transitions as the CRF initialises them, and their emission rows
+        O's row with its bias lowered by `new_tag_margin`, so that no best path holds a new tag until
+        training raises them (the proof is `new_tag_margin`'s)."""
+        index = torch.tensor([self.tags.index(t) for t in old.tags])  # each old tag's row here
+        new = torch.tensor([k for k, t in enumerate(self.tags) if t not in old.tags], dtype=torch.long)
+        self.emission.weight[index] = old.emission.weight.to(self.emission.weight)
+        self.emission.bias[index] = old.emission.bias.to(self.emission.bias)
+        mine, theirs = self.crf.torch_crf, old.crf.torch_crf
+        mine.start_transitions[index] = theirs.start_transitions.to(mine.start_transitions)
+        mine.end_transitions[index] = theirs.end_transitions.to(mine.end_transitions)
+        mine.transitions[index[:, None], index[None, :]] = theirs.transitions.to(mine.transitions)
+        o = self.tags.index("O")
+        self.emission.weight[new] = self.emission.weight[o].clone()
+        self.emission.bias[new] = self.emission.bias[o].clone() - self.new_tag_margin()
+
+    @torch.no_grad()
+    def new_tag_margin(self) -> float:
+        """How far below O's a new tag's emission starts: more than twice the spread R (largest minus
+        smallest) of the start, transition and end scores that decoding allows. A path through new
+        tags loses to the same path with each run of them (L positions) replaced by O, which stays
+        valid in every scheme: the run's L emissions gain more than 2R each, and the L + 1 scores
+        into, inside and out of it change by at most R each, L x 2R >= (L + 1) x R. So the grown
+        model's best path is the old model's, on any input."""
+        start, trans, end = self.crf._masked_scores(float("nan"))
+        scores = torch.cat([start.flatten(), trans.flatten(), end.flatten()])
+        scores = scores[~scores.isnan()]
+        return 2 * float(scores.max() - scores.min()) + 1.0
 
     def paths(self, hidden: torch.Tensor, mask: torch.Tensor) -> list[list[int]]:
         """Each sentence's best tag path (tag ids, as long as the sentence)."""

@@ -344,6 +344,43 @@ def plot_loop(results: str | Path, out: str | Path) -> Path:
     return _save(loop_figure, out, "", records)
 
 
+def grow_figure(records: list[dict]):
+    """`nerkit bench grow`'s test micro-F1 over the types so far against the step, one panel per
+    order of types, one line per method (the mean over the seeds)."""
+    from matplotlib.figure import Figure
+
+    from nerkit.tools.bench.grow import METHODS, latest
+
+    found = latest(records)
+    orders = sorted({k[0] for k in found})
+    figure = Figure(figsize=(5.0 * len(orders), 3.6))
+    axes = figure.subplots(1, len(orders), squeeze=False)[0]
+    for ax, order in zip(axes, orders):
+        mine = {k: r for k, r in found.items() if k[0] == order}
+        for index, method in enumerate(m for m in METHODS if any(k[1] == m for k in mine)):
+            steps = sorted({k[2] for k in mine if k[1] == method})
+            values = [[100 * r["test_f1"] for k, r in mine.items() if k[1] == method and k[2] == s] for s in steps]
+            ax.plot(steps, [sum(v) / len(v) for v in values], "-o", color=f"C{index}", markersize=4, label=method)
+        labels = {k[2]: "+" + ",".join(r["new_types"]) for k, r in mine.items()}
+        ax.set_xticks(sorted(labels), [labels[s] for s in sorted(labels)])
+        ax.set(xlabel="step (types added)", ylabel="test micro-F1, types so far (%)", title=order)
+        ax.legend(fontsize=8)
+    figure.tight_layout()
+    return figure
+
+
+def plot_grow(results: str | Path, out: str | Path) -> Path:
+    """`nerkit plot grow`: the F1 by step of a `nerkit bench grow` results.jsonl, written to `out`."""
+    from nerkit.files import check_input
+
+    fix = "pass the results.jsonl of `nerkit bench grow`"
+    check_input(str(results), "RESULTS", "no such file", fix=fix)
+    records = [r for _, r in read_json_lines(results, "a grow record", fix)]
+    if not records or any(k not in r for r in records for k in ("order", "method", "step", "test_f1", "new_types")):
+        raise UserError("not the results of `nerkit bench grow`", where=str(results), fix=fix)
+    return _save(grow_figure, out, "", records)
+
+
 # ----------------------------------------------------------------------------- position encodings
 
 
