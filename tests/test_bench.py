@@ -795,9 +795,10 @@ def test_a_span_run_chooses_its_threshold_on_dev_and_scores_test_at_it(tmp_path)
 
 def test_a_runs_prepare_commands_write_the_file_it_trains_on(tmp_path):
     """`prepare:` runs nerkit commands before the run trains, ${BENCH_OUT} naming OUT in them and in
-    the overrides: here the dictionary matches the run trains on (issue 57's dictionary benchmarks)."""
+    the overrides: here the dictionary matches the run trains on (issue 57's dictionary benchmarks),
+    written under OUT/prepared/, which the benchmark owns: --resume takes the directory again."""
     config = write_yaml(tmp_path / "tiny.yaml", TINY)
-    matched = "${BENCH_OUT}/matched.jsonl"
+    matched = "${BENCH_OUT}/prepared/matched.jsonl"
     matrix = write_yaml(tmp_path / "matrix.yaml", {"predict_batch_size": 16, "runs": [
         {"name": "matched", "dataset": "sample", "config": str(config), "overrides": [f"data.train={matched}"],
          "prepare": [f"data match --dict {SAMPLE / 'train.bio'} --text {SAMPLE / 'train.bio'} --rest o --out {matched}"]},
@@ -808,10 +809,12 @@ def test_a_runs_prepare_commands_write_the_file_it_trains_on(tmp_path):
     records = {r["name"]: r for r in read_jsonl(out / "results.jsonl")}
     assert records["matched"]["status"] == "ok", (out / "logs" / "matched.log").read_text(encoding="utf-8")
     assert records["matched"]["prepare"] == matrix_prepare(matrix, 0)
-    assert (out / "matched.jsonl").is_file()
+    assert (out / "prepared" / "matched.jsonl").is_file()
     assert f"$ nerkit data match --dict {SAMPLE / 'train.bio'}" in (out / "logs" / "matched.log").read_text(encoding="utf-8")
     assert records["broken"]["status"] == "failed" and result.returncode == 1  # a failed prepare fails its run
     assert not (out / "runs" / "broken" / "model.safetensors").exists()
+    again = nerkit("bench", "--matrix", matrix, "--out", out, "--device", "cpu", "--resume", "--only", "matched")
+    assert again.returncode == 0, again.stderr  # the finished run is kept, the directory taken as the bench's
 
 
 def matrix_prepare(matrix: Path, i: int) -> list[str]:

@@ -52,7 +52,8 @@ class MatrixRun:
     texts: list[str] = field(default_factory=list)  # unlabelled text files (interpolated) a student reads
     train_text: bool = False  # a student also reads its own training split's text
     # nerkit commands (the words after `nerkit`) run in order before the run trains, e.g. the
-    # `data match` that writes its training file; ${BENCH_OUT} in them and in the overrides is OUT
+    # `data match` that writes its training file; ${BENCH_OUT} in them and in the overrides is OUT,
+    # and they write under ${BENCH_OUT}/prepared/ (a folder the benchmark owns, so --resume takes OUT)
     prepare: list[str] = field(default_factory=list)
 
 
@@ -327,7 +328,7 @@ def load_matrix(path: str | Path, quick: bool = False, device: str | None = None
         if not isinstance(prepare, list) or not all(isinstance(c, str) and c.strip() for c in prepare):
             raise UserError(f"{where}.prepare must be a list of nerkit commands (the words after `nerkit`)",
                             where=line_of(path, ("runs", i, "prepare")),
-                            fix="e.g. prepare: ['data match --dict D.txt:PER --text T.txt --out ${BENCH_OUT}/m.jsonl']")
+                            fix="e.g. prepare: ['data match --dict D.txt:PER --text T.txt --out ${BENCH_OUT}/prepared/m.jsonl']")
         if teachers and nproc > 1:
             raise UserError(f"{where}: a student (teachers:) trains in one process, not nproc: {nproc}",
                             where=line_of(path, ("runs", i, "nproc")))

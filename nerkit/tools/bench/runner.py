@@ -44,6 +44,7 @@ ERROR_LINES = 20  # of a failed run's log, kept in its record
 
 BENCH_OUT = "BENCH_OUT"  # the variable that names the output directory to a run's prepare: and overrides
 TEXTS = "texts"  # DIR/texts/NAME.train.txt: the training text of a student with `train_text: true`
+PREPARED = "prepared"  # DIR/prepared/: what runs' `prepare:` commands write (${BENCH_OUT}/prepared/NAME)
 
 
 log = logging.getLogger(__name__)
@@ -92,8 +93,9 @@ WORKERS = Workers()
 
 def is_bench_dir(directory: Path) -> bool:
     """Whether `directory` holds nothing but what `nerkit bench` writes (a session killed before
-    its first record leaves only logs/ and runs/; texts/ holds the students' training texts)."""
-    return all(path.name in (RESULTS, TABLE, "logs", "runs", TEXTS) for path in directory.iterdir())
+    its first record leaves only logs/ and runs/; texts/ holds the students' training texts, prepared/
+    what `prepare:` commands wrote)."""
+    return all(path.name in (RESULTS, TABLE, "logs", "runs", TEXTS, PREPARED) for path in directory.iterdir())
 
 
 def read_results(out: Path) -> dict[str, dict]:
@@ -214,7 +216,9 @@ def run_record(run: MatrixRun, base: dict) -> dict:
 
 def prepare(run: MatrixRun, log_file, env: dict) -> int:
     """Run the run's `prepare:` commands in order (${BENCH_OUT} and the like interpolated as a
-    config's paths are), their output in the run's log; the first failure's exit code, else 0."""
+    config's paths are), their output in the run's log; the first failure's exit code, else 0. They
+    write under ${BENCH_OUT}/prepared/, made here."""
+    (Path(os.environ[BENCH_OUT]) / PREPARED).mkdir(exist_ok=True)
     for command in run.prepare:
         args = shlex.split(interpolate(command, f"{run.name}: prepare"))
         log_file.write(f"$ nerkit {shlex.join(args)}\n")
