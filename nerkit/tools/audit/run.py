@@ -98,10 +98,18 @@ def audit(config_path: str | Path, overrides: list[str], out: str | Path, option
     runs = train_folds(config, out, corpus, fold, options.folds)
     set_threads(config.train.threads)
     judged = judge_folds(runs, corpus, fold, config.train.eval_batch_size, config.train.device, options)
-    ranking = sorted(range(len(judged)), key=lambda j: (-judged[j].scores[options.score], judged[j].index))
+    ranking = rank(judged, options.score)
     result = Audit(judged, ranking, options.score, corpus.path, types_of(runs[0]), out)
     write_report(result, options.top)
     return result
+
+
+def rank(judged: list[Judged], score: str) -> list[int]:
+    """Positions into `judged`, the most suspect first by `score`; a tie (two sentences whose
+    strongest evidence is equally certain) broken by the other scores, then by corpus order."""
+    others = [s for s in SCORES if s != score]
+    return sorted(range(len(judged)), key=lambda j: (-judged[j].scores[score], *(-judged[j].scores[o] for o in others),
+                                                     judged[j].index))
 
 
 def types_of(run_dir: Path) -> list[str]:

@@ -52,8 +52,11 @@ class Suspect:
 
 
 def logit(p: float) -> float:
-    p = min(max(p, 1e-12), 1 - 1e-12)
-    return math.log(p / (1 - p))
+    """log(p / (1 - p)), finite: p is kept within what a float64 tells apart from 0 and 1, so that a
+    labelled entity of probability 1e-30 still outranks one of 1e-20 (its evidence, 1 - p, is 1.0 for
+    both; logit(1 - p) = -logit(p) keeps them apart)."""
+    p = min(max(p, 1e-300), 1 - 1e-16)
+    return math.log(p) - math.log1p(-p)
 
 
 def overlaps(a: Span, b: Span) -> bool:
@@ -104,7 +107,7 @@ def find_suspects(labelled: list[Span], cells: list[Span], known: list[bool], th
         if entity.score is None:
             continue
         evidence = 1.0 - entity.score
-        best = max(best, logit(evidence) - logit(threshold))
+        best = max(best, -logit(entity.score) - logit(threshold))
         if evidence >= threshold and not any(overlaps(entity, cell) for cell in taken):
             suspects.append(Suspect("unsupported", entity, None, evidence))
     suspects.sort(key=lambda s: (-s.score, KINDS.index(s.kind)))

@@ -67,7 +67,8 @@ def bench_audit(config_path: str | Path, overrides: list[str], out: str | Path,
     from nerkit.files import atomic_write_text, check_output_directory
     from nerkit.tools.audit.folds import read_training
     from nerkit.tools.audit.noise import corrupt
-    from nerkit.tools.audit.run import AuditOptions, audit, is_audit_dir
+    from nerkit.tools.audit.run import AuditOptions, audit, is_audit_dir, rank
+    from nerkit.tools.audit.suspects import SCORES
     from nerkit.tools.bench.runner import host_info, read_results, write_results
     from nerkit.tools.bench.speed import invocation
 
@@ -93,8 +94,7 @@ def bench_audit(config_path: str | Path, overrides: list[str], out: str | Path,
                   resume=resume and is_audit_dir(audit_dir), force=not resume and audit_dir.exists())
     noisy_sentences = {c.sentence for c in changes}
     # the audit's sentences are noisy.jsonl's, every one non-empty: its positions are the changes' indices
-    rankings = {score: [found.judged[p].index for p in sorted(range(len(found.judged)), key=lambda p: (
-        -found.judged[p].scores[score], found.judged[p].index))] for score in found.judged[0].scores}
+    rankings = {score: [found.judged[p].index for p in rank(found.judged, score)] for score in SCORES}
     cleanlab = cleanlab_ranking(found)
     if cleanlab is not None:
         rankings["cleanlab"] = cleanlab
@@ -211,7 +211,8 @@ def review(config_path, overrides: list[str], out: Path, clean: list, noisy: lis
     """The review's trainings (see the module's docstring): each run's test F1, and what each review
     recovered of the F1 the noise cost."""
     from nerkit.config import load_config
-    from nerkit.data.corpus import write_corpus
+    from nerkit.data.corpus import format_jsonl
+    from nerkit.files import atomic_write_text
     from nerkit.tools.audit.folds import finished
     from nerkit.training.loop import train
 
@@ -223,10 +224,12 @@ def review(config_path, overrides: list[str], out: Path, clean: list, noisy: lis
     f1 = {}
     for run, fixed in chosen.items():
         run_dir, data = out / run, out / f"{run}.jsonl"
-        if not (resume and finished(run_dir)):
-            sentences = clean if fixed is None else [c if i in fixed else n for i, (c, n) in enumerate(zip(clean, noisy))]
+        sentences = clean if fixed is None else [c if i in fixed else n for i, (c, n) in enumerate(zip(clean, noisy))]
+        text = format_jsonl(sentences)
+        same = data.is_file() and data.read_text(encoding="utf-8") == text  # a resumed review whose choice held
+        if not (resume and same and finished(run_dir)):
             out.mkdir(parents=True, exist_ok=True)
-            write_corpus(data, sentences, "jsonl")
+            atomic_write_text(data, text)
             log.info(f"review: training {run} ({run_dir})")
             train(replace(config, data=replace(config.data, train=str(data))), out=run_dir, force=True,
                   progress_bar=False)
