@@ -19,7 +19,7 @@ import torch
 from nerkit.config import Config, config_to_dict, head_traits
 from nerkit.data.records import Sentence
 from nerkit.data.splits import Splits
-from nerkit.data.tags import Span, scheme_tags, spans_to_tags, split_tag
+from nerkit.data.tags import Span, detect_scheme, scheme_tags, spans_to_tags, split_tag
 from nerkit.errors import ConfigError, UserError
 from nerkit.features.featurizer import Example, Featurizer
 from nerkit.files import check_input
@@ -81,7 +81,7 @@ class Growth:
     config: Config
     source: Path
     source_meta: dict
-    old_types: list[str]
+    source_tags: list[str]
     sha256: str
     new_types: list[str] = field(default_factory=list)
     scored_types: dict = field(default_factory=dict)  # "dev"/"test": the types they are scored on (None: all)
@@ -108,8 +108,11 @@ class Growth:
         if grown.data.context == "document":
             raise UserError("a grown model trains on sentences whose old types are partly unknown, which data.context: "
                             "document cannot read", where=str(source), fix="set data.context: sentence")
-        old_types = sorted({split_tag(t)[1] for t in files.vocab["tags"] if t != "O"})
-        return cls(grown, source, files.model_dir.meta, old_types, teacher_sha256(source))
+        return cls(grown, source, files.model_dir.meta, list(files.vocab["tags"]), teacher_sha256(source))
+
+    @property
+    def old_types(self) -> list[str]:
+        return sorted({split_tag(t)[1] for t in self.source_tags if t != "O"})
 
     @property
     def soft(self) -> bool:
@@ -119,17 +122,18 @@ class Growth:
     def checksums(self) -> dict:
         return {SOURCE_KEY: self.sha256}
 
-    def check(self, splits: Splits, source_scheme: str, has_tags: bool) -> None:
+    def check(self, splits: Splits) -> None:
         """The corpus's types are new ones, and (with tags) in the source's scheme; dev and test are
-        scored on the types they carry when they lack some of the grown model's."""
-        where = self.config.data.train
+        scored on the types they carry when they lack some of the grown model's. (`nerkit train
+        --dry-run` checks it too.)"""
+        where, source_scheme = self.config.data.train, detect_scheme(self.source_tags)
         taken = sorted(set(splits.types) & set(self.old_types))
         if taken:
             raise UserError(f"the corpus labels {', '.join(taken)}, which the model {self.source} already has: a "
                             "corpus for growing a model labels its new types only", where=where,
                             fix=f"remove its {', '.join(taken)} entities (the model's own are its targets), or train "
                                 "a new model on a corpus labelled for every type")
-        if has_tags and splits.scheme != source_scheme:
+        if head_traits(self.config).has_tags and splits.scheme != source_scheme:
             raise UserError(f"the corpus tags in {splits.scheme.upper()}, the model {self.source} in "
                             f"{source_scheme.upper()}", where=where,
                             fix=f"set data.scheme: {source_scheme} (--set data.scheme={source_scheme}): its "
@@ -152,7 +156,7 @@ class Growth:
         old = Pipeline.load(self.source)
         old.device = torch.device(device)  # the run's (a resolved one: cuda:1, say)
         old.model.to(old.device)
-        self.check(splits, old.scheme, old.head.has_tags)
+        self.check(splits)
         self.source_targets(old, splits.train)
         tags = scheme_tags(self.old_types + self.new_types, old.scheme)
         base = old.featurizer
@@ -170,7 +174,7 @@ class Growth:
                  + (f", weight {self.config.grow.weight:g}" if self.soft else "")
                  + (f"; {unseen:,} training characters outside its vocabulary read as <unk>" if unseen else ""))
         if self.soft:
-            self.merged = torch.tensor([t != "O" and split_tag(t)[1] not in self.old_types for t in tags])
+            self.merged = torch.tensor([t != "O" and split_tag(t)[1] in self.new_types for t in tags])
         return pipe
 
     def source_targets(self, old: Pipeline, sentences: list[Sentence]) -> None:
@@ -214,7 +218,8 @@ class Growth:
             example.known = sentence.known() if sentence.partial else None
             return example
         tags, scheme, length = featurizer.tags, featurizer.scheme, len(sentence)
-        old_tag = torch.tensor([t == "O" or split_tag(t)[1] in self.old_types for t in tags])  # (K,)
+        old_types = set(self.old_types)
+        old_tag = torch.tensor([t == "O" or split_tag(t)[1] in old_types for t in tags])  # (K,)
         new_tags = spans_to_tags(length, new, scheme)
         example = featurizer.example(sentence.tokens, spans_to_tags(length, sorted(new + kept, key=lambda s: s.start),
                                                                       scheme))

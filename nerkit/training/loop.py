@@ -193,6 +193,9 @@ def set_up(config: Config, out: Path, force: bool, resume: bool, splits: Splits 
     splits = splits if splits is not None else read_splits(config)
     if distill is not None and world.size > 1:
         raise UserError("nerkit distill trains on one process", fix="run it without torchrun")
+    if growth is not None and distill is not None:
+        raise UserError("a run either grows a model (grow.source) or distils one, not both",
+                        fix="grow the model with nerkit train --from, then distil it")
     if growth is not None and world.size > 1:
         raise UserError("growing a model (grow.source) trains on one process", fix="run it without --nproc or torchrun")
     if growth is not None:
@@ -216,7 +219,7 @@ def set_up(config: Config, out: Path, force: bool, resume: bool, splits: Splits 
     ranks = f" x {world.size} processes ({tc.batch_size // world.size} sentences each a step)" if world.size > 1 else ""
     # a CRF tags in a scheme; the span head scores spans of each type, with no tags at all
     labels = f"tags {splits.scheme.upper()} over" if pipe.head.has_tags else "spans of types"
-    log.info(f"model: {config.encoder.name}, {n_params:,} parameters, {labels} {', '.join(splits.types)}; "
+    log.info(f"model: {config.encoder.name}, {n_params:,} parameters, {labels} {', '.join(pipe.types)}; "
              f"train {len(splits.train)} sentences, dev {len(splits.dev)}; device {device}{ranks}")
     optimizer = make_optimizer(config, pipe.model)
     gold_steps = streams.steps_per_epoch() if streams else math.ceil(len(examples) / tc.batch_size)

@@ -70,6 +70,10 @@ def read_for_dry_run(config: Config) -> None:
     from nerkit.training.schedule import run_steps, warn_long_run_warmup
 
     splits = read_splits(config)
+    if config.grow.source:  # the corpus's types and scheme against the model it grows
+        from nerkit.training.grow import Growth
+
+        Growth.start(config).check(splits)
     steps_per_epoch, total_steps = run_steps(config, len(splits.train))
     log.info(f"train: {len(splits.train):,} sentences, {steps_per_epoch:,} batches an epoch, "
              f"{total_steps:,} steps in all")
