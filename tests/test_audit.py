@@ -135,9 +135,18 @@ def test_resume_keeps_finished_folds(audited, tmp_path, monkeypatch):
     config, out, result = audited
     copy = tmp_path / "copy"
     shutil.copytree(out, copy)
-    monkeypatch.setattr(loop, "train", lambda *a, **k: pytest.fail("a finished fold was trained again"))
+    (copy / "folds" / "1" / "metrics.json").unlink()  # fold 1 stopped before its final model: it resumes
+    calls, train = [], loop.train
+
+    def once(config, out, **options):
+        calls.append((Path(out).name, options["resume"]))
+        return train(config, out, **options)
+
+    monkeypatch.setattr(loop, "train", once)
     again = audit(config, [], copy, AuditOptions(folds=2), resume=True)
-    assert [j.scores for j in again.judged] == [j.scores for j in result.judged]
+    assert calls == [("1", True)]  # fold 0 was finished: kept
+    for a, b in zip(again.judged, result.judged):
+        assert a.scores == pytest.approx(b.scores)
 
 
 def test_the_span_head_audits(tmp_path):
