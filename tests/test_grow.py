@@ -328,3 +328,18 @@ def test_the_bench_adds_types_step_by_step_and_resumes(tmp_path, nerkit):
     assert again.stdout == result.stdout
     figure = nerkit("plot", "grow", str(out / "results.jsonl"), "--out", str(tmp_path / "grow.png"))
     assert (tmp_path / "grow.png").stat().st_size > 0 and "wrote" in figure.stdout
+
+
+def test_the_benchs_slices_are_disjoint_and_each_holds_its_own_types():
+    """The papers' greedy sampling: every sentence in one slice, and a step's slice holds its types'
+    entities even when they are rare (ORG in a third of the sentences would miss a random slice)."""
+    from nerkit.tools.bench.grow import slices, steps_of
+
+    sentences = read_corpus(TINY_TRAIN).sentences
+    steps = steps_of(("PER", "LOC", "ORG"), 1)
+    cut = slices(sentences, steps, seed=3)
+    assert sorted(i for c in cut for i in c) == list(range(len(sentences)))
+    for types, indices in zip(steps, cut):
+        assert any(sp.type in types for i in indices for sp in sentences[i].spans())
+    assert max(map(len, cut)) - min(map(len, cut)) <= len(sentences) // 3
+    assert cut == slices(sentences, steps, seed=3) != slices(sentences, steps, seed=4)

@@ -1,9 +1,9 @@
 """`nerkit bench grow`: adding entity types one step at a time, measured with the protocol of the
 continual-NER papers (ExtendNER, Monaikul et al., AAAI 2021; CFNER, Zheng et al., ACL 2022).
 
-The training split is cut into as many disjoint slices as there are steps (seeded); step i's slice
-is labelled for step i's types alone (every other entity removed, not marked). The first step
-trains a model from scratch; each later one grows the previous step's model by its types
+The training split is cut into as many disjoint slices as there are steps (`slices`, the papers'
+greedy sampling); step i's slice is labelled for step i's types alone (every other entity removed,
+not marked). The first step trains a model from scratch; each later one grows the previous step's model by its types
 (`nerkit train --from`, nerkit.training.grow) with `hard` or `soft` targets for the old types, and
 against them `finetune` (grow.targets: none, the old types read as O: plain fine-tuning, which
 forgets) and `joint` (a model trained from scratch on the slices so far labelled for every type so
@@ -98,11 +98,20 @@ def simulate(config_path: str | Path, overrides: list[str], out: str | Path, opt
     return [r for _, r in read_json_lines(out / RESULTS, "a grow record")]
 
 
-def slices(count: int, parts: int, seed: int) -> list[list[int]]:
-    """`count` sentence indices shuffled (seeded) and cut into `parts` disjoint slices of sizes within one."""
-    order = list(range(count))
+def slices(sentences, steps: list[tuple[str, ...]], seed: int) -> list[list[int]]:
+    """The training sentences' indices cut into one disjoint slice per step, as the continual-NER
+    papers' greedy sampling does (Monaikul et al. 2021, followed by CFNER): in a seeded order, a
+    sentence goes to the step, among those whose types it holds, with the fewest sentences so far,
+    and a sentence of no step's types to the smallest slice; so each slice holds its own types'
+    entities however rare they are, and the slices stay as even as the types allow."""
+    order = list(range(len(sentences)))
     random.Random(seed).shuffle(order)
-    return [sorted(order[k::parts]) for k in range(parts)]
+    cut: list[list[int]] = [[] for _ in steps]
+    for i in order:
+        held = {span.type for span in sentences[i].spans()}
+        candidates = [k for k, types in enumerate(steps) if held & set(types)] or range(len(steps))
+        cut[min(candidates, key=lambda k: (len(cut[k]), k))].append(i)
+    return [sorted(c) for c in cut]
 
 
 def write_step_data(splits, directory: Path, steps: list[tuple[str, ...]], seed: int) -> list[dict]:
@@ -110,7 +119,7 @@ def write_step_data(splits, directory: Path, steps: list[tuple[str, ...]], seed:
     `joint` (the slices so far, every type so far), `dev` and `test` (every type so far). Returns
     their paths and sizes per step."""
     directory.mkdir(parents=True, exist_ok=True)
-    cut = slices(len(splits.train), len(steps), seed)
+    cut = slices(splits.train, steps, seed)
     files, seen = [], []
     for i, types in enumerate(steps, start=1):
         seen += list(types)
@@ -253,4 +262,4 @@ def largest_drop(records: dict) -> str:
                 drop = 100 * (before["per_type"][t] - f1)
                 if worst is None or drop > worst[0]:
                     worst = (drop, t, step)
-    return "" if worst is None else f"{worst[1]} {-worst[0]:+.2f} (step {worst[2]})"
+    return "" if worst is None else f"{worst[1]} {0.0 - worst[0]:+.2f} (step {worst[2]})"
