@@ -3,9 +3,9 @@ continual-NER papers (ExtendNER, Monaikul et al., AAAI 2021; CFNER, Zheng et al.
 
 The training split is cut into as many disjoint slices as there are steps (`slices`, the papers'
 greedy sampling); step i's slice is labelled for step i's types alone (every other entity removed,
-not marked). The first step trains a model from scratch; each later one grows the previous step's model by its types
-(`nerkit train --from`, nerkit.training.grow) with `hard` or `soft` targets for the old types, and
-against them `finetune` (grow.targets: none, the old types read as O: plain fine-tuning, which
+not marked). The first step trains a model from scratch; each later one grows the previous step's
+model by its types (`nerkit train --from`, nerkit.training.grow) with `hard` or `soft` targets for
+the old types, and against them `finetune` (grow.targets: none, the old types read as O: plain fine-tuning, which
 forgets) and `joint` (a model trained from scratch on the slices so far labelled for every type so
 far: what relabelling everything would give). Each step's model is chosen on the dev set labelled
 for the types so far, and scored once on the test set labelled for them: micro-F1 and each type's
