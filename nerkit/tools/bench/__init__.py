@@ -3,7 +3,9 @@ and memory into DIR/results.jsonl and a Markdown table beside the published figu
 
 `matrix.py` reads the matrix file, `runner.py` runs it (each run in a `worker.py` process, `rounds:`
 times) and `report.py` writes the table. `speed.py` (`nerkit bench predict`, `export`) and
-`serve_load.py` (`nerkit bench serve`) time whole commands over several rounds.
+`serve_load.py` (`nerkit bench serve`) time whole commands over several rounds. `loop.py` (`nerkit
+bench loop`) simulates the annotation loop, and `grow.py` (`nerkit bench grow`) adds entity types to
+a model step by step.
 """
 
 from nerkit.tools.bench.matrix import (
