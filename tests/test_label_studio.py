@@ -21,7 +21,9 @@ from pathlib import Path
 
 import httpx
 import pytest
-from helpers import NESTED_SENTENCES, REPO, free_port, serving, stop, train_nested_span_model, wait_until_up
+from helpers import NESTED_SENTENCES, REPO, TINY_TRAIN, free_port, serving, stop, train_nested_span_model, wait_until_up
+
+from nerkit.data.annotation import label_studio_result
 
 pytestmark = pytest.mark.slow
 
@@ -171,3 +173,141 @@ def test_the_documented_start_command_uses_options_label_studio_has(tmp_path):
     env = {**os.environ, "LABEL_STUDIO_BASE_DATA_DIR": str(tmp_path)}
     usage = subprocess.run([command, "start", "--help"], capture_output=True, text=True, env=env, timeout=TIMEOUT * 2).stdout
     assert "--internal-host" in options and all(re.search(rf"{option}\b", usage) for option in options), (options, usage)
+
+
+# ----------------------------------------------------------------------- the training loop (--models)
+
+LOOP_TASKS = 12  # tiny-corpus sentences annotated in the project; a job trains 2 epochs on them (a few seconds)
+JOB_TIMEOUT = 240  # seconds a training job may take on a busy machine (a fresh process importing torch)
+
+
+def loop_config(directory: Path) -> Path:
+    """Each job's training config: the tiny model's recipe, 2 epochs."""
+    import yaml
+
+    from helpers import tiny_raw_config
+
+    raw = tiny_raw_config()
+    raw["train"]["epochs"] = 2
+    path = directory / "loop.yaml"
+    path.write_text(yaml.safe_dump({"data": {"max_len": 250}, "train": raw["train"]}), encoding="utf-8")
+    return path
+
+
+def annotated_project(label_studio) -> tuple[int, list[int]]:
+    """A project of tiny-corpus sentences, the last one partial (data.unknown over a region without an
+    entity): (its id, its task ids). Annotated later, through the API, as an annotator would."""
+    from nerkit.data.corpus import read_corpus
+
+    sentences = read_corpus(TINY_TRAIN).sentences[:LOOP_TASKS]
+    project = api(label_studio, "POST", "/api/projects", json={"title": "loop", "label_config": NER_CONFIG})
+    data = [{"text": s.text} for s in sentences]
+    last = sentences[-1]
+    free = next(i for i in range(len(last.text) - 1, 0, -1) if not any(sp.start <= i < sp.end for sp in last.spans()))
+    data[-1]["unknown"] = [[free, free + 1]]
+    api(label_studio, "POST", f"/api/projects/{project['id']}/import", json=data)
+    tasks = api(label_studio, "GET", "/api/tasks", params={"project": project["id"]})["tasks"]
+    by_text = {s.text: s for s in sentences}
+    ids = []
+    for task in sorted(tasks, key=lambda t: t["id"]):
+        sentence = by_text[task["data"]["text"]]
+        spans = [sp for sp in sentence.spans() if not any(a <= sp.start < b for a, b in task["data"].get("unknown", []))]
+        ids.append((task["id"], label_studio_result(sentence.text, spans)))
+    return project["id"], ids
+
+
+def health(server) -> dict:
+    return httpx.get(f"{server.url}/health", timeout=TIMEOUT).json()["training"]
+
+
+def wait_for_job(server, jobs_before: int, deadline: float = JOB_TIMEOUT) -> dict:
+    """The outcome of the next job to end (`/health`'s training.last), polled."""
+    import time
+
+    end = time.monotonic() + deadline
+    while time.monotonic() < end:
+        state = health(server)
+        if state["last"] is not None and state["jobs"] > jobs_before and state["state"] == "idle":
+            return state
+        assert server.process.poll() is None, server.output()[-3000:]
+        time.sleep(0.5)
+    pytest.fail(f"no training job ended in {deadline} s:\n{server.output()[-3000:]}")
+
+
+def train_button(label_studio, model_id: int) -> None:
+    """Label Studio's "Start training" button: its API call, which sends START_TRAINING to the backend."""
+    url, headers = label_studio
+    answer = httpx.post(f"{url}/api/ml/{model_id}/train", headers=headers, json={}, timeout=TIMEOUT)
+    assert answer.status_code == 200, answer.text[:500]  # an empty body
+
+
+def test_label_studio_trains_a_new_version_and_serves_it(label_studio, tiny_model_dir, tmp_path):
+    """The loop closed against a real Label Studio: tasks annotated through its API, the training started
+    as its button starts it, predictions answered by the old model while the job runs, the new version
+    swapped in and Label Studio's predictions then carrying it; a job killed midway leaves the served
+    version as it was and runs again after a restart, which serves the version served before it; a
+    worse model is kept on disk and not served."""
+    import json
+    import time
+
+    models = tmp_path / "models"
+    url, headers = label_studio
+    token = headers["Authorization"].split()[1]
+    project, tasks = annotated_project(label_studio)
+    base = ("--label-studio", "--models", models, "--label-studio-url", url, "--label-studio-api-key", token,
+            "--train-config", loop_config(tmp_path), "--train-every", "0", "--holdout", "0.25")
+    # lr 0: the new version predicts as the old one, a tie, which the policy serves
+    with serving(tiny_model_dir, tmp_path, *base, "--train-set", "train.lr=0") as server:
+        model = api(label_studio, "POST", "/api/ml", json={"url": server.url, "project": project, "title": "nerkit"})
+        first_version = model["model_version"]
+        for task, result in tasks:  # each fires ANNOTATION_CREATED at the backend, counted (--train-every 0)
+            api(label_studio, "POST", f"/api/tasks/{task}/annotations", json={"result": result, "was_cancelled": False})
+        assert health(server)["state"] == "idle"
+        train_button(label_studio, model["id"])
+        while health(server)["state"] != "training":
+            time.sleep(0.1)
+        answer = httpx.post(f"{server.url}/predict", json={"tasks": [{"id": 1, "data": {"text": TEXTS[0]}}],
+                                                            "label_config": NER_CONFIG}, timeout=TIMEOUT)
+        assert answer.status_code == 200 and answer.json()["results"][0]["model_version"] == first_version
+        state = wait_for_job(server, 0)
+        assert state["last"]["status"] == "finished" and state["last"]["served"], state
+        new_version = state["served"]
+        assert re.fullmatch(r"v1-\d{8}T\d{6}", new_version) and (models / new_version / "nerkit.json").is_file()
+        assert json.loads((models / "served.json").read_text())["version"] == new_version
+        assert state["last"]["tasks"]["partial"] == 1 and state["last"]["tasks"]["heldout"] >= 1
+        predictions, _ = pre_annotated_again(label_studio, project)
+        assert {p["model_version"] for p in predictions if p["model_version"] == new_version}, predictions
+
+        # a job killed midway: the served version stays, the failure is reported, Label Studio hears it
+        train_button(label_studio, model["id"])
+        while not (health(server)["job"] or {}).get("pid"):
+            time.sleep(0.1)
+        os.kill(health(server)["job"]["pid"], 9)
+        state = wait_for_job(server, 1)
+        assert state["last"]["status"] == "failed" and "SIGKILL" in state["last"]["error"], state
+        assert state["served"] == new_version and (models / ".jobs" / "pending.json").is_file()
+        refused = httpx.post(f"{server.url}/webhook", json={"action": "START_TRAINING", "project": {
+            "id": project, "label_config": NER_CONFIG}}, timeout=TIMEOUT)
+        assert refused.status_code == 500 and "failed" in refused.json()["error"]  # and queued again
+        server.process.send_signal(15)  # stops that job too: it runs again on restart
+        server.process.wait(60)
+
+    # the restart serves the version served before, and the interrupted job runs again; a worse model
+    # (a learning rate that wrecks it) is kept on disk but not served
+    with serving(tiny_model_dir, tmp_path, *base, "--train-set", "train.lr=50") as server:
+        assert health(server)["served"] == new_version
+        state = wait_for_job(server, 0)
+        assert state["last"]["status"] == "finished" and not state["last"]["served"], state
+        assert state["last"]["f1"] < state["last"]["served_f1"]
+        assert state["served"] == new_version and (models / state["last"]["version"]).is_dir()
+        assert not (models / ".jobs" / "pending.json").exists()
+        answer = httpx.post(f"{server.url}/predict", json={"tasks": [{"id": 1, "data": {"text": TEXTS[0]}}],
+                                                            "label_config": NER_CONFIG}, timeout=TIMEOUT)
+        assert answer.json()["results"][0]["model_version"] == new_version
+
+
+def pre_annotated_again(label_studio, project: int) -> tuple[list[dict], dict]:
+    """Label Studio's "Retrieve predictions" on every task of `project`, then every prediction it keeps."""
+    api(label_studio, "POST", "/api/dm/actions", params={"id": "retrieve_tasks_predictions", "project": project},
+        json={"selectedItems": {"all": True, "excluded": []}})
+    return api(label_studio, "GET", "/api/predictions", params={"project": project}), {}

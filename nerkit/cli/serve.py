@@ -7,7 +7,7 @@ and micro-batching are described in docs/serving.md.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import List, Optional
 
 import typer
 
@@ -50,6 +50,28 @@ def serve(
     label_studio: bool = flag("--label-studio", help="Serve as a Label Studio ML backend (/setup, /predict "
                                                      "with Label Studio's tasks, /webhook): connect a project to "
                                                      "this URL to pre-annotate its tasks with scores."),
+    models: Optional[Path] = typer.Option(None, "--models", help="With --label-studio: train from the project's "
+                                          "annotations in the background and keep the model versions here "
+                                          "(MODELS/v3-TIMESTAMP; MODELS/served.json names the one served, also after "
+                                          "a restart). docs/label-studio-loop.md."),
+    label_studio_url: str = typer.Option("", "--label-studio-url", envvar="LABEL_STUDIO_URL", help="With "
+                                         "--models: where this machine reaches Label Studio's API."),
+    label_studio_api_key: str = typer.Option("", "--label-studio-api-key", envvar="LABEL_STUDIO_API_KEY",
+                                             show_default=False, help="With --models: a Label Studio API token "
+                                             "(Account & Settings > Legacy Token)."),
+    train_config: Optional[Path] = typer.Option(None, "--train-config", help="With --models: the training config "
+                                                "of each job (its train: section and data options; default: the "
+                                                "served model's own config.yaml)."),
+    train_every: int = typer.Option(10, "--train-every", min=0, help="With --models: start a job after this many "
+                                    "annotations created or updated (0: only Label Studio's Start training button, "
+                                    "or its own auto-training)."),
+    keep: int = typer.Option(5, "--keep", min=1, help="With --models: model versions kept on disk (the served one "
+                             "always, beyond them)."),
+    holdout: float = typer.Option(0.2, "--holdout", min=0.01, max=0.9, help="With --models: the share of completely "
+                                  "annotated tasks held out from training, to score each version on (chosen by task "
+                                  "id, seeded: the same tasks every job)."),
+    train_set: List[str] = typer.Option([], "--train-set", help="With --models: override a key of the training "
+                                        "config: --train-set train.epochs=5 (repeatable)."),
 ):
     """Serve a model over HTTP: POST /predict, GET /health, GET /info, the API's docs at /docs.
     SIGTERM or Ctrl-C stops it taking connections, answers every request in flight and exits 0."""
@@ -64,7 +86,15 @@ def serve(
         raise UserError(f"nerkit serve needs {e.name}, which is not installed",
                         fix="pip install 'nerkit[serve]'") from None
 
-    run_server(model, host, port, workers, threads, access_log=access_log, options=ServeOptions(
+    trainer = None
+    if models is not None:
+        if not label_studio:
+            raise UserError("--models trains from Label Studio's annotations", fix="add --label-studio")
+        from nerkit.tools.loop.backend import LoopOptions, Trainer
+
+        trainer = Trainer.for_model(model, LoopOptions(models, label_studio_url, label_studio_api_key, train_config,
+                                                       train_every, keep, holdout, overrides=tuple(train_set)))
+    run_server(model, host, port, workers, threads, access_log=access_log, trainer=trainer, options=ServeOptions(
         device=device, window=window, batch_size=batch_size, max_batch_chars=max_batch_chars,
         max_wait_ms=max_wait_ms, max_queue=max_queue, max_body=max_body,
         min_score=min_score if min_score is not None else 0.0 if scores or label_studio else None,

@@ -103,7 +103,12 @@ def model_version(pipe) -> str:
     """`nerkit VERSION MODEL_DIR_NAME`: what made a pre-annotation, as Label Studio shows it (the
     name alone for a pipeline that was not loaded from a directory)."""
     directory = getattr(pipe, "directory", None)  # a Pipeline's; a stand-in may have none
-    return f"nerkit {__version__} {Path(directory).resolve().name}" if directory is not None else f"nerkit {__version__}"
+    return directory_version(directory) if directory is not None else f"nerkit {__version__}"
+
+
+def directory_version(directory: str | Path) -> str:
+    """`model_version` of the model in `directory`, without loading it."""
+    return f"nerkit {__version__} {Path(directory).resolve().name}"
 
 
 def eval_output(sentences: list[Sentence], predicted: list[list[Span]], scheme: str,

@@ -6,9 +6,12 @@ sorts and filters its tasks by the model's confidence with no code written by th
 What Label Studio calls (its `ml/api_connector.py`): `GET /health` (the server's own), `POST /setup`
 with the project's labelling config (answered with the model's version), `POST /predict` with
 `{"tasks": [...], "label_config": ...}` (answered `{"results": [...]}`, one prediction per task, in
-order), and `POST /webhook` with the project's events. nerkit does not retrain from Label Studio:
-a training request (the `START_TRAINING` event, or the older `POST /train`) is answered 501 with what
-to do instead; every other event is acknowledged and ignored.
+order, each naming the `model_version` that made it), and `POST /webhook` with the project's events.
+With a trainer (`nerkit serve --models DIR`: nerkit.tools.loop, docs/label-studio-loop.md) the
+training events (the `START_TRAINING` event of the "Start training" button and of Label Studio's
+auto-training, annotations created or updated, the older `POST /train`) go to it; without one a
+training request is answered 501 with what to do instead, and every other event is acknowledged and
+ignored.
 
 The labelling config says where a task keeps its text and what the regions are called: the first
 `<Labels name=... toName=...>` and the `<Text name=... value="$key">` it labels. Entity types the
@@ -90,9 +93,10 @@ async def _json_object(request: Request) -> dict:
     return payload
 
 
-def add_routes(app: FastAPI, predict_texts, model_version: str, types: list[str]) -> None:
+def add_routes(app: FastAPI, predict_texts, current, trainer=None) -> None:
     """Label Studio's routes on `app`; `predict_texts(texts)` is awaited for their `nerkit predict`
-    records (the server's micro-batching queue)."""
+    records (the server's micro-batching queue), each with the `model_version` that made it;
+    `current()` is the served (version, types); `trainer` takes the training calls (None: 501)."""
     configs: dict[str, LabelConfig] = {}  # per Label Studio project, from /setup
     warned: set[str] = set()
 
@@ -114,6 +118,7 @@ def add_routes(app: FastAPI, predict_texts, model_version: str, types: list[str]
         payload = await _json_object(request)
         config = config_of(payload)
         configs[str(payload.get("project"))] = config
+        model_version, types = current()
         missing = sorted(set(types) - set(config.labels)) if config.labels else []
         if missing:
             log.warning(f"Label Studio project {payload.get('project')}: its labels do not offer {', '.join(missing)}; "
@@ -137,8 +142,9 @@ def add_routes(app: FastAPI, predict_texts, model_version: str, types: list[str]
                                          f"the labelling config's <Text value=\"${config.data_key}\"> reads it")
             texts.append(text)
         records = await predict_texts(texts) if texts else []
+        model_version = records[0]["model_version"] if records else current()[0]
         dropped: set[str] = set()
-        results = [task_prediction(r, config, model_version, dropped) for r in records]
+        results = [task_prediction(r, config, r.get("model_version", model_version), dropped) for r in records]
         if dropped - warned:
             log.warning(f"left out of Label Studio's predictions: {', '.join(sorted(dropped - warned))} "
                         "(the project's labels do not offer them)")
@@ -146,21 +152,36 @@ def add_routes(app: FastAPI, predict_texts, model_version: str, types: list[str]
         return {"results": results, "model_version": model_version}
 
     @app.post("/webhook", summary="Label Studio: project events",
-              description="A training request is answered 501 (nerkit does not train from Label Studio); "
-                          "other events are acknowledged and ignored.")
+              description="With --models: START_TRAINING queues a training job, an annotation created or "
+                          "updated counts towards --train-every. Without: a training request is answered 501 "
+                          "(nerkit does not train from Label Studio), other events are acknowledged and ignored.")
     async def webhook(request: Request):
         payload = await _json_object(request)
+        if trainer is not None:
+            status, body = await asyncio.to_thread(trainer.event, payload)
+            return JSONResponse(body, status_code=status)
         if payload.get("action") == "START_TRAINING":
             return JSONResponse({"status": "error", "error": NO_TRAINING}, status_code=501)
         return {"status": "ignored", "action": payload.get("action")}
 
-    @app.post("/train", summary="Label Studio: train (older versions)", description="Answered 501.")
-    async def train():
-        return JSONResponse({"status": "error", "error": NO_TRAINING}, status_code=501)
+    @app.post("/train", summary="Label Studio: train (older versions)",
+              description="With --models, queues a training job; without, answered 501.")
+    async def train(request: Request):
+        if trainer is None:
+            return JSONResponse({"status": "error", "error": NO_TRAINING}, status_code=501)
+        status, body = await asyncio.to_thread(trainer.train_call, await _json_object(request))
+        return JSONResponse(body, status_code=status)
+
+    @app.post("/job_status", summary="Label Studio: a training job's status",
+              description="The training loop's state: the served version, the job running, the last job's outcome.")
+    async def job_status(request: Request):
+        if trainer is None:
+            return JSONResponse({"status": "error", "error": NO_TRAINING}, status_code=501)
+        return {"job": (await _json_object(request)).get("job"), **trainer.status()}
 
     @app.get("/versions", summary="Label Studio: the model's versions")
     async def versions():
-        return {"versions": [model_version]}
+        return {"versions": trainer.versions() if trainer is not None else [current()[0]]}
 
 
 def batched(batcher):

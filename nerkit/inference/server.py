@@ -26,6 +26,7 @@ import sys
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Iterator
 
 from fastapi import FastAPI, HTTPException, Request
@@ -255,19 +256,28 @@ def add_predict(app: FastAPI, batcher: Batcher, max_body: int) -> None:
         return JSONResponse(records[0] if single else {"records": records})
 
 
-def create_app(model_dir: str | Path, options: ServeOptions | None = None) -> FastAPI:
-    """The ASGI app serving the model in `model_dir`, loaded now (a bad directory or window is a
-    UserError before anything listens). The model thread starts and stops with the app's lifespan;
-    stopping answers every request already queued."""
-    options = options or ServeOptions()
+@dataclass(frozen=True)
+class ServedModel:
+    """The model a server predicts with, and the version Label Studio is told made its predictions.
+    Replaced whole (one assignment) when Label Studio's training loop serves a new version, so that
+    a batch is predicted by one model and names that one."""
+
+    pipe: object
+    version: str
+    window: int | None
+    batch_size: int
+    info: dict
+
+
+def load_served(model_dir: str | Path, options: ServeOptions, version: str | None = None) -> ServedModel:
+    """The model in `model_dir`, loaded and checked for serving (a bad directory or window is a
+    UserError), with what /info says of it; `version`: its name (default: `model_version`'s)."""
     model_dir = Path(model_dir)
     # An export runs on ONNX Runtime, no torch; each batch on all the threads, so one request is answered soon.
     pipe = load_pipeline(model_dir, options.device, options.threads, lanes=False)
     window = pipe.check_window(options.window)
     weights = pipe.model_dir.weights
     batch_size = options.batch_size or default_batch_size(pipe.config)
-    batcher = Batcher(lambda texts: predict_records(pipe, texts, batch_size, window, options.min_score),
-                      options.max_batch_chars, options.max_wait_ms / 1000, options.max_queue)
     info = {
         "nerkit_version": __version__,
         "types": pipe.types,
@@ -286,15 +296,51 @@ def create_app(model_dir: str | Path, options: ServeOptions | None = None) -> Fa
         "serve": {**dataclasses.asdict(options), "window": window, "batch_size": batch_size,
                   "pid": os.getpid()},
     }
+    version = version or model_version(pipe)
+    if options.label_studio:
+        info["model_version"] = version
+    return ServedModel(pipe, version, window, batch_size, info)
+
+
+def create_app(model_dir: str | Path, options: ServeOptions | None = None, trainer=None) -> FastAPI:
+    """The ASGI app serving the model in `model_dir`, loaded now (a bad directory or window is a
+    UserError before anything listens). The model thread starts and stops with the app's lifespan;
+    stopping answers every request already queued. `trainer`: Label Studio's training loop
+    (nerkit.tools.loop.backend.Trainer), which serves its own served version instead of
+    `model_dir` and replaces it as its jobs give better ones."""
+    options = options or ServeOptions()
+    served = trainer.served if trainer is not None else None
+    state = SimpleNamespace(served=load_served(served.path if served else model_dir, options,
+                                               served.version if served else None))
+
+    def predict_batch(texts: list[str]) -> list[dict]:
+        current = state.served  # read once: the whole batch is this version's
+        records = predict_records(current.pipe, texts, current.batch_size, current.window, options.min_score)
+        if options.label_studio:
+            for record in records:
+                record["model_version"] = current.version
+        return records
+
+    def serve_version(version) -> None:
+        """Serve `version` (a loop's `Served`): loaded off the event loop, then swapped in at once."""
+        state.served = load_served(version.path, options, version.version)
+        log.info(f"now serving {version.version} ({version.path})")
+
+    batcher = Batcher(predict_batch, options.max_batch_chars, options.max_wait_ms / 1000, options.max_queue)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         batcher.start()
+        if trainer is not None:
+            trainer.attach(serve_version)
         try:
             yield
         finally:  # uvicorn gets here after the requests in flight are answered
+            if trainer is not None:
+                await asyncio.to_thread(trainer.stop)
             await asyncio.to_thread(batcher.stop)
 
+    pipe = state.served.pipe
     app = FastAPI(title="nerkit", version=__version__, lifespan=lifespan,
                   summary="Chinese named-entity recognition: a nerkit model as a web service.",
                   description=f"Model: {', '.join(pipe.types)} ({pipe.config.encoder.name}). "
@@ -303,7 +349,7 @@ def create_app(model_dir: str | Path, options: ServeOptions | None = None) -> Fa
     if options.label_studio:
         from nerkit.inference.label_studio import add_routes, batched
 
-        add_routes(app, batched(batcher), model_version(pipe), pipe.types)
+        add_routes(app, batched(batcher), lambda: (state.served.version, state.served.pipe.types), trainer)
     else:
         add_predict(app, batcher, options.max_body)
 
@@ -312,13 +358,14 @@ def create_app(model_dir: str | Path, options: ServeOptions | None = None) -> Fa
              "has predicted since the start (all in this worker process).")
     async def health():
         return {"status": "ok", "queued": batcher.queued, "in_flight": batcher.in_flight,
-                "batches": batcher.batches, "texts": batcher.texts}
+                "batches": batcher.batches, "texts": batcher.texts,
+                **({"training": trainer.status()} if trainer is not None else {})}
 
     @app.get("/info", summary="The model", description="Entity types, tag scheme, encoder, prediction "
              "window, nerkit version, the model's config, the sha256 of its model.safetensors, and this "
              "server's settings.")
     async def model_info():
-        return info
+        return state.served.info
 
     return app
 
@@ -390,11 +437,13 @@ def _announce(model_dir, host: str, sock: socket.socket, workers: int, label_stu
 
 
 def run_server(model_dir: str | Path, host: str = "127.0.0.1", port: int = 8000, workers: int = 1,
-               threads: int = 0, options: ServeOptions | None = None, access_log: bool = False) -> None:
+               threads: int = 0, options: ServeOptions | None = None, access_log: bool = False,
+               trainer=None) -> None:
     """`nerkit serve`: serve the model until SIGTERM or Ctrl-C, then answer every request in flight
     and return. One process holds the model and its model thread; with `workers` > 1, uvicorn starts
     that many processes, each loading the model with `threads` torch threads shared out among them
-    (0: one per core in all), and the OS spreads the connections over them."""
+    (0: one per core in all), and the OS spreads the connections over them. `trainer`: Label
+    Studio's training loop (`create_app`), which needs the one process that swaps the model."""
     import uvicorn
 
     from nerkit.inference.draining import DrainingHTTPProtocol, DrainingSupervisor
@@ -402,12 +451,15 @@ def run_server(model_dir: str | Path, host: str = "127.0.0.1", port: int = 8000,
 
     if workers < 1:
         raise UserError(f"--workers must be at least 1, not {workers}")
+    if trainer is not None and workers > 1:
+        raise UserError("training from Label Studio (--models) serves in one process, which swaps in each new "
+                        "version", fix="drop --workers")
     options = dataclasses.replace(options or ServeOptions())
     level = logging.getLogger("nerkit").getEffectiveLevel()
     uvicorn_level = "warning" if level > logging.INFO else "debug" if level < logging.INFO else "info"
     if workers == 1:
         options.threads = threads
-        app = create_app(model_dir, options)  # before the port is bound: a bad model costs no listening
+        app = create_app(model_dir, options, trainer)  # before the port is bound: a bad model costs no listening
         sock = listen(host, port)
         _announce(model_dir, host, sock, workers, options.label_studio)
         config = uvicorn.Config(app, host=host, port=sock.getsockname()[1], log_level=uvicorn_level,

@@ -128,7 +128,10 @@ class Growth:
         --dry-run` checks it too.)"""
         where, source_scheme = self.config.data.train, detect_scheme(self.source_tags)
         taken = sorted(set(splits.types) & set(self.old_types))
-        if taken:
+        # With no targets from the source the corpus's labels are all there is to learn: a corpus
+        # labelled for every type (Label Studio's annotations, nerkit.tools.loop) fine-tunes the
+        # model, its new types growing the head.
+        if taken and self.config.grow.targets != "none":
             raise UserError(f"the corpus labels {', '.join(taken)}, which the model {self.source} already has: a "
                             "corpus for growing a model labels its new types only", where=where,
                             fix=f"remove its {', '.join(taken)} entities (the model's own are its targets), or train "
@@ -138,7 +141,7 @@ class Growth:
                             f"{source_scheme.upper()}", where=where,
                             fix=f"set data.scheme: {source_scheme} (--set data.scheme={source_scheme}): its "
                                 "entities are re-tagged in the model's scheme")
-        self.new_types = sorted(splits.types)
+        self.new_types = sorted(set(splits.types) - set(self.old_types))
         every = set(self.old_types) | set(self.new_types)
         for name, sentences in (("dev", splits.dev), ("test", splits.test)):
             carried = {sp.type for s in sentences or () for sp in s.spans()} & every
