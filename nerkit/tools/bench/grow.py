@@ -213,8 +213,8 @@ def latest(records: list[dict]) -> dict:
 
 def summary(records: list[dict]) -> str:
     """The results as Markdown: per order, a row per step and a column per method (test micro-F1 over
-    the types so far, and each old type's F1), the average over the steps, and each method's largest
-    drop of an old type's F1 against its model of the step before."""
+    the types so far, and each old type's F1), the average over the steps, and each method's worst
+    change of an old type's F1 against its model of the step before."""
     found = latest(records)
     lines = []
     for order in sorted({k[0] for k in found}):
@@ -243,15 +243,15 @@ def summary(records: list[dict]) -> str:
                         for s in steps if any(k[1] == m and k[2] == s for k in mine)]
             averages.append(f"{mean(per_step):.2f}" if len(per_step) == len(steps) else "")
             drops.append(largest_drop({k: r for k, r in mine.items() if k[1] == m}))
-        lines.append("| average | | " + " | ".join(f"{a} | largest old-type drop {d}" for a, d in zip(averages, drops))
+        lines.append("| average | | " + " | ".join(f"{a} | worst old-type change {d}" for a, d in zip(averages, drops))
                      + " |")
         lines.append("")
     return "\n".join(lines) + "\n" if lines else "no records yet\n"
 
 
 def largest_drop(records: dict) -> str:
-    """The largest fall of an old type's test F1 from one step's model to the next's, as "TYPE -x.xx
-    (step N)", over one method's records."""
+    """The worst change (the largest fall, or the smallest gain) of an old type's test F1 from one
+    step's model to the next's, as "TYPE -x.xx (step N)", over one method's records."""
     worst = None
     for (order, method, step, seed), r in records.items():
         before = records.get((order, method, step - 1, seed))
