@@ -136,7 +136,7 @@ def judge_folds(runs: list[Path], corpus, fold: list[int], batch_size: int, devi
         for j, found in zip(held_out, evidence):
             sentence = corpus.sentences[j]
             suspects, entity = find_suspects(found.labelled, found.cells, sentence.known(), options.threshold,
-                                             options.missing_threshold)
+                                             options.missing_threshold, found.char_probabilities, pipe.types)
             judged[j] = Judged(corpus.indices[j], k, sentence, {"entity": entity, "path": found.path}, suspects,
                                found.labelled, found.char_probabilities)
         log.info(f"fold {k + 1}: judged {len(held_out):,} sentences, "

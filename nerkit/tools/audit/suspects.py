@@ -1,24 +1,36 @@
 """What a fold model disputes in a sentence it never saw, from exact span probabilities: each labelled
 entity's probability p (exactly that span with that type), and the spans the labels lack with theirs.
 
-Every piece of evidence is on one scale, the model's probability that the labels are wrong there:
-1 - p for a labelled entity, p for a span the labels lack. A suspect is evidence at or above its
-kind's threshold:
+Every piece of evidence is on one scale, the model's probability that the labels are wrong there. A
+suspect is evidence at or above its kind's threshold:
 - "missing": a span overlapping no labelled entity (an omission, judged at `missing_threshold`,
   which may be lower: a model trained on labels that leave names out learns to leave them out too);
+  its evidence is the probability that some entity the labels lack covers its characters
+  (`unlabelled_mass`), since a model unsure of a name's boundaries or type may still be sure it is
+  there, and the proposal is the likeliest such span;
 - "type": a span of another type over a labelled entity's characters (the same span, or an
-  overlapping one of another type);
-- "boundary": an overlapping span of the labelled entity's type with other ends;
-- "unsupported": a labelled entity with 1 - p at or above the threshold and no proposal over it (a
-  spurious annotation, or one whose fix the model cannot name).
+  overlapping one of another type), its evidence its probability;
+- "boundary": an overlapping span of the labelled entity's type with other ends, likewise;
+- "unsupported": a labelled entity with a character that no entity of its type covers, with that
+  probability at or above the threshold, and no proposal over it (a spurious annotation, or one
+  whose fix the model cannot name). Not 1 - p, p the entity's own probability: a model unsure of a
+  correct name's exact ends spreads p over the variants, each of which still covers the name's
+  characters with its type, and 1 - p would call it an error.
 No suspect touches a region nobody annotated (`Sentence.unknown`): the labels say nothing there.
 
-A sentence's suspicion score (`SCORES`): `entity`, the largest margin of any evidence over its kind's
-threshold in log-odds (logit(e) - logit(threshold)), so that the sentence holding the single most
-confident dispute comes first and a lower missing threshold raises omissions as it admits them;
-`path`, log P(the model's best labelling) - log P(the given labelling), how much likelier the model
-finds its own reading of the whole sentence than the labels' (0 where they agree), which adds up
-every disagreement, confident or not.
+A sentence's suspicion score (`SCORES`):
+- `entity`, the strongest evidence in the sentence against its labels, each piece as a margin in
+  log-odds over its kind's threshold (logit(e) - logit(threshold)): per character, for one inside
+  a labelled entity, the probability that no entity of its labelled type covers it, and for one
+  labelled O, that some entity covers it (judged at `missing_threshold`); and each proposal's
+  evidence. Per character from a CRF's exact marginals, which is what cleanlab's lowest
+  self-confidence reads (the same ranking where no proposal is stronger); the proposals add what
+  characters cannot say (a label cut in two, a span head's overlapping readings); a lower missing
+  threshold raises omissions, which fold models trained on labels that leave names out
+  under-predict;
+- `path`, log P(the model's best labelling) - log P(the given labelling), how much likelier the
+  model finds its own reading of the whole sentence than the labels' (0 where they agree), which
+  adds up every disagreement, confident or not.
 """
 
 from __future__ import annotations
@@ -79,39 +91,87 @@ def kind_of(cell: Span, labelled: list[Span]) -> tuple[str, Span | None]:
     return "boundary", best
 
 
-def find_suspects(labelled: list[Span], cells: list[Span], known: list[bool], threshold: float = THRESHOLD,
-                  missing_threshold: float | None = None) -> tuple[list[Suspect], float]:
-    """A sentence's suspects, most confident first, and its `entity` score (see the module's
-    docstring). `labelled`: the labelled entities, each scored with the model's probability (an
-    unscored one, which the model could not judge, is left alone); `cells`: spans the labels lack,
-    with theirs; `known`: per character, whether it is annotated."""
-    missing_threshold = threshold if missing_threshold is None else missing_threshold
-    best = logit(EVIDENCE_FLOOR) - logit(max(threshold, missing_threshold))  # a sentence with no evidence at all
-    proposals: list[tuple[float, Span, str, Span | None]] = []
+def unlabelled_mass(cells: list[Span], labelled: list[Span], length: int) -> list[float]:
+    """Per character, the probability that an entity the labels lack covers it: the summed
+    probability of the spans over it that overlap no labelled entity. Exact for a CRF, whose spans
+    over one character exclude each other (one path, one entity there); for the span head's
+    independent spans, capped below 1. What an omission's evidence is: a model that spreads a
+    name's probability over its possible boundaries and types (each below the bar) can still be
+    sure that some name is there."""
+    mass = [0.0] * length
     for cell in cells:
-        if cell.score is None or touches_unknown(cell, known) or cell in labelled:
-            continue
+        if not any(overlaps(cell, s) for s in labelled):
+            for t in range(cell.start, cell.end):
+                mass[t] += cell.score
+    return [min(m, 1 - 1e-16) for m in mass]
+
+
+def covered_mass(cells: list[Span], length: int) -> list[float]:
+    """Per character, the probability that some entity covers it (the summed probability of the
+    spans over it, exact for a CRF, capped below 1)."""
+    mass = [0.0] * length
+    for cell in cells:
+        for t in range(cell.start, cell.end):
+            mass[t] += cell.score
+    return [min(m, 1 - 1e-16) for m in mass]
+
+
+def find_suspects(labelled: list[Span], cells: list[Span], known: list[bool], threshold: float = THRESHOLD,
+                  missing_threshold: float | None = None, chars=None,
+                  types: list[str] = ()) -> tuple[list[Suspect], float]:
+    """A sentence's suspects, most confident first, and its `entity` score (see the module's
+    docstring). `labelled`: the labelled entities, each scored with the model's probability
+    (an unscored one, which the model could not judge, is left alone); `cells`: spans the labels
+    lack, with theirs; `known`: per character, whether it is annotated; `chars`: where the model has
+    them (a CRF's marginals), per character the probability of O and of each of `types`, (T, 1 +
+    types), exact where the cells' sums leave out the spans below EVIDENCE_FLOOR."""
+    missing_threshold = threshold if missing_threshold is None else missing_threshold
+    floor = logit(EVIDENCE_FLOOR) - logit(max(threshold, missing_threshold))  # a sentence with no evidence at all
+    judged = [c for c in cells if c.score is not None and not touches_unknown(c, known) and c not in labelled]
+    unlabelled = unlabelled_mass(judged, labelled, len(known))
+    proposals: list[tuple[float, Span, str, Span | None, float]] = []
+    span_best = floor
+    for cell in judged:
         kind, disputed = kind_of(cell, labelled)
         bar = missing_threshold if kind == "missing" else threshold
-        margin = logit(cell.score) - logit(bar)
-        best = max(best, margin)
-        if cell.score >= bar:
-            proposals.append((margin, cell, kind, disputed))
+        evidence = max(unlabelled[cell.start:cell.end]) if kind == "missing" else cell.score
+        margin = logit(evidence) - logit(bar)
+        span_best = max(span_best, margin)
+        if evidence >= bar:
+            proposals.append((margin, cell, kind, disputed, evidence))
     suspects, taken = [], []
-    for margin, cell, kind, disputed in sorted(proposals, key=lambda p: (-p[0], p[1].start, p[1].end, p[1].type)):
+    for margin, cell, kind, disputed, evidence in sorted(
+            proposals, key=lambda p: (-p[0], -p[1].score, p[1].start, p[1].end, p[1].type)):
         if any(overlaps(cell, other) for other in taken):  # the likelier reading of those characters
             continue
         taken.append(cell)
-        suspects.append(Suspect(kind, disputed, cell, cell.score))
+        suspects.append(Suspect(kind, disputed, cell, evidence))
+    # per character: a labelled one that no entity of its type covers, an O one that some entity covers
+    spans = judged + [e for e in labelled if e.score is not None]
+    if chars is None:
+        inside = covered_mass(spans, len(known))
+        outside_p = [1.0 - m for m in inside]  # P(O) at each character
+    else:
+        outside_p = [float(row[0]) for row in chars]
+    char_best = floor
+    outside = [t for t in range(len(known)) if known[t] and not any(e.start <= t < e.end for e in labelled)]
+    if outside:  # logit(1 - P(O)) = -logit(P(O)), which keeps a P(O) of 1e-20 apart from one of 1e-10
+        char_best = max(char_best, -logit(min(outside_p[t] for t in outside)) - logit(missing_threshold))
     for entity in labelled:
         if entity.score is None:
             continue
-        evidence = 1.0 - entity.score
-        best = max(best, -logit(entity.score) - logit(threshold))
+        if chars is None:
+            typed = covered_mass([c for c in spans if c.type == entity.type and overlaps(c, entity)], len(known))
+        else:
+            column = 1 + list(types).index(entity.type) if entity.type in types else None
+            typed = [float(row[column]) if column is not None else 0.0 for row in chars]
+        lowest = min(typed[entity.start:entity.end])
+        evidence = 1.0 - lowest
+        char_best = max(char_best, -logit(lowest) - logit(threshold))
         if evidence >= threshold and not any(overlaps(entity, cell) for cell in taken):
             suspects.append(Suspect("unsupported", entity, None, evidence))
     suspects.sort(key=lambda s: (-s.score, KINDS.index(s.kind)))
-    return suspects, best
+    return suspects, max(span_best, char_best)
 
 
 def proposed_labels(labelled: list[Span], suspects: list[Suspect]) -> list[Span]:
