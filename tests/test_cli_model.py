@@ -510,7 +510,9 @@ def command_options() -> set[str]:
 
 # Options that nerkit's texts name but that belong to nerkit's entry point or to other programs.
 NOT_NERKIT_OPTIONS = {"--debug", "--help", "--force-reinstall", "--porcelain", "--untracked-files",  # main; pip; git
-                      "--standalone"}  # torchrun
+                      "--standalone",  # torchrun
+                      "--no-browser", "--internal-host", "--data-dir", "--username", "--password",  # label-studio start
+                      "--user-token", "--enable-legacy-api-token"}
 
 
 def test_every_option_a_message_names_exists():

@@ -6,66 +6,40 @@ that API, each region's offsets, label and score, and each prediction's score, e
 `nerkit predict` gives, nested and overlapping ones included (a span-head model). Skipped, saying
 so, when Label Studio is not installed.
 
-Label Studio refuses a model on a loopback address unless told (ML_BLOCK_LOCAL_IP, and
-SSRF_PROTECTION_ENABLED for the webhook it adds): this instance is told, and listens on 127.0.0.1 only.
-Every request has a timeout; the test sends a few dozen at most."""
+Label Studio is started by nerkit.tools.loop.studio (which `nerkit bench label-studio` uses too):
+told to accept a model on a loopback address, listening on 127.0.0.1 only. Every request has a
+timeout; a test sends a few dozen at most."""
 
 from __future__ import annotations
 
 import os
 import re
-import secrets
-import shutil
 import subprocess
 from pathlib import Path
 
 import httpx
 import pytest
-from helpers import NESTED_SENTENCES, REPO, TINY_TRAIN, free_port, serving, stop, train_nested_span_model, wait_until_up
+from helpers import NESTED_SENTENCES, REPO, TINY_TRAIN, serving, train_nested_span_model
 
 from nerkit.data.annotation import label_studio_result
+from nerkit.tools.loop.studio import label_studio_command, ner_config, started
 
 pytestmark = pytest.mark.slow
 
-LABEL_STUDIO_STARTUP = 300  # seconds: its first start migrates a fresh database
 TIMEOUT = 60
-NER_CONFIG = """<View>
-  <Labels name="label" toName="text">
-    <Label value="PER"/><Label value="LOC"/><Label value="ORG"/>
-  </Labels>
-  <Text name="text" value="$text"/>
-</View>"""
+NER_CONFIG = ner_config(["PER", "LOC", "ORG"])
 TEXTS = ["张三在北京大学读书。", "李四去了上海，王五留在武汉。", "今天天气很好", "赵六和华中科技大学的老师见面。"]
-
-
-def label_studio_command() -> str | None:
-    found = os.environ.get("LABEL_STUDIO") or str(REPO / ".venv-ls" / "bin" / "label-studio")
-    return found if Path(found).is_file() else shutil.which("label-studio")
+NOT_INSTALLED = "Label Studio is not installed (`make label-studio` installs it into .venv-ls)"
 
 
 @pytest.fixture(scope="module")
 def label_studio(tmp_path_factory):
-    """A Label Studio on a free port of 127.0.0.1: (its URL, the headers of its API)."""
-    command = label_studio_command()
-    if command is None:
-        pytest.skip("Label Studio is not installed (`make label-studio` installs it into .venv-ls)")
-    root = tmp_path_factory.mktemp("label_studio")
-    port, token = free_port(), secrets.token_hex(20)
-    url = f"http://127.0.0.1:{port}"
-    env = {**os.environ, "ML_BLOCK_LOCAL_IP": "false", "SSRF_PROTECTION_ENABLED": "false",
-           "LABEL_STUDIO_BASE_DATA_DIR": str(root), "SENTRY_DSN": "", "FRONTEND_SENTRY_DSN": ""}
-    log = root / "label-studio.log"
-    with open(log, "wb") as out:
-        process = subprocess.Popen([command, "start", "--no-browser", "--port", str(port), "--host", url,
-                                    "--internal-host", "127.0.0.1", "--data-dir", str(root / "data"),
-                                    "--username", "nerkit@example.com", "--password", secrets.token_hex(8),
-                                    "--user-token", token, "--enable-legacy-api-token"],
-                                   cwd=root, env=env, stdout=out, stderr=subprocess.STDOUT)
-    try:
-        wait_until_up(process, f"{url}/health", LABEL_STUDIO_STARTUP, log)
-        yield url, {"Authorization": f"Token {token}"}
-    finally:
-        stop(process)
+    """A Label Studio on a free port of 127.0.0.1 (nerkit.tools.loop.studio.LabelStudio: its `url`,
+    `token` and `headers`)."""
+    if label_studio_command() is None:
+        pytest.skip(NOT_INSTALLED)
+    with started(tmp_path_factory.mktemp("label_studio")) as (studio, _, _):
+        yield studio
 
 
 @pytest.fixture(scope="module")
@@ -76,8 +50,7 @@ def backend(tiny_model_dir, tmp_path_factory):
 
 
 def api(label_studio, method: str, path: str, **kwargs) -> dict | list:
-    url, headers = label_studio
-    answer = httpx.request(method, f"{url}{path}", headers=headers, timeout=TIMEOUT, **kwargs)
+    answer = httpx.request(method, f"{label_studio.url}{path}", headers=label_studio.headers, timeout=TIMEOUT, **kwargs)
     assert answer.status_code in (200, 201), f"{method} {path}: {answer.status_code} {answer.text[:500]}"
     return answer.json()
 
@@ -165,7 +138,7 @@ def test_the_documented_start_command_uses_options_label_studio_has(tmp_path):
     it listens on: --internal-host is)."""
     command = label_studio_command()
     if command is None:
-        pytest.skip("Label Studio is not installed (`make label-studio` installs it into .venv-ls)")
+        pytest.skip(NOT_INSTALLED)
     page = (REPO / "docs" / "confidence.md").read_text(encoding="utf-8")
     started = re.search(r"\.venv-ls/bin/label-studio start ([^\n`]*)", page)
     assert started, "docs/confidence.md does not say how to start Label Studio"
@@ -236,8 +209,8 @@ def wait_for_job(server, jobs_before: int, deadline: float = JOB_TIMEOUT) -> dic
 
 def train_button(label_studio, model_id: int) -> None:
     """Label Studio's "Start training" button: its API call, which sends START_TRAINING to the backend."""
-    url, headers = label_studio
-    answer = httpx.post(f"{url}/api/ml/{model_id}/train", headers=headers, json={}, timeout=TIMEOUT)
+    answer = httpx.post(f"{label_studio.url}/api/ml/{model_id}/train", headers=label_studio.headers, json={},
+                        timeout=TIMEOUT)
     assert answer.status_code == 200, answer.text[:500]  # an empty body
 
 
@@ -251,10 +224,9 @@ def test_label_studio_trains_a_new_version_and_serves_it(label_studio, tiny_mode
     import time
 
     models = tmp_path / "models"
-    url, headers = label_studio
-    token = headers["Authorization"].split()[1]
     project, tasks = annotated_project(label_studio)
-    base = ("--label-studio", "--models", models, "--label-studio-url", url, "--label-studio-api-key", token,
+    base = ("--label-studio", "--models", models, "--label-studio-url", label_studio.url,
+            "--label-studio-api-key", label_studio.token,
             "--train-config", loop_config(tmp_path), "--train-every", "0", "--holdout", "0.25")
     # lr 0: the new version predicts as the old one, a tie, which the policy serves
     with serving(tiny_model_dir, tmp_path, *base, "--train-set", "train.lr=0") as server:
@@ -311,3 +283,104 @@ def pre_annotated_again(label_studio, project: int) -> tuple[list[dict], dict]:
     api(label_studio, "POST", "/api/dm/actions", params={"id": "retrieve_tasks_predictions", "project": project},
         json={"selectedItems": {"all": True, "excluded": []}})
     return api(label_studio, "GET", "/api/predictions", params={"project": project}), {}
+
+
+# ----------------------------------------------------------------------- what starts a job, and a type added
+
+def loop_server(label_studio, model_dir: Path, tmp_path: Path, *options: str):
+    """`nerkit serve --label-studio --models` connected to `label_studio`, each job 2 epochs of the
+    tiny recipe (`options` add to or override it)."""
+    return serving(model_dir, tmp_path, "--label-studio", "--models", tmp_path / "models", "--label-studio-url",
+                   label_studio.url, "--label-studio-api-key", label_studio.token, "--train-config",
+                   loop_config(tmp_path), *options)
+
+
+def test_train_every_annotations_created_in_label_studio_start_a_job_without_the_button(label_studio, tiny_model_dir,
+                                                                                        tmp_path):
+    """--train-every 4: the ANNOTATION_CREATED events Label Studio sends as tasks are annotated through
+    its API are counted, and the fourth starts a job; nobody presses "Start training" (Label Studio's
+    own auto-training is off, as in a new project)."""
+    from nerkit.data.corpus import read_corpus
+
+    sentences = [s for s in read_corpus(TINY_TRAIN).sentences if s.spans()][:5]
+    project = label_studio.create_project("every", NER_CONFIG)
+    tasks = label_studio.import_tasks(project, [{"text": s.text} for s in sentences])
+    assert not label_studio.call("GET", f"/api/projects/{project}")["min_annotations_to_start_training"]
+    with loop_server(label_studio, tiny_model_dir, tmp_path, "--train-every", "4", "--train-set", "train.lr=0") as server:
+        label_studio.connect(project, server.url)
+        for task, sentence in zip(tasks[:3], sentences):
+            label_studio.annotate(task["id"], label_studio_result(sentence.text, sentence.spans()))
+        state = health(server)
+        assert state["state"] == "idle" and state["jobs"] == 0 and not state["next_waiting"], state
+        label_studio.annotate(tasks[3]["id"], label_studio_result(sentences[3].text, sentences[3].spans()))
+        state = wait_for_job(server, 0)
+        assert state["last"]["status"] == "finished" and state["last"]["served"], state["last"]  # lr 0: a tie, served
+        assert state["jobs"] == 1 and state["last"]["tasks"]["annotated"] == 4
+        assert f"training requested for project {project} (4 new annotations)" in server.output()
+
+
+def test_a_type_added_to_a_live_projects_labelling_config_grows_the_model(label_studio, tmp_path):
+    """A model of PER and LOC serves a project whose labelling config then gains ORG: the next job grows
+    the model's head (nerkit train --from's growth, grow.targets none), and the new version, served,
+    predicts ORG in Label Studio's retrieved predictions."""
+    import json
+
+    from helpers import TINY_DEV, tiny_raw_config
+
+    from nerkit.config import build_config
+    from nerkit.data.corpus import read_corpus, write_corpus
+    from nerkit.data.matching import keep_types
+    from nerkit.training.loop import train
+
+    raw = tiny_raw_config()
+    for split, source in (("train", TINY_TRAIN), ("dev", TINY_DEV)):
+        raw["data"][split] = str(tmp_path / f"{split}-per-loc.bio")
+        write_corpus(raw["data"][split], keep_types(read_corpus(source).sentences, {"PER", "LOC"}), "bio")
+    train(build_config(raw, "<PER and LOC>"), out=tmp_path / "per-loc", progress_bar=False)
+    # the sentences that hold an ORG: ten epochs on eight of them teach it (two held out, one for dev)
+    sentences = [s for s in read_corpus(TINY_TRAIN).sentences if any(sp.type == "ORG" for sp in s.spans())][:12]
+    project = label_studio.create_project("a type added", ner_config(["PER", "LOC"]))
+    tasks = label_studio.import_tasks(project, [{"text": s.text} for s in sentences])
+    with loop_server(label_studio, tmp_path / "per-loc", tmp_path, "--train-every", "0", "--train-set",
+                     "train.epochs=10", "--train-set", "train.lr=0.05") as server:
+        model = label_studio.connect(project, server.url)
+        label_studio.update_project(project, label_config=NER_CONFIG)  # Settings > Labeling Interface: ORG added
+        for task, sentence in zip(tasks, sentences):
+            label_studio.annotate(task["id"], label_studio_result(sentence.text, sentence.spans()))
+        label_studio.train(model["id"])
+        state = wait_for_job(server, 0)
+        assert state["last"]["status"] == "finished" and state["last"]["served"], state
+        version = state["served"]
+        grown = json.loads((tmp_path / "models" / version / "nerkit.json").read_text(encoding="utf-8"))["grown_from"]
+        assert grown["types"] == ["LOC", "PER"] and grown["new_types"] == ["ORG"] and grown["targets"] == "none"
+        label_studio.retrieve_predictions(project)
+        found = [r["value"]["labels"] for p in label_studio.predictions(project) if p["model_version"] == version
+                 for r in p["result"]]
+        assert ["ORG"] in found, found
+
+
+# ----------------------------------------------------------------------- nerkit bench label-studio
+
+def test_the_bench_times_the_loop_through_label_studio(label_studio, tiny_model_dir, tmp_path, nerkit):
+    """`nerkit bench label-studio` end to end on the tiny model and corpus, against the module's Label
+    Studio (--label-studio-url: the bench starts its own otherwise, by the same code as the fixture):
+    each moment of the loop in order, /predict timed idle and while the job ran, the record's
+    command, commit and machine, the project it made removed."""
+    import json
+
+    out = tmp_path / "bench"
+    projects = {p["id"] for p in label_studio.call("GET", "/api/projects")["results"]}
+    result = nerkit("bench", "label-studio", "--model", str(tiny_model_dir), "--data", str(TINY_TRAIN), "--tasks", "8",
+                    "--batch", "5", "--train-config", str(loop_config(tmp_path)), "--train-set", "train.lr=0",
+                    "--out", str(out), "--job-timeout", "240", "--label-studio-url", label_studio.url,
+                    "--label-studio-api-key", label_studio.token)
+    (record,) = [json.loads(line) for line in (out / "results.jsonl").read_text(encoding="utf-8").splitlines()]
+    (figures,) = record["rounds"]
+    assert 0 < figures["annotate_s"] <= figures["to_start_s"] < figures["to_start_s"] + figures["job_s"] < figures["loop_s"]
+    assert figures["loop_s"] == pytest.approx(figures["to_start_s"] + figures["job_s"] + figures["to_prediction_s"])
+    assert figures["idle_p50_ms"] > 0 and figures["training_requests"] >= 1 and figures["training_p50_ms"] > 0
+    assert record["kind"] == "label-studio" and record["command"].startswith("nerkit bench label-studio")
+    assert record["git_commit"] and record["cpu_count"] and record["label_studio"] == label_studio.version()
+    assert record["trigger"] == "auto" and record["batch"] == 5 and label_studio.token not in json.dumps(record)
+    assert "## nerkit label-studio" in result.stdout and (out / "RESULTS.md").read_text(encoding="utf-8") == result.stdout
+    assert {p["id"] for p in label_studio.call("GET", "/api/projects")["results"]} == projects

@@ -18,14 +18,16 @@ from nerkit.errors import UserError
 from nerkit.tools.bench.annotator import QUERY_COST
 from nerkit.tools.bench.engine_run import ENGINES
 from nerkit.tools.bench.grow import METHODS as GROW_METHODS
+from nerkit.tools.bench.label_studio import TRIGGERS
 
 Engine = Literal[ENGINES]
+Trigger = Literal[TRIGGERS]
 
 
 bench_app = typer.Typer(invoke_without_command=True, help="Train and measure every run of a benchmark matrix "
                         "(`nerkit bench --matrix FILE`), time whole commands (`nerkit bench predict`, `export`, "
-                        "`serve`), simulate the annotation loop (`nerkit bench loop`), or add types step by step "
-                        "(`nerkit bench grow`).")
+                        "`serve`), simulate the annotation loop (`nerkit bench loop`), add types step by step "
+                        "(`nerkit bench grow`), or time Label Studio's training loop (`nerkit bench label-studio`).")
 
 ROUNDS = typer.Option(3, "--rounds", min=1, help="Times the command runs, each a fresh process; the record keeps "
                       "each round and their min/median/max.")
@@ -59,7 +61,8 @@ def bench(
     if ctx.invoked_subcommand is not None:
         return
     if matrix is None:
-        raise UserError("nerkit bench needs --matrix FILE (or a subcommand: predict, export, serve, loop)",
+        raise UserError("nerkit bench needs --matrix FILE (or a subcommand: predict, export, serve, loop, grow, "
+                        "audit, label-studio)",
                         fix="see `nerkit bench --help`")
     from nerkit.tools.bench import parse_seeds, run_bench
 
@@ -247,4 +250,41 @@ def serve(
 
     table, _ = bench_serve(model, text, out, Load(requests, concurrency, seconds), rounds, threads, workers,
                            server_option, name)
+    typer.echo(table, nl=False)
+
+
+@bench_app.command("label-studio")
+def label_studio(
+    model: Path = typer.Option(..., "--model", "-m", help="The model served and trained from (a model directory)."),
+    data: Path = typer.Option(..., "--data", "-d", help="A gold corpus: its first --tasks sentences are the project's "
+                              "tasks, its labels the annotator's."),
+    out: Path = SPEED_OUT,
+    tasks: int = typer.Option(100, "--tasks", min=2, help="Tasks imported into the project."),
+    batch: int = typer.Option(20, "--batch", min=3, help="Annotations submitted, the first --batch tasks', before "
+                              "training starts (a job needs 3 complete tasks)."),
+    trigger: Trigger = typer.Option("auto", "--trigger", help="How training starts: auto (Label Studio's own "
+                                    "auto-training, every --batch annotations) or button (its Start training "
+                                    "button, pressed after the batch)."),
+    train_config: Optional[Path] = typer.Option(None, "--train-config", help="nerkit serve's --train-config (default: "
+                                                "the model's config.yaml)."),
+    train_set: List[str] = typer.Option([], "--train-set", help="nerkit serve's --train-set: --train-set "
+                                        "train.epochs=5 (repeatable)."),
+    holdout: float = typer.Option(0.2, "--holdout", min=0.01, max=0.9, help="nerkit serve's --holdout."),
+    job_timeout: float = typer.Option(1800, "--job-timeout", min=1, help="Seconds a training job may take."),
+    label_studio_url: Optional[str] = typer.Option(None, "--label-studio-url", help="A running Label Studio to use "
+                                                   "(default: start one from .venv-ls on 127.0.0.1, `make "
+                                                   "label-studio`); each round makes a project there and deletes it."),
+    label_studio_api_key: Optional[str] = typer.Option(None, "--label-studio-api-key", envvar="LABEL_STUDIO_API_KEY",
+                                                       show_default=False, help="With --label-studio-url: its API token."),
+    rounds: int = typer.Option(1, "--rounds", min=1, help="Rounds, each a fresh project, server and model store."),
+    name: Optional[str] = NAME,
+):
+    """Time Label Studio's training loop end to end: from the first annotation of a batch submitted
+    through Label Studio to the job's start and end and to the first prediction by the new version
+    read through Label Studio, and the served model's /predict latency while the job runs and idle."""
+    from nerkit.tools.bench.label_studio import StudioBench, bench_label_studio
+
+    options = StudioBench(tasks, batch, trigger, train_config, tuple(train_set), holdout, job_timeout,
+                          label_studio_url, label_studio_api_key)
+    table, _ = bench_label_studio(model, data, out, options, rounds, name)
     typer.echo(table, nl=False)

@@ -4,8 +4,9 @@ and memory into DIR/results.jsonl and a Markdown table beside the published figu
 `matrix.py` reads the matrix file, `runner.py` runs it (each run in a `worker.py` process, `rounds:`
 times) and `report.py` writes the table. `speed.py` (`nerkit bench predict`, `export`) and
 `serve_load.py` (`nerkit bench serve`) time whole commands over several rounds. `loop.py` (`nerkit
-bench loop`) simulates the annotation loop, and `grow.py` (`nerkit bench grow`) adds entity types to
-a model step by step.
+bench loop`) simulates the annotation loop, `grow.py` (`nerkit bench grow`) adds entity types to a
+model step by step, and `label_studio.py` (`nerkit bench label-studio`) times Label Studio's training
+loop against a real Label Studio.
 """
 
 from nerkit.tools.bench.matrix import (

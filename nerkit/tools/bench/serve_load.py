@@ -56,11 +56,12 @@ def get_json(url: str, timeout: float = 5) -> dict:
         return json.loads(answer.read())
 
 
-def start_server(command: list[str], port: int, log) -> subprocess.Popen:
-    """Start the server and wait until its /health answers; a server that ends or does not answer
-    in STARTUP_S seconds is a UserError with the end of its log."""
+def start_server(command: list[str], port: int, log, env: dict[str, str | None] | None = None) -> subprocess.Popen:
+    """Start the server (with `env` applied to this process's environment) and wait until its
+    /health answers; a server that ends or does not answer in STARTUP_S seconds is a UserError with
+    the end of its log."""
     process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                               env=environment({}))
+                               env=environment(env or {}))
     deadline = time.monotonic() + STARTUP_S
     while True:
         if process.poll() is not None or time.monotonic() > deadline:

@@ -1,7 +1,8 @@
 """Speed of whole commands, in the spirit of `spacy benchmark speed` (`nerkit bench predict`,
-`nerkit bench export`; `serve_load.py` has `nerkit bench serve`): each round times a fresh process of
-the command as a user runs it; the record (each round, min/median/max, the command, commit, date and
-machine) goes to OUT/results.jsonl, replacing an earlier record of its name, and OUT/RESULTS.md."""
+`nerkit bench export`; `serve_load.py` has `nerkit bench serve`, `label_studio.py` `nerkit bench
+label-studio`): each round times a fresh process of the command as a user runs it; the record (each
+round, min/median/max, the command, commit, date and machine) goes to OUT/results.jsonl, replacing
+an earlier record of its name, and OUT/RESULTS.md."""
 
 from __future__ import annotations
 
@@ -120,9 +121,14 @@ COLUMNS = {
                ("export eval s", "export_eval_s", 2), ("export eval RSS MiB", "export_eval_rss_mib", 0)],
     "serve": [("requests/s", "requests_per_s", 1), ("chars/s", "chars_per_s", 0), ("p50 ms", "p50_ms", 1),
               ("p95 ms", "p95_ms", 1)],
+    "label-studio": [("loop s", "loop_s", 1), ("to job start s", "to_start_s", 1), ("job s", "job_s", 1),
+                     ("to prediction s", "to_prediction_s", 2), ("idle p50 ms", "idle_p50_ms", 1),
+                     ("training p50 ms", "training_p50_ms", 1), ("training p95 ms", "training_p95_ms", 1),
+                     ("held-out F1", "heldout_f1", 2)],
 }
 SETTINGS = {"predict": ("engine", "runtime", "workers", "threads", "env"), "export": ("format", "int8"),
-            "serve": ("requests", "concurrency", "seconds", "threads", "workers")}
+            "serve": ("requests", "concurrency", "seconds", "threads", "workers"),
+            "label-studio": ("tasks", "batch", "trigger")}
 
 
 def _cell(value) -> str:
