@@ -186,6 +186,10 @@ def test_suspects_of_each_kind():
     assert score == pytest.approx(__import__("math").log(0.9 / 0.1))  # 1 - 0.1 for the retyped entity
     assert proposed_labels(labelled, suspects) == [Span(0, 2, "PER"), Span(3, 5, "LOC"), Span(6, 9, "LOC"),
                                                    Span(12, 14, "PER")]
+    # a name the model is sure of but not of its ends: 0.3 + 0.3 that some entity covers 20-21
+    spread = find_suspects(labelled, cells + [Span(20, 22, "LOC", 0.3), Span(20, 23, "LOC", 0.25)], [True] * 24)[0]
+    assert ("missing", Span(20, 22, "LOC")) in [(s.kind, s.proposed) for s in spread]
+    assert next(s.score for s in spread if s.proposed == Span(20, 22, "LOC")) == pytest.approx(0.55)
     lower, _ = find_suspects(labelled, cells, known, missing_threshold=0.25)
     assert ("missing", Span(15, 16, "PER")) in [(s.kind, s.proposed) for s in lower]
     known[12] = False  # nobody annotated that character: no omission there
@@ -278,3 +282,23 @@ def test_the_benchmark_runs_end_to_end(tmp_path, monkeypatch, capfd):
     assert {"entity", "path", "random"} <= set(record["sentence_level"]) and "git_commit" in record
     assert set(record["review"]["test_f1"]) >= {"clean", "noisy", "reviewed_entity", "reviewed_random"}
     assert "sentence level" in result.stdout
+
+
+def test_a_name_whose_ends_the_model_doubts_is_not_unsupported():
+    """A correct name the model reads with p = 0.2 for its exact span, 0.7 for one character longer:
+    its characters are covered by its type either way, so it is no error of the labels (1 - p would
+    say it is); a retyped name is one, by the exact marginals when they are given."""
+    import numpy as np
+
+    labelled = [Span(0, 2, "LOC", 0.2), Span(4, 6, "PER", 0.05)]
+    cells = [Span(0, 3, "LOC", 0.7), Span(4, 6, "LOC", 0.9)]
+    suspects, _ = find_suspects(labelled, cells, [True] * 8)
+    assert [(s.kind, s.labelled) for s in suspects] == [("type", Span(4, 6, "PER")), ("boundary", Span(0, 2, "LOC"))]
+    chars = np.zeros((8, 3))  # O, LOC, PER: the same reading as exact marginals
+    chars[:, 0] = 1.0
+    chars[0:2] = [0.1, 0.9, 0.0]
+    chars[2] = [0.3, 0.7, 0.0]
+    chars[4:6] = [0.05, 0.9, 0.05]
+    exact, score = find_suspects(labelled, [Span(4, 6, "LOC", 0.9)], [True] * 8, chars=chars, types=["LOC", "PER"])
+    assert [(s.kind, s.labelled) for s in exact] == [("type", Span(4, 6, "PER"))]
+    assert score == pytest.approx(__import__("math").log(0.95 / 0.05))  # no PER over characters 4-5: 0.95
