@@ -11,7 +11,7 @@ STAMP := $(VENV)/.installed-stamp
 
 export NERKIT_DATA
 
-.PHONY: install fonts browser label-studio java engines test-engines demo test test-fast gpu-check lm lac vectors pd1998 cmeee-lexicon bench bench-quick benchmarks-doc docs docs-figures clean
+.PHONY: install fonts browser label-studio java engines test-engines test-label-studio demo test test-fast gpu-check lm lac vectors pd1998 cmeee-lexicon bench bench-quick benchmarks-doc docs docs-figures clean
 
 install: $(STAMP)
 
@@ -86,8 +86,15 @@ demo: $(STAMP)
 # The suite on both cores (pytest-xdist, a test file per worker), then the multi-process training
 # tests alone, with no other test beside their two ranks (one each core).
 test: $(STAMP) fonts
-	$(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadfile --ignore=tests/test_distributed.py --ignore=tests/engines
+	$(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadfile --ignore=tests/test_distributed.py --ignore=tests/engines \
+		--ignore=tests/test_label_studio.py
 	$(PY) -m pytest -q -p no:cacheprovider tests/test_distributed.py
+
+# The tests against a real Label Studio (tests/test_label_studio.py: pre-annotation, the training loop
+# and its benchmark), apart from the suite: Label Studio alone takes over a minute to start, and the
+# loop's jobs train models. Skipped without `make label-studio`'s .venv-ls.
+test-label-studio: $(STAMP) label-studio
+	$(PY) -m pytest -q -p no:cacheprovider tests/test_label_studio.py
 
 # The engines' tests alone (tests/engines/): a real local Ray cluster, Spark in local mode and a Dask
 # LocalCluster, one after another, each with the machine to itself. About 4 minutes on 2 busy cores.
