@@ -14,6 +14,8 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import signal
+import subprocess
 import sys
 import threading
 
@@ -36,3 +38,15 @@ def end_process(code: int | str | None) -> None:
     except (OSError, ValueError):
         sys.exit(code)
     os._exit(code or 0)
+
+
+def stop_child(process: subprocess.Popen, seconds: float) -> None:
+    """End a child process as a person would: SIGTERM (it drains, saves and exits), then SIGKILL if
+    it has not ended `seconds` later; nothing if it has already ended."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(seconds)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -17,6 +16,8 @@ from pathlib import Path
 from typing import Iterator, NamedTuple
 
 import pytest
+
+from nerkit.ending import stop_child
 
 REPO = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
@@ -137,13 +138,7 @@ def wait_until_up(process, url: str, seconds: float, log: Path) -> None:
 
 def stop(process, seconds: float = 30) -> None:
     """SIGTERM, then SIGKILL if the process has not ended `seconds` later."""
-    if process.poll() is None:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(seconds)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+    stop_child(process, seconds)
 
 
 class Server(NamedTuple):

@@ -27,6 +27,7 @@ from nerkit.inference.model_dir import ModelDir
 from nerkit.inference.pipeline import Pipeline
 from nerkit.inference.predictor import read_model_dir
 from nerkit.training.distill_cache import teacher_sha256
+from nerkit.training.resume import flatten
 
 log = logging.getLogger(__name__)
 
@@ -38,17 +39,6 @@ SOURCE_KEY = "grow_source"  # the source model's checksum among a run's checksum
 FROM_FIX = "pass --from the directory of a model `nerkit train` wrote"
 
 
-def _flat(values: dict, prefix: str = "") -> dict:
-    """A config section as dotted keys (a list, e.g. stacked language models, stays one value)."""
-    out = {}
-    for key, value in values.items():
-        if isinstance(value, dict):
-            out.update(_flat(value, f"{prefix}{key}."))
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
-
-
 def grown_config(config: Config, source: Config, where: str) -> Config:
     """The config a grown model trains with: the source model's architecture (ARCHITECTURE and
     SOURCE_DATA_KEYS, as its config.yaml says) with this config's data, train and grow sections. A
@@ -56,7 +46,7 @@ def grown_config(config: Config, source: Config, where: str) -> Config:
     refused: the weights come from the source, whose shapes and input it fixes."""
     mine, theirs, defaults = (config_to_dict(c) for c in (config, source, Config()))
     for section in ARCHITECTURE:
-        found, kept, default = (_flat(c[section]) for c in (mine, theirs, defaults))
+        found, kept, default = (flatten(c[section]) for c in (mine, theirs, defaults))
         for key, value in found.items():
             if value != kept.get(key) and value != default.get(key):
                 raise ConfigError(f"{section}.{key} is {value!r} here but {kept.get(key)!r} in the model it grows from: "

@@ -41,14 +41,15 @@ def _fixed(config: Config) -> dict:
         path = resolved["data"][split]
         if path and Path(path).is_file():
             resolved["data"][split] = str(Path(path).resolve())
-    return _flatten(resolved)
+    return flatten(resolved)
 
 
-def _flatten(tree: dict, prefix: str = "") -> dict:
+def flatten(tree: dict, prefix: str = "") -> dict:
+    """A config tree as dotted keys (a list, e.g. stacked language models, stays one value)."""
     flat = {}
     for key, value in tree.items():
         if isinstance(value, dict):
-            flat.update(_flatten(value, f"{prefix}{key}."))
+            flat.update(flatten(value, f"{prefix}{key}."))
         else:
             flat[f"{prefix}{key}"] = value
     return flat

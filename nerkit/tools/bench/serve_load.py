@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import signal
 import socket
 import subprocess
 import tempfile
@@ -17,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from nerkit.data.records import read_text, text_lines
+from nerkit.ending import stop_child
 from nerkit.errors import UserError
 from nerkit.tools.bench.speed import check_subject, environment, nerkit_command, prepare_out, save, summarise
 
@@ -78,13 +78,7 @@ def start_server(command: list[str], port: int, log, env: dict[str, str | None] 
 
 def stop_server(process: subprocess.Popen) -> None:
     """SIGTERM (the server drains and exits), SIGKILL after 60 s."""
-    if process.poll() is None:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(60)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+    stop_child(process, 60)
 
 
 async def _exchange(reader, writer, body: bytes) -> int:

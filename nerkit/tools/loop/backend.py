@@ -17,7 +17,6 @@ import json
 import logging
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import threading
@@ -26,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from nerkit.ending import stop_child
 from nerkit.errors import UserError, killed_by
 from nerkit.files import atomic_write_text
 from nerkit.tools.loop.job import API_KEY, ERROR, RESULT
@@ -112,14 +112,8 @@ class Trainer:
     def stop(self) -> None:
         """Start no job; a running one is stopped (SIGTERM, then SIGKILL) and runs again on restart."""
         self.queue.stop(timeout=0)
-        process = self.process
-        if process is not None and process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(STOP_WAIT)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+        if self.process is not None:
+            stop_child(self.process, STOP_WAIT)
 
     def event(self, payload: dict) -> tuple[int, dict]:
         """Label Studio's webhook (POST /webhook): (HTTP status, body). START_TRAINING asks for a
