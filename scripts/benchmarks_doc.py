@@ -10,6 +10,8 @@ pages are replaced by what the records give:
     <!-- lexicon: docs/bench/NAME -->       each lattice run's lexicon, its coverage of dev and test, F1
     <!-- speed: docs/bench/NAME -->         `nerkit bench predict` / `bench export` records, min / median / max
     <!-- scale: docs/bench/NAME -->         the engines' `nerkit bench predict` records against predict's
+    <!-- audit: docs/bench/NAME -->         `nerkit bench audit`: the rankings, omissions, the review
+    <!-- grow: docs/bench/NAME -->          `nerkit bench grow`: each order's steps, per method
     <!-- best: DATASET -->    the dev-selected best run of each input kind, its config and command
     <!-- runs: DATASET -->    every run docs/bench/index.yaml lists for the dataset
     <!-- grid: NAME -->       a grid of test F1 (index.yaml's `grids`)
@@ -49,7 +51,7 @@ def pages() -> list[Path]:
 
 BLOCK = re.compile(r"(<!-- bench: (\S+) (\S+) -->\n)(.*?)(<!-- /bench -->)", re.S)
 # The records of `nerkit bench loop` and of calibration runs, rendered by their own modules.
-RECORD_KINDS = ("loop", "calibration", "nesting", "lexicon", "speed", "scale")
+RECORD_KINDS = ("loop", "calibration", "nesting", "lexicon", "speed", "scale", "audit", "grow")
 RECORD_BLOCK = re.compile(rf"(<!-- ({'|'.join(RECORD_KINDS)}): (\S+) -->\n)(.*?)(<!-- /\2 -->)", re.S)
 
 
@@ -68,6 +70,8 @@ def table(out: str, matrix: str) -> str:
 
 
 def record_table(kind: str, out: str) -> str:
+    from nerkit.tools.bench.audit import audit_table
+    from nerkit.tools.bench.grow import summary as grow_summary
     from nerkit.tools.bench.loop import summary
     from nerkit.tools.bench.speed import render_speed, scale_table
     from nerkit.tools.annotation.calibrate import calibration_table
@@ -75,7 +79,8 @@ def record_table(kind: str, out: str) -> str:
     records = [r for _, r in read_json_lines(REPO / out / "results.jsonl", f"a {kind} record")]
     return {"loop": summary, "calibration": calibration_table, "nesting": nesting_table,
             "lexicon": lexicon_table, "speed": lambda rs: render_speed(rs, level=4).split("\n", 2)[2],
-            "scale": scale_table}[kind](records)
+            "scale": scale_table, "grow": grow_summary,
+            "audit": lambda rs: "\n".join(audit_table(r) for r in rs)}[kind](records)
 
 
 def nesting_table(records: list[dict]) -> str:

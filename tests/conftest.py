@@ -69,6 +69,18 @@ def one_torch_thread():
     torch.set_num_threads(before)
 
 
+@pytest.fixture(autouse=True)
+def one_torch_thread_per_test(one_torch_thread):
+    """Each test starts with one thread: whatever ran before it (a module's fixture that trains with
+    train.threads 0, a command given --threads) may have set the count to the cores nerkit found free,
+    which is 1 on a busy machine and 2 on an idle one, so a test that compares bytes across thread
+    counts would pass or fail by the load of the machine it ran on."""
+    import torch
+
+    if torch.get_num_threads() != 1:
+        torch.set_num_threads(1)
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> Path:
     """A model directory trained once per session on the tiny corpus (dev F1 well above zero)."""
