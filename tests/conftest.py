@@ -4,15 +4,17 @@ config and model, the command line in this process. Plain helpers are in helpers
 from __future__ import annotations
 
 import os
+
+# Tests run many small nerkit processes side by side: one torch thread each by default, whatever
+# cores each finds free when it starts (nerkit/cores.py); tests of that choice set their own. Set
+# before anything imports nerkit (helpers does), which decides when it is first imported.
+os.environ.setdefault("NERKIT_FREE_CORES", "1")
+
 from pathlib import Path
 
 import pytest
 from hypothesis import settings
 from helpers import REPO, fixture_lm_vocab, run_cli, tiny_raw_config, write_lm
-
-# Tests run many small nerkit processes side by side: one torch thread each by default, whatever
-# cores each finds free when it starts (nerkit/cores.py); tests of that choice set their own.
-os.environ.setdefault("NERKIT_FREE_CORES", "1")
 
 # Hypothesis's per-example deadline (200 ms) times the machine, not the code: on two cores shared
 # with the other test worker, a first example that imports or warms a cache took 909 ms once and
