@@ -378,6 +378,31 @@ def test_output_dir_turning_read_only_is_a_user_error_and_keeps_the_checkpoint(f
                f"{found}: intact, loads")
 
 
+def test_a_benchmarks_run_continues_from_its_checkpoint_and_a_new_one_starts_clean(reference, tmp_path, monkeypatch):
+    """train_or_continue (nerkit bench grow's steps, bench audit's folds and reviews): a run stopped
+    midway goes on from its checkpoint to the uninterrupted run's model; a run's directory without
+    one is trained from the start."""
+    import nerkit.training.loop as loop
+    from nerkit.config import load_config
+
+    out = tmp_path / "run"
+    stopped = train_here(out, TINY + ["train.max_steps=13"])
+    assert stopped["steps"] == 13
+    resumed, train = [], loop.train
+    monkeypatch.setattr(loop, "train", lambda config, out, **options: resumed.append(options["resume"])
+                        or train(config, out, **options))
+    loop.train_or_continue(load_config(DEMO, TINY), out)
+    assert resumed == [True]
+    assert_same_run(reference, out)
+    fresh = tmp_path / "fresh"
+    shutil.copytree(out, fresh)
+    shutil.rmtree(fresh / "checkpoint")  # an earlier run's directory with nothing to continue from
+    (fresh / "model.safetensors").write_bytes(b"not these weights")
+    loop.train_or_continue(load_config(DEMO, TINY), fresh)
+    assert resumed == [True, False]
+    assert_same_run(reference, fresh)
+
+
 @pytest.mark.parametrize("first, then", [
     (["train.max_steps=13"], ["train.max_steps=0"]),
     (["train.time_budget=0.001"], ["train.time_budget=0"]),  # the first step alone outlasts 1 ms

@@ -627,3 +627,11 @@ def train(config: Config, out: str | Path | None = None, force: bool = False, re
         raise lost from None
     finally:
         world.leave(finished)
+
+
+def train_or_continue(config: Config, out: Path, progress_bar: bool | None = False) -> dict | None:
+    """A benchmark's or an audit's run in `out`: continued from the checkpoint a stopped run left
+    there (its data and config checked as `--resume` checks them), else trained from the start,
+    replacing what `out` holds. A stop mid-run then costs the epochs since its checkpoint, not the run."""
+    resume = (out / CHECKPOINT / "state.json").is_file()
+    return train(config, out=out, force=not resume, resume=resume, progress_bar=progress_bar)

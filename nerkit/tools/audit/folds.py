@@ -99,7 +99,7 @@ def finished(run_dir: Path) -> bool:
 def train_folds(config: Config, out: Path, corpus: Corpus, fold: list[int], folds: int) -> list[Path]:
     """Each fold's model (see the module's docstring); returns their run directories."""
     from nerkit.data.corpus import write_corpus
-    from nerkit.training.loop import train
+    from nerkit.training.loop import train_or_continue
 
     runs = []
     for k in range(folds):
@@ -116,6 +116,5 @@ def train_folds(config: Config, out: Path, corpus: Corpus, fold: list[int], fold
         held_out = sum(f == k for f in fold)
         log.info(f"fold {k + 1} of {folds}: {'resuming' if resume else 'training'} on {len(fold) - held_out:,} "
                  f"sentences, {held_out:,} held out ({run_dir})")
-        train(fold_config(config, train_file, corpus.scheme), out=run_dir, force=not resume, resume=resume,
-              progress_bar=False)
+        train_or_continue(fold_config(config, train_file, corpus.scheme), run_dir)
     return runs

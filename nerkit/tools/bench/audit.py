@@ -214,7 +214,7 @@ def review(config_path, overrides: list[str], out: Path, clean: list, noisy: lis
     from nerkit.data.corpus import format_jsonl
     from nerkit.files import atomic_write_text
     from nerkit.tools.audit.folds import finished
-    from nerkit.training.loop import train
+    from nerkit.training.loop import train, train_or_continue
 
     config = load_config(config_path, overrides)
     chosen = {"clean": None, "noisy": set(), f"reviewed_{score}": set(rankings[score][:k]),
@@ -228,11 +228,15 @@ def review(config_path, overrides: list[str], out: Path, clean: list, noisy: lis
         text = format_jsonl(sentences)
         same = data.is_file() and data.read_text(encoding="utf-8") == text  # a resumed review whose choice held
         if not (resume and same and finished(run_dir)):
-            out.mkdir(parents=True, exist_ok=True)
-            atomic_write_text(data, text)
-            log.info(f"review: training {run} ({run_dir})")
-            train(replace(config, data=replace(config.data, train=str(data))), out=run_dir, force=True,
-                  progress_bar=False)
+            run_config = replace(config, data=replace(config.data, train=str(data)))
+            if resume and same:  # stopped midway: continued from its checkpoint
+                log.info(f"review: continuing {run} ({run_dir})")
+                train_or_continue(run_config, run_dir)
+            else:
+                out.mkdir(parents=True, exist_ok=True)
+                atomic_write_text(data, text)
+                log.info(f"review: training {run} ({run_dir})")
+                train(run_config, out=run_dir, force=True, progress_bar=False)
         metrics = json.loads((run_dir / "metrics.json").read_text(encoding="utf-8"))
         f1[run] = round(metrics["test"]["f1"], 4)
     cost = f1["clean"] - f1["noisy"]

@@ -177,15 +177,16 @@ def files_tally(step: dict, joint: bool = False) -> dict:
 
 def train_step(config, splits, step: dict, run_dir: Path, seed: int, source: Path | None, targets: str,
                joint: bool = False) -> dict:
-    """Train one step's model in `run_dir`: from scratch (`source` None) or grown from `source`."""
-    from nerkit.training.loop import train
+    """Train one step's model in `run_dir`: from scratch (`source` None) or grown from `source`;
+    a step stopped midway continues from its checkpoint."""
+    from nerkit.training.loop import train_or_continue
 
     paths = step["paths"]
     data = replace(config.data, train=str(paths["joint" if joint else "train"]), dev=str(paths["dev"]),
                    test=str(paths["test"]), limit=0, train_extra=None, hide_entities=0.0, scheme=splits.scheme)
     grow = replace(config.grow, source=str(source) if source is not None else None, targets=targets)
     step_config = replace(config, data=data, grow=grow, train=replace(config.train, seed=seed))
-    return train(step_config, out=run_dir, force=True, progress_bar=False)
+    return train_or_continue(step_config, run_dir)
 
 
 def write_record(out: Path, record: dict, run_dir: Path, base: dict) -> None:
