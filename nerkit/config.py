@@ -397,6 +397,18 @@ class GrowConfig:
     # character the corpus does not mark is O for every type (plain fine-tuning: the baseline that forgets)
     targets: Literal[GROW_TARGETS] = "hard"
     weight: float = ranged(1.0, ANY_AMOUNT)  # soft targets: the weight of their KL against the new labels' likelihood
+    # L2-SP (Li, Grandvalet & Davoine, ICML 2018): this x the squared distance of every weight the grown
+    # model shares with its source from the source's value, added to each batch's loss; the head's new
+    # rows stay free. 0: off
+    anchor: float = ranged(0.0, "[0, 100]")
+
+    def check(self, source: str) -> None:
+        """The rules between its fields, once grow.source is final (`nerkit train --from` sets it after
+        the file loads): an anchor needs a source to anchor to."""
+        if self.anchor and not self.source:
+            raise ConfigError(f"grow.anchor = {self.anchor:g} anchors a grown model's weights to its source's, "
+                              "and there is no grow.source", where=source,
+                              fix="pass --from MODEL (grow.source), or set grow.anchor: 0")
 
 
 @dataclass

@@ -1,8 +1,9 @@
 """Adding entity types to a trained model (issue 58, section 1; nerkit.training.grow): the head grows
 with the old weights kept exactly and the grown model predicting as its source until it trains;
 the targets each head learns from (hard, soft, none), characters no label speaks of for a type never
-read as O; the run's model directory, its record, save and load, resume; the refusals; and
-`nerkit bench grow` end to end on the tiny corpus. Every encoder grows in tests/encoders/test_contract.py."""
+read as O; the run's model directory, its record, save and load, resume; the refusals; `nerkit
+bench grow` end to end on the tiny corpus; and grow.anchor's L2-SP penalty on the shared weights.
+Every encoder grows in tests/encoders/test_contract.py."""
 
 from __future__ import annotations
 
@@ -343,3 +344,91 @@ def test_the_benchs_slices_are_disjoint_and_each_holds_its_own_types():
         assert any(sp.type in types for i in indices for sp in sentences[i].spans())
     assert max(map(len, cut)) - min(map(len, cut)) <= len(sentences) // 3
     assert cut == slices(sentences, steps, seed=3) != slices(sentences, steps, seed=4)
+
+
+# ------------------------------------------------------------------------------ grow.anchor (L2-SP)
+
+
+def anchored(tmp_path, source, strength: float):
+    """The grown pipeline, Growth and training examples of the tiny LOC corpus with grow.anchor."""
+    pipe, growth, splits = grown(grow_config(tmp_path, f"grow.anchor={strength:g}"), source)
+    return pipe, growth, growth.examples(pipe, splits.train)
+
+
+@pytest.mark.parametrize("head", ["crf", "span"])
+def test_the_anchor_is_zero_at_the_start_and_leaves_the_new_rows_free(head, tmp_path, per_models):
+    """The grown model equals its source where they share weights: no penalty until a step moves
+    them. The penalty's gradient reaches the encoder and the old tags' or types' rows of the head,
+    never the new ones'."""
+    from nerkit.training.loop import learn
+
+    pipe, growth, examples = anchored(tmp_path, per_models[head], 1.0)
+    assert growth.anchor.penalty().item() == 0.0
+    optimizer = torch.optim.Adam(pipe.model.parameters(), lr=0.01)
+    learn(growth.loss(pipe.model, collate(examples[:8])), optimizer)
+    optimizer.zero_grad()
+    penalty = growth.anchor.penalty()
+    assert penalty.item() > 0
+    penalty.backward()
+    grads = {name: p.grad for name, p in pipe.model.head.named_parameters()}
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in pipe.model.encoder.parameters())
+    if head == "crf":
+        old = torch.tensor([t in ("O", "B-PER", "I-PER") for t in pipe.tags])
+        for name in ("emission.weight", "emission.bias", "crf.torch_crf.start_transitions"):
+            assert not grads[name][~old].any() and grads[name][old].any(), name
+        transitions = grads["crf.torch_crf.transitions"]
+        assert not transitions[~old].any() and not transitions[:, ~old].any() and transitions[old][:, old].any()
+    else:
+        size, loc, per = pipe.model.head.span.size, pipe.types.index("LOC"), pipe.types.index("PER")
+        for name in ("span.projection.weight", "span.projection.bias"):
+            assert not grads[name][2 * loc * size:2 * (loc + 1) * size].any(), name
+            assert grads[name][2 * per * size:2 * (per + 1) * size].any(), name
+        assert grads["span.bias"][loc] == 0 and grads["span.bias"][per] != 0
+
+
+def test_a_strong_anchor_keeps_the_shared_weights_near_the_source(tmp_path, per_models):
+    """An epoch of training at grow.anchor 100 moves the weights shared with the source far less than
+    one at 0 (both measured as the anchor's distance); nerkit.json records the anchor."""
+    pipe, growth, _ = anchored(tmp_path, per_models["crf"], 1.0)
+    moved = {}
+    for strength in (0, 100):
+        out = tmp_path / f"anchor-{strength}"
+        config = grow_config(tmp_path, f"grow.source={per_models['crf']}", f"grow.anchor={strength}")
+        train(config, out=out, progress_bar=False)
+        pipe.model.load_state_dict(Pipeline.load(out).model.state_dict())
+        moved[strength] = growth.anchor.penalty().item()
+        grown_from = json.loads((out / "nerkit.json").read_text(encoding="utf-8"))["grown_from"]
+        assert grown_from.get("anchor") == (strength or None)
+    assert 0 < moved[100] < moved[0] / 10, moved
+
+
+def test_an_anchored_run_resumed_midway_is_the_uninterrupted_run(tmp_path, per_models):
+    """The anchor's starting values are no part of the checkpoint nor of the model directory: a
+    resume grows the model from its source again and takes them anew, so the resumed run ends with
+    the uninterrupted run's model."""
+    from safetensors.torch import load_file
+
+    from nerkit.training.run_dir import resume_config
+
+    config = grow_config(tmp_path, f"grow.source={per_models['crf']}", "grow.anchor=1", "train.epochs=2")
+    whole, cut = tmp_path / "whole", tmp_path / "cut"
+    train(config, out=whole, progress_bar=False)
+    assert train(replace(config, train=replace(config.train, max_steps=3)), out=cut, progress_bar=False)["steps"] == 3
+    train(resume_config(cut, ["train.max_steps=0"]), out=cut, resume=True, progress_bar=False)
+    assert (cut / "model.safetensors").read_bytes() == (whole / "model.safetensors").read_bytes()
+    source = per_models["crf"]
+    assert sorted(p.name for p in cut.iterdir()) == sorted(p.name for p in source.iterdir())
+    assert load_file(cut / "model.safetensors").keys() == load_file(source / "model.safetensors").keys()
+
+
+def test_an_anchor_without_a_source_is_refused_in_one_line(tmp_path, per_models, nerkit, write_file):
+    import yaml
+
+    loc = write_file(yaml.safe_dump({"data": {"train": typed_corpus(tmp_path / "loc.bio", TINY_TRAIN, ["LOC"]),
+                                              "dev": str(TINY_DEV)}}), "loc.yaml")
+    result = nerkit("train", "--config", str(loc), "--set", "grow.anchor=0.5", "--out", str(tmp_path / "a"),
+                    check=False)
+    assert_one_error_line(result, str(loc), "grow.anchor")
+    assert "--from" in result.stderr
+    # --from gives it its source after the file loads
+    nerkit("train", "--config", str(loc), "--from", str(per_models["crf"]), "--set", "grow.anchor=0.5", "--dry-run")

@@ -4,8 +4,10 @@ model's architecture, vocabulary, embeddings and encoder, and its head grows (`H
 old types' targets on the new text come from the source model: its entities as known tags (`hard`)
 or its CRF marginals as distillation targets (`soft`), or nothing (`none`, plain fine-tuning, the
 baseline that forgets: every character the corpus does not mark is O). A character that no label speaks of for a
-type is unknown for that type, never O. The training loop trains it as any run, with `Growth` as
-one more source of targets, and its nerkit.json records what it grew from (`grown_from`).
+type is unknown for that type, never O. With `grow.anchor`, the loss also pulls the weights the grown
+model shares with its source back towards the source's (`Anchor`, L2-SP). The training loop trains it
+as any run, with `Growth` as one more source of targets, and its nerkit.json records what it grew
+from (`grown_from`).
 """
 
 from __future__ import annotations
@@ -62,6 +64,41 @@ def overlaps(a: Span, b: Span) -> bool:
 
 
 @dataclass
+class Anchor:
+    """L2-SP (Li, Grandvalet & Davoine, "Explicit inductive bias for transfer learning with
+    convolutional networks", ICML 2018): `strength` x the squared distance of the weights a grown
+    model shares with its source from the values it started with, the source's, added to each batch's
+    loss: a corpus that barely exercises the old types moves their weights only as far as it pays for.
+    `weights`: each trainable parameter the model shares, its starting values (a frozen copy on its
+    device, never saved: a resume grows the model again and takes them anew) and where it is shared
+    (a bool mask, None for all of it): the head's rows and columns of the new tags or types are free."""
+
+    strength: float
+    weights: list[tuple[torch.nn.Parameter, torch.Tensor, torch.Tensor | None]]
+
+    @classmethod
+    def of(cls, model, head_shared: dict[str, torch.Tensor], strength: float) -> "Anchor":
+        """The anchor of a model just grown: every trainable parameter outside the head whole (they
+        are the source's), the head's where `Head.grow_from` copied the source's (`head_shared`)."""
+        head = dict(model.head.named_parameters())
+        in_head = {id(p) for p in head.values()}
+        weights = [(p, p.detach().clone(), None) for p in model.parameters() if p.requires_grad and id(p) not in in_head]
+        for name, p in head.items():
+            shared = head_shared[name]
+            if p.requires_grad and shared.any():
+                weights.append((p, p.detach().clone(), None if shared.all() else shared))
+        return cls(strength, weights)
+
+    def penalty(self) -> torch.Tensor:
+        """strength x the sum over the shared entries of (weight - its start)^2."""
+        total = 0.0
+        for p, start, shared in self.weights:
+            moved = p - start
+            total = total + (moved if shared is None else moved[shared]).square().sum()
+        return self.strength * total
+
+
+@dataclass
 class Growth:
     """A run that adds types to the model `source`: the grown config (`start`), the source's
     targets on the training sentences and the grown pipeline (`pipeline`), each training sentence
@@ -78,6 +115,7 @@ class Growth:
     old_spans: list[list[Span]] = field(default_factory=list)  # the source's entities on each training sentence
     marginals: list | None = None  # soft: its marginals on each, (T, K_old) float16, with its tags
     merged: torch.Tensor | None = None  # soft: (K,) the tags the source lacks, counted as its O
+    anchor: Anchor | None = None  # grow.anchor > 0: the weights shared with the source, pulled back to it
 
     @classmethod
     def start(cls, config: Config, where: str = "the config") -> "Growth":
@@ -158,13 +196,16 @@ class Growth:
         for name, module in old.model.named_children():  # every part but the head, exactly
             if name != "head":
                 getattr(pipe.model, name).load_state_dict(module.state_dict())
-        pipe.model.head.grow_from(old.model.head, old.span_score_map)
+        head_shared = pipe.model.head.grow_from(old.model.head, old.span_score_map)
+        if self.config.grow.anchor:
+            self.anchor = Anchor.of(pipe.model, head_shared, self.config.grow.anchor)
         pipe.span_threshold = old.span_threshold  # training chooses it again (span.choose_threshold)
         pipe.train_max_len = max([old.train_max_len or 0, *(len(s) for s in splits.train)]) or None
         unseen = sum(1 for s in splits.train for c in featurizer.units(s.tokens).chars if c not in base.chars)
         log.info(f"growing {self.source} ({', '.join(self.old_types)}) by {', '.join(self.new_types)}: "
                  f"{self.config.grow.targets} targets for the old types from the model"
                  + (f", weight {self.config.grow.weight:g}" if self.soft else "")
+                 + (f", anchored to its weights (L2-SP, grow.anchor {self.anchor.strength:g})" if self.anchor else "")
                  + (f"; {unseen:,} training characters outside its vocabulary read as <unk>" if unseen else ""))
         if self.soft:
             self.merged = torch.tensor([t != "O" and split_tag(t)[1] in self.new_types for t in tags])
@@ -240,19 +281,24 @@ class Growth:
 
     def loss(self, model, batch) -> torch.Tensor:
         """A batch's loss: the head's over the tags or spans each position allows (hard targets are
-        among them), and with soft targets grow.weight x the KL of the source's marginals."""
+        among them), with soft targets plus grow.weight x the KL of the source's marginals, and with
+        grow.anchor plus the anchor's penalty."""
         if not self.soft:
-            return model.loss(batch)
-        return model.loss_with_teacher(batch, self.merged.to(batch.mask.device), self.config.grow.weight)
+            loss = model.loss(batch)
+        else:
+            loss = model.loss_with_teacher(batch, self.merged.to(batch.mask.device), self.config.grow.weight)
+        return loss if self.anchor is None else loss + self.anchor.penalty()
 
     @property
     def record(self) -> dict:
         """nerkit.json's `grown_from`: the source model (its path, name, nerkit version, checksum and
-        types, and what it grew from itself), the types added and how the old ones were taught."""
-        meta = self.source_meta
+        types, and what it grew from itself), the types added and how the old ones were taught (and
+        anchored)."""
+        meta, options = self.source_meta, self.config.grow
         return {"path": str(self.source), "name": self.source.resolve().name, "nerkit_version": meta.get("nerkit_version"),
                 "sha256": self.sha256, "types": self.old_types, "new_types": self.new_types,
-                "targets": self.config.grow.targets, **({"weight": self.config.grow.weight} if self.soft else {}),
+                "targets": options.targets, **({"weight": options.weight} if self.soft else {}),
+                **({"anchor": options.anchor} if options.anchor else {}),
                 **({"grown_from": meta["grown_from"]} if meta.get("grown_from") else {})}
 
 

@@ -49,11 +49,13 @@ def check_output_dir(out: Path, force: bool, config: Config | None = None) -> No
 
 def check_run(config: Config, out: Path, force: bool, resume: bool, world_size: int = 1,
               writes: bool = True) -> None:
-    """What a run checks before it reads any data: the corpora and the pretrained inputs exist, the
+    """What a run checks before it reads any data: a grow.anchor has its grow.source (GrowConfig.check,
+    which the file's load cannot, `--from` coming after it), the corpora and the pretrained inputs exist, the
     global batch splits over the `world_size` processes, and a new run's output directory is usable
     (`--force` replaces a non-empty one; a resumed run continues in its own). `writes`: whether this
     process writes the output directory (rank 0 alone does). A model grown from another
     (`grow.source`) reads no pretrained input: its weights are the source's."""
+    config.grow.check("the config")
     check_data_files(config)
     if not config.grow.source:
         check_pretrained_files(config)
@@ -130,4 +132,5 @@ def run_config(config: str | Path | None, resume: str | Path | None, overrides: 
         from nerkit.training.grow import Growth
 
         loaded = Growth.start(replace(loaded, grow=replace(loaded.grow, source=str(grow_from))), str(config)).config
+    loaded.grow.check(str(config or Path(resume) / CONFIG_FILE))
     return loaded if out is None else replace(loaded, output_dir=str(out))

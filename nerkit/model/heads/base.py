@@ -44,13 +44,19 @@ class Head(nn.Module):
         span head's set of spans)."""
         raise NotImplementedError
 
-    def grow_from(self, old: "Head", score_map: tuple[float, float] | None = None) -> None:
+    def grow_from(self, old: "Head", score_map: tuple[float, float] | None = None) -> dict[str, torch.Tensor]:
         """Take the weights of `old`, a head of the same kind whose entity types are some of this
         head's (adding types to a trained model, nerkit.training.grow): every old tag or type keeps
         its exact weights, and the new ones start so that the model predicts what `old` did until
         it learns them. `score_map`: what calibration fitted to `old`'s scores, for a head that
-        reads one (folded into the old types' weights, so that they score as `old` predicted)."""
+        reads one (folded into the old types' weights, so that they score as `old` predicted).
+        Returns where each parameter holds `old`'s weights: its name here -> a bool mask of its shape
+        (what grow.anchor anchors; the new tags' or types' entries are False)."""
         raise NotImplementedError
+
+    def nothing_shared(self) -> dict[str, torch.Tensor]:
+        """`grow_from`'s masks before it marks what it copies: every entry False."""
+        return {name: torch.zeros_like(p, dtype=torch.bool) for name, p in self.named_parameters()}
 
     def export_forward(self, hidden: torch.Tensor) -> torch.Tensor:
         """What an ONNX graph computes before any decoding (`traits.export_outputs` names it last),

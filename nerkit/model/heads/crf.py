@@ -50,7 +50,7 @@ class CrfHead(Head):
         return self.crf.posterior_kl(self.emissions(hidden), mask, targets, temperature, merged)
 
     @torch.no_grad()
-    def grow_from(self, old: "CrfHead", score_map: tuple[float, float] | None = None) -> None:
+    def grow_from(self, old: "CrfHead", score_map: tuple[float, float] | None = None) -> dict[str, torch.Tensor]:
         """`Head.grow_from`: the old tags' emission rows and start, transition and end scores copied
         exactly; the new tags' transitions as the CRF initialises them, and their emission rows
         O's row with its bias lowered by `new_tag_margin`, so that no best path holds a new tag until
@@ -66,6 +66,12 @@ class CrfHead(Head):
         o = self.tags.index("O")
         self.emission.weight[new] = self.emission.weight[o].clone()
         self.emission.bias[new] = self.emission.bias[o].clone() - self.new_tag_margin()
+        shared = self.nothing_shared()
+        for name in ("emission.weight", "emission.bias", "crf.torch_crf.start_transitions",
+                     "crf.torch_crf.end_transitions"):
+            shared[name][index] = True
+        shared["crf.torch_crf.transitions"][index[:, None], index[None, :]] = True
+        return shared
 
     @torch.no_grad()
     def new_tag_margin(self) -> float:

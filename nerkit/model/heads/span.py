@@ -43,7 +43,8 @@ class GlobalPointerHead(Head):
         return self.span.loss(hidden, batch.mask, batch.spans, batch.known, self.negative_sampling, batch.unsure)
 
     @torch.no_grad()
-    def grow_from(self, old: "GlobalPointerHead", score_map: tuple[float, float] | None = None) -> None:
+    def grow_from(self, old: "GlobalPointerHead",
+                  score_map: tuple[float, float] | None = None) -> dict[str, torch.Tensor]:
         """`Head.grow_from`: each old type's start and end projections and bias copied exactly (with
         `score_map` (scale, shift), its start projection times scale and its bias mapped, the band
         the map gave); a new type's start projection and bias as the head initialises them and its
@@ -52,6 +53,7 @@ class GlobalPointerHead(Head):
         projection's gradient is the end's, zero at first; the end's is the start's, which is not)."""
         size, mine, theirs = self.span.size, self.span, old.span
         scale, shift = score_map or (1.0, 0.0)
+        shared = self.nothing_shared()
 
         def rows(k: int, part: slice = slice(0, 2)) -> slice:  # type k's rows: its start (0) and end (1) projections
             return slice((2 * k + part.start) * size, (2 * k + part.stop) * size)
@@ -61,6 +63,9 @@ class GlobalPointerHead(Head):
             mine.projection.weight[rows(k)] = theirs.projection.weight[rows(k_old)].to(mine.projection.weight)
             mine.projection.bias[rows(k)] = theirs.projection.bias[rows(k_old)].to(mine.projection.bias)
             mine.bias[k] = theirs.bias[k_old].to(mine.bias)
+            for name in ("span.projection.weight", "span.projection.bias"):
+                shared[name][rows(k)] = True
+            shared["span.bias"][k] = True
             if score_map is not None:  # q . k / sqrt(d) + bias, mapped: (scale q) . k / sqrt(d) + (scale bias + shift)
                 mine.projection.weight[rows(k, slice(0, 1))] *= scale
                 mine.projection.bias[rows(k, slice(0, 1))] *= scale
@@ -69,6 +74,7 @@ class GlobalPointerHead(Head):
             if kind not in old.types:
                 mine.projection.weight[rows(k, slice(1, 2))] = 0.0
                 mine.projection.bias[rows(k, slice(1, 2))] = 0.0
+        return shared
 
     def decode_band(self, band: torch.Tensor, mask: torch.Tensor, threshold: float | None = None) -> list[list[Found]]:
         """The spans of band logits (B, K, T, W) above `threshold` (None: `span.threshold`), decoded in

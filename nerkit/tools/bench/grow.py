@@ -184,7 +184,8 @@ def train_step(config, splits, step: dict, run_dir: Path, seed: int, source: Pat
     paths = step["paths"]
     data = replace(config.data, train=str(paths["joint" if joint else "train"]), dev=str(paths["dev"]),
                    test=str(paths["test"]), limit=0, train_extra=None, hide_entities=0.0, scheme=splits.scheme)
-    grow = replace(config.grow, source=str(source) if source is not None else None, targets=targets)
+    grow = replace(config.grow, source=str(source) if source is not None else None, targets=targets,
+                   anchor=config.grow.anchor if source is not None else 0.0)  # --set grow.anchor: the grown steps'
     step_config = replace(config, data=data, grow=grow, train=replace(config.train, seed=seed))
     return train_or_continue(step_config, run_dir)
 
