@@ -15,7 +15,7 @@ from helpers import run_cli
 
 from nerkit.data.tags import Span
 from nerkit.tools.audit.ranking import average_precision, precision_at, ranking_scores, recall_at
-from nerkit.tools.audit.suspects import find_suspects, proposed_labels
+from nerkit.tools.audit.suspects import class_thresholds, find_suspects, logit, proposed_labels, sentence_score
 
 PEOPLE = ["张伟", "王芳", "李娜", "刘洋", "陈静", "杨帆", "赵磊", "孙丽"]
 PLACES = ["北京", "上海", "广州", "深圳", "武汉", "成都", "南京", "西安"]
@@ -179,11 +179,18 @@ def test_suspects_of_each_kind():
              Span(12, 14, "PER", 0.6),  # no labelled entity there
              Span(15, 16, "PER", 0.3)]  # too unlikely at 0.5
     known = [True] * 16
-    suspects, score = find_suspects(labelled, cells, known)
+    suspects, confidences = find_suspects(labelled, cells, known, types=["PER", "LOC", "ORG"])
     assert [(s.kind, s.labelled, s.proposed) for s in suspects] == [
         ("type", Span(3, 5, "PER"), Span(3, 5, "LOC")), ("boundary", Span(6, 8, "LOC"), Span(6, 9, "LOC")),
         ("unsupported", Span(9, 11, "ORG"), None), ("missing", None, Span(12, 14, "PER"))]
-    assert score == pytest.approx(__import__("math").log(0.9 / 0.1))  # 1 - 0.1 for the retyped entity
+    assert confidences[3] == (1, pytest.approx(0.1)) and confidences[8] == (0, pytest.approx(0.3))
+    # one bar for every class (cleanlab's reading): the retyped entity, no PER over it with 0.9
+    assert sentence_score(confidences, [0.5] * 4) == pytest.approx(logit(0.9))
+    # confident learning's bars: O read with near certainty, names not: character 8, labelled O with
+    # P(O) 0.3 (the LOC one character longer), stands out further than PER's 0.1 against 0.7
+    assert sentence_score(confidences, [0.98, 0.7, 0.7, 0.7]) == pytest.approx(logit(0.98) - logit(0.3))
+    assert class_thresholds([confidences, [(2, 0.5)]], 5) == pytest.approx(
+        [sum(p for c, p in confidences if c == 0) / sum(c == 0 for c, _ in confidences), 0.5, (0.9 + 0.9 + 0.5) / 3, 0.35, 0.5])
     assert proposed_labels(labelled, suspects) == [Span(0, 2, "PER"), Span(3, 5, "LOC"), Span(6, 9, "LOC"),
                                                    Span(12, 14, "PER")]
     # a name the model is sure of but not of its ends: 0.3 + 0.3 that some entity covers 20-21
@@ -299,6 +306,6 @@ def test_a_name_whose_ends_the_model_doubts_is_not_unsupported():
     chars[0:2] = [0.1, 0.9, 0.0]
     chars[2] = [0.3, 0.7, 0.0]
     chars[4:6] = [0.05, 0.9, 0.05]
-    exact, score = find_suspects(labelled, [Span(4, 6, "LOC", 0.9)], [True] * 8, chars=chars, types=["LOC", "PER"])
+    exact, confidences = find_suspects(labelled, [Span(4, 6, "LOC", 0.9)], [True] * 8, chars=chars, types=["LOC", "PER"])
     assert [(s.kind, s.labelled) for s in exact] == [("type", Span(4, 6, "PER"))]
-    assert score == pytest.approx(__import__("math").log(0.95 / 0.05))  # no PER over characters 4-5: 0.95
+    assert sentence_score(confidences, [0.5] * 3) == pytest.approx(logit(0.95))  # no PER over characters 4-5: 0.95

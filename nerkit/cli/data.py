@@ -201,9 +201,10 @@ def data_audit(
                               "judging the one it never saw."),
     set_: List[str] = typer.Option([], "--set", help="Override a config value: --set train.epochs=5 (repeatable)."),
     seed: int = typer.Option(0, "--seed", help="Seed of the fold assignment (written to OUT/folds.json)."),
-    score: AuditScore = typer.Option("entity", "--score", help="How sentences are ranked: entity, the strongest "
-                                     "single piece of evidence against the labels (in log-odds over its kind's "
-                                     "threshold); path, log P(the model's best labelling) - log P(the labels)."),
+    score: AuditScore = typer.Option("entity", "--score", help="How sentences are ranked: entity, the character "
+                                     "whose labelled class the model doubts most against that class's mean "
+                                     "confidence (confident learning's per-class threshold, in log-odds); path, "
+                                     "log P(the model's best labelling) - log P(the labels)."),
     threshold: float = typer.Option(0.5, "--threshold", help="The evidence (the model's probability that the labels "
                                     "are wrong there) that makes a suspect."),
     missing_threshold: Optional[float] = typer.Option(None, "--missing-threshold", help="The same for an entity the "

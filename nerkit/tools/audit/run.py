@@ -123,22 +123,31 @@ def types_of(run_dir: Path) -> list[str]:
 
 def judge_folds(runs: list[Path], corpus, fold: list[int], batch_size: int, device: str,
                 options: AuditOptions) -> list[Judged]:
-    """Each sentence judged by the model of its fold."""
+    """Each sentence judged by the model of its fold; the `entity` scores once every fold has been
+    read, since confident learning's per-class thresholds are over the whole corpus."""
     from nerkit.inference.pipeline import Pipeline
     from nerkit.tools.audit.evidence import sentence_evidence
-    from nerkit.tools.audit.suspects import find_suspects
+    from nerkit.tools.audit.suspects import class_thresholds, find_suspects, sentence_score
 
     judged: list[Judged | None] = [None] * len(corpus.sentences)
+    confidences: list[list[tuple[int, float]]] = [[] for _ in corpus.sentences]
+    types: list[str] = []
     for k, run_dir in enumerate(runs):
         pipe = Pipeline.load(run_dir, device=device)
+        types = pipe.types
         held_out = [j for j, f in enumerate(fold) if f == k]
         evidence = sentence_evidence(pipe, [corpus.sentences[j] for j in held_out], batch_size)
         for j, found in zip(held_out, evidence):
             sentence = corpus.sentences[j]
-            suspects, entity = find_suspects(found.labelled, found.cells, sentence.known(), options.threshold,
-                                             options.missing_threshold, found.char_probabilities, pipe.types)
-            judged[j] = Judged(corpus.indices[j], k, sentence, {"entity": entity, "path": found.path}, suspects,
+            suspects, confidences[j] = find_suspects(found.labelled, found.cells, sentence.known(), options.threshold,
+                                                     options.missing_threshold, found.char_probabilities, pipe.types)
+            judged[j] = Judged(corpus.indices[j], k, sentence, {"path": found.path}, suspects,
                                found.labelled, found.char_probabilities)
         log.info(f"fold {k + 1}: judged {len(held_out):,} sentences, "
                  f"{sum(bool(judged[j].suspects) for j in held_out):,} with suspects")
+    thresholds = class_thresholds(confidences, 1 + len(types))
+    log.info("per-class thresholds (mean self-confidence): "
+             + ", ".join(f"{name} {t:.3f}" for name, t in zip(["O", *types], thresholds)))
+    for j, found in enumerate(judged):
+        found.scores = {"entity": sentence_score(confidences[j], thresholds), **found.scores}
     return judged

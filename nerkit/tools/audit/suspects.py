@@ -19,15 +19,19 @@ suspect is evidence at or above its kind's threshold:
 No suspect touches a region nobody annotated (`Sentence.unknown`): the labels say nothing there.
 
 A sentence's suspicion score (`SCORES`):
-- `entity`, the strongest evidence in the sentence against its labels, each piece as a margin in
-  log-odds over its kind's threshold (logit(e) - logit(threshold)): per character, for one inside
-  a labelled entity, the probability that no entity of its labelled type covers it, and for one
-  labelled O, that some entity covers it (judged at `missing_threshold`); and each proposal's
-  evidence. Per character from a CRF's exact marginals, which is what cleanlab's lowest
-  self-confidence reads (the same ranking where no proposal is stronger); the proposals add what
-  characters cannot say (a label cut in two, a span head's overlapping readings); a lower missing
-  threshold raises omissions, which fold models trained on labels that leave names out
-  under-predict;
+- `entity`, confident learning's reading of the labels per character (Northcutt et al., JAIR 2021):
+  for each character its labelled class (O, or the type of the labelled entity over it) and the
+  model's probability of that class, its self-confidence (for one inside a labelled entity, that
+  some entity of its type covers it; for one labelled O, P(O)): per character from a CRF's exact
+  marginals, from the spans' summed probabilities for a span head. Each is compared with its class's
+  threshold, the mean self-confidence over the corpus's characters of that class (`class_thresholds`,
+  over every fold's held-out sentences), as a margin in log-odds, logit(1 - p) - logit(1 - t), and
+  the sentence's score is its largest margin. cleanlab's token ranking reads the same probabilities
+  with one bar for every class (the lowest self-confidence); with a bar per class, an O character
+  the model gives a 10% chance of a name stands out as much as a name it gives 70%: O is read with
+  near certainty (t about 0.98) and names are not (about 0.7), and fold models trained on labels that
+  leave names out under-predict the names left out. The thresholds come from the corpus's own
+  out-of-sample probabilities, so nothing is tuned to a corpus;
 - `path`, log P(the model's best labelling) - log P(the given labelling), how much likelier the
   model finds its own reading of the whole sentence than the labels' (0 where they agree), which
   adds up every disagreement, confident or not.
@@ -45,6 +49,7 @@ SCORES = ("entity", "path")  # the sentence suspicion scores; the first is the d
 THRESHOLD = 0.5  # the evidence that makes a suspect: the model finds the labels' reading less likely than not
 # Evidence below this is not kept: a span this unlikely says nothing a reviewer would act on.
 EVIDENCE_FLOOR = 1e-4
+NO_EVIDENCE = -100.0  # the `entity` score of a sentence with nothing annotated, below any margin (|logit| < 40)
 
 
 @dataclass(frozen=True)
@@ -118,27 +123,24 @@ def covered_mass(cells: list[Span], length: int) -> list[float]:
 
 def find_suspects(labelled: list[Span], cells: list[Span], known: list[bool], threshold: float = THRESHOLD,
                   missing_threshold: float | None = None, chars=None,
-                  types: list[str] = ()) -> tuple[list[Suspect], float]:
-    """A sentence's suspects, most confident first, and its `entity` score (see the module's
-    docstring). `labelled`: the labelled entities, each scored with the model's probability
-    (an unscored one, which the model could not judge, is left alone); `cells`: spans the labels
-    lack, with theirs; `known`: per character, whether it is annotated; `chars`: where the model has
-    them (a CRF's marginals), per character the probability of O and of each of `types`, (T, 1 +
-    types), exact where the cells' sums leave out the spans below EVIDENCE_FLOOR."""
+                  types: list[str] = ()) -> tuple[list[Suspect], list[tuple[int, float]]]:
+    """A sentence's suspects, most confident first, and its characters' self-confidences (see the
+    module's docstring; `sentence_score` ranks by them). `labelled`: the labelled entities, each
+    scored with the model's probability (an unscored one, which the model could not judge, is left
+    alone); `cells`: spans the labels lack, with theirs; `known`: per character, whether it is
+    annotated; `chars`: where the model has them (a CRF's marginals), per character the probability
+    of O and of each of `types`, (T, 1 + types), exact where the cells' sums leave out the spans
+    below EVIDENCE_FLOOR."""
     missing_threshold = threshold if missing_threshold is None else missing_threshold
-    floor = logit(EVIDENCE_FLOOR) - logit(max(threshold, missing_threshold))  # a sentence with no evidence at all
     judged = [c for c in cells if c.score is not None and not touches_unknown(c, known) and c not in labelled]
     unlabelled = unlabelled_mass(judged, labelled, len(known))
     proposals: list[tuple[float, Span, str, Span | None, float]] = []
-    span_best = floor
     for cell in judged:
         kind, disputed = kind_of(cell, labelled)
         bar = missing_threshold if kind == "missing" else threshold
         evidence = max(unlabelled[cell.start:cell.end]) if kind == "missing" else cell.score
-        margin = logit(evidence) - logit(bar)
-        span_best = max(span_best, margin)
         if evidence >= bar:
-            proposals.append((margin, cell, kind, disputed, evidence))
+            proposals.append((logit(evidence) - logit(bar), cell, kind, disputed, evidence))
     suspects, taken = [], []
     for margin, cell, kind, disputed, evidence in sorted(
             proposals, key=lambda p: (-p[0], -p[1].score, p[1].start, p[1].end, p[1].type)):
@@ -149,14 +151,11 @@ def find_suspects(labelled: list[Span], cells: list[Span], known: list[bool], th
     # per character: a labelled one that no entity of its type covers, an O one that some entity covers
     spans = judged + [e for e in labelled if e.score is not None]
     if chars is None:
-        inside = covered_mass(spans, len(known))
-        outside_p = [1.0 - m for m in inside]  # P(O) at each character
+        outside_p = [1.0 - m for m in covered_mass(spans, len(known))]  # P(O) at each character
     else:
         outside_p = [float(row[0]) for row in chars]
-    char_best = floor
-    outside = [t for t in range(len(known)) if known[t] and not any(e.start <= t < e.end for e in labelled)]
-    if outside:  # logit(1 - P(O)) = -logit(P(O)), which keeps a P(O) of 1e-20 apart from one of 1e-10
-        char_best = max(char_best, -logit(min(outside_p[t] for t in outside)) - logit(missing_threshold))
+    confidences: dict[int, tuple[int, float]] = {t: (0, outside_p[t]) for t in range(len(known))
+                                                 if known[t] and not any(e.start <= t < e.end for e in labelled)}
     for entity in labelled:
         if entity.score is None:
             continue
@@ -165,13 +164,38 @@ def find_suspects(labelled: list[Span], cells: list[Span], known: list[bool], th
         else:
             column = 1 + list(types).index(entity.type) if entity.type in types else None
             typed = [float(row[column]) if column is not None else 0.0 for row in chars]
+        cls = 1 + list(types).index(entity.type) if entity.type in types else -1  # -1: a type the model lacks
+        for t in range(entity.start, entity.end):
+            if known[t]:
+                confidences[t] = (cls, min(confidences.get(t, (cls, 1.0))[1], typed[t]))
         lowest = min(typed[entity.start:entity.end])
         evidence = 1.0 - lowest
-        char_best = max(char_best, -logit(lowest) - logit(threshold))
         if evidence >= threshold and not any(overlaps(entity, cell) for cell in taken):
             suspects.append(Suspect("unsupported", entity, None, evidence))
     suspects.sort(key=lambda s: (-s.score, KINDS.index(s.kind)))
-    return suspects, max(span_best, char_best)
+    return suspects, [confidences[t] for t in sorted(confidences)]
+
+
+def class_thresholds(confidences: list[list[tuple[int, float]]], classes: int) -> list[float]:
+    """Confident learning's per-class thresholds: for O (0) and each type (1 + its index), the mean
+    self-confidence over the characters labelled with it, in every judged sentence; THRESHOLD for a
+    class no character holds."""
+    sums, counts = [0.0] * classes, [0] * classes
+    for sentence in confidences:
+        for cls, p in sentence:
+            if cls >= 0:
+                sums[cls] += p
+                counts[cls] += 1
+    return [sums[c] / counts[c] if counts[c] else THRESHOLD for c in range(classes)]
+
+
+def sentence_score(confidences: list[tuple[int, float]], thresholds: list[float]) -> float:
+    """The `entity` score: the largest margin, logit(1 - p) - logit(1 - t), of a character's
+    self-confidence p below its class's threshold t (a type the model lacks counts as t = THRESHOLD);
+    logit(1 - p) = -logit(p) keeps a p of 1e-20 apart from one of 1e-10. A sentence with nothing
+    annotated scores as the least suspect."""
+    return max((-logit(p) + logit(thresholds[cls] if cls >= 0 else THRESHOLD) for cls, p in confidences),
+               default=NO_EVIDENCE)
 
 
 def proposed_labels(labelled: list[Span], suspects: list[Suspect]) -> list[Span]:
