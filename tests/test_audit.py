@@ -124,6 +124,9 @@ def test_the_outputs_load_in_nerkits_readers(audited):
         assert a.spans() == b.spans() == judged.sentence.spans()
     page = (out / "suspects.html").read_text(encoding="utf-8")
     assert page.startswith("<!DOCTYPE html>") and "mark" in page
+    thresholds = json.loads((out / "summary.json").read_text(encoding="utf-8"))["thresholds"]
+    assert list(thresholds) == ["O", *result.types] and thresholds == pytest.approx(result.thresholds, abs=1e-6)
+    assert thresholds["O"] > max(t for name, t in thresholds.items() if name != "O")  # O is read surest
 
 
 def test_resume_keeps_finished_folds(audited, tmp_path, monkeypatch):

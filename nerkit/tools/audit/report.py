@@ -12,7 +12,8 @@
   in the record's metadata (doccano has one set of labels per text);
 - suspects.html: the `top` worst sentences with suspects in context, the disputed labels outlined
   beside the model's reading;
-- summary.json: counts by kind, the options, where the corpus came from.
+- summary.json: counts by kind, the options, where the corpus came from, the `entity` score's
+  per-class thresholds.
 """
 
 from __future__ import annotations
@@ -106,7 +107,7 @@ def summary(audit) -> dict:
     return {"train": audit.train, "sentences": len(audit.judged), "score": audit.score,
             "folds": len({j.fold for j in audit.judged}),
             "with_suspects": sum(bool(j.suspects) for j in audit.judged), "suspects": kinds,
-            "files": list(FILES)}
+            "thresholds": {name: round(t, 6) for name, t in audit.thresholds.items()}, "files": list(FILES)}
 
 
 def write_report(audit, top: int = 200) -> dict:

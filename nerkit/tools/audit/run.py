@@ -35,7 +35,8 @@ class Judged:
 @dataclass
 class Audit:
     """What `audit` found: the judged sentences in corpus order, the ranking (positions into
-    `judged`, worst first, by `score`), the corpus's path and the models' entity types."""
+    `judged`, worst first, by `score`), the corpus's path, the models' entity types and the
+    per-class thresholds of the `entity` score."""
 
     judged: list[Judged]
     ranking: list[int]
@@ -43,6 +44,7 @@ class Audit:
     train: str
     types: list[str]
     out: Path
+    thresholds: dict[str, float] = field(default_factory=dict)  # the `entity` score's, per class (O and each type)
 
 
 @dataclass(frozen=True)
@@ -97,9 +99,9 @@ def audit(config_path: str | Path, overrides: list[str], out: str | Path, option
     fold = fold_assignment(out, corpus, options.folds, options.seed, resume)
     runs = train_folds(config, out, corpus, fold, options.folds)
     set_threads(config.train.threads)
-    judged = judge_folds(runs, corpus, fold, config.train.eval_batch_size, config.train.device, options)
+    judged, thresholds = judge_folds(runs, corpus, fold, config.train.eval_batch_size, config.train.device, options)
     ranking = rank(judged, options.score)
-    result = Audit(judged, ranking, options.score, corpus.path, types_of(runs[0]), out)
+    result = Audit(judged, ranking, options.score, corpus.path, types_of(runs[0]), out, thresholds)
     write_report(result, options.top)
     return result
 
@@ -122,9 +124,10 @@ def types_of(run_dir: Path) -> list[str]:
 
 
 def judge_folds(runs: list[Path], corpus, fold: list[int], batch_size: int, device: str,
-                options: AuditOptions) -> list[Judged]:
+                options: AuditOptions) -> tuple[list[Judged], dict[str, float]]:
     """Each sentence judged by the model of its fold; the `entity` scores once every fold has been
-    read, since confident learning's per-class thresholds are over the whole corpus."""
+    read, since confident learning's per-class thresholds (returned, by class) are over the whole
+    corpus."""
     from nerkit.inference.pipeline import Pipeline
     from nerkit.tools.audit.evidence import sentence_evidence
     from nerkit.tools.audit.suspects import class_thresholds, find_suspects, sentence_score
@@ -150,4 +153,4 @@ def judge_folds(runs: list[Path], corpus, fold: list[int], batch_size: int, devi
              + ", ".join(f"{name} {t:.3f}" for name, t in zip(["O", *types], thresholds)))
     for j, found in enumerate(judged):
         found.scores = {"entity": sentence_score(confidences[j], thresholds), **found.scores}
-    return judged
+    return judged, dict(zip(["O", *types], thresholds))

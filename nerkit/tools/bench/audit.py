@@ -108,7 +108,7 @@ def bench_audit(config_path: str | Path, overrides: list[str], out: str | Path,
               "changes": {kind: sum(c.kind == kind for c in changes) for kind in options.rates.__dataclass_fields__},
               "sentence_level": {method: sentence_scores(order, noisy_sentences) for method, order in rankings.items()},
               "omissions": {method: omission_scores(order, omitted, noisy_sentences) for method, order in rankings.items()},
-              "entity_level": entity_scores(found, changes)}
+              "entity_level": entity_scores(found, changes), "thresholds": found.thresholds}
     if options.review >= 0 and config.data.test:
         k = options.review or len(noisy_sentences)
         record["review"] = review(config_path, on_noisy, out / "review", corpus.sentences, noisy, rankings,
