@@ -84,10 +84,11 @@ demo: $(STAMP)
 	$(NERKIT) predict --model runs/demo data/sample/texts.txt --format inline
 
 # The suite on both cores (pytest-xdist, a test file per worker), then the multi-process training
-# tests alone, with no other test beside their two ranks (one each core).
+# tests alone, with no other test beside their two ranks (one each core). The 15 slowest tests are
+# listed at the end, to keep the suite within its 10 minutes.
 test: $(STAMP) fonts
-	$(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadfile --ignore=tests/test_distributed.py --ignore=tests/engines \
-		--ignore=tests/test_label_studio.py
+	$(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadfile --durations=15 --ignore=tests/test_distributed.py \
+		--ignore=tests/engines --ignore=tests/test_label_studio.py
 	$(PY) -m pytest -q -p no:cacheprovider tests/test_distributed.py
 
 # The tests against a real Label Studio (tests/test_label_studio.py: pre-annotation, the training loop
