@@ -148,9 +148,10 @@ def judge_folds(runs: list[Path], corpus, fold: list[int], batch_size: int, devi
                                found.labelled, found.char_probabilities)
         log.info(f"fold {k + 1}: judged {len(held_out):,} sentences, "
                  f"{sum(bool(judged[j].suspects) for j in held_out):,} with suspects")
-    thresholds = class_thresholds(confidences, 1 + len(types))
+    classes = ["O", *types]
+    thresholds = class_thresholds(confidences, len(classes))
     log.info("per-class thresholds (mean self-confidence): "
-             + ", ".join(f"{name} {t:.3f}" for name, t in zip(["O", *types], thresholds)))
-    for j, found in enumerate(judged):
-        found.scores = {"entity": sentence_score(confidences[j], thresholds), **found.scores}
-    return judged, dict(zip(["O", *types], thresholds))
+             + ", ".join(f"{name} {t:.3f}" for name, t in zip(classes, thresholds)))
+    for sentence, confidence in zip(judged, confidences):
+        sentence.scores = {"entity": sentence_score(confidence, thresholds), **sentence.scores}
+    return judged, dict(zip(classes, thresholds))

@@ -159,12 +159,11 @@ def find_suspects(labelled: list[Span], cells: list[Span], known: list[bool], th
     for entity in labelled:
         if entity.score is None:
             continue
+        cls = 1 + list(types).index(entity.type) if entity.type in types else -1  # -1: a type the model lacks
         if chars is None:
             typed = covered_mass([c for c in spans if c.type == entity.type and overlaps(c, entity)], len(known))
         else:
-            column = 1 + list(types).index(entity.type) if entity.type in types else None
-            typed = [float(row[column]) if column is not None else 0.0 for row in chars]
-        cls = 1 + list(types).index(entity.type) if entity.type in types else -1  # -1: a type the model lacks
+            typed = [float(row[cls]) if cls >= 0 else 0.0 for row in chars]
         for t in range(entity.start, entity.end):
             if known[t]:
                 confidences[t] = (cls, min(confidences.get(t, (cls, 1.0))[1], typed[t]))
