@@ -327,6 +327,18 @@ def test_the_bench_adds_types_step_by_step_and_resumes(tmp_path, nerkit):
     again = nerkit(*args, "--resume")  # every step done: nothing trains, the same records
     assert parse_jsonl((out / "results.jsonl").read_text(encoding="utf-8")) == records
     assert again.stdout == result.stdout
+    # The first step stopped midway, before any record: its weights and a metrics.json of its best
+    # epoch's dev scores are there, but not its final scores. --resume continues it from the
+    # checkpoint (here, one at its last epoch) to the same model, and writes its records.
+    step1 = out / "runs" / "PER-LOC-ORG-s1" / "step1"
+    final = json.loads((step1 / "metrics.json").read_text(encoding="utf-8"))
+    (step1 / "metrics.json").write_text(json.dumps({"best_epoch": final["best_epoch"], "dev": final["dev"]}))
+    (out / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records if r["step"] > 1))
+    nerkit(*args, "--resume")
+    resumed = parse_jsonl((out / "results.jsonl").read_text(encoding="utf-8"))
+    ignored = ("date", "command")
+    assert sorted(({k: v for k, v in r.items() if k not in ignored} for r in resumed), key=json.dumps) == \
+        sorted(({k: v for k, v in r.items() if k not in ignored} for r in records), key=json.dumps)
     figure = nerkit("plot", "grow", str(out / "results.jsonl"), "--out", str(tmp_path / "grow.png"))
     assert (tmp_path / "grow.png").stat().st_size > 0 and "wrote" in figure.stdout
 

@@ -635,3 +635,12 @@ def train_or_continue(config: Config, out: Path, progress_bar: bool | None = Fal
     replacing what `out` holds. A stop mid-run then costs the epochs since its checkpoint, not the run."""
     resume = (out / CHECKPOINT / "state.json").is_file()
     return train(config, out=out, force=not resume, resume=resume, progress_bar=progress_bar)
+
+
+def finished(out: Path) -> bool:
+    """Whether the run in `out` has its final model: `finish` writes why it stopped into metrics.json,
+    where a run stopped midway has only its best epoch's dev scores (and its weights)."""
+    try:
+        return "stopped" in json.loads((out / "metrics.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False

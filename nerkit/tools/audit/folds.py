@@ -88,18 +88,10 @@ def fold_config(config: Config, train_file: Path, scheme: str) -> Config:
     return replace(config, data=data)
 
 
-def finished(run_dir: Path) -> bool:
-    """Whether a fold's run has its final model (training's metrics.json says why it stopped)."""
-    try:
-        return "stopped" in json.loads((run_dir / "metrics.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return False
-
-
 def train_folds(config: Config, out: Path, corpus: Corpus, fold: list[int], folds: int) -> list[Path]:
     """Each fold's model (see the module's docstring); returns their run directories."""
     from nerkit.data.corpus import write_corpus
-    from nerkit.training.loop import train_or_continue
+    from nerkit.training.loop import finished, train_or_continue
 
     runs = []
     for k in range(folds):

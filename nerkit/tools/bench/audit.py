@@ -213,8 +213,7 @@ def review(config_path, overrides: list[str], out: Path, clean: list, noisy: lis
     from nerkit.config import load_config
     from nerkit.data.corpus import format_jsonl
     from nerkit.files import atomic_write_text
-    from nerkit.tools.audit.folds import finished
-    from nerkit.training.loop import train, train_or_continue
+    from nerkit.training.loop import finished, train, train_or_continue
 
     config = load_config(config_path, overrides)
     chosen = {"clean": None, "noisy": set(), f"reviewed_{score}": set(rankings[score][:k]),

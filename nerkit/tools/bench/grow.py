@@ -137,6 +137,8 @@ def write_step_data(splits, directory: Path, steps: list[tuple[str, ...]], seed:
 def run_order(config, splits, out: Path, order: tuple[str, ...], options: GrowOptions, done: set, base: dict) -> None:
     """One order of types: its data written, the first step's model trained once (every method
     starts from it), then each method step by step."""
+    from nerkit.training.loop import finished
+
     if splits.test is None:
         raise UserError("the benchmark scores each step on a test set", where=str(base["config"]),
                         fix="set data.test")
@@ -149,7 +151,7 @@ def run_order(config, splits, out: Path, order: tuple[str, ...], options: GrowOp
         key = (name, method, 1, options.seed)
         if key in done and (first / WEIGHTS_FILE).is_file():
             continue
-        if not (first / WEIGHTS_FILE).is_file() or not (first / "metrics.json").is_file():
+        if not finished(first):  # never trained, or stopped midway: continued from its checkpoint
             train_step(config, splits, files[0], first, options.seed, None, "none")
         write_record(out, {"order": name, "method": method, "step": 1, "seed": options.seed,
                            "new_types": list(steps[0]), **files_tally(files[0])}, first, base)
