@@ -304,3 +304,22 @@ def test_a_span_loop_refuses_a_span_head(loop_config, tmp_path, nerkit):
     refused = nerkit("bench", "loop", "--config", str(loop_config), "--out", str(tmp_path / "loop"), "--unit", "word",
                      check=False)
     assert refused.returncode == 2 and "--unit takes sentence, span" in refused.stderr
+
+
+def test_the_reach_table_compares_each_loop_with_the_sentence_loop_at_its_first_round_past_99_percent():
+    from nerkit.tools.bench.loop import reach_table
+
+    def record(unit, strategy, round_, test_f1, characters, queries):
+        return {"config": "c/pd.yaml", "unit": unit, "strategy": strategy, "seed": 1, "round": round_,
+                "test_f1": test_f1, "dev_f1": 0.5, "characters": characters, "queries": queries,
+                "cost": characters + 10 * queries}
+
+    records = [record("full", "all", 0, 0.80, 1000, 100),
+               record("sentence", "uncertainty", 0, 0.70, 100, 10), record("sentence", "uncertainty", 1, 0.795, 400, 40),
+               record("span", "uncertainty", 0, 0.70, 100, 10), record("span", "uncertainty", 1, 0.78, 150, 30),
+               record("span", "uncertainty", 2, 0.792, 200, 50)]  # 0.792 is 99% of 0.80: reached
+    rows = [line for line in reach_table(records).splitlines() if line.startswith("| pd |")]
+    assert rows[0].endswith("| sentence, uncertainty | 1 | 800 | 400 (40.0%) |  |  |")
+    assert rows[1].endswith("| span, uncertainty | 2 | 700 | 200 (20.0%) | 0.88 | 0.50 |")
+    records[-1]["test_f1"] = 0.7919  # just short of 99%: the best round is named instead
+    assert "| span, uncertainty | not reached (best 79.19 at round 2) |" in reach_table(records)

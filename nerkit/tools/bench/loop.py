@@ -245,15 +245,17 @@ REACH = 0.99  # the share of the full-data F1 a loop is measured to reach
 def reach_table(records: list[dict]) -> str:
     """Per config and seed, each loop's first round whose test F1 reaches REACH x the full-data run's
     test F1 (the test set chooses nothing: this only reads the curve): its cost, its characters as
-    a share of the training split's, and its cost over the sentence loop's of the same strategy."""
+    a share of the training split's, and its cost and characters over the sentence loop's of the
+    same strategy."""
     lines = [f"| config | seed | full-data test F1 | loop | reaches {REACH:.0%} at round | cost | "
-             "characters (% of training) | cost / sentence loop's |", "|---|---:|---:|---|---:|---:|---:|---:|"]
+             "characters (% of training) | cost / sentence loop's | characters / sentence loop's |",
+             "|---|---:|---:|---|---:|---:|---:|---:|---:|"]
     for config in sorted({Path(r["config"]).stem for r in records}):
         mine = [r for r in records if Path(r["config"]).stem == config]
         for seed in sorted({r["seed"] for r in mine}):
             full = next((r for r in mine if r["seed"] == seed and record_key(r)[:2] == FULL), None)
             if full is None or full["test_f1"] is None:
-                lines.append(f"| {config} | {seed} | no full-data run (--full) | | | | | |")
+                lines.append(f"| {config} | {seed} | no full-data run (--full) | | | | | | |")
                 continue
             target = REACH * full["test_f1"]
             reached = {}
@@ -266,10 +268,11 @@ def reach_table(records: list[dict]) -> str:
                 if first is None:
                     best = max(rounds, key=lambda r: r["test_f1"] or 0)
                     lines.append(f"{head} not reached (best {100 * (best['test_f1'] or 0):.2f} at round "
-                                 f"{best['round']}) | | | |")
+                                 f"{best['round']}) | | | | |")
                     continue
                 baseline = reached.get(("sentence", strategy), (None,))[0]
-                ratio = f"{first['cost'] / baseline['cost']:.2f}" if baseline and unit != "sentence" else ""
+                compared = baseline and unit != "sentence"
+                ratios = [f"{first[k] / baseline[k]:.2f}" if compared else "" for k in ("cost", "characters")]
                 lines.append(f"{head} {first['round']} | {first['cost']:,} | {first['characters']:,} "
-                             f"({100 * first['characters'] / full['characters']:.1f}%) | {ratio} |")
+                             f"({100 * first['characters'] / full['characters']:.1f}%) | " + " | ".join(ratios) + " |")
     return "\n".join(lines) + "\n"
