@@ -323,3 +323,29 @@ def test_the_reach_table_compares_each_loop_with_the_sentence_loop_at_its_first_
     assert rows[1].endswith("| span, uncertainty | 2 | 700 | 200 (20.0%) | 0.88 | 0.50 |")
     records[-1]["test_f1"] = 0.7919  # just short of 99%: the best round is named instead
     assert "| span, uncertainty | not reached (best 79.19 at round 2) |" in reach_table(records)
+
+
+def test_a_loop_round_stopped_midway_continues_from_its_checkpoint_and_a_finished_one_is_only_scored(
+        loop_config, tmp_path, monkeypatch):
+    import nerkit.training.loop as training
+    from nerkit.config import load_config
+    from nerkit.data.splits import read_splits
+    from nerkit.tools.bench.loop import train_round
+
+    config = load_config(loop_config, [])
+    splits = read_splits(config)
+    run_dir = tmp_path / "round1"
+    _, whole = train_round(config, splits, splits.train[:10], run_dir, 1, 0)
+    weights = (run_dir / "model.safetensors").read_bytes()
+    epochs, resumed = [], []
+    run_epoch, train = training.run_epoch, training.train
+    monkeypatch.setattr(training, "run_epoch", lambda run, epoch: epochs.append(epoch) or run_epoch(run, epoch))
+    monkeypatch.setattr(training, "train", lambda *a, **k: resumed.append(k["resume"]) or train(*a, **k))
+    # Stopped after its last epoch's checkpoint, before its final model: metrics.json says not why it stopped.
+    final = json.loads((run_dir / "metrics.json").read_text(encoding="utf-8"))
+    (run_dir / "metrics.json").write_text(json.dumps({"best_epoch": final["best_epoch"], "dev": final["dev"]}))
+    _, again = train_round(config, splits, splits.train[:10], run_dir, 1, 0)
+    assert (again, resumed, epochs) == (whole, [True], [])  # continued, no epoch trained again
+    assert (run_dir / "model.safetensors").read_bytes() == weights
+    _, scored = train_round(config, splits, splits.train[:10], run_dir, 1, 0)
+    assert (scored, resumed) == (whole, [True])  # finished: not trained at all

@@ -629,12 +629,14 @@ def train(config: Config, out: str | Path | None = None, force: bool = False, re
         world.leave(finished)
 
 
-def train_or_continue(config: Config, out: Path, progress_bar: bool | None = False) -> dict | None:
+def train_or_continue(config: Config, out: Path, progress_bar: bool | None = False,
+                      splits: Splits | None = None) -> dict | None:
     """A benchmark's or an audit's run in `out`: continued from the checkpoint a stopped run left
     there (its data and config checked as `--resume` checks them), else trained from the start,
-    replacing what `out` holds. A stop mid-run then costs the epochs since its checkpoint, not the run."""
+    replacing what `out` holds. A stop mid-run then costs the epochs since its checkpoint, not the run.
+    `splits` as for `train`."""
     resume = (out / CHECKPOINT / "state.json").is_file()
-    return train(config, out=out, force=not resume, resume=resume, progress_bar=progress_bar)
+    return train(config, out=out, force=not resume, resume=resume, progress_bar=progress_bar, splits=splits)
 
 
 def finished(out: Path) -> bool:

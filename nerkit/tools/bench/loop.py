@@ -14,7 +14,8 @@ same config (the same budget every round). With `full`, each seed's model of the
 split is trained once too: the full-data F1 that the summary measures each loop against. Every
 round's model is scored on the dev set, which also selects its epoch as in any run, and on the test
 set (never used to choose anything). Each round is a record in OUT/results.jsonl as soon as it is
-done, and each loop's labels in OUT/state/, so that `--resume` goes on where a stopped run left off.
+done, and each loop's labels in OUT/state/, so that `--resume` goes on where a stopped run left off:
+a round stopped midway continues from its checkpoint in OUT/runs/.
 """
 
 from __future__ import annotations
@@ -104,21 +105,22 @@ def run_one(config, splits, out: Path, options: LoopOptions, unit: str, strategy
     from nerkit.tools.bench.annotator import UNIT_LABELS
 
     labels = UNIT_LABELS[unit](splits.train, options, strategy, seed, out / "state")
-    name = f"{strategy}-s{seed}" if unit == "sentence" else f"{unit}-{strategy}-s{seed}"
+    runs = out / "runs" / (f"{strategy}-s{seed}" if unit == "sentence" else f"{unit}-{strategy}-s{seed}")
     for round_ in range(options.rounds + 1):
         recorded = (unit, strategy, seed, round_) in done
         if recorded and (round_ == options.rounds or labels.chosen(round_ + 1)):
             continue  # this round's model chose the next labels before the stop
         started = time.perf_counter()
-        pipe, metrics = train_round(config, splits, labels.training(round_), out / "runs" / name, seed,
-                                    options.dev_limit)
+        run_dir = runs / f"round{round_}"
+        pipe, metrics = train_round(config, splits, labels.training(round_), run_dir, seed, options.dev_limit)
         if not recorded:
             write_record(out, {"unit": unit, "strategy": strategy, "seed": seed, "round": round_,
                                **labels.tally(round_)}, metrics, started, options, base)
         if round_ == options.rounds:
             break
         labels.choose(pipe, round_ + 1)
-    shutil.rmtree(out / "runs" / name, ignore_errors=True)
+        shutil.rmtree(run_dir)  # its labels are chosen: no resume needs this model again
+    shutil.rmtree(runs, ignore_errors=True)
 
 
 def run_full(config, splits, out: Path, options: LoopOptions, seed: int, base: dict) -> None:
@@ -151,16 +153,20 @@ def write_record(out: Path, record: dict, metrics: dict, started: float, options
 
 def train_round(config, splits, train_sentences, run_dir: Path, seed: int, dev_limit: int):
     """Train on `train_sentences` (selecting the epoch on the first `dev_limit` dev sentences, or
-    all), then score the whole dev and test sets; the pipeline and its F1s."""
+    all), then score the whole dev and test sets; the pipeline and its F1s. A run stopped midway
+    continues from its checkpoint, and a finished one is only scored (a stop came before its record
+    or its choice)."""
     from nerkit.data.splits import Splits
     from nerkit.inference.pipeline import Pipeline
-    from nerkit.training.loop import train
+    from nerkit.training.loop import finished, train_or_continue
 
     dev = splits.dev[:dev_limit] if dev_limit else splits.dev
     subset = Splits(train_sentences, dev, None, splits.types, splits.scheme,
                     {**splits.checksums, "loop": f"{len(train_sentences)}-{seed}"})
     config = replace(config, train=replace(config.train, seed=seed))
-    metrics = train(config, out=run_dir, force=True, progress_bar=False, splits=subset)
+    if not finished(run_dir):
+        train_or_continue(config, run_dir, splits=subset)
+    metrics = json.loads((run_dir / "metrics.json").read_text(encoding="utf-8"))
     pipe = Pipeline.load(run_dir, device=metrics["device"])
     batch = config.train.eval_batch_size
     dev_f1 = pipe.evaluate(splits.dev, batch)["f1"]
