@@ -22,6 +22,7 @@ CONFIG_FILE = "config.yaml"  # the resolved config it was trained with
 VOCAB_FILE = "vocab.json"  # the featuriser's vocabularies
 WEIGHTS_FILE = "model.safetensors"  # the network's weights
 LEXICON_FILE = "lexicon.txt"  # a lattice encoder's lexicon, when the model has one
+METRICS_FILE = "metrics.json"  # what training measured: the best epoch's dev scores, then the final ones
 
 
 MODEL_FILES = (META_FILE, CONFIG_FILE, VOCAB_FILE, WEIGHTS_FILE)
@@ -92,6 +93,11 @@ def _read_json(path: Path) -> dict:
         return json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError):
         raise ModelDirError("not valid JSON", where=str(path), fix="the model directory is damaged; retrain") from None
+
+
+def read_metrics(directory: Path) -> dict:
+    """The run in `directory`'s metrics.json (a model directory's, or a run's stopped midway)."""
+    return json.loads((Path(directory) / METRICS_FILE).read_text(encoding="utf-8"))
 
 
 def write_meta_file(directory: Path, meta: dict) -> Path:

@@ -24,6 +24,7 @@ from nerkit.inference.model_dir import (
     CONFIG_FILE,
     FORMAT_VERSION,
     LEXICON_FILE,
+    METRICS_FILE,
     ONE_RUN_FIX,
     ModelDir,
     SCORE_TEMPERATURE,
@@ -189,7 +190,7 @@ class Pipeline(Predictor):
         data = safetensors_bytes(state, metadata={"format_version": str(FORMAT_VERSION)})
         atomic_write_bytes(directory / WEIGHTS_FILE, data)
         if metrics is not None:
-            atomic_write_text(directory / "metrics.json", json.dumps(metrics, indent=2, ensure_ascii=False) + "\n")
+            atomic_write_text(directory / METRICS_FILE, json.dumps(metrics, indent=2, ensure_ascii=False) + "\n")
 
     def save(self, directory: str | Path, metrics: dict | None = None) -> Path:
         """Write a complete model directory atomically (a temporary directory, then one rename)."""

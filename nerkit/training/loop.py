@@ -33,7 +33,7 @@ from nerkit.errors import Interrupted, UserError, stop_signals_handled
 from nerkit.features.batch import bucketed_batches, collate
 from nerkit.features.featurizer import Example
 from nerkit.files import CHECKPOINT, WRITE_ERRNOS
-from nerkit.inference.model_dir import update_meta
+from nerkit.inference.model_dir import read_metrics, update_meta
 from nerkit.inference.pipeline import Pipeline
 from nerkit.inference.span_threshold import adopt_choice, choice_on_dev
 from nerkit.log import progress_display
@@ -643,6 +643,6 @@ def finished(out: Path) -> bool:
     """Whether the run in `out` has its final model: `finish` writes why it stopped into metrics.json,
     where a run stopped midway has only its best epoch's dev scores (and its weights)."""
     try:
-        return "stopped" in json.loads((out / "metrics.json").read_text(encoding="utf-8"))
+        return "stopped" in read_metrics(out)
     except (OSError, ValueError):
         return False

@@ -36,6 +36,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from nerkit.errors import UserError
+from nerkit.inference.model_dir import read_metrics
 from nerkit.tools.audit.noise import NoiseRates
 
 log = logging.getLogger(__name__)
@@ -236,7 +237,7 @@ def review(config_path, overrides: list[str], out: Path, clean: list, noisy: lis
                 atomic_write_text(data, text)
                 log.info(f"review: training {run} ({run_dir})")
                 train(run_config, out=run_dir, force=True, progress_bar=False)
-        metrics = json.loads((run_dir / "metrics.json").read_text(encoding="utf-8"))
+        metrics = read_metrics(run_dir)
         f1[run] = round(metrics["test"]["f1"], 4)
     cost = f1["clean"] - f1["noisy"]
     recovered = {run: round((value - f1["noisy"]) / cost, 4) if cost > 0 else None

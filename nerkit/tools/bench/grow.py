@@ -27,7 +27,7 @@ from nerkit.data.corpus import write_corpus
 from nerkit.data.matching import keep_types
 from nerkit.errors import UserError
 from nerkit.files import check_output_directory, read_json_lines
-from nerkit.inference.model_dir import WEIGHTS_FILE
+from nerkit.inference.model_dir import WEIGHTS_FILE, read_metrics
 from nerkit.tools.bench.loop import describe_device, mean
 from nerkit.tools.bench.runner import host_info
 from nerkit.tools.bench.speed import invocation
@@ -195,7 +195,7 @@ def train_step(config, splits, step: dict, run_dir: Path, seed: int, source: Pat
 def write_record(out: Path, record: dict, run_dir: Path, base: dict) -> None:
     """A step's record from its model's metrics.json, appended to OUT/results.jsonl at once (a stop
     loses no finished step)."""
-    metrics = json.loads((run_dir / "metrics.json").read_text(encoding="utf-8"))
+    metrics = read_metrics(run_dir)
     test = metrics["test"]
     record = {**record, "dev_f1": metrics["dev"]["f1"], "test_f1": test["f1"],
               "per_type": {t: v["f1"] for t, v in test["per_type"].items()}, "best_epoch": metrics["best_epoch"],

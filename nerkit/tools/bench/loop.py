@@ -30,6 +30,7 @@ from pathlib import Path
 from nerkit.config import load_config
 from nerkit.errors import UserError
 from nerkit.files import check_output_directory, read_json_lines
+from nerkit.inference.model_dir import read_metrics
 from nerkit.tools.bench.annotator import QUERY_COST
 from nerkit.tools.bench.runner import host_info
 
@@ -166,7 +167,7 @@ def train_round(config, splits, train_sentences, run_dir: Path, seed: int, dev_l
     config = replace(config, train=replace(config.train, seed=seed))
     if not finished(run_dir):
         train_or_continue(config, run_dir, splits=subset)
-    metrics = json.loads((run_dir / "metrics.json").read_text(encoding="utf-8"))
+    metrics = read_metrics(run_dir)
     pipe = Pipeline.load(run_dir, device=metrics["device"])
     batch = config.train.eval_batch_size
     dev_f1 = pipe.evaluate(splits.dev, batch)["f1"]

@@ -17,6 +17,7 @@ from nerkit.config import load_config
 from nerkit.ending import end_process
 from nerkit.errors import Interrupted, UserError
 from nerkit.files import atomic_write_text
+from nerkit.inference.model_dir import read_metrics
 from nerkit.pretrained.hub_cache import lm_directory
 from nerkit.pretrained.vocab import FETCH_FIX
 from nerkit.tools.bench.runner import WORKER_RESULT
@@ -99,7 +100,7 @@ def train_processes(config_path: str, overrides: list[str], out: str, resume: bo
     code = launch(nproc, command, out)
     if code:
         raise UserError(f"training on {nproc} processes ended with exit code {code} (its error is above)")
-    return json.loads((Path(out) / "metrics.json").read_text(encoding="utf-8"))
+    return read_metrics(out)
 
 
 def write_train_text(splits, path: Path) -> Path:
