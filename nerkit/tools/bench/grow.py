@@ -22,14 +22,13 @@ import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from nerkit.config import load_config
 from nerkit.data.corpus import write_corpus
 from nerkit.data.matching import keep_types
 from nerkit.errors import UserError
-from nerkit.files import check_output_directory, read_json_lines
+from nerkit.files import read_json_lines
 from nerkit.inference.model_dir import WEIGHTS_FILE, read_metrics
 from nerkit.tools.bench.loop import describe_device, mean
-from nerkit.tools.bench.runner import host_info
+from nerkit.tools.bench.runner import host_info, open_simulation, recorded
 from nerkit.tools.bench.speed import invocation
 
 log = logging.getLogger(__name__)
@@ -70,10 +69,7 @@ def simulate(config_path: str | Path, overrides: list[str], out: str | Path, opt
     from nerkit.data.splits import read_splits
 
     out = Path(out)
-    check_output_directory(out, resume, own=is_grow_dir, inputs=[config_path], what="an earlier run (--resume it)")
-    config = load_config(config_path, overrides)
-    if device is not None:
-        config = replace(config, train=replace(config.train, device=device))
+    config = open_simulation(config_path, overrides, out, resume, device, is_grow_dir, "an earlier run (--resume it)")
     if config.grow.source:
         raise UserError("the benchmark grows its own models", where=str(config_path), fix="remove grow.source")
     unknown = [m for m in options.methods if m not in METHODS]
@@ -88,8 +84,7 @@ def simulate(config_path: str | Path, overrides: list[str], out: str | Path, opt
         if not 1 <= options.first < len(order):
             raise UserError(f"--first {options.first}: the first step must leave a type to add "
                             f"({len(order)} types)", fix=f"use --first 1 to {len(order) - 1}")
-    done = {record_key(r) for _, r in read_json_lines(out / RESULTS, "a grow record")} \
-        if resume and (out / RESULTS).is_file() else set()
+    done = recorded(out / RESULTS, resume, record_key, "a grow record")
     out.mkdir(parents=True, exist_ok=True)
     base = {**host_info(), "command": invocation(), "config": str(config_path), "overrides": list(overrides),
             "options": asdict(options)}

@@ -27,12 +27,11 @@ import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from nerkit.config import load_config
 from nerkit.errors import UserError
-from nerkit.files import check_output_directory, read_json_lines
+from nerkit.files import read_json_lines
 from nerkit.inference.model_dir import read_metrics
 from nerkit.tools.bench.annotator import QUERY_COST
-from nerkit.tools.bench.runner import host_info
+from nerkit.tools.bench.runner import host_info, open_simulation, recorded
 
 log = logging.getLogger(__name__)
 
@@ -72,10 +71,7 @@ def simulate(config_path: str | Path, overrides: list[str], out: str | Path, opt
     from nerkit.data.splits import read_splits
 
     out = Path(out)
-    check_output_directory(out, resume, own=is_loop_dir, inputs=[config_path], what="an earlier loop (--resume it)")
-    config = load_config(config_path, overrides)
-    if device is not None:
-        config = replace(config, train=replace(config.train, device=device))
+    config = open_simulation(config_path, overrides, out, resume, device, is_loop_dir, "an earlier loop (--resume it)")
     if "span" in options.units and not head_traits(config).supports_marginals:
         raise UserError(f"a span loop needs a CRF's marginals; this config's head is model.head: {config.model.head}",
                         where=str(config_path), fix="use --unit sentence, or a config with model.head: crf")
@@ -87,8 +83,7 @@ def simulate(config_path: str | Path, overrides: list[str], out: str | Path, opt
     if needed > len(splits.train):
         raise UserError(f"the loop needs {needed:,} training sentences, the split has {len(splits.train):,}",
                         fix="lower --start, --add or --rounds")
-    done = {record_key(r) for _, r in read_json_lines(out / RESULTS, "a loop record")} \
-        if resume and (out / RESULTS).is_file() else set()
+    done = recorded(out / RESULTS, resume, record_key, "a loop record")
     out.mkdir(parents=True, exist_ok=True)
     base = {**host_info(), "config": str(config_path), "overrides": list(overrides), "options": asdict(options)}
     for seed in options.seeds:

@@ -17,8 +17,10 @@ import sys
 import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Callable
 
 from nerkit.config import load_config
 from nerkit.errors import STOP_SIGNALS, Interrupted, UserError, killed_by, stop_signals_handled
@@ -145,6 +147,21 @@ def host_info() -> dict:
         commit, dirty = os.environ["NERKIT_GIT_COMMIT"], None
     return {"git_commit": commit, "git_dirty": dirty, "nerkit_version": __version__, "hostname": socket.gethostname(),
             "cpu": cpu_model(), "cpu_count": os.cpu_count(), "python": platform.python_version()}
+
+
+def open_simulation(config_path: str | Path, overrides: list[str], out: Path, resume: bool, device: str | None,
+                    own: Callable[[Path], bool], what: str):
+    """The start of a benchmark that simulates in-process (`bench loop`, `bench grow`): OUT checked
+    (written again only when resumed, and only if `own` says it is the command's earlier output,
+    which `what` names), then the config loaded, with `device` in place of train.device."""
+    check_output_directory(out, resume, own=own, inputs=[config_path], what=what)
+    config = load_config(config_path, overrides)
+    return config if device is None else replace(config, train=replace(config.train, device=device))
+
+
+def recorded(results: Path, resume: bool, key: Callable[[dict], tuple], what: str) -> set:
+    """The keys of the records in `results` that a resumed simulation skips (none when not resumed)."""
+    return {key(r) for _, r in read_json_lines(results, what)} if resume and results.is_file() else set()
 
 
 def failure_message(returncode: int, log_text: str) -> str:
