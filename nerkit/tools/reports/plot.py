@@ -296,23 +296,27 @@ def loop_figure(records: list[dict]):
     """`nerkit bench loop`'s test F1 (and dev F1, dashed) against the sentences annotated, one panel
     per config, one line per strategy: the mean over the seeds, the band their lowest and highest.
     Where a loop asked for spans (`--unit span`), every loop is drawn against its cost in characters
-    (fixed cost per question included) instead, one line per unit and strategy, and a full-data run
-    (`--full`) as a dotted level."""
+    (fixed cost per question included) and, in a second panel, against the characters labelled
+    alone, one line per unit and strategy, and a full-data run (`--full`) as a dotted level."""
     from matplotlib.figure import Figure
 
     from nerkit.tools.bench.loop import FULL, record_key
 
     by_cost = any(record_key(r)[0] != "sentence" for r in records)
+    axis_names = {"sentences": "sentences annotated", "cost": "characters labelled, with the cost per question",
+                  "characters": "characters labelled"}
+    xs = ("cost", "characters") if by_cost else ("sentences",)
     configs = sorted({Path(r["config"]).stem for r in records})
-    figure = Figure(figsize=(5.5 * len(configs), 3.8))
-    axes = figure.subplots(1, len(configs), squeeze=False)[0]
-    for ax, config in zip(axes, configs):
+    panels = [(config, x) for config in configs for x in xs]
+    figure = Figure(figsize=(5.5 * len(panels), 3.8))
+    axes = figure.subplots(1, len(panels), squeeze=False)[0]
+    for ax, (config, x_key) in zip(axes, panels):
         mine = [r for r in records if Path(r["config"]).stem == config]
         loops = sorted({record_key(r)[:2] for r in mine} - {FULL})
         for index, loop in enumerate(loops):
             rounds = sorted({r["round"] for r in mine if record_key(r)[:2] == loop})
             rows = [[r for r in mine if record_key(r)[:2] == loop and r["round"] == k] for k in rounds]
-            x = [sum(r["cost"] for r in row) / len(row) if by_cost else row[0]["sentences"] for row in rows]
+            x = [sum(r[x_key] for r in row) / len(row) for row in rows]
             name = f"{loop[0]}, {loop[1]}" if by_cost else loop[1]
             for key, line in (("test_f1", "-o"), ("dev_f1", "--")):
                 values = [[100 * (r[key] or 0) for r in row] for row in rows]
@@ -325,8 +329,7 @@ def loop_figure(records: list[dict]):
         if full:
             ax.axhline(sum(full) / len(full), color="grey", linestyle=":", label="full data (test)")
         seeds = len({r["seed"] for r in mine})
-        ax.set(xlabel="characters labelled, with the cost per question" if by_cost else "sentences annotated",
-               ylabel="F1 (%)", title=f"{config} ({seeds} seeds)")
+        ax.set(xlabel=axis_names[x_key], ylabel="F1 (%)", title=f"{config} ({seeds} seeds)")
         ax.legend(fontsize=8)
     figure.tight_layout()
     return figure
