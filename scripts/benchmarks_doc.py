@@ -227,9 +227,19 @@ def render_dirty(index: dict, name: str, docs: str, bench: Path) -> str:
             raise SystemExit(f"docs/bench/index.yaml: the dirty record {path.parent.name} has no entry under `dirty`")
         note = notes[path.parent.name]
         for r in runs:
-            lines.append(f"| [{path.parent.name}]({docs}bench/{path.parent.name}/results.jsonl) | {note['run']} "
-                         f"| {f1(r['test']['f1'])} | {f1(r['dev']['f1'])} | {note['change']} |")
+            lines.append(f"| [{path.parent.name}]({docs}bench/{path.parent.name}/results.jsonl) | {note['run']}"
+                         f"{simulated_step(r)} | {f1(scores(r, 'test'))} | {f1(scores(r, 'dev'))} | {note['change']} |")
     return "\n".join(lines) + "\n"
+
+
+def scores(record: dict, split: str) -> float:
+    """A record's F1 on `split`: a matrix run's (`test: {f1: ...}`) or a simulation's (`test_f1`)."""
+    return record[split]["f1"] if split in record else record[f"{split}_f1"]
+
+
+def simulated_step(record: dict) -> str:
+    """Which step of a simulation (`nerkit bench loop`) a record is, as `: span, seed 1, round 2`."""
+    return f": {record['unit']}, seed {record['seed']}, round {record['round']}" if "unit" in record else ""
 
 
 def render_readme(index: dict, name: str, docs: str, bench: Path) -> str:

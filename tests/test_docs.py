@@ -75,6 +75,13 @@ def test_a_dirty_record_without_its_note_is_refused(tmp_path):
     index = {"dirty": {"high-test": {"run": "the run", "change": "an edit"}}}
     table = benchmarks_doc.render("<!-- dirty: records -->\n<!-- /dirty -->", benchmarks_doc.BENCHMARKS, index, tmp_path)
     assert "| the run | 95.00 | 80.00 | an edit |" in table
+    loop = tmp_path / "a-loop"  # a simulation's records: each round a row, its F1s where the loop writes them
+    loop.mkdir()
+    (loop / "results.jsonl").write_text(json.dumps({"unit": "span", "seed": 1, "round": 2, "test_f1": 0.5,
+                                                    "dev_f1": 0.25, "git_dirty": True}) + "\n", encoding="utf-8")
+    index["dirty"]["a-loop"] = {"run": "a loop", "change": "another edit"}
+    table = benchmarks_doc.render("<!-- dirty: records -->\n<!-- /dirty -->", benchmarks_doc.BENCHMARKS, index, tmp_path)
+    assert "| a loop: span, seed 1, round 2 | 50.00 | 25.00 | another edit |" in table
 
 
 def write_speed(bench: Path, name: str, runs: dict[str, float]) -> None:
