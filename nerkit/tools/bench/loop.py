@@ -103,13 +103,13 @@ def run_one(config, splits, out: Path, options: LoopOptions, unit: str, strategy
     labels = UNIT_LABELS[unit](splits.train, options, strategy, seed, out / "state")
     runs = out / "runs" / (f"{strategy}-s{seed}" if unit == "sentence" else f"{unit}-{strategy}-s{seed}")
     for round_ in range(options.rounds + 1):
-        recorded = (unit, strategy, seed, round_) in done
-        if recorded and (round_ == options.rounds or labels.chosen(round_ + 1)):
+        written = (unit, strategy, seed, round_) in done
+        if written and (round_ == options.rounds or labels.chosen(round_ + 1)):
             continue  # this round's model chose the next labels before the stop
         started = time.perf_counter()
         run_dir = runs / f"round{round_}"
         pipe, metrics = train_round(config, splits, labels.training(round_), run_dir, seed, options.dev_limit)
-        if not recorded:
+        if not written:
             write_record(out, {"unit": unit, "strategy": strategy, "seed": seed, "round": round_,
                                **labels.tally(round_)}, metrics, started, options, base)
         if round_ == options.rounds:
